@@ -1,0 +1,52 @@
+"""The packed batch layout that crosses the rollout -> algorithm -> train-engine boundary.
+
+A *packed batch* is a ``dict[str, torch.Tensor]`` holding ``B`` sequences concatenated end to end
+with no padding between them (``T`` = total tokens):
+
+==================  ==========  =====================================================================
+key                 shape       meaning
+==================  ==========  =====================================================================
+``input_ids``       ``[T]``     token ids of all sequences, concatenated (prompt + response)
+``cu_seqlens``      ``[B+1]``   int32 prefix sums of sequence lengths; sequence ``i`` is
+                                ``input_ids[cu_seqlens[i]:cu_seqlens[i+1]]``
+``position_ids``    ``[T]``     restart at 0 for every sequence (derived if absent)
+``loss_mask``       ``[T]``     1 for tokens the policy produced and is trained on, else 0
+``logprobs``        ``[T]``     behaviour log-probabilities from the inference server
+``versions``        ``[T]``     policy version that produced each token (-1 for prompt tokens)
+``rewards``         ``[B]``     scalar reward per sequence
+``group_ids``       ``[B]``     int id shared by the samples of one prompt (GRPO group)
+==================  ==========  =====================================================================
+
+Token alignment: every per-token tensor is aligned with ``input_ids``. A log-probability at index
+``t`` is ``log p(input_ids[t] | input_ids[<t])`` of the same sequence; the first token of every
+sequence has no such probability, stores ``0`` and is never in ``loss_mask``. Engines return
+``logprobs``/``entropy``/``values`` in this same layout, so algorithms never shift anything.
+
+Algorithms and engines may add keys (``advantages``, ``ref_logprobs``, ``values``, ``returns``,
+``prox_logprobs``...): per-token keys have shape ``[T]``, per-sequence keys shape ``[B]``. Splitting
+into micro-batches keeps whole sequences and slices both kinds accordingly.
+
+This module is torch-free: it only names the keys.
+"""
+
+from __future__ import annotations
+
+INPUT_IDS = "input_ids"
+CU_SEQLENS = "cu_seqlens"
+POSITION_IDS = "position_ids"
+LOSS_MASK = "loss_mask"
+LOGPROBS = "logprobs"
+VERSIONS = "versions"
+REWARDS = "rewards"
+GROUP_IDS = "group_ids"
+
+#: keys whose first dimension is the number of sequences ``B`` rather than tokens ``T``.
+PER_SEQUENCE_KEYS = frozenset({REWARDS, GROUP_IDS, "seq_rewards", "seqlens", "prompt_lens", "sample_ids"})
+
+
+def is_per_sequence_key(key: str) -> bool:
+    """Whether ``key`` holds one value per sequence (``[B]``) rather than per token (``[T]``).
+
+    Besides the fixed names above, any key starting with ``seq_`` is per sequence.
+    """
+    return key in PER_SEQUENCE_KEYS or key.startswith("seq_")

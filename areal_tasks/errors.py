@@ -1,0 +1,57 @@
+"""The one exception hierarchy of ``areal_tasks``.
+
+Every error the package raises on purpose derives from :class:`AReaLError`, so callers (the CLI,
+Airflow operators) can tell a user-facing failure from a bug. Messages name what was wrong, the
+offending value and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class AReaLError(Exception):
+    """Root of every error that areal_tasks raises on purpose."""
+
+
+class ConfigError(AReaLError, ValueError):
+    """A configuration value, file or override is invalid."""
+
+
+class AllocationError(ConfigError):
+    """An allocation-mode string does not parse or does not validate.
+
+    ``position`` is the 0-based character offset of the problem in ``spec`` when known.
+    """
+
+    def __init__(self, message: str, spec: str = "", position: int | None = None, hint: str = "") -> None:
+        self.spec = spec
+        self.position = position
+        self.hint = hint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        text = self.args[0] if self.args else ""
+        if self.spec and self.position is not None:
+            text += f"\n  {self.spec}\n  {' ' * self.position}^"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class ModelError(AReaLError):
+    """A model directory, hub id, tokenizer or architecture cannot be used."""
+
+
+class SchedulerError(AReaLError):
+    """A worker group could not be started, became unhealthy, or could not be stopped."""
+
+
+class WorkerFailedError(SchedulerError):
+    """A worker exited unexpectedly; the message carries its exit code and the tail of its log."""
+
+
+class ReadinessTimeoutError(SchedulerError):
+    """A worker did not become ready within its timeout."""
+
+
+class AlgorithmError(AReaLError, ValueError):
+    """An RL algorithm received inputs or settings it cannot work with."""
