@@ -1,0 +1,51 @@
+"""Shared pytest setup: GPU tests skip themselves without CUDA, the tiny-model cache is per test run
+directory unless AREAL_CACHE_DIR is set, and a few session fixtures hand out tiny models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs CUDA (run on a GPU machine)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory():
+    """``factory(family, seed=0) -> Path`` of a cached tiny HF model directory."""
+    from areal_tasks.models import build_tiny_model
+
+    def factory(family: str = "qwen2", seed: int = 0) -> Path:
+        return Path(build_tiny_model(family, seed=seed))
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_model_factory) -> Path:
+    return tiny_model_factory("qwen2")
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
