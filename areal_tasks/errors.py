@@ -55,3 +55,7 @@ class ReadinessTimeoutError(SchedulerError):
 
 class AlgorithmError(AReaLError, ValueError):
     """An RL algorithm received inputs or settings it cannot work with."""
+
+
+class EngineError(AReaLError):
+    """A train engine cannot be built, cannot run a batch, or cannot save/load/export weights."""
