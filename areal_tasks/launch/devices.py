@@ -1,0 +1,67 @@
+"""The pool of accelerator ids a LocalScheduler hands out through ``CUDA_VISIBLE_DEVICES``.
+
+The pool is given explicitly, or taken from the controller's own ``CUDA_VISIBLE_DEVICES``, or, when
+that is unset, from ``nvidia-smi -L`` if it is on PATH; on a CPU machine it is empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+
+from areal_tasks.errors import SchedulerError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DevicePool", "detect_devices"]
+
+
+def detect_devices() -> list[str]:
+    """The accelerator ids visible to this process (empty on a CPU machine)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return []
+    result = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        logger.warning("nvidia-smi -L failed (exit %s): %s; assuming no GPUs", result.returncode, result.stderr)
+        return []
+    return [str(i) for i, line in enumerate(result.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+class DevicePool:
+    """Hands out device ids; each id goes to at most one worker at a time."""
+
+    def __init__(self, devices: list[str]) -> None:
+        self._all = list(devices)
+        self._free = list(devices)
+        self._lock = threading.Lock()
+
+    def acquire(self, count: int, owner: str) -> list[str]:
+        """Take ``count`` ids for ``owner`` (a worker name); SchedulerError if too few are free."""
+        with self._lock:
+            if count > len(self._free):
+                raise SchedulerError(
+                    f"{owner} needs {count} device(s) but only {len(self._free)} of {len(self._all)} "
+                    f"({','.join(self._all) or 'none'}) are free; stop a group, lower devices_per_worker, "
+                    "or pass devices=[...] to the scheduler"
+                )
+            taken, self._free = self._free[:count], self._free[count:]
+        return taken
+
+    def release(self, devices: list[str]) -> None:
+        """Give ``devices`` back, keeping the pool's original order."""
+        with self._lock:
+            returned = set(self._free) | set(devices)
+            self._free = [d for d in self._all if d in returned]
+
+    @property
+    def free(self) -> list[str]:
+        """The ids not held by any worker."""
+        with self._lock:
+            return list(self._free)
