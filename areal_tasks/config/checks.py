@@ -1,0 +1,187 @@
+"""Single-section value checks (ranges, non-empty names), collected rather than raised.
+
+Each ``check_*`` function appends ``"<field path>: <problem>"`` lines to a :class:`Problems`;
+:func:`areal_tasks.config.validate.validate_config` runs them all, adds the cross-section rules and
+raises one :class:`~areal_tasks.errors.ConfigError` listing everything.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from areal_tasks.config.engine import EngineConfig
+from areal_tasks.config.rollout import RolloutConfig
+from areal_tasks.config.sections import (
+    ClusterConfig,
+    DatasetConfig,
+    EvaluationConfig,
+    ExperimentConfig,
+    SaverConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Problems:
+    """An ordered list of ``"<path>: <problem>"`` lines."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{path}: {message}")
+
+    def number(
+        self,
+        path: str,
+        value: Any,
+        *,
+        low: float | None = None,
+        high: float | None = None,
+        low_open: bool = False,
+        high_open: bool = False,
+        optional: bool = False,
+    ) -> bool:
+        """Check ``low <= value <= high`` (open ends when asked); record and return False if not."""
+        if value is None and optional:
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.add(path, f"must be a number{' or null' if optional else ''}, got {value!r}")
+            return False
+        low_ok = low is None or (value > low if low_open else value >= low)
+        high_ok = high is None or (value < high if high_open else value <= high)
+        if low_ok and high_ok:
+            return True
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low}")
+        if high is not None:
+            bounds.append(f"{'<' if high_open else '<='} {high}")
+        self.add(path, f"must be {' and '.join(bounds)}{' (or null)' if optional else ''}, got {value!r}")
+        return False
+
+    def non_empty(self, path: str, value: str | None, *, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, str) or not value.strip():
+            self.add(path, f"must be a non-empty string, got {value!r}")
+
+
+def check_experiment(p: Problems, exp: ExperimentConfig) -> None:
+    for name in ("name", "trial"):
+        value = getattr(exp, name)
+        p.non_empty(f"experiment.{name}", value)
+        if isinstance(value, str) and (any(c in value for c in "/\\") or value.strip() in (".", "..")):
+            p.add(f"experiment.{name}", f"becomes a directory name, so it cannot contain '/' or '\\' or be '.'/'..'; got {value!r}")
+    p.non_empty("experiment.run_dir", exp.run_dir, optional=True)
+    p.number("experiment.seed", exp.seed, low=0, high=2**32 - 1)
+
+
+def check_cluster(p: Problems, cluster: ClusterConfig) -> None:
+    p.number("cluster.nodes", cluster.nodes, low=1)
+    p.number("cluster.gpus_per_node", cluster.gpus_per_node, low=0)
+    p.number("cluster.cpus_per_node", cluster.cpus_per_node, low=1, optional=True)
+    p.number("cluster.memory_gb_per_node", cluster.memory_gb_per_node, low=0, low_open=True, optional=True)
+    if cluster.scheduler == "local" and cluster.nodes > 1:
+        p.add("cluster.nodes", f"the local scheduler runs on one node, got nodes={cluster.nodes}; "
+              "use cluster.scheduler=ray|slurm|skypilot for several nodes")
+
+
+def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) -> None:
+    """Ranges of one engine section; optimizer and schedule only for engines that train."""
+    for problem in engine.micro_batch.problems():
+        p.add(f"{role}.micro_batch", problem)
+    p.number(f"{role}.ppo_n_minibatches", engine.ppo_n_minibatches, low=1)
+    if engine.value_head and role != "critic":
+        p.add(f"{role}.value_head", f"only the critic has a value head; set {role}.value_head=false")
+    if role == "critic" and not engine.value_head:
+        p.add("critic.value_head", "the critic needs a value head; set critic.value_head=true")
+    lora = engine.lora
+    if lora.enabled:
+        p.number(f"{role}.lora.rank", lora.rank, low=1)
+        p.number(f"{role}.lora.alpha", lora.alpha, low=0, low_open=True)
+        p.number(f"{role}.lora.dropout", lora.dropout, low=0, high=1, high_open=True)
+        if lora.target_modules is not None and not lora.target_modules:
+            p.add(f"{role}.lora.target_modules", "must list at least one module, or be null for the family defaults")
+    if not trains:
+        return
+    opt = engine.optimizer
+    p.number(f"{role}.optimizer.lr", opt.lr, low=0, low_open=True)
+    p.number(f"{role}.optimizer.weight_decay", opt.weight_decay, low=0)
+    p.number(f"{role}.optimizer.beta1", opt.beta1, low=0, high=1, high_open=True)
+    p.number(f"{role}.optimizer.beta2", opt.beta2, low=0, high=1, high_open=True)
+    p.number(f"{role}.optimizer.eps", opt.eps, low=0, low_open=True)
+    p.number(f"{role}.optimizer.grad_clip", opt.grad_clip, low=0)
+    sched = engine.lr_schedule
+    p.number(f"{role}.lr_schedule.warmup_steps", sched.warmup_steps, low=0)
+    p.number(f"{role}.lr_schedule.warmup_ratio", sched.warmup_ratio, low=0, high=1, high_open=True)
+    p.number(f"{role}.lr_schedule.min_lr_ratio", sched.min_lr_ratio, low=0, high=1)
+    if sched.warmup_steps > 0 and sched.warmup_ratio > 0:
+        p.add(f"{role}.lr_schedule", "set warmup_steps or warmup_ratio, not both "
+              f"(got warmup_steps={sched.warmup_steps}, warmup_ratio={sched.warmup_ratio})")
+
+
+def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
+    p.number("rollout.group_size", rollout.group_size, low=1)
+    p.number("rollout.max_head_offpolicyness", rollout.max_head_offpolicyness, low=0)
+    p.number("rollout.request_timeout_s", rollout.request_timeout_s, low=0, low_open=True)
+    p.number("rollout.max_retries", rollout.max_retries, low=0)
+    p.number("rollout.max_failure_rate", rollout.max_failure_rate, low=0, high=1)
+    if rollout.max_concurrent_rollouts < rollout.group_size:
+        p.add("rollout.max_concurrent_rollouts", f"must be >= rollout.group_size={rollout.group_size} "
+              f"so a whole group can be in flight, got {rollout.max_concurrent_rollouts}")
+    s = rollout.sampling
+    p.number("rollout.sampling.temperature", s.temperature, low=0)
+    p.number("rollout.sampling.top_p", s.top_p, low=0, high=1, low_open=True)
+    if s.top_k != -1 and s.top_k < 1:
+        p.add("rollout.sampling.top_k", f"must be -1 (no limit) or >= 1, got {s.top_k}")
+    p.number("rollout.sampling.max_new_tokens", s.max_new_tokens, low=1)
+    for i, stop in enumerate(s.stop):
+        if not stop:
+            p.add(f"rollout.sampling.stop[{i}]", "stop strings must be non-empty")
+    for i, token in enumerate(s.stop_token_ids):
+        p.number(f"rollout.sampling.stop_token_ids[{i}]", token, low=0)
+    srv = rollout.server
+    p.non_empty("rollout.server.python", srv.python, optional=True)
+    p.number("rollout.server.mem_fraction", srv.mem_fraction, low=0, high=1, low_open=True)
+    p.number("rollout.server.context_length", srv.context_length, low=1, optional=True)
+    p.number("rollout.server.startup_timeout_s", srv.startup_timeout_s, low=0, low_open=True)
+    p.number("rollout.server.max_restarts", srv.max_restarts, low=0)
+
+
+def check_data_and_loop(
+    p: Problems,
+    dataset: DatasetConfig,
+    train: TrainConfig,
+    saver: SaverConfig,
+    evaluation: EvaluationConfig,
+    tracking: TrackingConfig,
+) -> None:
+    p.non_empty("dataset.path", dataset.path)
+    p.non_empty("dataset.eval_path", dataset.eval_path, optional=True)
+    p.number("dataset.max_prompt_len", dataset.max_prompt_len, low=1)
+    p.non_empty("dataset.prompt_key", dataset.prompt_key)
+    p.non_empty("dataset.answer_key", dataset.answer_key)
+    p.number("train.batch_size", train.batch_size, low=1)
+    p.number("train.total_steps", train.total_steps, low=1)
+    p.number("train.epochs", train.epochs, low=1, optional=True)
+    if p.number("train.sft_warmup_steps", train.sft_warmup_steps, low=0) and train.sft_warmup_steps >= train.total_steps:
+        p.add("train.sft_warmup_steps", f"must be < train.total_steps={train.total_steps} "
+              f"or no RL step would run, got {train.sft_warmup_steps}")
+    p.number("saver.freq_steps", saver.freq_steps, low=1, optional=True)
+    p.number("saver.keep_last", saver.keep_last, low=1)
+    p.number("saver.keep_every", saver.keep_every, low=1, optional=True)
+    p.non_empty("saver.keep_best_metric", saver.keep_best_metric, optional=True)
+    p.number("evaluation.freq_steps", evaluation.freq_steps, low=1, optional=True)
+    p.number("evaluation.n_samples", evaluation.n_samples, low=1)
+    p.number("evaluation.max_eval_prompts", evaluation.max_eval_prompts, low=1, optional=True)
+    p.number("evaluation.temperature", evaluation.temperature, low=0)
+    if evaluation.freq_steps is not None and dataset.eval_path is None:
+        p.add("evaluation.freq_steps", "periodic evaluation needs an eval set: set dataset.eval_path, "
+              "or evaluation.freq_steps=null")
+    p.number("tracking.log_every", tracking.log_every, low=1)
+    p.non_empty("tracking.mlflow_uri", tracking.mlflow_uri, optional=True)
+    p.non_empty("tracking.mlflow_experiment", tracking.mlflow_experiment, optional=True)

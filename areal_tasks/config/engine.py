@@ -1,0 +1,92 @@
+"""Train-engine config: backend, optimizer, LR schedule, micro-batching, LoRA.
+
+One ``EngineConfig`` per trained or forward-only model: ``actor`` (the policy), ``ref`` (frozen
+reference for the KL term) and ``critic`` (value model). Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from areal_tasks.config.micro_batch import MicroBatchSpec
+from areal_tasks.config.sections import DType
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimizerConfig:
+    """The optimizer of one engine."""
+
+    #: optimizer algorithm.
+    type: Literal["adamw"] = "adamw"
+    #: peak learning rate.
+    lr: float = 1e-6
+    #: decoupled weight decay.
+    weight_decay: float = 0.01
+    #: Adam beta1.
+    beta1: float = 0.9
+    #: Adam beta2.
+    beta2: float = 0.999
+    #: Adam epsilon.
+    eps: float = 1e-8
+    #: clip the global gradient norm to this value; 0 disables clipping.
+    grad_clip: float = 1.0
+
+
+@dataclass
+class LRScheduleConfig:
+    """Learning-rate schedule over ``train.total_steps``."""
+
+    #: shape after warmup: ``constant``, ``linear`` decay or ``cosine`` decay.
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    #: linear warmup steps from 0 to ``lr``; takes precedence over ``warmup_ratio`` when > 0.
+    warmup_steps: int = 0
+    #: warmup as a fraction of ``train.total_steps`` (used when ``warmup_steps`` is 0).
+    warmup_ratio: float = 0.0
+    #: decay ends at ``lr * min_lr_ratio``.
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters instead of full fine-tuning."""
+
+    #: train LoRA adapters only.
+    enabled: bool = False
+    #: adapter rank.
+    rank: int = 8
+    #: LoRA scaling numerator (scale = alpha / rank).
+    alpha: int = 16
+    #: dropout on the adapter input.
+    dropout: float = 0.0
+    #: module names to adapt; None = the model family's defaults.
+    target_modules: list[str] | None = None
+
+
+@dataclass
+class EngineConfig:
+    """One train engine (``actor``, ``ref`` or ``critic``)."""
+
+    #: training backend; must match the allocation's training backend.
+    backend: Literal["fsdp", "megatron", "archon"] = "fsdp"
+    #: optimizer (ignored by forward-only engines such as ``ref``).
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    #: learning-rate schedule.
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    #: how a batch is split into micro-batches.
+    micro_batch: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    #: LoRA adapters.
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    #: recompute activations in the backward pass to save memory.
+    gradient_checkpointing: bool = False
+    #: keep parameters and optimizer state in CPU memory between uses.
+    cpu_offload: bool = False
+    #: compute dtype of this engine; ``auto`` = ``model.dtype``.
+    dtype: DType = "auto"
+    #: optimizer steps per training step (the batch is split into this many mini-batches).
+    ppo_n_minibatches: int = 1
+    #: add a scalar value head (critic engines).
+    value_head: bool = False

@@ -1,0 +1,80 @@
+"""Rollout config: inference backend, sampling, concurrency/staleness and the server processes.
+
+Torch-free. Sampling parameters map onto the SGLang ``sampling_params`` of ``/generate``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from areal_tasks.config.sections import DType
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingConfig:
+    """Generation parameters for training rollouts."""
+
+    #: softmax temperature; 0 = greedy.
+    temperature: float = 1.0
+    #: nucleus sampling mass, in (0, 1].
+    top_p: float = 1.0
+    #: sample from the top k tokens; -1 = no limit.
+    top_k: int = -1
+    #: maximum generated tokens per sample.
+    max_new_tokens: int = 256
+    #: stop strings (not included in the output).
+    stop: list[str] = field(default_factory=list)
+    #: stop token ids (in addition to EOS).
+    stop_token_ids: list[int] = field(default_factory=list)
+    #: keep generating past EOS until ``max_new_tokens``.
+    ignore_eos: bool = False
+    #: sampling seed; None = nondeterministic.
+    seed: int | None = None
+
+
+@dataclass
+class InferenceServerConfig:
+    """Inference server processes (embedded, SGLang or vLLM)."""
+
+    #: Python interpreter that runs the server (e.g. a separate vLLM venv); None = the current one.
+    python: str | None = None
+    #: fraction of accelerator memory the server may use (weights + KV cache).
+    mem_fraction: float = 0.8
+    #: maximum context length (prompt + generation); None = the model's.
+    context_length: int | None = None
+    #: server weight dtype; ``auto`` = ``model.dtype``.
+    dtype: DType = "auto"
+    #: extra command-line arguments passed to the server unchanged.
+    extra_args: list[str] = field(default_factory=list)
+    #: seconds to wait for a started server to report healthy.
+    startup_timeout_s: float = 600.0
+    #: restarts allowed per server before the job fails.
+    max_restarts: int = 2
+
+
+@dataclass
+class RolloutConfig:
+    """Asynchronous rollout: how trajectories are generated and how stale they may be."""
+
+    #: inference backend; must match the allocation's inference backend.
+    backend: Literal["embedded", "sglang", "vllm"] = "embedded"
+    #: samples generated per prompt (the group of GRPO-style algorithms).
+    group_size: int = 4
+    #: maximum trajectories in flight at once.
+    max_concurrent_rollouts: int = 32
+    #: how many policy versions a trajectory may lag the trainer; 0 = synchronous RL.
+    max_head_offpolicyness: int = 0
+    #: seconds before one generation request times out.
+    request_timeout_s: float = 600.0
+    #: retries of a failed generation request.
+    max_retries: int = 3
+    #: sampling parameters.
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    #: server processes.
+    server: InferenceServerConfig = field(default_factory=InferenceServerConfig)
+    #: fraction of failed episodes (over a recent window) past which the rollout executor fails the job.
+    max_failure_rate: float = 0.5

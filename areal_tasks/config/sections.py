@@ -1,0 +1,157 @@
+"""Small job-level config sections: experiment, cluster, storage, model, dataset, train, saver,
+recover, evaluation, tracking. Torch-free plain dataclasses; cross-field rules live in
+:mod:`areal_tasks.config.validate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+#: numeric precision of weights / activations; ``auto`` = the model's own (fp32 on CPU).
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass
+class ExperimentConfig:
+    """Names the run and where its files go."""
+
+    #: experiment name (groups trials; also the default MLflow experiment).
+    name: str = "areal"
+    #: trial name within the experiment (one training run).
+    trial: str = "trial0"
+    #: the run directory; None = ``runs/<name>/<trial>`` under the current directory. Made absolute.
+    run_dir: str | None = None
+    #: global random seed.
+    seed: int = 1
+
+
+@dataclass
+class ClusterConfig:
+    """The machines the job runs on."""
+
+    #: who starts worker processes.
+    scheduler: Literal["local", "ray", "slurm", "skypilot"] = "local"
+    #: number of nodes.
+    nodes: int = 1
+    #: GPUs per node; 0 = CPU-only (allocation world sizes then count worker processes).
+    gpus_per_node: int = 0
+    #: CPU cores per node to request; None = scheduler default.
+    cpus_per_node: int | None = None
+    #: memory per node to request, in GiB; None = scheduler default.
+    memory_gb_per_node: float | None = None
+
+
+@dataclass
+class StorageConfig:
+    """Where checkpoints, weight updates and artifacts are stored (an fsspec URL)."""
+
+    #: storage root, e.g. ``file:///nfs/x`` or ``s3://bucket/prefix``; None = ``file://<run_dir>/storage``.
+    url: str | None = None
+    #: fsspec storage options (endpoint, credentials profile, ...), passed through unchanged.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """The policy model to post-train."""
+
+    #: a HuggingFace hub id, a local directory, or ``tiny:<family>`` for the built-in tiny-model kit.
+    path: str = "tiny:qwen2"
+    #: tokenizer location; None = same as ``path``.
+    tokenizer_path: str | None = None
+    #: weight dtype.
+    dtype: DType = "auto"
+    #: allow model code from the hub (HF ``trust_remote_code``).
+    trust_remote_code: bool = False
+    #: attention kernel (HF ``attn_implementation``, e.g. ``sdpa``); None = library default.
+    attn_implementation: str | None = None
+
+
+@dataclass
+class DatasetConfig:
+    """Prompts to train (and optionally evaluate) on."""
+
+    #: training data: a local file/dir, a hub dataset id, or ``demo:<name>`` for a built-in demo set.
+    path: str = "demo:arithmetic"
+    #: evaluation data (same forms as ``path``); None = no separate eval set.
+    eval_path: str | None = None
+    #: prompts longer than this many tokens are dropped.
+    max_prompt_len: int = 256
+    #: shuffle the training prompts every epoch.
+    shuffle: bool = True
+    #: record key holding the prompt.
+    prompt_key: str = "prompt"
+    #: record key holding the reference answer (passed to the reward function).
+    answer_key: str = "answer"
+
+
+@dataclass
+class TrainConfig:
+    """Length and batch size of training."""
+
+    #: samples (trajectories) per training step; a multiple of ``rollout.group_size``.
+    batch_size: int = 16
+    #: number of training steps.
+    total_steps: int = 100
+    #: cap on passes over the dataset (training stops at whichever of this and ``total_steps`` comes first); None = no cap.
+    epochs: int | None = None
+    #: supervised (SFT) steps on the reference answers before RL starts.
+    sft_warmup_steps: int = 0
+
+
+@dataclass
+class SaverConfig:
+    """Checkpointing for recovery and export."""
+
+    #: save every this many steps; None = only at the end.
+    freq_steps: int | None = None
+    #: keep the newest this many checkpoints (older ones are deleted).
+    keep_last: int = 2
+    #: additionally keep every checkpoint whose step is a multiple of this; None = none.
+    keep_every: int | None = None
+    #: additionally keep the checkpoint with the highest value of this metric; None = none.
+    keep_best_metric: str | None = None
+    #: write checkpoints in the background while training continues.
+    async_save: bool = False
+    #: ``dcp`` (sharded torch.distributed.checkpoint, resumable) or ``hf`` (HuggingFace safetensors).
+    format: Literal["dcp", "hf"] = "dcp"
+
+
+@dataclass
+class RecoverConfig:
+    """What to do when the run directory already holds a checkpoint."""
+
+    #: ``auto`` = resume if a checkpoint exists, else start; ``resume`` = a checkpoint must exist; ``disabled`` = start fresh.
+    mode: Literal["auto", "resume", "disabled"] = "auto"
+
+
+@dataclass
+class EvaluationConfig:
+    """Periodic evaluation during training."""
+
+    #: evaluate every this many steps; None = no periodic evaluation.
+    freq_steps: int | None = None
+    #: generations per eval prompt.
+    n_samples: int = 1
+    #: evaluate on at most this many prompts; None = all.
+    max_eval_prompts: int | None = None
+    #: sampling temperature for evaluation (0 = greedy).
+    temperature: float = 0.0
+
+
+@dataclass
+class TrackingConfig:
+    """Metrics tracking."""
+
+    #: MLflow tracking URI; None = the tracking callback's local default (a store under the run dir).
+    mlflow_uri: str | None = None
+    #: MLflow experiment name; None = ``experiment.name``.
+    mlflow_experiment: str | None = None
+    #: log metrics every this many steps.
+    log_every: int = 1
+    #: also append metrics to ``<run_dir>/metrics.jsonl``.
+    jsonl: bool = True
