@@ -1,0 +1,83 @@
+"""What each backend accepts: its kind, its parallel dims, and the words used to refuse the rest.
+
+One table per fact, so adding a backend is one line here plus a row in ``docs/allocation.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from areal_tasks.config.allocation.model import ComponentKind
+
+INFERENCE_BACKENDS: tuple[str, ...] = ("sglang", "vllm", "embedded")
+TRAINING_BACKENDS: tuple[str, ...] = ("fsdp", "megatron", "archon")
+ALL_BACKENDS: tuple[str, ...] = INFERENCE_BACKENDS + TRAINING_BACKENDS
+
+#: training backends that accept the MoE hybrid form ``backend:(attn:...|ffn:...)``.
+HYBRID_BACKENDS: tuple[str, ...] = ("megatron", "archon")
+
+DIM_NAMES: dict[str, str] = {
+    "d": "data",
+    "t": "tensor",
+    "p": "pipeline",
+    "c": "context",
+    "e": "expert",
+}
+
+#: the dims each backend accepts.
+ALLOWED_DIMS: dict[str, str] = {
+    "sglang": "dtp",
+    "vllm": "dtp",
+    "embedded": "dtp",
+    "fsdp": "dtc",
+    "megatron": "dtpce",
+    "archon": "dtpce",
+}
+
+#: the dims each half of a hybrid layout accepts.
+HYBRID_PART_DIMS: dict[str, str] = {"attn": "dtpc", "ffn": "dtpe"}
+
+DIMS_HINT = "dims are d (data), t (tensor), p (pipeline), c (context), e (expert), each with its size, e.g. d4t2"
+
+
+def kind_of(backend: str) -> ComponentKind:
+    """``"inference"`` or ``"training"`` for a known backend."""
+    return "inference" if backend in INFERENCE_BACKENDS else "training"
+
+
+def closest(word: str, choices: tuple[str, ...] | list[str]) -> str | None:
+    """The choice most like ``word`` (a typo's likely intent), or None when nothing is close."""
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return matches[0] if matches else None
+
+
+def backend_hint(word: str) -> str:
+    """Hint for an unknown backend: the closest valid one, then the full list."""
+    listing = f"inference: {', '.join(INFERENCE_BACKENDS)}; training: {', '.join(TRAINING_BACKENDS)}"
+    guess = closest(word, ALL_BACKENDS)
+    return f"did you mean '{guess}'? ({listing})" if guess else f"valid backends are {listing}"
+
+
+_FSDP_REFUSALS: dict[str, tuple[str, str]] = {
+    "p": ("FSDP has no pipeline parallelism", "use megatron (or archon) for pipeline parallelism, or drop p"),
+    "e": ("FSDP has no expert parallelism", "use megatron or archon for MoE expert parallelism, or drop e"),
+}
+
+_INFERENCE_REFUSALS: dict[str, tuple[str, str]] = {
+    "c": (
+        "inference backend {backend} takes no context-parallel dim (c)",
+        "drop c: context (Ulysses sequence) parallelism applies to training backends only",
+    ),
+    "e": (
+        "inference backend {backend} takes no expert-parallel dim (e)",
+        "drop e: the inference server places experts over its own t/d ranks",
+    ),
+}
+
+
+def refusal(backend: str, letter: str) -> tuple[str, str]:
+    """(message, hint) for a dim that ``backend`` does not accept (per :data:`ALLOWED_DIMS`)."""
+    if backend == "fsdp":
+        return _FSDP_REFUSALS[letter]
+    message, hint = _INFERENCE_REFUSALS[letter]
+    return message.format(backend=backend), hint
