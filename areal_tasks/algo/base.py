@@ -23,7 +23,6 @@ from torch import Tensor
 from areal_tasks.algo import keys
 from areal_tasks.algo.actor import DecoupledPPOSettings, decoupled_ppo_loss, masked_mean_stat, resolve_prox_logprobs
 from areal_tasks.algo.aggregate import aggregate_loss, loss_weight
-from areal_tasks.algo.filters import informative_groups, informative_sequences
 from areal_tasks.algo.kl import kl_estimate
 from areal_tasks.algo.layout import last_masked_index, masked_segment_sum
 from areal_tasks.algo.shaping import shape_rewards
@@ -181,11 +180,3 @@ class Algorithm(ABC):
         last = last_masked_index(mask, cu_seqlens)
         has = last >= 0
         return out.index_put((last[has],), seq_rewards[has])
-
-    @staticmethod
-    def informative(groups: Batch | Sequence[Tensor]) -> Tensor:
-        """DAPO's keep mask (see ``filters.py``) for either input form of :meth:`filter_groups`."""
-        if isinstance(groups, dict):
-            require(groups, keys.REWARDS, keys.GROUP_IDS, why="filter_groups")
-            return informative_sequences(groups[keys.REWARDS], groups[keys.GROUP_IDS])
-        return informative_groups(groups)

@@ -21,7 +21,8 @@ from torch import Tensor
 from areal_tasks.algo import keys
 from areal_tasks.algo.algorithms.grpo import GRPO
 from areal_tasks.algo.algorithms.group import group_relative_advantages
-from areal_tasks.algo.base import Batch, register_algorithm
+from areal_tasks.algo.base import Batch, register_algorithm, require
+from areal_tasks.algo.filters import informative_groups, informative_sequences
 from areal_tasks.algo.layout import segment_sum
 from areal_tasks.algo.shaping import overlong_penalty
 from areal_tasks.config.algorithm import DAPOConfig
@@ -47,4 +48,7 @@ class DAPO(GRPO):
     def filter_groups(self, groups: Batch | Sequence[Tensor]) -> Tensor:
         if not self.config.dynamic_sampling:
             return super().filter_groups(groups)
-        return self.informative(groups)
+        if isinstance(groups, dict):
+            require(groups, keys.REWARDS, keys.GROUP_IDS, why="DAPO filter_groups")
+            return informative_sequences(groups[keys.REWARDS], groups[keys.GROUP_IDS])
+        return informative_groups(groups)
