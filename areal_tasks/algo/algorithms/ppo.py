@@ -12,7 +12,6 @@ absolute (``V_old +- value_clip``), as in PPO2 code.
 
 from __future__ import annotations
 
-
 from areal_tasks.algo import keys
 from areal_tasks.algo.actor import masked_mean_stat
 from areal_tasks.algo.aggregate import aggregate_loss, loss_weight
