@@ -1,0 +1,133 @@
+"""The narrow interface every train engine (FSDP2, Megatron, Archon) implements.
+
+The engine owns the model shards, the optimizer and the LR schedule on one rank; it knows nothing
+about PPO or GRPO. An algorithm hands it a packed batch (:mod:`areal_tasks.api.batch`) and a loss
+function; the engine splits the batch into micro-batches, runs forward/backward, normalises the loss
+so that the result does not depend on how the batch was split, clips the global gradient norm and
+steps the optimizer.
+
+Loss contract::
+
+    loss, stats = loss_fn(outputs, mb)
+    weight = loss_weight_fn(mb)
+
+``outputs`` holds ``"logprobs"`` ``[T_mb]`` (differentiable, aligned as in ``api/batch.py``),
+``"entropy"`` ``[T_mb]`` and, for a critic, ``"values"`` ``[T_mb]``; ``mb`` is the packed micro-batch
+dict. ``loss`` is a mean over the micro-batch's own units (tokens, sequences...) and ``weight``
+counts those units. The engine backpropagates ``loss * weight / total_weight`` where
+``total_weight`` sums the weights of all micro-batches on all data-parallel ranks, so 1 vs 4
+micro-batches and dp=1 vs dp=2 give the same gradients.
+
+Data-parallel contract: ``batch`` is the share of this rank's data-parallel group; ranks that differ
+only in their tensor- or sequence-parallel coordinate must pass the same batch.
+
+This module is torch-free at import (torch types only under ``TYPE_CHECKING``).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Union
+
+if TYPE_CHECKING:
+    import torch
+
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+
+logger = logging.getLogger(__name__)
+
+#: a packed batch / micro-batch: key -> tensor (see ``areal_tasks.api.batch``).
+Batch = dict[str, "torch.Tensor"]
+#: what a loss function returns next to its loss: name -> scalar (float or 0-dim tensor).
+LossStats = Mapping[str, Union[float, "torch.Tensor"]]
+#: ``loss, stats = loss_fn(outputs, mb)``.
+LossFn = Callable[[dict[str, "torch.Tensor"], Batch], tuple["torch.Tensor", LossStats]]
+#: ``weight = loss_weight_fn(mb)``: how many units the micro-batch's mean loss averages over.
+LossWeightFn = Callable[[Batch], Union[float, int, "torch.Tensor"]]
+#: ``hf`` = HuggingFace safetensors (export / inference); ``dcp`` = sharded resumable checkpoint.
+SaveFormat = Literal["hf", "dcp"]
+#: what ``train_batch`` / ``eval_batch`` return: ``loss``, ``grad_norm``, ``lr``, ``n_tokens`` + loss stats.
+TrainStats = dict[str, float]
+
+
+@dataclass(frozen=True)
+class ParallelInfo:
+    """Where this rank sits in the engine's device mesh."""
+
+    world_size: int
+    rank: int
+    dp_size: int
+    dp_rank: int
+    tp_size: int = 1
+    tp_rank: int = 0
+    sp_size: int = 1
+    sp_rank: int = 0
+
+    @property
+    def is_dp_head(self) -> bool:
+        """Whether this rank is the first of its data-parallel group (tp_rank == sp_rank == 0)."""
+        return self.tp_rank == 0 and self.sp_rank == 0
+
+
+class TrainEngine(abc.ABC):
+    """One rank of a distributed train engine. Call :meth:`initialize` before anything else."""
+
+    @abc.abstractmethod
+    def initialize(self) -> None:
+        """Join the process group, build the device mesh, load and shard the model, build the optimizer."""
+
+    @property
+    @abc.abstractmethod
+    def parallel(self) -> ParallelInfo:
+        """This rank's coordinates in the device mesh."""
+
+    @abc.abstractmethod
+    def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        """Forward/backward over all micro-batches, clip the global grad norm, step the optimizer.
+
+        Returns ``loss`` and every loss stat averaged with the loss weights over all micro-batches and
+        data-parallel ranks, ``grad_norm`` (before clipping), ``lr`` (used for this step) and
+        ``n_tokens`` (summed over data-parallel ranks). Does not step the LR schedule.
+        """
+
+    @abc.abstractmethod
+    def eval_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        """The weighted loss and stats of ``batch`` without gradients or an optimizer step."""
+
+    @abc.abstractmethod
+    def forward_batch(self, batch: Batch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """Per-token outputs ``[T]`` of ``batch`` in its original order, without gradients.
+
+        An actor returns ``logprobs`` (plus ``entropy`` when asked); a critic returns ``values``.
+        """
+
+    @abc.abstractmethod
+    def step_lr_scheduler(self) -> float:
+        """Advance the LR schedule by one step; return the new learning rate."""
+
+    @abc.abstractmethod
+    def save(self, path: str, format: SaveFormat = "hf", *, with_optimizer: bool = True) -> None:
+        """Write the model (``hf``: full weights, rank 0 writes) or the full train state (``dcp``)."""
+
+    @abc.abstractmethod
+    def load(self, path: str, format: SaveFormat = "dcp", *, with_optimizer: bool = True) -> None:
+        """Read what :meth:`save` wrote (``hf``: weights only; ``dcp``: full train state)."""
+
+    @abc.abstractmethod
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        """Publish the current weights to the inference servers as ``meta`` says (disk or collective)."""
+
+    @abc.abstractmethod
+    def get_version(self) -> int:
+        """The policy version of the current weights."""
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None:
+        """Set the policy version (the trainer bumps it after each published update)."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Release the model, optimizer and any process groups the engine created."""
