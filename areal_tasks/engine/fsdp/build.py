@@ -1,0 +1,118 @@
+"""Load an HF model and shard it: LoRA / value head, gradient checkpointing, TP plan, FSDP2.
+
+Master weights are fp32 on every device; the compute dtype comes from the mixed-precision policy
+(``dtype="auto"``: bf16 parameters with fp32 gradient reduction on GPU, plain fp32 on CPU).
+``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
+from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
+from areal_tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+
+    from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.fsdp.parallel_dims import EngineMesh
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+@dataclass
+class BuiltModel:
+    """The sharded model and what the engine needs to know about it."""
+
+    model: torch.nn.Module
+    tensor_parallel: TensorParallel | None
+    hf_config: Any
+    #: the compute (parameter) dtype name of the mixed-precision policy.
+    param_dtype_name: str
+
+
+def compute_dtype_name(dtype: str, device: torch.device) -> str:
+    """``auto`` -> bf16 on GPU, fp32 on CPU; else the named dtype."""
+    if dtype == "auto":
+        return "bfloat16" if device.type == "cuda" else "float32"
+    if dtype not in _DTYPES:
+        raise EngineError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return dtype
+
+
+def _attn_implementation(requested: str | None, sp: int, device: torch.device) -> str:
+    import importlib.util
+
+    if sp > 1:
+        if requested not in (None, "sdpa", "flash_attention_2"):
+            raise EngineError(f"sequence parallelism brings its own attention; attn_implementation={requested!r}")
+        return register_ulysses_attention()
+    if requested is not None:
+        return requested
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def _load(path: str, role: str, attn: str) -> torch.nn.Module:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": torch.float32, "attn_implementation": attn}
+    if role == "critic":
+        from areal_tasks.engine.fsdp.critic import load_critic
+
+        return load_critic(path, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def build_model(
+    config: EngineConfig,
+    model_path: str,
+    mesh: EngineMesh,
+    device: torch.device,
+    *,
+    role: str,
+    trainable: bool,
+    attn_implementation: str | None = None,
+) -> BuiltModel:
+    """Load ``model_path`` and return it sharded over ``mesh`` (see the module docstring)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    dims = mesh.dims
+    model = _load(model_path, role, _attn_implementation(attn_implementation, dims.sp, device))
+    hf_config = model.config
+    if config.gradient_checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.lora.enabled:
+        if dims.tp > 1:
+            raise EngineError("LoRA with tensor parallelism (tp > 1) is not supported; use dp/sp with LoRA")
+        from areal_tasks.engine.fsdp.lora import apply_lora
+
+        model = apply_lora(model, config.lora)
+    if not trainable:
+        model.requires_grad_(False)
+    tensor_parallel = None
+    if dims.tp > 1:
+        tensor_parallel = TensorParallel(mesh.tp_mesh)
+        tensor_parallel.apply(model)
+    dtype_name = compute_dtype_name(config.dtype, device)
+    param_dtype = getattr(torch, dtype_name)
+    mp = MixedPrecisionPolicy(
+        param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
+    )
+    offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
+    shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload}
+    for block in find_decoder_blocks(model):
+        fully_shard(block, **shard_kwargs)
+    fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info("model %s: %d parameters (sharded view), compute dtype %s", type(model).__name__, n_params, dtype_name)
+    return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name)

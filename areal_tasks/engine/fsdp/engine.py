@@ -1,0 +1,319 @@
+"""The FSDP2 train engine: one rank of a dp x sp x tp sharded HF causal LM (or critic).
+
+Build: load the HF model in fp32 on every rank (same seed), add LoRA adapters (peft) or the value
+head, enable gradient checkpointing, apply the tensor-parallel plan over ``tp``, then ``fully_shard``
+every decoder block and the root over ``dp x sp`` with a mixed-precision policy (bf16 compute with
+fp32 reduction on GPU by default, fp32 on CPU) and optional CPU offload. AdamW + LR schedule.
+
+Loss normalisation (see ``api/train_engine.py``): every micro-batch's loss is scaled by
+``weight / total_weight`` (``total_weight`` all-reduced over dp) and by the FSDP group size, which
+cancels FSDP's mean over ``dp x sp`` -- gradients become a sum of exactly-weighted terms, the same
+however the batch is split over micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.api.train_engine import Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, TrainEngine, TrainStats
+from areal_tasks.engine.fsdp import checkpoint
+from areal_tasks.engine.fsdp.build import BuiltModel, build_model
+from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
+from areal_tasks.engine.fsdp.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
+from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
+from areal_tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.microbatch import MicroBatchPlan
+
+logger = logging.getLogger(__name__)
+
+
+class FSDPEngine(TrainEngine):
+    """FSDP2 engine. ``role`` is ``actor`` (log-probs) or ``critic`` (values; ``config.value_head``)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: str,
+        *,
+        parallel: ParallelDims | None = None,
+        total_steps: int = 1,
+        trainable: bool = True,
+        temperature: float = 1.0,
+        grad_entropy: bool = False,
+        attn_implementation: str | None = None,
+        seed: int = 1,
+    ) -> None:
+        if config.backend != "fsdp":
+            raise EngineError(f"FSDPEngine needs backend='fsdp', got {config.backend!r}")
+        if temperature <= 0:
+            raise EngineError(f"temperature must be > 0, got {temperature}")
+        self.config = config
+        self.model_path = model_path
+        self.total_steps = total_steps
+        self.trainable = trainable
+        self.role = "critic" if config.value_head else "actor"
+        self._forward_spec = ForwardSpec(role=self.role, temperature=temperature, grad_entropy=grad_entropy)
+        self._requested_dims = parallel
+        self._attn_implementation = attn_implementation
+        self.seed = seed
+        self._version = 0
+        self.weight_groups: dict[tuple[str, int, str], Any] = {}
+        self._initialized = False
+
+    # ------------------------------------------------------------------ setup
+    def initialize(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            _init_default_group()
+        self.device = _local_device()
+        dims = self._requested_dims or ParallelDims.for_world(dist.get_world_size())
+        self.mesh = EngineMesh(dims, self.device.type)
+        torch.manual_seed(self.seed)
+        built: BuiltModel = build_model(
+            self.config, self.model_path, self.mesh, self.device,
+            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation,
+        )
+        self.model, self.tensor_parallel = built.model, built.tensor_parallel
+        self.mb_spec = _micro_batch_spec(self.config, built, dims)
+        sp_group = self.mesh.sp_group if dims.sp > 1 else None
+        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self.lr_scheduler = None
+        if self.trainable:
+            self.optimizer = build_optimizer(self.params, self.config.optimizer)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, self.config.lr_schedule, self.total_steps)
+        self._initialized = True
+        logger.info("FSDP engine ready: %s role=%s on %s", self.parallel, self.role, self.device)
+
+    @property
+    def parallel(self) -> ParallelInfo:
+        self._require_init()
+        return self.mesh.info()
+
+    def _require_init(self) -> None:
+        if not self._initialized:
+            raise EngineError("call initialize() first")
+
+    def _require_trainable(self) -> None:
+        self._require_init()
+        if not self.trainable:
+            raise EngineError("this engine was built forward-only (trainable=False)")
+
+    # ------------------------------------------------------------- batches
+    def _plan(self, batch: Batch) -> MicroBatchPlan:
+        from areal_tasks.engine.microbatch import agree_on_n_mbs, split_into_micro_batches
+
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        plan = split_into_micro_batches(batch, self.mb_spec)
+        n = agree_on_n_mbs(plan.n_micro_batches, self.mesh.dp_group)
+        if n != plan.n_micro_batches:
+            plan = split_into_micro_batches(batch, self.mb_spec, n_mbs_override=n)
+        return plan
+
+    def _all_reduce_dp(self, values: list[float]) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, group=self.mesh.dp_group)
+        return tensor.tolist()
+
+    def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> TrainStats:
+        import torch
+
+        plan = self._plan(batch)
+        weights = [float(loss_weight_fn(mb)) for mb in plan.micro_batches]
+        if any(w < 0 or not math.isfinite(w) for w in weights):
+            raise EngineError(f"loss_weight_fn returned an invalid weight in {weights}")
+        total_weight, n_tokens = self._all_reduce_dp([sum(weights), float(plan.n_tokens)])
+        if total_weight <= 0:
+            raise EngineError("the loss weights of the whole batch sum to 0 on every rank: nothing to train on")
+        # FSDP averages gradients over dp x sp; each rank's term is already exactly weighted.
+        grad_scale = float(self.mesh.fsdp_mesh.size())
+        sums: dict[str, float] = {}
+        for mb, weight in zip(plan.micro_batches, weights):
+            with torch.set_grad_enabled(backward):
+                outputs = self.forward_mb(mb, with_entropy=True)
+                loss, stats = loss_fn(outputs, mb)
+                if backward:
+                    if weight > 0:
+                        (loss * (weight / total_weight * grad_scale)).backward()
+                    else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
+                        (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+            if weight > 0:
+                for key, value in {"loss": loss, **stats}.items():
+                    sums[key] = sums.get(key, 0.0) + float(value) * weight
+        keys = sorted(sums)
+        reduced = self._all_reduce_dp([sums[k] for k in keys]) if keys else []
+        result: TrainStats = {k: v / total_weight for k, v in zip(keys, reduced)}
+        result["n_tokens"] = n_tokens
+        return result
+
+    def accumulate_gradients(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        """Forward/backward of ``batch`` into the gradients, without stepping (``train_batch`` minus the step).
+
+        Gradients add up over calls until the next ``train_batch``/``zero_grad``; useful to inspect them.
+        """
+        self._require_trainable()
+        self.model.train()
+        stats = self._run(batch, loss_fn, loss_weight_fn, backward=True)
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.sync_partial_grads()
+        return stats
+
+    def zero_grad(self) -> None:
+        self._require_trainable()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        import torch
+
+        self.zero_grad()
+        stats = self.accumulate_gradients(batch, loss_fn, loss_weight_fn)
+        grad_norm = clip_grad_norm(self.params, self.config.optimizer.grad_clip)
+        stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        stats["grad_norm"] = float(grad_norm)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            stats["update_skipped"] = 0.0
+        else:
+            logger.warning("non-finite gradient norm %s: optimizer step skipped", float(grad_norm))
+            stats["update_skipped"] = 1.0
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: full gradient}`` gathered from all shards (a collective; on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        self._require_init()
+        out = {}
+        for name, param in self.model.named_parameters():
+            if param.grad is not None:
+                grad = param.grad
+                out[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().clone()
+        return out
+
+    def eval_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        self._require_init()
+        self.model.eval()
+        return self._run(batch, loss_fn, loss_weight_fn, backward=False)
+
+    def forward_batch(self, batch: Batch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        import torch
+
+        self._require_init()
+        self.model.eval()
+        plan = self._plan(batch)
+        with torch.no_grad():
+            outs = [self.forward_mb(mb, with_entropy=with_entropy) for mb in plan.micro_batches]
+        return {key: plan.merge([o[key] for o in outs]) for key in outs[0]}
+
+    def step_lr_scheduler(self) -> float:
+        self._require_trainable()
+        self.lr_scheduler.step()
+        return float(self.lr_scheduler.get_last_lr()[0])
+
+    # ------------------------------------------------------- save / load
+    def save(self, path: str, format: SaveFormat = "hf", *, with_optimizer: bool = True,
+             lora_adapters_only: bool = False) -> None:
+        """``hf``: full weights (LoRA merged unless ``lora_adapters_only``); ``dcp``: the train state."""
+        self._require_init()
+        if format == "hf":
+            checkpoint.save_hf(path, self.model, self.device, source_dir=self.model_path,
+                               lora_adapters_only=lora_adapters_only)
+        elif format == "dcp":
+            optimizer = self.optimizer if with_optimizer else None
+            checkpoint.save_dcp(path, self.model, optimizer, self._train_state())
+        else:
+            raise EngineError(f"save format must be 'hf' or 'dcp', got {format!r}")
+
+    def load(self, path: str, format: SaveFormat = "dcp", *, with_optimizer: bool = True) -> None:
+        self._require_init()
+        if format == "hf":
+            checkpoint.load_hf(path, self.model)
+        elif format == "dcp":
+            state = checkpoint.load_dcp(path, self.model, self.optimizer if with_optimizer else None)
+            self._version = int(state["version"])
+            if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        else:
+            raise EngineError(f"load format must be 'hf' or 'dcp', got {format!r}")
+
+    def _train_state(self) -> dict[str, Any]:
+        sched = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
+        return {"version": self._version, "lr_scheduler": sched}
+
+    # -------------------------------------------------- weights / version
+    def update_weights(self, meta: WeightUpdateMeta) -> None:
+        from areal_tasks.engine.fsdp.weight_sender import send_weights
+
+        self._require_init()
+        send_weights(self, meta)
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        if version < 0:
+            raise EngineError(f"version must be >= 0, got {version}")
+        self._version = int(version)
+
+    def destroy(self) -> None:
+        self.weight_groups.clear()
+        self.model = self.optimizer = self.lr_scheduler = None
+        self._initialized = False
+
+
+def _init_default_group() -> None:
+    """Join the default process group: ``env://`` under a launcher, else a world of one."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        import tempfile
+
+        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="areal_pg_"), "store"), 1)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+
+
+def _local_device() -> torch.device:
+    import torch
+
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims) -> Any:
+    """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget."""
+    from areal_tasks.engine.memory import estimate_memory, resolve_max_tokens_per_mb
+
+    spec = config.micro_batch
+    multiple = math.lcm(spec.pad_to_multiple_of, dims.sp)
+    cap = spec.max_tokens_per_mb
+    if spec.memory_budget_gb is not None:
+        estimate = estimate_memory(
+            built.hf_config, param_dtype=built.param_dtype_name, dp=dims.dp, tp=dims.tp, sp=dims.sp,
+            gradient_checkpointing=config.gradient_checkpointing,
+            lora_rank=config.lora.rank if config.lora.enabled else None,
+        )
+        cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)
+    return dataclasses.replace(spec, pad_to_multiple_of=multiple, max_tokens_per_mb=cap)

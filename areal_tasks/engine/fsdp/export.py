@@ -1,0 +1,108 @@
+"""Full HF-named tensors out of a sharded model, and the HF directory (weights + config + tokenizer).
+
+:func:`iter_full_tensors` walks the model's state dict one tensor at a time, gathering each
+FSDP/TP shard into the full tensor (a collective: every rank of the engine must iterate, in the same
+order). :func:`iter_hf_tensors` renames to plain HF keys, merges LoRA adapters when asked and drops
+the tied LM head. :func:`write_hf_dir` (rank 0) writes everything atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from areal_tasks.engine.fsdp.lora import LoraMerger, lora_scalings
+from areal_tasks.engine.weights.disk import DEFAULT_MAX_SHARD_BYTES, atomic_directory, write_safetensors_shards
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+#: files copied from the source model directory next to exported weights (tokenizer, generation).
+_SIDE_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def iter_full_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(state-dict key, full tensor)`` for every entry; shards are gathered on ``device``."""
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            if tensor.device != device:  # CPU-offloaded shards: gather on the compute device
+                tensor = DTensor.from_local(
+                    tensor.to_local().to(device), tensor.device_mesh, tensor.placements,
+                    shape=tensor.shape, stride=tensor.stride(),
+                )
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach()
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    return any(name.startswith("base_model.model.") for name, _ in model.named_parameters())
+
+
+def hf_config_of(model: torch.nn.Module) -> object:
+    """The HF config of a (possibly peft-wrapped) model."""
+    return model.base_model.model.config if is_peft_model(model) else model.config
+
+
+def iter_hf_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Plain HF ``(name, tensor)`` pairs: LoRA merged into the base weights, tied LM head dropped."""
+    stream = iter_full_tensors(model, device)
+    if is_peft_model(model):
+        stream = LoraMerger(lora_scalings(model))(stream)
+    config = hf_config_of(model)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for name, tensor in stream:
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, tensor
+
+
+def _export_config(config: object) -> object:
+    """A copy of ``config`` without the engine-only attention implementation."""
+    import copy
+
+    out = copy.deepcopy(config)
+    for attr in ("_attn_implementation_internal", "_attn_implementation"):
+        if attr in out.__dict__:
+            out.__dict__[attr] = None
+    return out
+
+
+def write_hf_dir(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    config: object,
+    *,
+    source_dir: str | os.PathLike[str] | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    extra_json: Mapping[str, str] | None = None,
+) -> None:
+    """Atomically write an HF model directory: safetensors shards, ``config.json``, tokenizer files."""
+    with atomic_directory(path) as staging:
+        write_safetensors_shards(tensors, staging, max_shard_bytes=max_shard_bytes)
+        _export_config(config).save_pretrained(staging)
+        for fname, text in (extra_json or {}).items():
+            (staging / fname).write_text(text)
+        if source_dir is not None and Path(source_dir).is_dir():
+            for fname in _SIDE_FILES:
+                src = Path(source_dir) / fname
+                if src.is_file():
+                    shutil.copy2(src, staging / fname)

@@ -1,0 +1,93 @@
+"""One packed micro-batch through the model: per-token log-probs/entropy (actor) or values (critic).
+
+The micro-batch is fed as a single row ``[1, T]`` with per-sequence ``position_ids``. Without
+sequence parallelism, transformers detects the packing from the position ids (attention mask
+``None``) and builds a block-diagonal causal mask (SDPA/eager) or uses varlen kernels (flash).
+With Ulysses (``sp > 1``), each rank feeds its contiguous ``T/sp`` slice and passes the global
+``cu_seqlens`` to the ``areal_ulysses`` attention; per-position scores are gathered back to ``[T]``
+before they are aligned to tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS
+from areal_tasks.engine.fsdp.critic import values_per_position
+from areal_tasks.engine.fsdp.logprobs import align_to_tokens, next_token_labels, next_token_stats
+from areal_tasks.engine.fsdp.ulysses import SP_GROUP_KWARG, gather_sequence
+from areal_tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ForwardSpec:
+    """What a forward pass computes."""
+
+    #: ``actor`` (log-probs over the vocabulary) or ``critic`` (value head).
+    role: str
+    #: logits are divided by this before log-softmax (the sampling temperature).
+    temperature: float = 1.0
+    #: let gradients flow through the entropy (entropy bonus); otherwise it is detached.
+    grad_entropy: bool = False
+
+
+class MicroBatchForward:
+    """Runs the model on packed micro-batches for one rank (optionally one of ``sp`` Ulysses ranks)."""
+
+    def __init__(self, model: torch.nn.Module, spec: ForwardSpec, sp_group: ProcessGroup | None) -> None:
+        import torch.distributed as dist
+
+        self.model = model
+        self.spec = spec
+        self.sp_group = sp_group
+        self.sp = 1 if sp_group is None else dist.get_world_size(sp_group)
+        self.sp_rank = 0 if sp_group is None else dist.get_rank(sp_group)
+
+    def __call__(self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """``{"logprobs", "entropy"?}`` or ``{"values"}``, each ``[T]`` aligned to the tokens of ``mb``."""
+        import torch
+
+        ids, cu = mb[INPUT_IDS], mb[CU_SEQLENS]
+        positions = mb[POSITION_IDS]
+        total = ids.shape[0]
+        labels = next_token_labels(ids)
+        kwargs: dict[str, Any] = {}
+        if self.sp > 1:
+            if total % self.sp != 0:
+                raise EngineError(f"a micro-batch of {total} tokens cannot be split over sp={self.sp} ranks; "
+                                  "micro_batch.pad_to_multiple_of must be a multiple of sp")
+            local = total // self.sp
+            part = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
+            ids, positions, labels = ids[part], positions[part], labels[part]
+            cu32 = cu.to(torch.int32)
+            max_len = int((cu32[1:] - cu32[:-1]).max())
+            kwargs = {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": max_len,
+                      "max_length_k": max_len, SP_GROUP_KWARG: self.sp_group}
+        out = self.model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False, **kwargs)
+        if self.spec.role == "critic":
+            return {"values": align_to_tokens(self._gather(values_per_position(out.logits)), cu)}
+        logits = out.logits[0]
+        want_entropy = with_entropy and self.spec.grad_entropy
+        logprob, entropy = next_token_stats(
+            logits, labels, temperature=self.spec.temperature, with_entropy=want_entropy
+        )
+        result = {"logprobs": align_to_tokens(self._gather(logprob), cu)}
+        if with_entropy:
+            if entropy is None:
+                with torch.no_grad():
+                    _, entropy = next_token_stats(
+                        logits.detach(), labels, temperature=self.spec.temperature, with_entropy=True
+                    )
+            result["entropy"] = align_to_tokens(self._gather(entropy), cu)
+        return result
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        return local if self.sp == 1 else gather_sequence(local, self.sp_group)

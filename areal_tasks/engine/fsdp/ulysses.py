@@ -1,0 +1,201 @@
+"""Ulysses sequence parallelism on packed sequences: all-to-all over attention heads.
+
+Each of the ``sp`` ranks of a sequence-parallel group holds a contiguous ``1/sp`` slice of the packed
+token stream (padded to a multiple of ``sp``). Everything but attention is token-local, so only the
+attention needs the other slices: before it, an all-to-all trades "all heads of my tokens" for "my
+heads of all tokens"; attention runs on the full stream with a block-diagonal causal mask built from
+the *global* ``cu_seqlens``; a second all-to-all trades back. RoPE is applied before the exchange,
+from each token's own (per-sequence) position id, so it needs no communication.
+
+The attention is registered with transformers as ``attn_implementation="areal_ulysses"``; the model
+forward passes ``cu_seq_lens_q`` (global), ``max_length_q`` and ``areal_sp_group`` through its
+``**kwargs`` to every attention call. The per-token scores of the local slice are gathered with
+:func:`gather_sequence`, whose backward keeps only the local slice of the gradient: every rank of
+the group computes the same loss from the gathered scores, so each rank is responsible for exactly
+its own positions, and the FSDP reduction over ``dp x sp`` sums the partial gradients.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+
+logger = logging.getLogger(__name__)
+
+ULYSSES_ATTN = "areal_ulysses"
+SP_GROUP_KWARG = "areal_sp_group"
+
+_registered = False
+
+
+def _all_to_all_fn() -> type:
+    import torch
+    import torch.distributed as dist
+
+    class _AllToAll(torch.autograd.Function):
+        """Equal-split all-to-all along dim 0; its own adjoint, so backward is the same exchange."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+            ctx.group = group
+            out = torch.empty_like(x)
+            dist.all_to_all_single(out, x.contiguous(), group=group)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            out = torch.empty_like(grad)
+            dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+            return out, None
+
+    return _AllToAll
+
+
+def _gather_fn() -> type:
+    import torch
+    import torch.distributed as dist
+
+    class _GatherSequence(torch.autograd.Function):
+        """All-gather along dim 0; backward returns this rank's slice (all ranks share the loss)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+            size, rank = dist.get_world_size(group), dist.get_rank(group)
+            ctx.slice = (rank * x.shape[0], (rank + 1) * x.shape[0])
+            parts = [torch.empty_like(x) for _ in range(size)]
+            dist.all_gather(parts, x.contiguous(), group=group)
+            return torch.cat(parts)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            start, end = ctx.slice
+            return grad[start:end].contiguous(), None
+
+    return _GatherSequence
+
+
+_FUNCS: dict[str, type] = {}
+
+
+def _fn(name: str) -> type:
+    if name not in _FUNCS:
+        _FUNCS[name] = {"a2a": _all_to_all_fn, "gather": _gather_fn}[name]()
+    return _FUNCS[name]
+
+
+def gather_sequence(local: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    """Concatenate every rank's slice ``[N]`` into ``[sp * N]`` (differentiable, see module doc)."""
+    return _fn("gather").apply(local, group)
+
+
+def _seq_to_heads(x: torch.Tensor, group: ProcessGroup, sp: int) -> torch.Tensor:
+    """``[B, H, S/sp, D]`` (all heads, my tokens) -> ``[B, H/sp, S, D]`` (my heads, all tokens)."""
+    b, h, s, d = x.shape
+    chunks = x.reshape(b, sp, h // sp, s, d).permute(1, 0, 2, 3, 4)
+    out = _fn("a2a").apply(chunks.contiguous(), group)
+    return out.permute(1, 2, 0, 3, 4).reshape(b, h // sp, sp * s, d)
+
+
+def _heads_to_seq(x: torch.Tensor, group: ProcessGroup, sp: int) -> torch.Tensor:
+    """``[B, H/sp, S, D]`` -> ``[B, H, S/sp, D]`` (inverse of :func:`_seq_to_heads`)."""
+    b, h, s, d = x.shape
+    chunks = x.reshape(b, h, sp, s // sp, d).permute(2, 0, 1, 3, 4)
+    out = _fn("a2a").apply(chunks.contiguous(), group)
+    return out.permute(1, 0, 2, 3, 4).reshape(b, h * sp, s // sp, d)
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, total: int, sliding_window: int | None = None) -> torch.Tensor:
+    """``[total, total]`` bool mask: query ``i`` sees key ``j`` iff same sequence and ``j <= i``
+    (and ``i - j < sliding_window`` when set)."""
+    import torch
+
+    idx = torch.arange(total, device=cu_seqlens.device)
+    seq = torch.searchsorted(cu_seqlens[1:].to(idx.dtype), idx, right=True)
+    mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
+    if sliding_window is not None:
+        mask &= (idx[:, None] - idx[None, :]) < sliding_window
+    return mask
+
+
+def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=1)
+
+
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                  scaling: float | None, dropout: float, sliding_window: int | None) -> torch.Tensor:
+    """flash-attn varlen on ``[1, H, S, D]`` tensors (GQA handled by the kernel)."""
+    from flash_attn import flash_attn_varlen_func
+
+    window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+    out = flash_attn_varlen_func(
+        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max_len, max_len,
+        dropout_p=dropout, softmax_scale=scaling, causal=True, window_size=window,
+    )
+    return out.transpose(0, 1).unsqueeze(0)
+
+
+def ulysses_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: ``[B, H, S/sp, D]`` inputs, ``[B, S/sp, H, D]`` output."""
+    import torch
+
+    group = kwargs.get(SP_GROUP_KWARG)
+    cu = kwargs.get("cu_seq_lens_q")
+    if group is None or cu is None:
+        raise EngineError(f"{ULYSSES_ATTN} attention needs {SP_GROUP_KWARG} and cu_seq_lens_q in the model kwargs")
+    sp = group.size()
+    n_q, n_kv = query.shape[1], key.shape[1]
+    if n_q % sp != 0:
+        raise EngineError(f"sequence parallel size {sp} must divide the number of attention heads per rank {n_q}")
+    if n_kv % sp != 0:  # too few KV heads to split: replicate them up to the query heads
+        key, value = _repeat_heads(key, n_q // n_kv), _repeat_heads(value, n_q // n_kv)
+    q, k, v = (_seq_to_heads(t, group, sp) for t in (query, key, value))
+    total = q.shape[2]
+    drop = dropout if module.training else 0.0
+    if q.is_cuda and importlib.util.find_spec("flash_attn") is not None:
+        max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
+        out = _flash_varlen(q, k, v, cu.to(torch.int32), max_len, scaling, drop, sliding_window)
+    else:
+        rep = q.shape[1] // k.shape[1]
+        mask = block_causal_mask(cu, total, sliding_window)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, _repeat_heads(k, rep), _repeat_heads(v, rep), attn_mask=mask, dropout_p=drop, scale=scaling
+        )
+    out = _heads_to_seq(out, group, sp)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """Mask builder for ``areal_ulysses``: the attention builds its own mask from the global cu_seqlens."""
+    return None
+
+
+def register_ulysses_attention() -> str:
+    """Register the attention (and its no-op mask builder) with transformers; returns its name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(ULYSSES_ATTN, ulysses_attention_forward)
+        AttentionMaskInterface.register(ULYSSES_ATTN, _no_mask)
+        _registered = True
+    return ULYSSES_ATTN
