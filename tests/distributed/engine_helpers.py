@@ -78,7 +78,7 @@ def reference_grads(model_dir: Path, batch: dict) -> tuple[float, dict[str, torc
     loss, _ = token_mean_loss({"logprobs": lp}, batch)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return float(loss), grads, model
+    return float(loss.detach()), grads, model
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:

@@ -72,3 +72,51 @@ def grads_and_step(
                 out_dir / f"result_mbs{n_mbs}.pt",
             )
         engine.destroy()
+
+
+def _train_steps(engine: FSDPEngine, batches: list[dict]) -> list[float]:
+    lrs = []
+    for batch in batches:
+        stats = engine.train_batch(local_share(engine, batch), token_mean_loss, token_weight)
+        lrs.append(stats["lr"])
+        engine.step_lr_scheduler()
+    return lrs
+
+
+def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
+    """Train 2 steps, save DCP + HF + a disk weight update, train 2 more; a fresh engine loads the
+    DCP checkpoint and trains the same 2 steps; another loads the HF export."""
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.config.engine import LRScheduleConfig
+
+    batches = [make_batch(seed=s) for s in range(4)]
+    cfg = engine_config(2, grad_clip=1.0, lr_schedule=LRScheduleConfig(type="cosine", warmup_steps=1))
+    first = build_engine(model_dir, cfg, total_steps=4)
+    _train_steps(first, batches[:2])
+    first.set_version(2)
+    first.save(str(out_dir / "dcp"), "dcp")
+    first.save(str(out_dir / "hf"), "hf")
+    first.update_weights(WeightUpdateMeta.disk(str(out_dir / "disk_update"), version=2))
+    at_save = full_params(first)
+    forward = first.forward_batch(batches[0])
+    lrs_first = _train_steps(first, batches[2:])
+    final_first = full_params(first)
+    first.destroy()
+
+    resumed = build_engine(model_dir, cfg, total_steps=4)
+    resumed.load(str(out_dir / "dcp"), "dcp")
+    version = resumed.get_version()
+    lrs_resumed = _train_steps(resumed, batches[2:])
+    final_resumed = full_params(resumed)
+    resumed.destroy()
+
+    from_hf = build_engine(model_dir, cfg, trainable=False)
+    from_hf.load(str(out_dir / "hf"), "hf")
+    loaded_hf = full_params(from_hf)
+    from_hf.destroy()
+    if rank == 0:
+        torch.save(
+            {"at_save": at_save, "forward": forward, "final_first": final_first, "final_resumed": final_resumed,
+             "lrs": (lrs_first, lrs_resumed), "version": version, "loaded_hf": loaded_hf},
+            out_dir / "result.pt",
+        )

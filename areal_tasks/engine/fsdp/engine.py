@@ -154,7 +154,7 @@ class FSDPEngine(TrainEngine):
                         (sum(v.sum() for v in outputs.values()) * 0.0).backward()
             if weight > 0:
                 for key, value in {"loss": loss, **stats}.items():
-                    sums[key] = sums.get(key, 0.0) + float(value) * weight
+                    sums[key] = sums.get(key, 0.0) + _scalar(value) * weight
         keys = sorted(sums)
         reduced = self._all_reduce_dp([sums[k] for k in keys]) if keys else []
         result: TrainStats = {k: v / total_weight for k, v in zip(keys, reduced)}
@@ -275,6 +275,11 @@ class FSDPEngine(TrainEngine):
         self.weight_groups.clear()
         self.model = self.optimizer = self.lr_scheduler = None
         self._initialized = False
+
+
+def _scalar(value: Any) -> float:
+    """A loss or stat (float or 0-dim tensor) as a Python float."""
+    return float(value.detach()) if hasattr(value, "detach") else float(value)
 
 
 def _init_default_group() -> None:

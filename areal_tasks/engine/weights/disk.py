@@ -47,6 +47,17 @@ def _fsync_tree(root: Path) -> None:
         _fsync_dir(Path(dirpath))
 
 
+def _make_readable(root: Path) -> None:
+    """World-readable files and directories: servers may run as another user (writers such as
+    safetensors create files 0600)."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty staging directory; on success it replaces ``target`` in one rename.
@@ -59,6 +70,7 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
+        _make_readable(staging)
         _fsync_tree(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -51,6 +51,7 @@ def test_atomic_directory_replaces_and_cleans_up(tmp_path):
         assert not (staging / "a.txt").exists()
         (staging / "b.txt").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert (target / "b.txt").stat().st_mode & 0o044 == 0o044, "exported files must be readable by servers"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
 
 
