@@ -1,0 +1,237 @@
+"""``recommend_layout``: a first allocation spec for a model on a number of GPUs.
+
+Rules (deliberately simple; the numbers behind them are in ``layout_memory.py``):
+
+1. GPUs are split between inference and training, half and half (training gets the odd one).
+   One GPU cannot be split and colocating both on it is not supported, so with 0 or 1 GPUs the
+   recommendation is the CPU layout ``embedded:d1+fsdp:d1`` (fine for tiny models and the demo).
+2. MoE models train with Megatron and expert parallelism: EP is the largest power of two that
+   divides the expert count and the data-parallel size (Megatron shards experts over data ranks).
+3. Dense models train with FSDP over all training GPUs when the sharded states, the working set
+   and activations fit; otherwise the TP degree is raised (powers of two dividing the attention
+   and KV heads, at most 8) until they do.
+4. Inference uses the smallest TP (power of two dividing the heads, at most 8) whose bf16 weights
+   leave room for the KV cache; the remaining factor is data parallel.
+
+When nothing fits, the largest layout is returned with ``fits=False`` and the reasons say why.
+The allocation strings follow ``docs/allocation.md`` (``e`` divides ``d``; omitted dims are 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from areal_tasks.errors import ModelError
+from areal_tasks.models import layout_memory as mem
+from areal_tasks.models.info import ModelInfo
+
+logger = logging.getLogger(__name__)
+
+MAX_TP = 8
+#: parameters above which CPU training is impractically slow
+CPU_PRACTICAL_PARAMETERS = 1_000_000_000
+
+
+@dataclass
+class LayoutRecommendation:
+    """A recommended split and parallelism, as an allocation spec plus its parts."""
+
+    train_backend: str
+    allocation: str
+    inference_backend: str
+    device: str
+    n_inference_gpus: int
+    n_train_gpus: int
+    inference_tp: int
+    inference_dp: int
+    train_dp: int
+    train_tp: int
+    train_ep: int
+    fits: bool
+    reasons: list[str] = field(default_factory=list)
+    train_gib_per_gpu: float = 0.0
+    inference_weights_gib_per_gpu: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return asdict(self)
+
+
+def _dims(d: int, t: int = 1, e: int = 1) -> str:
+    return f"d{d}" + (f"t{t}" if t > 1 else "") + (f"e{e}" if e > 1 else "")
+
+
+def _tp_candidates(info: ModelInfo, n: int, need_kv: bool) -> list[int]:
+    """Powers of two up to min(MAX_TP, n) dividing ``n``, the attention heads and (training) the KV heads."""
+    out = []
+    tp = 1
+    while tp <= min(MAX_TP, n):
+        if n % tp == 0 and info.num_attention_heads % tp == 0 and (not need_kv or info.num_kv_heads % tp == 0):
+            out.append(tp)
+        tp *= 2
+    return out
+
+
+def _largest_power_of_two_dividing(*values: int) -> int:
+    g = 0
+    for value in values:
+        g = math.gcd(g, value)
+    return g & -g if g > 0 else 1
+
+
+def _cpu_layout(info: ModelInfo, n_gpus: int) -> LayoutRecommendation:
+    reasons = []
+    if n_gpus == 1:
+        reasons.append(
+            "one GPU cannot be split between inference and training, and colocating both on one GPU is not "
+            "supported; with 2 GPUs use 'sglang:d1+fsdp:d1'. Until then: the embedded CPU layout"
+        )
+    else:
+        reasons.append("no GPUs: embedded inference server and FSDP on gloo, both on CPU")
+    fits = info.num_parameters <= CPU_PRACTICAL_PARAMETERS
+    if not fits:
+        reasons.append(
+            f"{info.num_parameters / 1e9:.1f}B parameters is too large to train on CPU in practice "
+            f"(limit ~{CPU_PRACTICAL_PARAMETERS / 1e9:.0f}B); use at least 2 GPUs"
+        )
+    return LayoutRecommendation(
+        train_backend="fsdp",
+        allocation="embedded:d1+fsdp:d1",
+        inference_backend="embedded",
+        device="cpu",
+        n_inference_gpus=0,
+        n_train_gpus=0,
+        inference_tp=1,
+        inference_dp=1,
+        train_dp=1,
+        train_tp=1,
+        train_ep=1,
+        fits=fits,
+        reasons=reasons,
+    )
+
+
+def _plan_inference(info: ModelInfo, n_infer: int, usable: float, reasons: list[str]) -> tuple[int, bool]:
+    budget = usable * mem.INFERENCE_WEIGHT_SHARE
+    candidates = _tp_candidates(info, n_infer, need_kv=False) or [1]
+    for tp in candidates:
+        if mem.inference_weight_bytes(info, tp) <= budget:
+            reasons.append(
+                f"inference: tp={tp} puts {mem.inference_weight_bytes(info, tp) / mem.GIB:.1f} GiB of bf16 weights on "
+                f"each GPU (<= {mem.INFERENCE_WEIGHT_SHARE:.0%} of usable memory, the rest for KV cache); "
+                f"dp={n_infer // tp}"
+            )
+            return tp, True
+    tp = candidates[-1]
+    reasons.append(
+        f"inference: even tp={tp} needs {mem.inference_weight_bytes(info, tp) / mem.GIB:.1f} GiB of weights per GPU, "
+        f"over the {budget / mem.GIB:.1f} GiB budget; give inference more GPUs or larger ones"
+    )
+    return tp, False
+
+
+def _plan_dense(
+    info: ModelInfo, n_train: int, usable: float, dtype_bytes: int, tokens: int, reasons: list[str]
+) -> tuple[int, bool, float]:
+    candidates = _tp_candidates(info, n_train, need_kv=True) or [1]
+    for tp in candidates:
+        need = mem.fsdp_bytes_per_gpu(info, n_train, tp, dtype_bytes, tokens)
+        if need <= usable:
+            why = "fits with pure data parallelism" if tp == 1 else f"needs tp={tp} to fit (activations split by TP)"
+            reasons.append(
+                f"train: dense model -> fsdp; ~{need / mem.GIB:.1f} GiB per GPU ({mem.FSDP_STATE_BYTES} B/param of "
+                f"sharded params, grads and AdamW states over {n_train} GPUs, plus working set and activations): {why}"
+            )
+            return tp, True, need
+    tp = candidates[-1]
+    need = mem.fsdp_bytes_per_gpu(info, n_train, tp, dtype_bytes, tokens)
+    min_gpus = math.ceil(info.num_parameters * mem.FSDP_STATE_BYTES / usable)
+    reasons.append(
+        f"train: does not fit: ~{need / mem.GIB:.1f} GiB per GPU at tp={tp} exceeds {usable / mem.GIB:.1f} GiB usable; "
+        f"the optimizer states alone need more than {min_gpus} training GPUs of this size"
+    )
+    return tp, False, need
+
+
+def _plan_moe(
+    info: ModelInfo, n_train: int, usable: float, dtype_bytes: int, tokens: int, reasons: list[str]
+) -> tuple[int, int, bool, float]:
+    candidates = _tp_candidates(info, n_train, need_kv=True) or [1]
+    plans = []
+    for tp in candidates:
+        dp = n_train // tp
+        ep = _largest_power_of_two_dividing(info.num_experts, dp)
+        plans.append((tp, ep, mem.megatron_bytes_per_gpu(info, dp, tp, ep, dtype_bytes, tokens)))
+    for tp, ep, need in plans:
+        if need <= usable:
+            reasons.append(
+                f"train: MoE ({info.num_experts} experts, top-{info.experts_per_token}) -> megatron with expert "
+                f"parallelism ep={ep} (largest power of two dividing the experts and dp={n_train // tp}), tp={tp}: "
+                f"~{need / mem.GIB:.1f} GiB per GPU"
+            )
+            return tp, ep, True, need
+    tp, ep, need = min(plans, key=lambda plan: plan[2])
+    reasons.append(
+        f"train: MoE does not fit: ~{need / mem.GIB:.1f} GiB per GPU at tp={tp}, ep={ep} exceeds "
+        f"{usable / mem.GIB:.1f} GiB usable; add GPUs (or pipeline parallelism, not planned here)"
+    )
+    return tp, ep, False, need
+
+
+def recommend_layout(
+    info: ModelInfo,
+    n_gpus: int,
+    gpu_memory_gb: float = 80.0,
+    train_dtype: str = "bfloat16",
+    *,
+    tokens_per_gpu: int = 16384,
+) -> LayoutRecommendation:
+    """Recommend an inference/training split and parallelism for ``info`` on ``n_gpus`` GPUs.
+
+    ``gpu_memory_gb`` is each GPU's memory (GB as vendors quote it: 80 for an A100/H100-80G);
+    ``tokens_per_gpu`` is the training micro-batch size in tokens used for the activation estimate.
+    """
+    if n_gpus < 0:
+        raise ModelError(f"n_gpus={n_gpus} must be >= 0 (0 means CPU only)")
+    if gpu_memory_gb <= 0:
+        raise ModelError(f"gpu_memory_gb={gpu_memory_gb} must be positive (e.g. 80 for an 80 GB GPU)")
+    if train_dtype not in mem.DTYPE_BYTES:
+        raise ModelError(f"train_dtype={train_dtype!r} is not supported; use one of {', '.join(mem.DTYPE_BYTES)}")
+    if n_gpus <= 1:
+        return _cpu_layout(info, n_gpus)
+    n_infer = n_gpus // 2
+    n_train = n_gpus - n_infer
+    usable = gpu_memory_gb * 1e9 * mem.USABLE_FRACTION
+    dtype_bytes = mem.DTYPE_BYTES[train_dtype]
+    reasons = [f"split {n_gpus} GPUs: {n_infer} for inference, {n_train} for training"]
+    infer_tp, infer_fits = _plan_inference(info, n_infer, usable, reasons)
+    infer_dims = _dims(n_infer // infer_tp, infer_tp)
+    if info.is_moe:
+        tp, ep, train_fits, need = _plan_moe(info, n_train, usable, dtype_bytes, tokens_per_gpu, reasons)
+        backend = "megatron"
+    else:
+        tp, train_fits, need = _plan_dense(info, n_train, usable, dtype_bytes, tokens_per_gpu, reasons)
+        ep, backend = 1, "fsdp"
+    dp = n_train // tp
+    recommendation = LayoutRecommendation(
+        train_backend=backend,
+        allocation=f"sglang:{infer_dims}+{backend}:{_dims(dp, tp, ep)}",
+        inference_backend="sglang",
+        device="cuda",
+        n_inference_gpus=n_infer,
+        n_train_gpus=n_train,
+        inference_tp=infer_tp,
+        inference_dp=n_infer // infer_tp,
+        train_dp=dp,
+        train_tp=tp,
+        train_ep=ep,
+        fits=infer_fits and train_fits,
+        reasons=reasons,
+        train_gib_per_gpu=round(need / mem.GIB, 2),
+        inference_weights_gib_per_gpu=round(mem.inference_weight_bytes(info, infer_tp) / mem.GIB, 2),
+    )
+    logger.debug("layout for %s on %d GPUs: %s", info.family, n_gpus, recommendation.allocation)
+    return recommendation

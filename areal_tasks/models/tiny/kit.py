@@ -1,0 +1,147 @@
+"""Build tiny, randomly initialised Hugging Face causal LMs of real architectures.
+
+``build_tiny_model("qwen2")`` returns a directory that ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load like any hub model: config.json, model.safetensors (fp32),
+generation_config.json and the tiny tokenizer files. The model is built from the family's own
+transformers config class at a tiny shape (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128; MoE:
+4 experts, top-2), so engines, weight sync and LoRA run against the real module tree in seconds.
+
+Entries are cached under :func:`~areal_tasks.models.tiny.cache.cache_root` by a hash of (family,
+resolved config, seed, kit version, transformers version); a hit costs a ``stat``. torch and
+transformers are imported only when a model is actually built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from areal_tasks.errors import ModelError
+from areal_tasks.models.families import TEXT_MODEL_TYPE
+from areal_tasks.models.tiny.cache import cache_root, content_hash, copy_tree_files, get_or_build
+from areal_tasks.models.tiny.tokenizer_kit import (
+    BOS_ID,
+    ENDOFTEXT,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_IDS,
+    TINY_VOCAB_SIZE,
+    build_tiny_tokenizer,
+    tokenizer_cache_key,
+)
+
+logger = logging.getLogger(__name__)
+
+KIT_VERSION = 1
+MANIFEST = "areal_tiny.json"
+
+_DENSE_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "max_position_embeddings": 2048,
+}
+_MOE_SHAPE: dict[str, dict[str, Any]] = {
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+    },
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+}
+
+#: families the kit can build, dense first
+TINY_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "gemma", "qwen2_moe", "qwen3_moe", "mixtral")
+
+
+def tiny_config(family: str, **config_overrides: Any) -> dict[str, Any]:
+    """The config kwargs (for the family's transformers config class) of a tiny ``family`` model."""
+    if family not in TINY_FAMILIES:
+        raise ModelError(f"tiny model family {family!r} is not supported; choose one of {', '.join(TINY_FAMILIES)}")
+    config: dict[str, Any] = {
+        **_DENSE_SHAPE,
+        **_MOE_SHAPE.get(family, {}),
+        "vocab_size": TINY_VOCAB_SIZE,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+    }
+    config.update(config_overrides)
+    return config
+
+
+def _transformers_version() -> str:
+    return metadata.version("transformers")
+
+
+def tiny_model_key(family: str, seed: int, config: dict[str, Any]) -> str:
+    """Cache entry name of one tiny model."""
+    payload = {
+        "family": family,
+        "seed": seed,
+        "config": config,
+        "kit": KIT_VERSION,
+        "tokenizer": tokenizer_cache_key(),
+        "transformers": _transformers_version(),
+    }
+    return f"{family}-s{seed}-{content_hash(payload)}"
+
+
+def _write_model(directory: Path, family: str, seed: int, config_kwargs: dict[str, Any], tokenizer_dir: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.for_model(TEXT_MODEL_TYPE[family], **config_kwargs)
+    config.dtype = "float32"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS_ID,
+        eos_token_id=[EOS_ID, SPECIAL_IDS[ENDOFTEXT]],  # end of turn, then end of document
+        pad_token_id=PAD_ID,
+    )
+    model.save_pretrained(str(directory))
+    copy_tree_files(tokenizer_dir, directory)
+    manifest = {"family": family, "seed": seed, "config": config_kwargs, "kit_version": KIT_VERSION}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True), encoding="utf-8")
+
+
+def build_tiny_model(
+    family: str,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """Build (or reuse from the cache) a tiny random ``family`` model and return its directory.
+
+    ``seed`` fixes the weights; ``config_overrides`` change the shape (e.g. ``num_hidden_layers=4``).
+    With ``out_dir`` the files are copied there and ``out_dir`` is returned; otherwise the cache
+    entry itself is returned (treat it as read-only).
+    """
+    config = tiny_config(family, **config_overrides)
+    if config["vocab_size"] != TINY_VOCAB_SIZE:
+        raise ModelError(
+            f"tiny model vocab_size={config['vocab_size']!r} must equal the tiny tokenizer length {TINY_VOCAB_SIZE}; "
+            "drop the vocab_size override"
+        )
+    root = cache_root(cache_dir)
+
+    def build(tmp: Path) -> None:
+        logger.info("building tiny %s model (seed %d) under %s", family, seed, root)
+        _write_model(tmp, family, seed, config, build_tiny_tokenizer(cache_dir))
+
+    cached = get_or_build(root, tiny_model_key(family, seed, config), build)
+    if out_dir is None:
+        return cached
+    return copy_tree_files(cached, Path(out_dir).expanduser())
