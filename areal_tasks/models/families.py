@@ -158,6 +158,11 @@ def family_from_config(config: dict[str, Any]) -> str:
     return UNKNOWN
 
 
+def canonical_family(name: str) -> str:
+    """The family for a family name or a transformers ``model_type`` (``gemma3_text`` -> ``gemma3``)."""
+    return _MODEL_TYPE_ALIASES.get(name, name)
+
+
 def traits(family: str) -> FamilyTraits:
     """Traits of ``family``; unknown families are treated as llama-style dense models."""
     return FAMILIES.get(family, FamilyTraits())

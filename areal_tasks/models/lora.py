@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_tasks.errors import ModelError
-from areal_tasks.models.families import FAMILIES, traits
+from areal_tasks.models.families import FAMILIES, canonical_family, traits
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -24,8 +24,10 @@ MLA = ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_p
 def lora_target_modules(family: str) -> list[str]:
     """Module names (suffixes, as peft matches them) to adapt for ``family``.
 
+    ``family`` may also be a transformers ``model_type`` (``model.config.model_type``).
     Vision-language families return their language model's targets.
     """
+    family = canonical_family(family)
     if family not in FAMILIES:
         raise ModelError(
             f"no default LoRA targets for model family {family!r} (known: {', '.join(sorted(FAMILIES))}); "

@@ -30,6 +30,10 @@ def test_targets_exist_and_peft_wraps_them(family: str, tiny_dirs: dict[str, Pat
     assert trainable and all("lora_" in name for name in trainable)
 
 
+def test_model_type_alias_is_accepted() -> None:
+    assert lora_target_modules("gemma3_text") == lora_target_modules("gemma3")
+
+
 def test_moe_defaults_to_attention_only() -> None:
     assert lora_target_modules("qwen3_moe") == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert "gate_proj" in lora_target_modules("qwen3")
