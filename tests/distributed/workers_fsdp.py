@@ -14,6 +14,7 @@ import torch
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
+from areal_tasks.engine.fsdp.optim import global_grad_norm
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 from areal_tasks.engine.microbatch import dp_split
 from engine_helpers import make_batch, token_mean_loss, token_weight, value_loss
@@ -120,3 +121,18 @@ def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -
              "lrs": (lrs_first, lrs_resumed), "version": version, "loaded_hf": loaded_hf},
             out_dir / "result.pt",
         )
+
+
+def family_grads(rank: int, world: int, out_dir: Path, model_dirs: dict[str, str], sp: int = 1, tp: int = 1,
+                 n_mbs: int = 2) -> None:
+    """Per family: loss, gradients and forward log-probs of one batch under the given layout."""
+    batch = make_batch(seed=0)
+    for family, model_dir in model_dirs.items():
+        engine = build_engine(model_dir, engine_config(n_mbs), sp=sp, tp=tp)
+        stats = engine.accumulate_gradients(local_share(engine, batch), token_mean_loss, token_weight)
+        grads = engine.full_gradients()
+        norm = float(global_grad_norm(engine.params))
+        forward = engine.forward_batch(batch, with_entropy=True)
+        if rank == 0:
+            torch.save({"stats": stats, "grads": grads, "norm": norm, "forward": forward}, out_dir / f"{family}.pt")
+        engine.destroy()

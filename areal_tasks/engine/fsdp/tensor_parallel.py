@@ -62,7 +62,8 @@ class TensorParallel:
 
     def __init__(self, tp_mesh: DeviceMesh) -> None:
         self.tp_mesh = tp_mesh
-        self.partial_grad_params: list[torch.nn.Parameter] = []
+        # modules, not parameters: fully_shard later replaces the parameter objects
+        self.partial_grad_modules: list[torch.nn.Module] = []
 
     def apply(self, model: torch.nn.Module) -> None:
         """Parallelize every decoder block of ``model`` in place (before FSDP wrapping)."""
@@ -87,19 +88,22 @@ class TensorParallel:
                     module = block.get_submodule(name)
                 except AttributeError:
                     continue
-                self.partial_grad_params.extend(module.parameters())
+                self.partial_grad_modules.append(module)
         logger.info("tensor parallel over %d ranks: %d blocks", self.tp_mesh.size(), len(blocks))
 
     def sync_partial_grads(self) -> None:
         """All-reduce (sum) over TP the gradients of weights applied to local heads only."""
+        import torch
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         group = self.tp_mesh.get_group()
-        for p in self.partial_grad_params:
-            if p.grad is not None:
-                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                dist.all_reduce(grad, group=group)
+        with torch.no_grad():
+            for module in self.partial_grad_modules:
+                for p in module.parameters():
+                    if p.grad is not None:
+                        grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                        dist.all_reduce(grad, group=group)
 
 
 def find_decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
