@@ -70,11 +70,11 @@ class _Builder:
         for key, source in self.origins.items():
             if key.startswith(path + ".") or key.startswith(path + "["):
                 return source
-        parent = path
-        while parent:
-            parent = _PARENT.sub("", parent)
+        parent = _PARENT.sub("", path)
+        while parent and parent != path:
             if parent in self.origins:
                 return self.origins[parent]
+            path, parent = parent, _PARENT.sub("", parent)
         return None
 
     def fail(self, path: str, message: str) -> _Invalid:

@@ -45,6 +45,20 @@ class Override:
     text: str
     keys: tuple[str, ...]
     value: Any
+    #: the value exactly as written (after stripping spaces).
+    raw: str = ""
+
+    def value_for(self, tp: Any) -> Any:
+        """The value for a field of type ``tp``: a ``str`` field takes the text as written.
+
+        ``experiment.trial=007`` stays ``"007"`` and ``model.path=tiny:`` stays a string, though
+        YAML reads them as 7 and a mapping; ``null`` and quoted text still parse as YAML.
+        """
+        inner, _ = strip_optional(tp)
+        quoted = self.raw[:1] in ("'", '"')
+        if inner is str and self.value is not None and not isinstance(self.value, str) and not quoted:
+            return self.raw
+        return self.value
 
     @property
     def path(self) -> str:
@@ -63,7 +77,7 @@ def parse_override(text: str) -> Override:
         value = parse_scalar(raw.strip())
     except ConfigError as exc:
         raise ConfigError(f"override {text!r}: the value is not valid YAML: {exc}") from exc
-    return Override(text=text, keys=tuple(key.split(".")), value=value)
+    return Override(text=text, keys=tuple(key.split(".")), value=value, raw=raw.strip())
 
 
 def _describe(tp: Any, path: str, data: Any) -> tuple[Any, str]:
@@ -121,13 +135,14 @@ def apply_override(tree: dict[str, Any], override: Override, schema: type, origi
     last = override.keys[-1]
     node_tp = tp
     tp = _check_key(node_tp, node, prefix, last)
-    if last == DISCRIMINATOR and variant_changes(node_tp, node, {last: override.value}):
+    value = override.value_for(tp)
+    if last == DISCRIMINATOR and variant_changes(node_tp, node, {last: value}):
         node.clear()  # switching variant: the section starts afresh from the new variant's defaults
-    if isinstance(override.value, Mapping):
-        node[last] = deep_merge(node.get(last), override.value, tp)
+    if isinstance(value, Mapping):
+        node[last] = deep_merge(node.get(last), value, tp)
     else:
-        node[last] = override.value
-    record_origins(origins, override.value, f"override {override.text!r}", override.path)
+        node[last] = value
+    record_origins(origins, value, f"override {override.text!r}", override.path)
 
 
 def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], schema: type, origins: Origins) -> None:

@@ -95,7 +95,7 @@ def type_name(tp: Any) -> str:
         key, value = typing.get_args(tp) or (Any, Any)
         return f"dict[{type_name(key)}, {type_name(value)}]"
     if is_dataclass_type(tp):
-        return f"a {tp.__name__} mapping"
+        return f"a mapping ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 
 
