@@ -42,9 +42,9 @@ class LRScheduleConfig:
 
     #: shape after warmup: ``constant``, ``linear`` decay or ``cosine`` decay.
     type: Literal["constant", "linear", "cosine"] = "constant"
-    #: linear warmup steps from 0 to ``lr``; takes precedence over ``warmup_ratio`` when > 0.
+    #: linear warmup steps from 0 to ``lr`` (set this or ``warmup_ratio``, not both).
     warmup_steps: int = 0
-    #: warmup as a fraction of ``train.total_steps`` (used when ``warmup_steps`` is 0).
+    #: warmup as a fraction of ``train.total_steps`` (set this or ``warmup_steps``, not both).
     warmup_ratio: float = 0.0
     #: decay ends at ``lr * min_lr_ratio``.
     min_lr_ratio: float = 0.0
