@@ -46,7 +46,7 @@ class Override:
     keys: tuple[str, ...]
     value: Any
     #: the value exactly as written (after stripping spaces).
-    raw: str = ""
+    raw: str
 
     def value_for(self, tp: Any) -> Any:
         """The value for a field of type ``tp``: a ``str`` field takes the text as written.
@@ -80,26 +80,18 @@ def parse_override(text: str) -> Override:
     return Override(text=text, keys=tuple(key.split(".")), value=value, raw=raw.strip())
 
 
-def _describe(tp: Any, path: str, data: Any) -> tuple[Any, str]:
-    """Schema type of the node at ``path`` plus a check that it can hold keys at all."""
-    inner, _ = strip_optional(tp)
-    if is_dataclass_type(inner) or typing.get_origin(inner) is dict or inner is Any:
-        return inner, ""
-    return inner, f"{path} is {type_name(tp)}, it has no keys"
-
-
 def _check_key(tp: Any, data: Any, prefix: str, key: str) -> Any:
-    """The schema type of ``key`` under the node ``prefix`` (type ``tp``), or a ConfigError."""
-    inner, problem = _describe(tp, prefix or "the configuration", data)
-    if problem:
-        raise ConfigError(problem)
+    """The schema type of ``key`` under the node ``prefix`` (type ``tp``, value ``data``), or a ConfigError."""
+    inner, _ = strip_optional(tp)
     if is_dataclass_type(inner):
         cls = node_class(inner, data)
         types_ = field_types(cls)
         if key not in types_:
             raise ConfigError(unknown_key_message(prefix, key, types_))
         return types_[key]
-    return child_type(inner, data, key) or Any
+    if typing.get_origin(inner) is dict or inner is Any:
+        return child_type(inner, data, key) or Any
+    raise ConfigError(f"{prefix} is {type_name(tp)}, it has no keys")
 
 
 def is_discriminator(override: Override, schema: type) -> bool:
