@@ -29,6 +29,7 @@ part are ascending and parts are ordered by their first index.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 
@@ -168,26 +169,42 @@ def _lpt(sizes: list[int], k: int) -> list[list[int]]:
 def _karmarkar_karp(sizes: list[int], k: int) -> list[list[int]]:
     """Multi-way largest differencing: ``k`` parts with near-equal sums.
 
-    Each heap entry is a k-way partial partition, its subsets ``[sum, units]`` sorted by sum,
-    largest first; the key is its spread (largest minus smallest sum). Merging pairs the largest
-    subset of one with the smallest of the other.
+    Each heap entry is a k-way partial partition: its non-empty subsets ``[sum, units]`` sorted by
+    sum, largest first (the missing ones are empty); the key is its spread (largest minus smallest
+    sum). Merging pairs the largest subset of one with the smallest of the other.
     """
-    heap: list[tuple[int, int, list[list]]] = []
-    for order, u in enumerate(_order_decreasing(sizes)):
-        subsets = [[sizes[u], [u]]] + [[0, []] for _ in range(k - 1)]
-        heap.append((-sizes[u], order, subsets))
+    heap = [(-sizes[u], order, [[sizes[u], [u]]]) for order, u in enumerate(_order_decreasing(sizes))]
     heapq.heapify(heap)
     counter = len(heap)
     while len(heap) > 1:
         _, _, first = heapq.heappop(heap)
         _, _, second = heapq.heappop(heap)
-        for mine, theirs in zip(first, reversed(second)):
-            mine[0] += theirs[0]
-            mine[1].extend(theirs[1])
-        first.sort(key=lambda subset: -subset[0])
-        heapq.heappush(heap, (first[-1][0] - first[0][0], counter, first))
+        merged = _merge_partitions(first, second, k)
+        smallest = merged[-1][0] if len(merged) == k else 0
+        heapq.heappush(heap, (smallest - merged[0][0], counter, merged))
         counter += 1
     return [subset[1] for subset in heap[0][2]]
+
+
+def _merge_partitions(first: list[list], second: list[list], k: int) -> list[list]:
+    """Subset ``i`` of ``first`` joins subset ``k-1-i`` of ``second`` (both padded to ``k`` with
+    empty subsets); only the indices where a non-empty subset exists are visited, so a merge costs
+    O(len(first) + len(second)) rather than O(k)."""
+    a, b = len(first), len(second)
+    merged: list[list] = []
+    for i in itertools.chain(range(a), range(max(a, k - b), k)):
+        mine = first[i] if i < a else None
+        theirs = second[k - 1 - i] if k - 1 - i < b else None
+        if mine is None:
+            merged.append(theirs)
+        elif theirs is None:
+            merged.append(mine)
+        else:
+            mine[0] += theirs[0]
+            mine[1].extend(theirs[1])
+            merged.append(mine)
+    merged.sort(key=lambda subset: -subset[0])
+    return merged
 
 
 def _grow_until_fits(

@@ -48,6 +48,8 @@ def random_lengths(n: int, seed: int) -> list[int]:
 def test_position_ids_restart_per_sequence() -> None:
     cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
     assert position_ids_from_cu_seqlens(cu).tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    with_empty = torch.tensor([0, 2, 2, 5, 5])  # zero-length sequences contribute no position
+    assert position_ids_from_cu_seqlens(with_empty).tolist() == [0, 1, 0, 1, 2]
 
 
 @pytest.mark.parametrize("packing", ["ffd", "kk"])
