@@ -1,0 +1,389 @@
+"""Memory estimate of one train-engine GPU, and the micro-batch token cap that fits a budget.
+
+Torch-free at import (torch is imported only to read the device). Everything is bytes per GPU.
+
+Notation. From the model config: ``h`` hidden size, ``L`` layers, ``a`` attention heads, ``g``
+key/value heads, ``d`` head dim, ``I`` MLP intermediate size, ``V`` vocabulary; for MoE ``E``
+experts, ``k`` experts per token, ``I_e`` expert and ``I_s`` shared-expert intermediate sizes.
+Byte widths: ``p`` parameters, ``gr`` gradients, ``c`` compute/activations. Parallel degrees:
+``tp``, ``sp`` (Ulysses), ``dp``; FSDP shards over ``S = dp * sp`` ranks (``S = 1`` unsharded).
+
+Parameters (``N``). A layer holds attention ``2 h a d + 2 h g d`` (+ ``a d + 2 g d`` q/k/v biases
+for Qwen2-style models, + ``2 d`` q/k norms for Qwen3-style ones), a SwiGLU MLP ``3 h I`` (MoE: ``3 h I_e E + h E`` router, ``+ 3 h I_s + h``
+shared expert) and two norms ``2 h``; the model adds ``V h`` embedding, ``V h`` lm_head unless tied,
+and ``h`` final norm. LoRA of rank ``r`` on every linear ``(in, out)`` adds ``r (in + out)``
+trainable parameters (``N_t``); without LoRA ``N_t = N``.
+
+Static bytes::
+
+    params     N   / (tp S) * p
+    grads      N_t / (tp S) * gr
+    optimizer  N_t / (tp S) * (8 + 4 [fp32 master, only when p < 4])   "adamw": fp32 moments
+               N_t / (tp S) * 2 p                                      "adamw_pure": torch AdamW
+                                                                       on params of dtype p
+               0                                                       "none" (frozen / ref model)
+
+Activations, bytes per token of the micro-batch (the tokens one DP rank packs) per GPU, all divided
+by ``tp * sp`` (TP splits heads and MLP columns with sequence-parallel norms; Ulysses splits
+tokens)::
+
+    norm   n = h (4 + c)          HF RMSNorm keeps an fp32 copy of its input and its output in c
+    attn   c h + c d (a + 2 g) + 2 c a d + 4 a
+           (q/k/v input; q, k after rotary and v; kernel output and the o_proj input copy;
+           fp32 log-sum-exp. Flash-style kernels: nothing quadratic in the sequence length.
+           Qwen3-style per-head q/k norms add d (a + g) (4 + c).)
+    mlp    c h + 4 c I            (input; gate, SiLU(gate), up and their product)
+           MoE: c h + 8 E + 2 c k h + 4 c (k I_e + I_s)
+    layer  2 n + attn + mlp
+    head   n + c h                final norm and lm_head input
+    CE     4 V kept               fp32 log-softmax output              (unchunked cross-entropy)
+           8 V transient          in backward, the fp32 gradients of its output and input; in
+                                  forward, the logits in c and their fp32 copy (c + 4 <= 8)
+
+    no checkpointing:   L * layer + head + CE kept + CE transient
+    checkpointing:      L * c h + head + max(CE kept + CE transient, layer)
+                        (each layer keeps only its input; one layer is recomputed in backward,
+                        after the logits are freed)
+
+The CE term assumes the engine computes log-probabilities (``log_softmax(logits.float())`` then a
+gather) and drops the logits before backward; an entropy with gradient adds about ``8 V`` more. A
+chunked/fused cross-entropy (``ce_chunk_tokens = C``) keeps nothing per token; its ``12 C V`` bytes
+go to the fixed overhead instead. With a 150K vocabulary the unchunked CE term is 1.7 MiB per
+token: with checkpointing it is 89-97% of the activations of Qwen2.5 0.5B-7B (bf16), and without
+it still over half for 0.5B.
+
+Checked on an H200 (tests/gpu/test_memory_estimate_gpu.py; torch 2.11, transformers 5.17): the
+peak of a one-GPU Qwen2 training step (bf16 and fp32, with and without checkpointing, 32K and 152K
+vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet checked on GPUs.
+
+Fixed overhead: with FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
+two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
+copy for the reduce-scatter; plus the chunked-CE buffer. Late transients come after the activations
+are freed: the optimizer step (foreach AdamW) needs one temporary the size of one moment,
+``N_t / (tp S) * 4`` (``p`` for adamw_pure), and FSDP reduces the root's unsharded gradient
+(``root * (c + 4) / tp``) at the end of backward. The peak for ``T`` tokens is::
+
+    static + max(fixed + T * per_token, late transients)
+
+Not modelled: expert parallelism, MLA attention, vision towers, the ``T x T`` mask of SDPA
+fallbacks, allocator fragmentation (hence the 0.9 fraction of :func:`device_memory_budget`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    from areal_tasks.config.micro_batch import MicroBatchSpec
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+OPTIMIZERS = ("adamw", "adamw_pure", "none")
+_DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
+}  # fmt: skip
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes of one element of ``dtype`` (a torch dtype or a name such as ``"bf16"``)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[name]
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes the estimate needs, read from an HF config object or a dict."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelDims:
+        """Read an HF ``PretrainedConfig`` (its ``text_config`` for multimodal ones) or a dict."""
+        text = _get(config, "text_config")
+        if text is not None:
+            config = text
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                               "vocab_size") if _get(config, k) is None]  # fmt: skip
+        if missing:
+            raise ConfigError(f"model config lacks {missing} needed for the memory estimate")
+        h, n_layers, heads = _get(config, "hidden_size"), _get(config, "num_hidden_layers"), _get(config, "num_attention_heads")
+        model_type = str(_get(config, "model_type") or "")
+        experts = _get(config, "num_experts") or _get(config, "num_local_experts") or _get(config, "n_routed_experts") or 0
+        dense = 0
+        if experts:
+            only = set(_get(config, "mlp_only_layers") or [])
+            step = _get(config, "decoder_sparse_step") or 1
+            first = _get(config, "first_k_dense_replace") or 0
+            dense = sum(1 for i in range(n_layers) if i in only or i < first or (step > 1 and (i + 1) % step))
+        expert_size = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size")
+        shared = _get(config, "shared_expert_intermediate_size") or (_get(config, "n_shared_experts") or 0) * expert_size
+        return cls(
+            hidden_size=h,
+            num_layers=n_layers,
+            num_heads=heads,
+            num_kv_heads=_get(config, "num_key_value_heads") or heads,
+            head_dim=_get(config, "head_dim") or h // heads,
+            intermediate_size=_get(config, "intermediate_size"),
+            vocab_size=_get(config, "vocab_size"),
+            tie_word_embeddings=bool(_get(config, "tie_word_embeddings") or False),
+            qkv_bias=bool(_get(config, "attention_bias") or model_type.startswith("qwen2")),
+            qk_norm=model_type.startswith("qwen3"),
+            num_experts=int(experts),
+            experts_per_token=int(_get(config, "num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(expert_size) if experts else 0,
+            shared_expert_intermediate_size=int(shared) if experts else 0,
+            num_dense_layers=dense,
+        )
+
+    def linears(self, moe: bool) -> list[tuple[int, int]]:
+        """``(in, out)`` of every linear layer of one decoder layer."""
+        h, a, g, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        attention = [(h, a * d), (h, g * d), (h, g * d), (a * d, h)]
+        if not moe:
+            return attention + _swiglu(h, self.intermediate_size)
+        mlp = _swiglu(h, self.moe_intermediate_size) * self.num_experts + [(h, self.num_experts)]
+        if self.shared_expert_intermediate_size:
+            mlp += _swiglu(h, self.shared_expert_intermediate_size) + [(h, 1)]
+        return attention + mlp
+
+    def layer_params(self, moe: bool) -> int:
+        """Parameters of one decoder layer (weights, q/k/v biases, norms)."""
+        bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        return sum(i * o for i, o in self.linears(moe)) + bias + qk_norm + 2 * self.hidden_size
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.num_experts else 0
+
+    @property
+    def root_params(self) -> int:
+        """Embedding, lm_head (unless tied) and final norm."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        moe, dense = self.num_moe_layers, self.num_layers - self.num_moe_layers
+        return dense * self.layer_params(False) + moe * (self.layer_params(True) if moe else 0) + self.root_params
+
+    def lora_params(self, rank: int) -> int:
+        """LoRA parameters of rank ``rank`` on every linear of every decoder layer."""
+        moe, dense = self.num_moe_layers, self.num_layers - self.num_moe_layers
+        per = {flag: rank * sum(i + o for i, o in self.linears(flag)) for flag in (False, True)}
+        return dense * per[False] + moe * (per[True] if moe else 0)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU for one train-engine rank; see the module docstring for the formulas."""
+
+    num_params: int
+    num_trainable_params: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    #: per token of a micro-batch, logits/CE included, without and with activation checkpointing.
+    activation_bytes_per_token_no_ckpt: int
+    activation_bytes_per_token_ckpt: int
+    #: the logits/cross-entropy share of the above (0 with a chunked CE).
+    logits_bytes_per_token: int
+    fixed_overhead_bytes: int
+    #: transient after the activations are freed: optimizer-step temporaries, FSDP's root gradient.
+    late_transient_bytes: int
+    gradient_checkpointing: bool
+    chunked_ce: bool
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, gradients and optimizer state."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Activation bytes per micro-batch token under the chosen checkpointing."""
+        if self.gradient_checkpointing:
+            return self.activation_bytes_per_token_ckpt
+        return self.activation_bytes_per_token_no_ckpt
+
+    def total_bytes(self, n_tokens: int) -> int:
+        """Estimated peak bytes when training micro-batches of ``n_tokens`` tokens."""
+        during_backward = self.fixed_overhead_bytes + n_tokens * self.bytes_per_token
+        return self.static_bytes + max(during_backward, self.late_transient_bytes)
+
+
+def estimate_memory(
+    model_config: Any,
+    *,
+    param_dtype: Any = "bfloat16",
+    grad_dtype: Any = None,
+    compute_dtype: Any = None,
+    optimizer: str = "adamw",
+    dp: int = 1,
+    tp: int = 1,
+    sp: int = 1,
+    fsdp_shard: bool = True,
+    gradient_checkpointing: bool = False,
+    lora_rank: int | None = None,
+    ce_chunk_tokens: int | None = None,
+) -> MemoryEstimate:
+    """Estimate the memory of one GPU of a train engine (formulas in the module docstring).
+
+    ``grad_dtype`` and ``compute_dtype`` default to ``param_dtype``. ``ce_chunk_tokens`` set means a
+    chunked/fused cross-entropy that never holds more than that many tokens' logits.
+    """
+    for name, value in (("dp", dp), ("tp", tp), ("sp", sp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if lora_rank is not None and lora_rank < 1:
+        raise ConfigError(f"lora_rank must be None or >= 1, got {lora_rank!r}")
+    dims = model_config if isinstance(model_config, ModelDims) else ModelDims.from_config(model_config)
+    p = dtype_bytes(param_dtype)
+    gr = dtype_bytes(grad_dtype if grad_dtype is not None else param_dtype)
+    c = dtype_bytes(compute_dtype if compute_dtype is not None else param_dtype)
+    shard = dp * sp if fsdp_shard else 1
+    lora = dims.lora_params(lora_rank) if lora_rank else 0
+    n_params = dims.num_params + lora
+    n_train = lora if lora_rank else n_params
+    per_gpu = tp * shard
+    opt_per_param = {"adamw": 8 + (4 if p < 4 else 0), "adamw_pure": 2 * p, "none": 0}[optimizer]
+    step_per_param = {"adamw": 4, "adamw_pure": p, "none": 0}[optimizer]
+
+    layer, largest_layer = _layer_activation_bytes(dims, c)
+    h = dims.hidden_size
+    head = h * (4 + c) + c * h
+    chunked = ce_chunk_tokens is not None
+    ce_kept, ce_transient = (0, 0) if chunked else (4 * dims.vocab_size, max(8, c + 4) * dims.vocab_size)
+    no_ckpt = dims.num_layers * layer + head + ce_kept + ce_transient
+    ckpt = dims.num_layers * c * h + head + max(ce_kept + ce_transient, largest_layer)
+    split = tp * sp
+
+    fixed = 0
+    late = -(-n_train * step_per_param // per_gpu)
+    if shard > 1:
+        biggest_layer = max(dims.layer_params(False), dims.layer_params(True) if dims.num_experts else 0)
+        fixed += ((dims.root_params + 2 * biggest_layer) * c + biggest_layer * (c + 4)) // tp
+        late = max(late, dims.root_params * (c + 4) // tp)
+    if chunked:
+        fixed += ce_chunk_tokens * dims.vocab_size * (4 + max(8, c + 4)) // split
+    return MemoryEstimate(
+        num_params=n_params,
+        num_trainable_params=n_train,
+        param_bytes=-(-n_params * p // per_gpu),
+        grad_bytes=-(-n_train * gr // per_gpu),
+        optimizer_bytes=-(-n_train * opt_per_param // per_gpu),
+        activation_bytes_per_token_no_ckpt=-(-no_ckpt // split),
+        activation_bytes_per_token_ckpt=-(-ckpt // split),
+        logits_bytes_per_token=(ce_kept + ce_transient) // split,
+        fixed_overhead_bytes=fixed,
+        late_transient_bytes=late,
+        gradient_checkpointing=gradient_checkpointing,
+        chunked_ce=chunked,
+    )
+
+
+def max_tokens_for_budget(estimate: MemoryEstimate, budget_bytes: int, *, multiple: int = 128) -> int:
+    """The largest micro-batch token count (a multiple of ``multiple``) whose estimate fits the budget."""
+    if multiple < 1:
+        raise ConfigError(f"multiple must be >= 1, got {multiple}")
+    room = budget_bytes - estimate.static_bytes - estimate.fixed_overhead_bytes
+    tokens = max(room, 0) // estimate.bytes_per_token // multiple * multiple
+    if tokens < multiple or estimate.static_bytes + estimate.late_transient_bytes > budget_bytes:
+        raise EngineError(
+            f"the memory budget of {budget_bytes / GIB:.2f} GiB leaves room for {max(tokens, 0)} tokens per "
+            f"micro-batch (static {estimate.static_bytes / GIB:.2f} GiB: params {estimate.param_bytes / GIB:.2f}, "
+            f"grads {estimate.grad_bytes / GIB:.2f}, optimizer {estimate.optimizer_bytes / GIB:.2f}; fixed "
+            f"{estimate.fixed_overhead_bytes / GIB:.2f} GiB; {estimate.bytes_per_token / 2**20:.2f} MiB per token), "
+            f"fewer than {multiple}: shard over more GPUs, enable gradient checkpointing, use a chunked "
+            "cross-entropy or raise memory_budget_gb"
+        )
+    return int(tokens)
+
+
+def device_memory_budget(fraction: float = 0.9, device: Any = None) -> int:
+    """``fraction`` of the CUDA device's memory, less what other processes use there.
+
+    Memory that this process already holds (the model, if loaded) stays in the budget, since the
+    estimate counts it. Raises :class:`EngineError` without CUDA.
+    """
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineError("no CUDA device to read the memory budget from; set micro_batch.memory_budget_gb")
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = max(total - free - torch.cuda.memory_reserved(device), 0)
+    return int(fraction * total) - used_by_others
+
+
+def resolve_max_tokens_per_mb(
+    spec: MicroBatchSpec, estimate: MemoryEstimate, *, read_device: bool = False, multiple: int = 128
+) -> int | None:
+    """The token cap to split with: ``spec.max_tokens_per_mb``, capped by ``spec.memory_budget_gb``
+    (GiB) when that is set, else by the device's memory when ``read_device``; ``None`` = no cap."""
+    cap = spec.max_tokens_per_mb
+    budget = None
+    if spec.memory_budget_gb is not None:
+        budget = int(spec.memory_budget_gb * GIB)
+    elif read_device and cap is None:
+        budget = device_memory_budget()
+    if budget is None:
+        return cap
+    fitted = max_tokens_for_budget(estimate, budget, multiple=multiple)
+    if cap is not None and cap < fitted:
+        return cap
+    logger.info("max tokens per micro-batch: %d (memory budget %.1f GiB)", fitted, budget / GIB)
+    return fitted
+
+
+def _layer_activation_bytes(dims: ModelDims, c: int) -> tuple[int, int]:
+    """Bytes a decoder layer keeps for backward per token: the mean over layers and the largest."""
+    h, a, g, d = dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim
+    norm = h * (4 + c)
+    attention = c * h + c * d * (a + 2 * g) + 2 * c * a * d + 4 * a
+    if dims.qk_norm:
+        attention += d * (a + g) * (4 + c)
+    dense_mlp = c * h + 4 * c * dims.intermediate_size
+    if not dims.num_experts:
+        return 2 * norm + attention + dense_mlp, 2 * norm + attention + dense_mlp
+    k = dims.experts_per_token
+    moe_mlp = c * h + 8 * dims.num_experts + 2 * c * k * h
+    moe_mlp += 4 * c * (k * dims.moe_intermediate_size + dims.shared_expert_intermediate_size)
+    mean_mlp = (dims.num_dense_layers * dense_mlp + dims.num_moe_layers * moe_mlp) // dims.num_layers
+    return 2 * norm + attention + mean_mlp, 2 * norm + attention + max(dense_mlp, moe_mlp)
+
+
+def _swiglu(h: int, inner: int) -> list[tuple[int, int]]:
+    return [(h, inner), (h, inner), (inner, h)]
+
+
+def _get(config: Any, key: str) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key)
+    return getattr(config, key, None)

@@ -1,0 +1,180 @@
+"""The memory estimator on CPU: hand-computed numbers for a tiny config, parameter counts of real
+architectures, monotonicity, and the token cap for a budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_tasks.config.micro_batch import MicroBatchSpec
+from areal_tasks.engine.memory import (
+    GIB,
+    ModelDims,
+    device_memory_budget,
+    dtype_bytes,
+    estimate_memory,
+    max_tokens_for_budget,
+    resolve_max_tokens_per_mb,
+)
+from areal_tasks.errors import ConfigError, EngineError
+
+# h=8, L=2, a=2 heads, g=1 kv head, d=4, I=16, V=32, untied, no biases.
+TINY = dict(model_type="llama", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=4, intermediate_size=16, vocab_size=32, tie_word_embeddings=False)  # fmt: skip
+# per layer: q 8*8 + k 8*4 + v 8*4 + o 8*8 = 192, MLP 3*8*16 = 384, norms 2*8 = 16  -> 592
+# root: embedding 32*8 + lm_head 32*8 + final norm 8 = 520; total 2*592 + 520 = 1704
+TINY_PARAMS = 1704
+
+QWEN2_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)  # fmt: skip
+
+
+def test_tiny_config_static_bytes_by_hand() -> None:
+    est = estimate_memory(TINY, param_dtype="bf16", optimizer="adamw", fsdp_shard=False)
+    assert est.num_params == est.num_trainable_params == TINY_PARAMS
+    assert est.param_bytes == 2 * TINY_PARAMS
+    assert est.grad_bytes == 2 * TINY_PARAMS
+    assert est.optimizer_bytes == 12 * TINY_PARAMS  # fp32 master + two fp32 moments
+    assert estimate_memory(TINY, param_dtype="fp32").optimizer_bytes == 8 * TINY_PARAMS  # params are the master
+    assert estimate_memory(TINY, param_dtype="bf16", optimizer="adamw_pure").optimizer_bytes == 4 * TINY_PARAMS
+    assert estimate_memory(TINY, param_dtype="bf16", optimizer="none").optimizer_bytes == 0
+
+
+def test_tiny_config_activation_bytes_by_hand() -> None:
+    est = estimate_memory(TINY, param_dtype="bf16")
+    # norm 8*(4+2) = 48; attention 2*8 + 2*4*(2+2*1) + 2*2*2*4 + 4*2 = 88; MLP 2*8 + 4*2*16 = 144
+    # layer 2*48 + 88 + 144 = 328; head 48 + 2*8 = 64; CE 4*32 kept + 8*32 transient = 384
+    assert est.logits_bytes_per_token == 384
+    assert est.activation_bytes_per_token_no_ckpt == 2 * 328 + 64 + 384
+    assert est.activation_bytes_per_token_ckpt == 2 * 2 * 8 + 64 + max(384, 328)
+    assert est.fixed_overhead_bytes == 0
+    assert est.late_transient_bytes == 4 * TINY_PARAMS  # one fp32 moment-sized temporary in the step
+    static = 16 * TINY_PARAMS
+    assert est.total_bytes(100) == static + 100 * 1104
+
+
+def test_tiny_config_sharded_and_tensor_parallel_by_hand() -> None:
+    est = estimate_memory(TINY, param_dtype="bf16", dp=2)
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (TINY_PARAMS, TINY_PARAMS, 6 * TINY_PARAMS)
+    # gathered root + two layers in bf16, one layer's gradient in bf16 + fp32
+    assert est.fixed_overhead_bytes == (520 + 2 * 592) * 2 + 592 * 6
+    assert est.late_transient_bytes == max(2 * TINY_PARAMS, 520 * 6)
+    tp = estimate_memory(TINY, param_dtype="bf16", tp=2, fsdp_shard=False)
+    assert tp.param_bytes == TINY_PARAMS and tp.activation_bytes_per_token_no_ckpt == 1104 // 2
+
+
+def test_lora_counts_only_adapters_as_trainable() -> None:
+    est = estimate_memory(TINY, param_dtype="bf16", lora_rank=2)
+    # r * (in + out) over q, k, v, o, gate, up, down: 2 * (16 + 12 + 12 + 16 + 24 + 24 + 24) = 256 per layer
+    assert est.num_trainable_params == 512
+    assert est.num_params == TINY_PARAMS + 512
+    assert est.grad_bytes == 2 * 512 and est.optimizer_bytes == 12 * 512
+
+
+def test_qwen2_biases_and_qwen3_qk_norms_are_counted() -> None:
+    qwen2 = ModelDims.from_config(dict(TINY, model_type="qwen2"))
+    assert qwen2.num_params == TINY_PARAMS + 2 * (2 + 2 * 1) * 4
+    qwen3 = ModelDims.from_config(dict(TINY, model_type="qwen3"))
+    assert qwen3.num_params == TINY_PARAMS + 2 * 2 * 4
+
+
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=300)  # fmt: skip
+
+
+# Parameter counts of these configs' transformers models (5.24, built on the meta device).
+@pytest.mark.parametrize(
+    ("config", "real"),
+    [
+        (dict(SMALL, model_type="qwen2"), 100416),
+        (dict(SMALL, model_type="qwen2", tie_word_embeddings=True), 81216),
+        (dict(SMALL, model_type="llama"), 100160),
+        (dict(SMALL, model_type="qwen3", head_dim=32), 124864),
+        (dict(SMALL, model_type="qwen2_moe", moe_intermediate_size=32, shared_expert_intermediate_size=48,
+              num_experts=4, num_experts_per_tok=2), 131776),  # fmt: skip
+        (dict(SMALL, model_type="qwen3_moe", moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+              head_dim=16), 113024),  # fmt: skip
+        (dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2), 211264),
+    ],
+    ids=["qwen2", "qwen2-tied", "llama", "qwen3", "qwen2-moe", "qwen3-moe", "mixtral"],
+)
+def test_parameter_count_matches_transformers(config: dict, real: int) -> None:
+    assert ModelDims.from_config(config).num_params == real
+
+
+def test_qwen2_7b_is_7_6_billion_parameters_and_reads_nested_text_config() -> None:
+    dims = ModelDims.from_config({"text_config": QWEN2_7B})
+    assert dims.num_params == 7_615_616_512
+
+
+def test_monotonic_in_tokens_parallelism_and_checkpointing() -> None:
+    base = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
+    assert base.total_bytes(1024) < base.total_bytes(2048) < base.total_bytes(4096)
+    assert base.activation_bytes_per_token_ckpt < base.activation_bytes_per_token_no_ckpt
+    statics = [estimate_memory(QWEN2_7B, param_dtype="bf16", dp=dp).static_bytes for dp in (1, 2, 4, 8)]
+    assert statics == sorted(statics, reverse=True) and len(set(statics)) == 4
+    per_token = [estimate_memory(QWEN2_7B, param_dtype="bf16", tp=tp).bytes_per_token for tp in (1, 2, 4)]
+    assert per_token == sorted(per_token, reverse=True) and len(set(per_token)) == 3
+    chunked = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024)
+    assert chunked.bytes_per_token < base.bytes_per_token and chunked.logits_bytes_per_token == 0
+    assert chunked.fixed_overhead_bytes > base.fixed_overhead_bytes
+    bigger_vocab = estimate_memory(dict(QWEN2_7B, vocab_size=256000), param_dtype="bf16", dp=8)
+    assert bigger_vocab.bytes_per_token > base.bytes_per_token
+
+
+def test_the_logits_term_dominates_small_models_with_a_150k_vocabulary() -> None:
+    small = dict(QWEN2_7B, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936)  # fmt: skip
+    est = estimate_memory(small, param_dtype="bf16", gradient_checkpointing=True)
+    assert est.logits_bytes_per_token > 0.9 * est.bytes_per_token
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_max_tokens_for_budget_is_the_largest_fitting_multiple(checkpointing: bool) -> None:
+    est = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, gradient_checkpointing=checkpointing)
+    budget = 60 * GIB
+    tokens = max_tokens_for_budget(est, budget)
+    assert tokens % 128 == 0 and tokens > 0
+    assert est.total_bytes(tokens) <= budget < est.total_bytes(tokens + 128)
+    assert max_tokens_for_budget(est, 80 * GIB) > tokens
+    assert max_tokens_for_budget(est, budget, multiple=1) >= tokens
+
+
+def test_checkpointing_buys_more_tokens() -> None:
+    plain = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
+    ckpt = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, gradient_checkpointing=True)
+    assert max_tokens_for_budget(ckpt, 60 * GIB) > 2 * max_tokens_for_budget(plain, 60 * GIB)
+
+
+def test_budget_too_small_raises_with_the_breakdown() -> None:
+    est = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=1)
+    with pytest.raises(EngineError, match=r"static .* GiB.*gradient checkpointing"):
+        max_tokens_for_budget(est, 20 * GIB)
+
+
+def test_resolve_max_tokens_per_mb_from_the_spec() -> None:
+    est = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
+    fitted = max_tokens_for_budget(est, 60 * GIB)
+    assert resolve_max_tokens_per_mb(MicroBatchSpec(), est) is None
+    assert resolve_max_tokens_per_mb(MicroBatchSpec(max_tokens_per_mb=4096), est) == 4096
+    assert resolve_max_tokens_per_mb(MicroBatchSpec(memory_budget_gb=60), est) == fitted
+    assert resolve_max_tokens_per_mb(MicroBatchSpec(max_tokens_per_mb=10**6, memory_budget_gb=60), est) == fitted
+    assert resolve_max_tokens_per_mb(MicroBatchSpec(max_tokens_per_mb=1024, memory_budget_gb=60), est) == 1024
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_device_budget_without_cuda_says_to_set_memory_budget_gb() -> None:
+    with pytest.raises(EngineError, match="memory_budget_gb"):
+        device_memory_budget()
+
+
+def test_inputs_are_validated() -> None:
+    assert dtype_bytes(torch.bfloat16) == 2 and dtype_bytes("float32") == 4
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        dtype_bytes("int4")
+    with pytest.raises(ConfigError, match="optimizer"):
+        estimate_memory(TINY, optimizer="lion")
+    with pytest.raises(ConfigError, match="dp must be"):
+        estimate_memory(TINY, dp=0)
+    with pytest.raises(ConfigError, match=r"lacks \['vocab_size'\]"):
+        estimate_memory({k: v for k, v in TINY.items() if k != "vocab_size"})
