@@ -56,6 +56,11 @@ class AlgorithmConfig:
     #: set by subclasses; whether the algorithm needs a critic engine.
     needs_critic: ClassVar[bool] = False
 
+    @property
+    def needs_groups(self) -> bool:
+        """Whether advantages compare the samples of one prompt (then rollout.group_size must be >= 2)."""
+        return False
+
     @classmethod
     def variant_class(cls, name: str) -> type["AlgorithmConfig"]:
         """The registered config class for ``name``; a ConfigError names the closest valid name."""
@@ -150,6 +155,11 @@ class PolicyGradientConfig(AlgorithmConfig):
     behav_imp_weight_level: str = "token"
     # epsilon added to standard deviations in reward/advantage normalisation.
     norm_eps: float = 1e-6
+
+    @property
+    def needs_groups(self) -> bool:
+        levels = (getattr(self, "adv_norm_mean", None), getattr(self, "adv_norm_std", None))
+        return "group" in levels or getattr(self, "baseline", None) == "group"
 
     def __post_init__(self) -> None:
         if _REGISTRY.get(self.name) is not type(self):
@@ -272,6 +282,10 @@ class RLOOConfig(PolicyGradientConfig):
     name: str = "rloo"
     kl_in_reward: bool = True  # sequence-level KL subtracted from the reward, as in the paper
     kl_estimator: str = "k1"
+
+    @property
+    def needs_groups(self) -> bool:
+        return True  # the leave-one-out baseline is the mean of the *other* samples of the group
 
 
 @register_algorithm_config("reinforce_plus_plus")

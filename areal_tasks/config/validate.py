@@ -37,17 +37,8 @@ def engines(cfg: JobConfig) -> list[tuple[str, EngineConfig]]:
 
 
 def uses_groups(algorithm: Any) -> bool:
-    """Whether the algorithm normalises or baselines rewards within a group of samples of one prompt.
-
-    An explicit ``needs_groups`` attribute on the algorithm config wins; otherwise group-level
-    advantage normalisation, a group baseline, or leave-one-out (RLOO) means yes.
-    """
-    explicit = getattr(algorithm, "needs_groups", None)
-    if isinstance(explicit, bool):
-        return explicit
-    if "group" in (getattr(algorithm, "adv_norm_mean", None), getattr(algorithm, "adv_norm_std", None)):
-        return True
-    return getattr(algorithm, "baseline", None) == "group" or algorithm.name == "rloo"
+    """Whether the algorithm normalises or baselines rewards within a group of samples of one prompt."""
+    return bool(algorithm.needs_groups)
 
 
 def _check_batching(p: Problems, cfg: JobConfig) -> None:
