@@ -45,14 +45,16 @@ def _all_to_all_fn() -> type:
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
             ctx.group = group
+            x = x.contiguous()  # before empty_like, which keeps strides: the collective writes flat memory
             out = torch.empty_like(x)
-            dist.all_to_all_single(out, x.contiguous(), group=group)
+            dist.all_to_all_single(out, x, group=group)
             return out
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            grad = grad.contiguous()
             out = torch.empty_like(grad)
-            dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+            dist.all_to_all_single(out, grad, group=ctx.group)
             return out, None
 
     return _AllToAll
@@ -69,8 +71,9 @@ def _gather_fn() -> type:
         def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
             size, rank = dist.get_world_size(group), dist.get_rank(group)
             ctx.slice = (rank * x.shape[0], (rank + 1) * x.shape[0])
+            x = x.contiguous()
             parts = [torch.empty_like(x) for _ in range(size)]
-            dist.all_gather(parts, x.contiguous(), group=group)
+            dist.all_gather(parts, x, group=group)
             return torch.cat(parts)
 
         @staticmethod
@@ -95,12 +98,21 @@ def gather_sequence(local: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
     return _fn("gather").apply(local, group)
 
 
-def _seq_to_heads(x: torch.Tensor, group: ProcessGroup, sp: int) -> torch.Tensor:
-    """``[B, H, S/sp, D]`` (all heads, my tokens) -> ``[B, H/sp, S, D]`` (my heads, all tokens)."""
-    b, h, s, d = x.shape
-    chunks = x.reshape(b, sp, h // sp, s, d).permute(1, 0, 2, 3, 4)
-    out = _fn("a2a").apply(chunks.contiguous(), group)
-    return out.permute(1, 2, 0, 3, 4).reshape(b, h // sp, sp * s, d)
+def _seq_to_heads(tensors: list[torch.Tensor], group: ProcessGroup, sp: int) -> list[torch.Tensor]:
+    """Each ``[B, H_i, S/sp, D]`` (all heads, my tokens) -> ``[B, H_i/sp, S, D]`` (my heads, all tokens).
+
+    q, k and v travel in ONE all-to-all: separate exchanges would be independent branches of the
+    autograd graph, whose backward collectives ranks may run in different orders (and so pair k on
+    one rank with v on another).
+    """
+    import torch
+
+    b, _, s, d = tensors[0].shape
+    heads = [t.shape[1] // sp for t in tensors]
+    chunks = torch.cat([t.reshape(b, sp, h, s, d) for t, h in zip(tensors, heads)], dim=2)
+    out = _fn("a2a").apply(chunks.permute(1, 0, 2, 3, 4).contiguous(), group)  # [sp, B, sum(h), S/sp, D]
+    full = out.permute(1, 2, 0, 3, 4).reshape(b, sum(heads), sp * s, d)
+    return list(torch.split(full, heads, dim=1))
 
 
 def _heads_to_seq(x: torch.Tensor, group: ProcessGroup, sp: int) -> torch.Tensor:
@@ -167,7 +179,7 @@ def ulysses_attention_forward(
         raise EngineError(f"sequence parallel size {sp} must divide the number of attention heads per rank {n_q}")
     if n_kv % sp != 0:  # too few KV heads to split: replicate them up to the query heads
         key, value = _repeat_heads(key, n_q // n_kv), _repeat_heads(value, n_q // n_kv)
-    q, k, v = (_seq_to_heads(t, group, sp) for t in (query, key, value))
+    q, k, v = _seq_to_heads([query, key, value], group, sp)
     total = q.shape[2]
     drop = dropout if module.training else 0.0
     if q.is_cuda and importlib.util.find_spec("flash_attn") is not None:
