@@ -136,3 +136,37 @@ def family_grads(rank: int, world: int, out_dir: Path, model_dirs: dict[str, str
         if rank == 0:
             torch.save({"stats": stats, "grads": grads, "norm": norm, "forward": forward}, out_dir / f"{family}.pt")
         engine.destroy()
+
+
+LORA = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "up_proj"]}
+
+
+def lora_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
+    """LoRA over dp=2: one train step, then the gradients of a second batch; merged and adapter exports."""
+    from areal_tasks.config.engine import LoRAConfig
+
+    engine = build_engine(model_dir, engine_config(2, grad_clip=0.0, lora=LoRAConfig(**LORA)))
+    batches = [make_batch(seed=0), make_batch(seed=1)]
+    step_stats = engine.train_batch(local_share(engine, batches[0]), token_mean_loss, token_weight)
+    stats = engine.accumulate_gradients(local_share(engine, batches[1]), token_mean_loss, token_weight)
+    grads = engine.full_gradients()
+    params = full_params(engine)
+    forward = engine.forward_batch(batches[1])
+    engine.save(str(out_dir / "merged"), "hf")
+    engine.save(str(out_dir / "adapter"), "hf", lora_adapters_only=True)
+    if rank == 0:
+        torch.save({"step_stats": step_stats, "stats": stats, "grads": grads, "params": params, "forward": forward},
+                   out_dir / "result.pt")
+    engine.destroy()
+
+
+def critic_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
+    """A value-head critic over dp=2: gradients of one batch and its forward values."""
+    engine = build_engine(model_dir, engine_config(2, value_head=True))
+    batch = make_batch(seed=0)
+    stats = engine.accumulate_gradients(local_share(engine, batch), value_loss, token_weight)
+    grads = engine.full_gradients()
+    forward = engine.forward_batch(batch)
+    if rank == 0:
+        torch.save({"stats": stats, "grads": grads, "forward": forward}, out_dir / "result.pt")
+    engine.destroy()

@@ -81,6 +81,7 @@ def build_model(
     role: str,
     trainable: bool,
     attn_implementation: str | None = None,
+    seed: int = 1,
 ) -> BuiltModel:
     """Load ``model_path`` and return it sharded over ``mesh`` (see the module docstring)."""
     import torch
@@ -96,7 +97,7 @@ def build_model(
             raise EngineError("LoRA with tensor parallelism (tp > 1) is not supported; use dp/sp with LoRA")
         from areal_tasks.engine.fsdp.lora import apply_lora
 
-        model = apply_lora(model, config.lora)
+        model = apply_lora(model, config.lora, seed)
     if not trainable:
         model.requires_grad_(False)
     tensor_parallel = None

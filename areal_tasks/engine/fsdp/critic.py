@@ -27,10 +27,13 @@ HEAD_SEED = 20240531
 def load_critic(path: str, **from_pretrained_kwargs: Any) -> torch.nn.Module:
     """A token-classification model with one output per token, head initialised when missing."""
     import torch
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
+    config = AutoConfig.from_pretrained(path)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
     model, info = AutoModelForTokenClassification.from_pretrained(
-        path, num_labels=1, classifier_dropout=0.0, output_loading_info=True, **from_pretrained_kwargs
+        path, config=config, output_loading_info=True, **from_pretrained_kwargs
     )
     missing = set(info.get("missing_keys", ()))
     if any(key.startswith("score.") for key in missing):

@@ -83,7 +83,7 @@ class FSDPEngine(TrainEngine):
         torch.manual_seed(self.seed)
         built: BuiltModel = build_model(
             self.config, self.model_path, self.mesh, self.device,
-            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation,
+            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation, seed=self.seed,
         )
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
         self.mb_spec = _micro_batch_spec(self.config, built, dims)

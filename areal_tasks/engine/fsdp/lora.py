@@ -35,15 +35,28 @@ def default_target_modules(model_type: str) -> list[str]:
     return list(lora_target_modules(model_type))
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
-    """Wrap ``model`` with peft LoRA adapters; the base weights are frozen."""
-    from peft import LoraConfig, get_peft_model
+def peft_lora_config(cfg: LoRAConfig, model_type: str) -> object:
+    """The peft ``LoraConfig`` of ``cfg`` (default targets from the model kit)."""
+    from peft import LoraConfig
 
-    targets = cfg.target_modules or default_target_modules(model.config.model_type)
-    peft_cfg = LoraConfig(
-        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, bias="none"
-    )
-    wrapped = get_peft_model(model, peft_cfg)
+    targets = cfg.target_modules or default_target_modules(model_type)
+    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, bias="none")
+
+
+def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int) -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters; the base weights are frozen.
+
+    The adapters are initialised under ``seed`` (the global RNG is left untouched), so every rank
+    and any single-process reference built the same way start from the same adapters.
+    """
+    import torch
+    from peft import get_peft_model
+
+    peft_cfg = peft_lora_config(cfg, model.config.model_type)
+    targets = peft_cfg.target_modules
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        wrapped = get_peft_model(model, peft_cfg)
     n_train = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     if n_train == 0:
         raise EngineError(f"LoRA target_modules {targets} matched no module of {type(model).__name__}")
