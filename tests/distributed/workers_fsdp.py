@@ -170,3 +170,21 @@ def critic_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     if rank == 0:
         torch.save({"stats": stats, "grads": grads, "forward": forward}, out_dir / "result.pt")
     engine.destroy()
+
+
+def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int) -> None:
+    """Publish weights over a collective group twice (before and after a train step, dp=2)."""
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+
+    def meta(version: int) -> WeightUpdateMeta:
+        return WeightUpdateMeta.collective(version, "127.0.0.1", port, 2, bucket_bytes=64 * 1024, timeout_s=120)
+
+    engine = build_engine(model_dir, engine_config(1))
+    engine.update_weights(meta(1))
+    first = full_params(engine)
+    engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
+    engine.update_weights(meta(2))
+    second = full_params(engine)
+    if rank == 0:
+        torch.save({"first": first, "second": second}, out_dir / "result.pt")
+    engine.destroy()
