@@ -124,11 +124,12 @@ def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -
 
 
 def family_grads(rank: int, world: int, out_dir: Path, model_dirs: dict[str, str], sp: int = 1, tp: int = 1,
-                 n_mbs: int = 2) -> None:
-    """Per family: loss, gradients and forward log-probs of one batch under the given layout."""
+                 n_mbs: int = 2, options: dict | None = None) -> None:
+    """Per family: loss, gradients and forward log-probs of one batch under the given layout
+    (``options``: extra EngineConfig fields such as gradient_checkpointing)."""
     batch = make_batch(seed=0)
     for family, model_dir in model_dirs.items():
-        engine = build_engine(model_dir, engine_config(n_mbs), sp=sp, tp=tp)
+        engine = build_engine(model_dir, engine_config(n_mbs, **(options or {})), sp=sp, tp=tp)
         stats = engine.accumulate_gradients(local_share(engine, batch), token_mean_loss, token_weight)
         grads = engine.full_gradients()
         norm = float(global_grad_norm(engine.params))

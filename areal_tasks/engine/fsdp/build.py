@@ -109,7 +109,8 @@ def build_model(
     mp = MixedPrecisionPolicy(
         param_dtype=None if param_dtype == torch.float32 else param_dtype, reduce_dtype=torch.float32
     )
-    offload = CPUOffloadPolicy() if config.cpu_offload else OffloadPolicy()
+    # pinned host memory needs CUDA; on CPU the policy still keeps shards and optimizer state on the host
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.cpu_offload else OffloadPolicy()
     shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload}
     for block in find_decoder_blocks(model):
         fully_shard(block, **shard_kwargs)
