@@ -59,3 +59,31 @@ class AlgorithmError(AReaLError, ValueError):
 
 class EngineError(AReaLError):
     """A train engine cannot be built, cannot run a batch, or cannot save/load/export weights."""
+
+
+class InferenceError(AReaLError):
+    """An inference server or the client that talks to it failed."""
+
+
+class InferenceRequestError(InferenceError):
+    """A server refused a generation request (a 4xx answer or an abort carrying an error); not retried."""
+
+
+class InferenceConnectionError(InferenceError):
+    """A server could not be reached or broke the connection; the client retries elsewhere."""
+
+
+class InferenceTimeoutError(InferenceConnectionError):
+    """A server did not answer within the request timeout; the client retries."""
+
+
+class InferenceRetriesExhaustedError(InferenceError):
+    """A generation request failed on every attempt (timeouts, dead servers, 5xx); the message lists them."""
+
+
+class InferenceControlError(InferenceError):
+    """A control call (pause, resume, weight update, health) failed on at least one server."""
+
+
+class InferenceServerFailedError(InferenceError):
+    """An inference server crashed more often than ``max_restarts`` allows, or never became healthy."""

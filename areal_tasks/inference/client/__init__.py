@@ -1,0 +1,18 @@
+"""The inference client: one shared core (``core.py``) and a thin protocol adapter per backend.
+
+``make_adapter(backend)`` gives the adapter of ``sglang``, ``embedded`` or ``vllm``;
+``RemoteInferenceEngine(addresses, adapter, ClientConfig(...))`` is the engine rollout code uses.
+"""
+
+from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter
+from areal_tasks.inference.client.registry import adapter_names, make_adapter, register_adapter
+
+__all__ = [
+    "GenerateInput",
+    "GenerateOutput",
+    "HttpCall",
+    "ProtocolAdapter",
+    "adapter_names",
+    "make_adapter",
+    "register_adapter",
+]

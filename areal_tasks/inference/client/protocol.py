@@ -1,0 +1,145 @@
+"""The backend adapter interface: what one inference backend must say about its HTTP protocol.
+
+The shared client core (:mod:`.core`) owns every piece of client behaviour: load balancing, retries
+with backoff, timeouts, the concurrency cap, partial rollout and version tagging, fan-out of control
+calls. A backend is a :class:`ProtocolAdapter`: a pure translator, with no I/O and no state of
+its own, that
+
+* turns a :class:`GenerateInput` into the :class:`HttpCall` of one generate request, and the
+  decoded JSON answer into a :class:`GenerateOutput` (tokens, logprobs, stop reason, versions);
+* names the calls (and their bodies) of health, pause, resume, weight update from disk, joining the
+  collective weight-update group, receiving one broadcast bucket, and the model-info/version query;
+* judges the answer of a control call (:meth:`ProtocolAdapter.control_error`).
+
+Adapters: ``sglang`` (:mod:`.sglang`), ``embedded`` (:mod:`.embedded`; speaks SGLang's protocol)
+and ``vllm`` (:mod:`.vllm`). They are looked up by name in :mod:`.registry`.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from areal_tasks.api.inference import ParamSpec, PauseMode, SamplingParams, StopReason
+
+if TYPE_CHECKING:
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GenerateInput", "GenerateOutput", "HttpCall", "ProtocolAdapter"]
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One HTTP request, relative to a server's base URL (``http://host:port``)."""
+
+    method: Literal["GET", "POST"]
+    path: str
+    #: JSON body (POST) or None.
+    json: dict[str, Any] | None = None
+    #: query parameters or None.
+    params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateInput:
+    """One attempt of a generation, as the core hands it to an adapter.
+
+    For a resubmitted partial rollout ``input_ids`` is the prompt plus the tokens generated so far
+    and ``sampling.max_new_tokens`` the budget left.
+    """
+
+    #: id of this attempt (``<request rid>-<n>``; unique, never a prefix of another attempt's).
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    """The parsed answer of one generate attempt."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    #: ``abort`` when the server stopped the request early (a pause, or an error: see ``error``).
+    stop_reason: StopReason
+    #: policy version of every output token as the server reports it; None entries (or None as a
+    #: whole) mean "not reported": the core tags those with the version current at submission.
+    versions: list[int | None] | None = None
+    #: for an abort: the server's error message when the abort was an error (not resubmitted).
+    error: str | None = None
+    #: server-measured seconds from arrival to the first output token, when reported.
+    first_token_latency_s: float | None = None
+
+
+class ProtocolAdapter(ABC):
+    """How to speak one backend's HTTP protocol (pure: builds calls and parses answers)."""
+
+    #: backend name (``sglang``, ``embedded``, ``vllm``).
+    name: ClassVar[str]
+
+    # -- generation --------------------------------------------------------------------------
+
+    @abstractmethod
+    def generate(self, inp: GenerateInput) -> HttpCall:
+        """The non-streaming generate request of ``inp`` (with per-token logprobs)."""
+
+    @abstractmethod
+    def parse_generate(self, payload: Any, inp: GenerateInput) -> GenerateOutput:
+        """Decode a 200 answer of :meth:`generate`; raise InferenceRequestError if it is malformed."""
+
+    # -- health and identity -------------------------------------------------------------------
+
+    @abstractmethod
+    def health(self) -> HttpCall:
+        """A cheap call that answers 200 when the server can take requests."""
+
+    @abstractmethod
+    def model_info(self) -> HttpCall:
+        """The call that reports the loaded model (and, where supported, the weight version)."""
+
+    @abstractmethod
+    def parse_version(self, payload: Any) -> int | None:
+        """The policy version in a :meth:`model_info` answer; None if the server does not know one."""
+
+    # -- pause / resume ------------------------------------------------------------------------
+
+    @abstractmethod
+    def pause(self, mode: PauseMode) -> HttpCall:
+        """Stop generating. With ``abort`` every in-flight request must come back with its partial
+        output and stop reason ``abort``; requests arriving while paused must wait for resume."""
+
+    @abstractmethod
+    def resume(self) -> HttpCall:
+        """Generate again (undo :meth:`pause`)."""
+
+    # -- weight updates ------------------------------------------------------------------------
+
+    @abstractmethod
+    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> HttpCall:
+        """Load the HF safetensors directory ``meta.path``; the server should report ``meta.version``."""
+
+    @abstractmethod
+    def init_weight_group(self, meta: WeightUpdateMeta, rank_offset: int) -> HttpCall:
+        """Join the collective group of ``meta``; this server's ranks start at ``rank_offset``."""
+
+    @abstractmethod
+    def update_weights_from_distributed(self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec]) -> HttpCall:
+        """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it."""
+
+    # -- answers of control calls ------------------------------------------------------------
+
+    def control_error(self, call: HttpCall, status: int, payload: Any) -> str | None:
+        """The error in the answer of a control call, or None when it succeeded.
+
+        Default: any non-2xx status, or a JSON object with ``"success": false``, is an error.
+        """
+        failed_flag = isinstance(payload, dict) and payload.get("success") is False
+        if 200 <= status < 300 and not failed_flag:
+            return None
+        message = payload.get("message", payload) if isinstance(payload, dict) else payload
+        return f"{call.method} {call.path} answered HTTP {status}: {str(message)[:500]}"
