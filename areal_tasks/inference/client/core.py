@@ -1,0 +1,347 @@
+"""``RemoteInferenceEngine``: the one client core behind every backend (see ``protocol.py``).
+
+One request (:meth:`RemoteInferenceEngine.agenerate`) is a loop of *attempts*:
+
+1. wait while the engine is paused;
+2. pick a server (affinity to the server of the previous piece, else least loaded, live first);
+3. send ``prompt + tokens so far`` with the budget left, under the concurrency cap and the request
+   timeout; on a connection error, timeout or 408/429/5xx, back off exponentially and try again
+   (elsewhere: the failed server is avoided, a refusing one is marked dead) until ``max_retries``;
+4. append the returned tokens, each tagged with the version the server reports for it or else the
+   engine's version when the attempt was sent;
+5. stop on ``stop``/``length``; on an ``abort`` (a pause) resubmit, which waits for resume.
+
+Attempt ids are ``<rid>-<NNNN>``, so no attempt id is a prefix of another (SGLang aborts by prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.api.inference import (
+    InferenceEngine,
+    ModelRequest,
+    ModelResponse,
+    ParamSpec,
+    PauseMode,
+    SamplingParams,
+)
+from areal_tasks.errors import (
+    InferenceConnectionError,
+    InferenceError,
+    InferenceRequestError,
+    InferenceRetriesExhaustedError,
+    InferenceTimeoutError,
+)
+from areal_tasks.inference.client.balance import ServerPool, ServerState
+from areal_tasks.inference.client.config import ClientConfig
+from areal_tasks.inference.client.control import fan_out, probe_all
+from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, ProtocolAdapter
+from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status
+from areal_tasks.inference.client.transport import HttpTransport
+from areal_tasks.inference.client.weights import WeightSync
+
+if TYPE_CHECKING:
+    import httpx
+
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.config.rollout import RolloutConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["InflightRequest", "RemoteInferenceEngine"]
+
+
+@dataclass
+class InflightRequest:
+    """Progress of one request being generated (see :meth:`RemoteInferenceEngine.inflight`)."""
+
+    rid: str
+    server: str
+    n_output_tokens: int
+    n_resubmits: int
+    held: bool
+
+
+@dataclass
+class _Piece:
+    output: GenerateOutput
+    server: str
+    versions: list[int]
+    sent_at: float
+    answered_at: float
+
+
+class _LoopState:
+    """Synchronisation objects of one event loop (asyncio primitives bind to the loop that uses them)."""
+
+    def __init__(self, max_concurrent: int, paused: bool) -> None:
+        self.slots = asyncio.Semaphore(max_concurrent)
+        self.resumed = asyncio.Event()
+        if not paused:
+            self.resumed.set()
+
+
+class RemoteInferenceEngine(InferenceEngine):
+    """An :class:`InferenceEngine` over N HTTP servers of one backend.
+
+    Args:
+        addresses: the servers, ``host:port`` or base URLs.
+        adapter: the backend's protocol (``make_adapter(name)``).
+        config: timeouts, retries, caps.
+        version: the policy version the servers hold now.
+        sleep: the backoff sleep (tests record it).
+        transport_factory: an ``httpx`` transport factory (tests use ``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        adapter: ProtocolAdapter,
+        config: ClientConfig | None = None,
+        *,
+        version: int = 0,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        transport_factory: Callable[[], httpx.AsyncBaseTransport] | None = None,
+    ) -> None:
+        self.config = config or ClientConfig()
+        self.adapter = adapter
+        self._pool = ServerPool(addresses, self.config.dead_cooldown_s)
+        self._transport = HttpTransport(
+            connect_timeout_s=self.config.connect_timeout_s,
+            max_connections=self.config.max_concurrent + 2 * len(addresses) + 4,
+            transport_factory=transport_factory,
+        )
+        self._weights = WeightSync(self._transport, adapter, self.config.ranks_per_server, self.config.update_timeout_s)
+        self._retry = RetryPolicy(
+            self.config.max_retries, self.config.retry_backoff_s, self.config.max_backoff_s, self.config.retry_jitter
+        )
+        self._rng = random.Random()
+        self._sleep = sleep
+        self._version = version
+        self._paused = False
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._inflight: dict[str, InflightRequest] = {}
+
+    @classmethod
+    def from_rollout(
+        cls, rollout: RolloutConfig, addresses: Sequence[str], *, ranks_per_server: int = 1, version: int = 0
+    ) -> RemoteInferenceEngine:
+        """The engine of a job's ``rollout`` section (backend, timeouts, retries, concurrency)."""
+        from areal_tasks.inference.client.registry import make_adapter
+
+        config = ClientConfig.from_rollout(rollout, ranks_per_server=ranks_per_server)
+        return cls(addresses, make_adapter(rollout.backend), config, version=version)
+
+    # -- servers -------------------------------------------------------------------------------
+
+    @property
+    def addresses(self) -> list[str]:
+        """Server base URLs, in order (the order of collective rank offsets)."""
+        return self._pool.addresses
+
+    def set_servers(self, addresses: Sequence[str]) -> None:
+        """Replace the server list (e.g. after the fleet restarted a server on a new port)."""
+        self._pool.set_addresses(addresses)
+
+    def server_states(self) -> list[ServerState]:
+        """Load and health book-keeping of every server."""
+        return self._pool.snapshot()
+
+    def inflight(self) -> list[InflightRequest]:
+        """Requests being generated now; ``held`` ones wait for :meth:`resume` with a partial output."""
+        return [InflightRequest(**vars(r)) for r in self._inflight.values()]
+
+    async def check_health(self) -> dict[str, bool]:
+        """``address -> healthy`` for every server (never raises)."""
+        results = await probe_all(self._transport, self.adapter, self.addresses, self.adapter.health(), self.config.control_timeout_s)
+        return {a: err is None for a, (err, _) in results.items()}
+
+    async def server_versions(self) -> dict[str, int | None]:
+        """``address -> weight version the server reports`` (raises InferenceControlError on failure)."""
+        payloads = await fan_out(
+            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.model_info(),
+            self.config.control_timeout_s, "model_info",
+        )
+        return {a: self.adapter.parse_version(p) for a, p in zip(self.addresses, payloads)}
+
+    # -- InferenceEngine -----------------------------------------------------------------------
+
+    def get_version(self) -> int:
+        return self._version
+
+    def set_version(self, version: int) -> None:
+        if not isinstance(version, int) or version < 0:
+            raise InferenceError(f"set_version: version must be an int >= 0, got {version!r}")
+        self._version = version
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        self._paused = True
+        self._state().resumed.clear()
+        await fan_out(
+            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.pause(mode),
+            self.config.control_timeout_s, f"pause({mode})",
+        )
+        logger.info("paused %d servers (mode=%s)", len(self.addresses), mode)
+
+    async def resume(self) -> None:
+        await fan_out(
+            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.resume(),
+            self.config.control_timeout_s, "resume",
+        )
+        self._paused = False
+        self._state().resumed.set()
+        logger.info("resumed %d servers at version %d", len(self.addresses), self._version)
+
+    async def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
+        await self._weights.update(self.addresses, meta, buckets)
+        self._version = meta.version
+        logger.info("weights of version %d loaded on %d servers (%s)", meta.version, len(self.addresses), meta.type)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    async def __aenter__(self) -> RemoteInferenceEngine:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        start = time.monotonic()
+        progress = InflightRequest(req.rid, server="", n_output_tokens=0, n_resubmits=0, held=False)
+        self._inflight[req.rid] = progress
+        out_ids: list[int] = []
+        out_logprobs: list[float] = []
+        out_versions: list[int] = []
+        ttft: float | None = None
+        attempt = 0
+        try:
+            while True:
+                remaining = req.sampling.max_new_tokens - len(out_ids)
+                if remaining <= 0:
+                    stop_reason = "length"
+                    break
+                prefix = list(req.input_ids) + out_ids
+                sampling = req.sampling.with_max_new_tokens(remaining)
+                piece, attempt = await self._generate_piece(req.rid, prefix, sampling, progress, attempt)
+                out = piece.output
+                if ttft is None and out.output_ids:
+                    first = out.first_token_latency_s
+                    ttft = (piece.sent_at - start) + (first if first is not None else piece.answered_at - piece.sent_at)
+                out_ids += out.output_ids
+                out_logprobs += out.output_logprobs
+                out_versions += piece.versions
+                progress.server, progress.n_output_tokens = piece.server, len(out_ids)
+                if out.stop_reason != "abort":
+                    stop_reason = out.stop_reason
+                    break
+                if out.error is not None:
+                    raise InferenceRequestError(f"request {req.rid}: server {piece.server} aborted it: {out.error}")
+                progress.n_resubmits += 1
+                if progress.n_resubmits > self.config.max_resubmits:
+                    raise InferenceError(
+                        f"request {req.rid} was aborted {progress.n_resubmits} times (max_resubmits="
+                        f"{self.config.max_resubmits}); {len(out_ids)} tokens generated so far"
+                    )
+                logger.debug("request %s aborted after %d tokens on %s; resubmitting", req.rid, len(out_ids), piece.server)
+        finally:
+            self._inflight.pop(req.rid, None)
+        latency = time.monotonic() - start
+        return ModelResponse(
+            rid=req.rid,
+            input_ids=list(req.input_ids),
+            output_ids=out_ids,
+            output_logprobs=out_logprobs,
+            output_versions=out_versions,
+            stop_reason=stop_reason,
+            ttft_s=latency if ttft is None else ttft,
+            latency_s=latency,
+            n_resubmits=progress.n_resubmits,
+            server=progress.server,
+        )
+
+    # -- one piece, with retries -----------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is None:
+            state = self._loops[loop] = _LoopState(self.config.max_concurrent, self._paused)
+        return state
+
+    async def _wait_resumed(self, progress: InflightRequest) -> None:
+        state = self._state()
+        if not state.resumed.is_set():
+            progress.held = True
+            await state.resumed.wait()
+            progress.held = False
+
+    async def _generate_piece(
+        self, rid: str, input_ids: list[int], sampling: SamplingParams, progress: InflightRequest, attempt: int
+    ) -> tuple[_Piece, int]:
+        """Send one piece until a server answers it; returns the piece and the next attempt number."""
+        failures: list[str] = []
+        tried: set[str] = set()
+        for retry in range(self.config.max_retries + 1):
+            await self._wait_resumed(progress)
+            server = self._pool.choose(affinity=progress.server or None, avoid=tried)
+            inp = GenerateInput(f"{rid}-{attempt:04d}", input_ids, sampling)
+            attempt += 1
+            try:
+                piece = await self._send(server, inp, self._version)
+            except InferenceTimeoutError as exc:
+                failures.append(f"{server}: {exc}")
+            except InferenceConnectionError as exc:
+                self._pool.mark_dead(server)
+                failures.append(f"{server}: {exc}")
+            except _RetryableStatus as exc:
+                failures.append(f"{server}: {exc}")
+            else:
+                self._pool.mark_ok(server)
+                return piece, attempt
+            tried.add(server)
+            progress.server = ""  # affinity is void once its server failed
+            if retry < self.config.max_retries:
+                delay = self._retry.delay(retry, self._rng)
+                logger.warning("request %s: %s; retry %d/%d in %.2fs", rid, failures[-1], retry + 1, self.config.max_retries, delay)
+                await self._sleep(delay)
+        raise InferenceRetriesExhaustedError(
+            f"request {rid} failed {len(failures)} times "
+            f"(max_retries={self.config.max_retries}): " + "; ".join(failures)
+        )
+
+    async def _send(self, server: str, inp: GenerateInput, version: int) -> _Piece:
+        call = self.adapter.generate(inp)
+        async with self._state().slots:
+            self._pool.acquire(server)
+            sent_at = time.monotonic()
+            try:
+                status, payload = await self._transport.send(server, call, self.config.request_timeout_s)
+            finally:
+                self._pool.release(server)
+        answered_at = time.monotonic()
+        if status != 200:
+            if is_retryable_status(status):
+                raise _RetryableStatus(f"HTTP {status}: {str(payload)[:300]}")
+            raise InferenceRequestError(f"request {inp.rid}: server {server} refused it with HTTP {status}: {str(payload)[:500]}")
+        output = self.adapter.parse_generate(payload, inp)
+        reported = output.versions or [None] * len(output.output_ids)
+        if len(reported) != len(output.output_ids) or len(output.output_logprobs) != len(output.output_ids):
+            raise InferenceRequestError(
+                f"request {inp.rid}: {self.adapter.name} adapter returned {len(output.output_ids)} tokens, "
+                f"{len(output.output_logprobs)} logprobs and {len(reported)} versions"
+            )
+        versions = [version if v is None else v for v in reported]
+        return _Piece(output, server, versions, sent_at, answered_at)
+
+
+class _RetryableStatus(InferenceError):
+    """A server answered a status worth retrying (internal to the core)."""

@@ -1,0 +1,79 @@
+"""Weight updates across the fleet: from disk, or over a collective group (SGLang's protocol).
+
+Disk: every server loads ``meta.path`` (``/update_weights_from_disk``). Collective: the servers
+join the group once per (group name, rendezvous, world size, server list), server ``i`` holding
+ranks ``1 + i * ranks_per_server ...``; then, bucket after bucket, every server receives the
+bucket's one broadcast (``/update_weights_from_distributed``) while the trainer sends it. See
+docs/inference.md for the exact bytes the trainer broadcasts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from areal_tasks.api.inference import ParamSpec
+from areal_tasks.errors import InferenceControlError
+from areal_tasks.inference.client.control import fan_out
+from areal_tasks.inference.client.protocol import ProtocolAdapter
+from areal_tasks.inference.client.transport import HttpTransport
+
+if TYPE_CHECKING:
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WeightSync"]
+
+
+class WeightSync:
+    """Drives one weight update on every server; remembers which collective groups exist."""
+
+    def __init__(self, transport: HttpTransport, adapter: ProtocolAdapter, ranks_per_server: int, update_timeout_s: float) -> None:
+        self._transport = transport
+        self._adapter = adapter
+        self._ranks_per_server = ranks_per_server
+        self._update_timeout_s = update_timeout_s
+        self._groups: set[tuple[object, ...]] = set()
+
+    async def update(
+        self, addresses: Sequence[str], meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None
+    ) -> None:
+        """Apply ``meta`` on every server (raises InferenceControlError if any server fails)."""
+        if meta.type == "disk":
+            await fan_out(
+                self._transport, self._adapter, addresses,
+                lambda i, a: self._adapter.update_weights_from_disk(meta),
+                self._update_timeout_s, f"update_weights_from_disk(version={meta.version}, path={meta.path})",
+            )
+            return
+        if buckets is None:
+            raise InferenceControlError(
+                "a collective weight update needs the bucket plan (plan_weight_buckets) the trainer broadcasts"
+            )
+        await self._ensure_group(addresses, meta)
+        for k, bucket in enumerate(buckets):
+            await fan_out(
+                self._transport, self._adapter, addresses,
+                lambda i, a, bucket=bucket: self._adapter.update_weights_from_distributed(meta, bucket),
+                meta.timeout_s, f"update_weights_from_distributed(version={meta.version}, bucket {k + 1}/{len(buckets)})",
+            )
+        logger.info("collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses))
+
+    async def _ensure_group(self, addresses: Sequence[str], meta: WeightUpdateMeta) -> None:
+        key = (meta.group_name, meta.master_addr, meta.master_port, meta.world_size, tuple(addresses))
+        if key in self._groups:
+            return
+        expected = 1 + len(addresses) * self._ranks_per_server
+        if meta.world_size != expected:
+            raise InferenceControlError(
+                f"weight-update group {meta.group_name!r}: world_size={meta.world_size}, but 1 trainer rank + "
+                f"{len(addresses)} servers x {self._ranks_per_server} ranks = {expected}"
+            )
+        await fan_out(
+            self._transport, self._adapter, addresses,
+            lambda i, a: self._adapter.init_weight_group(meta, 1 + i * self._ranks_per_server),
+            meta.timeout_s, f"init_weights_update_group({meta.group_name}@{meta.master_addr}:{meta.master_port})",
+        )
+        self._groups.add(key)

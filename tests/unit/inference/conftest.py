@@ -1,0 +1,10 @@
+"""Client unit tests: make the helpers beside this file (the fake SGLang server) importable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
