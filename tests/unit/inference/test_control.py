@@ -1,0 +1,99 @@
+"""Control calls over the fleet: weight updates (disk, collective), pause/resume, health, versions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_sglang import FakeCluster, make_engine
+
+from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
+from areal_tasks.api.weight_update import WeightUpdateMeta
+from areal_tasks.errors import InferenceControlError
+
+SPECS = [ParamSpec("embed", "float32", (8, 4)), ParamSpec("norm", "bfloat16", (4,)), ParamSpec("head", "float32", (4, 8))]
+
+
+def calls(server, path):
+    return [body for p, body in server.calls if p == path]
+
+
+def test_disk_update_reaches_every_server_then_bumps_the_version() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(3)
+        async with make_engine(cluster) as engine:
+            await engine.update_weights(WeightUpdateMeta.disk("/ckpt/v5", 5))
+            assert engine.get_version() == 5
+            assert await engine.server_versions() == {a: 5 for a in cluster.addresses}
+        for server in cluster.servers:
+            assert calls(server, "/update_weights_from_disk") == [
+                {"model_path": "/ckpt/v5", "abort_all_requests": False, "weight_version": "5", "flush_cache": True}
+            ]
+
+    asyncio.run(scenario())
+
+
+def test_failed_update_names_the_server_and_keeps_the_version() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        cluster.servers[1].fail_updates = True
+        async with make_engine(cluster, version=2) as engine:
+            with pytest.raises(InferenceControlError) as info:
+                await engine.update_weights(WeightUpdateMeta.disk("/ckpt/v3", 3))
+            assert engine.get_version() == 2
+        assert cluster.addresses[1] in str(info.value) and "1 of 2 servers" in str(info.value)
+        assert "injected update failure" in str(info.value)
+
+    asyncio.run(scenario())
+
+
+def test_collective_update_joins_once_then_receives_each_bucket() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        buckets = plan_weight_buckets(SPECS, bucket_bytes=150)
+        assert len(buckets) == 2
+        async with make_engine(cluster, ranks_per_server=2) as engine:
+            for version in (1, 2):
+                meta = WeightUpdateMeta.collective(version, "127.0.0.1", 29511, world_size=5, group_name="wg")
+                await engine.update_weights(meta, buckets)
+                assert engine.get_version() == version
+        for i, server in enumerate(cluster.servers):
+            inits = calls(server, "/init_weights_update_group")
+            assert len(inits) == 1 and inits[0]["rank_offset"] == 1 + 2 * i and inits[0]["world_size"] == 5
+            received = calls(server, "/update_weights_from_distributed")
+            assert [b["names"] for b in received] == [[p.name for p in b] for b in buckets] * 2
+            assert [b["weight_version"] for b in received] == ["1", "1", "2", "2"]
+
+    asyncio.run(scenario())
+
+
+def test_collective_update_checks_world_size_and_needs_buckets() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        async with make_engine(cluster) as engine:
+            meta = WeightUpdateMeta.collective(1, "127.0.0.1", 29512, world_size=4)
+            with pytest.raises(InferenceControlError, match="world_size=4, but 1 trainer rank"):
+                await engine.update_weights(meta, [SPECS])
+            good = WeightUpdateMeta.collective(1, "127.0.0.1", 29512, world_size=3)
+            with pytest.raises(InferenceControlError, match="bucket plan"):
+                await engine.update_weights(good)
+            assert engine.get_version() == 0
+        assert all(server.calls == [] for server in cluster.servers)
+
+    asyncio.run(scenario())
+
+
+def test_pause_and_resume_reach_every_server_and_report_dead_ones() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        async with make_engine(cluster) as engine:
+            await engine.pause("in_place")
+            await engine.resume()
+            assert [calls(s, "/pause_generation") for s in cluster.servers] == [[{"mode": "in_place"}]] * 2
+            assert all(len(calls(s, "/continue_generation")) == 1 for s in cluster.servers)
+            cluster.servers[0].dead = True
+            assert await engine.check_health() == {cluster.addresses[0]: False, cluster.addresses[1]: True}
+            with pytest.raises(InferenceControlError, match="pause\\(abort\\) failed on 1 of 2 servers"):
+                await engine.pause()
+
+    asyncio.run(scenario())
