@@ -1,0 +1,186 @@
+"""Command lines of the inference servers, built from the job config (one builder per backend).
+
+:func:`server_layout` reads the inference component of the allocation (``sglang:d2t4`` = 2 servers
+of tensor-parallel size 4); :func:`build_server_command` turns ``rollout.server`` and ``model``
+into the argv of one server, with the Scheduler's ``{host}``/``{port}`` placeholders left in.
+The interpreter is ``rollout.server.python`` (e.g. a separate vLLM venv) or the current one.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from areal_tasks.errors import ConfigError
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ServerArgs", "ServerCommand", "ServerLayout", "build_server_command", "server_args", "server_layout"]
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """How many servers there are and the parallel sizes of each."""
+
+    n_servers: int
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+    @property
+    def devices_per_server(self) -> int:
+        """Accelerators one server spans (tp * pp)."""
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Everything a server's command line is made of (backend-neutral)."""
+
+    backend: str
+    python: str
+    model_path: str
+    tokenizer_path: str | None
+    dtype: str
+    mem_fraction: float
+    context_length: int | None
+    seed: int
+    trust_remote_code: bool
+    layout: ServerLayout
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """One server's argv (with ``{host}``/``{port}`` placeholders), environment and health path."""
+
+    backend: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
+
+
+def server_layout(cfg: JobConfig) -> ServerLayout:
+    """The inference layout of ``cfg.allocation`` (exactly one inference component)."""
+    from areal_tasks.config.allocation import parse_allocation
+
+    inference = parse_allocation(cfg.allocation).inference()
+    if len(inference) != 1:
+        raise ConfigError(
+            f"allocation {cfg.allocation!r} has {len(inference)} inference components; the server fleet "
+            "serves exactly one (e.g. 'sglang:d2t2+fsdp:d4')"
+        )
+    dims = inference[0].dims
+    return ServerLayout(n_servers=dims.d, tp=dims.t, pp=dims.p, ep=dims.e)
+
+
+def server_args(cfg: JobConfig, model_path: str, layout: ServerLayout | None = None) -> ServerArgs:
+    """The backend-neutral server arguments of ``cfg`` for the model directory ``model_path``."""
+    server = cfg.rollout.server
+    dtype = server.dtype if server.dtype != "auto" else cfg.model.dtype
+    return ServerArgs(
+        backend=cfg.rollout.backend,
+        python=server.python or sys.executable,
+        model_path=model_path,
+        tokenizer_path=cfg.model.tokenizer_path,
+        dtype=dtype,
+        mem_fraction=server.mem_fraction,
+        context_length=server.context_length,
+        seed=cfg.experiment.seed,
+        trust_remote_code=cfg.model.trust_remote_code,
+        layout=layout or server_layout(cfg),
+        extra_args=tuple(server.extra_args),
+    )
+
+
+def _common(flags: dict[str, object]) -> list[str]:
+    """``--flag value`` pairs of the values that are set (``True`` = a bare flag, None/False = absent)."""
+    argv: list[str] = []
+    for flag, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+def sglang_command(a: ServerArgs) -> ServerCommand:
+    """``python -m sglang.launch_server`` (flags as in sglang 0.5.23 ``server_args``)."""
+    flags = {
+        "--model-path": a.model_path,
+        "--tokenizer-path": a.tokenizer_path,
+        "--host": "{host}",
+        "--port": "{port}",
+        "--tp-size": a.layout.tp,
+        "--pp-size": a.layout.pp if a.layout.pp > 1 else None,
+        "--ep-size": a.layout.ep if a.layout.ep > 1 else None,
+        "--mem-fraction-static": a.mem_fraction,
+        "--dtype": a.dtype,
+        "--context-length": a.context_length,
+        "--random-seed": a.seed,
+        "--trust-remote-code": a.trust_remote_code,
+    }
+    return ServerCommand("sglang", [a.python, "-m", "sglang.launch_server", *_common(flags), *a.extra_args])
+
+
+def vllm_command(a: ServerArgs) -> ServerCommand:
+    """``python -m vllm.entrypoints.openai.api_server`` (vLLM's OpenAI server)."""
+    flags = {
+        "--model": a.model_path,
+        "--tokenizer": a.tokenizer_path,
+        "--host": "{host}",
+        "--port": "{port}",
+        "--tensor-parallel-size": a.layout.tp,
+        "--pipeline-parallel-size": a.layout.pp if a.layout.pp > 1 else None,
+        "--enable-expert-parallel": a.layout.ep > 1,
+        "--gpu-memory-utilization": a.mem_fraction,
+        "--dtype": a.dtype,
+        "--max-model-len": a.context_length,
+        "--seed": a.seed,
+        "--trust-remote-code": a.trust_remote_code,
+    }
+    argv = [a.python, "-m", "vllm.entrypoints.openai.api_server", *_common(flags), *a.extra_args]
+    # dev-mode endpoints (pause/resume, collective RPC) are what weight updates need
+    return ServerCommand("vllm", argv, env={"VLLM_SERVER_DEV_MODE": "1"})
+
+
+def embedded_command(a: ServerArgs) -> ServerCommand:
+    """``python -m areal_tasks.cli serve`` (the embedded SGLang-protocol server)."""
+    if a.layout.devices_per_server != 1 or a.layout.ep != 1:
+        raise ConfigError(
+            f"the embedded server runs one process per server; allocation inference dims tp={a.layout.tp}, "
+            f"pp={a.layout.pp}, ep={a.layout.ep} must all be 1 (use sglang or vllm for model parallel serving)"
+        )
+    flags = {
+        "--model": a.model_path,
+        "--tokenizer": a.tokenizer_path,
+        "--host": "{host}",
+        "--port": "{port}",
+        "--dtype": a.dtype,
+        "--context-length": a.context_length,
+        "--seed": a.seed,
+    }
+    return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
+
+
+_BUILDERS: dict[str, Callable[[ServerArgs], ServerCommand]] = {
+    "sglang": sglang_command,
+    "vllm": vllm_command,
+    "embedded": embedded_command,
+}
+
+
+def build_server_command(cfg: JobConfig, model_path: str, layout: ServerLayout | None = None) -> ServerCommand:
+    """The command of one ``cfg.rollout.backend`` server serving ``model_path``."""
+    args = server_args(cfg, model_path, layout)
+    builder = _BUILDERS.get(args.backend)
+    if builder is None:
+        raise ConfigError(f"rollout.backend={args.backend!r} has no server launcher; known: {sorted(_BUILDERS)}")
+    return builder(args)

@@ -1,0 +1,80 @@
+"""Server command lines built from a JobConfig: SGLang, vLLM and the embedded server."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from areal_tasks.config.job import JobConfig
+from areal_tasks.errors import ConfigError
+from areal_tasks.inference.launch import ServerFleet, build_server_command, server_layout
+from areal_tasks.launch import LocalScheduler
+
+
+def config(allocation: str, backend: str) -> JobConfig:
+    cfg = JobConfig()
+    cfg.allocation = allocation
+    cfg.rollout.backend = backend
+    cfg.rollout.server.python = "/envs/serve/bin/python"
+    cfg.rollout.server.mem_fraction = 0.7
+    cfg.rollout.server.context_length = 4096
+    cfg.rollout.server.dtype = "bfloat16"
+    cfg.rollout.server.extra_args = ["--log-level", "warning"]
+    cfg.experiment.seed = 7
+    return cfg
+
+
+def test_sglang_command() -> None:
+    cfg = config("sglang:d2t4p2+fsdp:d8", "sglang")
+    cfg.model.trust_remote_code = True
+    cmd = build_server_command(cfg, "/models/qwen")
+    assert cmd.argv == [
+        "/envs/serve/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
+        "--host", "{host}", "--port", "{port}", "--tp-size", "4", "--pp-size", "2",
+        "--mem-fraction-static", "0.7", "--dtype", "bfloat16", "--context-length", "4096",
+        "--random-seed", "7", "--trust-remote-code", "--log-level", "warning",
+    ]
+    assert cmd.health_path == "/health"
+    assert server_layout(cfg).n_servers == 2 and server_layout(cfg).devices_per_server == 8
+
+
+def test_vllm_command_uses_its_own_python() -> None:
+    cfg = config("vllm:d1t2+fsdp:d2", "vllm")
+    cfg.model.tokenizer_path = "/models/tok"
+    cmd = build_server_command(cfg, "/models/qwen")
+    assert cmd.argv == [
+        "/envs/serve/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen",
+        "--tokenizer", "/models/tok", "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2",
+        "--gpu-memory-utilization", "0.7", "--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "7",
+        "--log-level", "warning",
+    ]
+    assert cmd.env == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
+    cfg = JobConfig()
+    cfg.model.dtype = "float32"
+    cmd = build_server_command(cfg, "/models/tiny")
+    assert cmd.argv == [
+        sys.executable, "-m", "areal_tasks.cli", "serve", "--model", "/models/tiny",
+        "--host", "{host}", "--port", "{port}", "--dtype", "float32", "--seed", "1",
+    ]
+
+
+def test_embedded_refuses_model_parallel_layouts() -> None:
+    with pytest.raises(ConfigError, match="tp=2"):
+        build_server_command(config("embedded:d1t2+fsdp:d1", "embedded"), "/m")
+
+
+def test_fleet_from_config(tmp_path) -> None:
+    cfg = config("sglang:d3t2+fsdp:d2", "sglang")
+    cfg.cluster.gpus_per_node = 8
+    cfg.rollout.server.max_restarts = 5
+    fleet = ServerFleet.from_config(LocalScheduler(tmp_path, devices=[], handle_signals=False), cfg, "/m")
+    assert fleet.n_servers == 3 and fleet.max_restarts == 5
+    spec = fleet._spec(1)
+    assert spec.name == "inference-1" and spec.devices_per_worker == 2 and not spec.hide_devices
+    assert spec.readiness.target == "http://{host}:{port}/health" and spec.command[2] == "sglang.launch_server"
+    cpu = ServerFleet.from_config(LocalScheduler(tmp_path, devices=[], handle_signals=False), JobConfig(), "/m")
+    assert cpu._spec(0).devices_per_worker == 0 and cpu._spec(0).hide_devices
