@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "areal_tasks.cli.config_cmd",
     "areal_tasks.cli.alloc_cmd",
     "areal_tasks.cli.model_cmd",
+    "areal_tasks.cli.serve_cmd",
 )
 
 USAGE_ERROR = 2

@@ -1,0 +1,74 @@
+"""``areal serve``: run the embedded SGLang-protocol inference server.
+
+``areal serve --model DIR [--host H] [--port P] [--dtype D] [--device DEV] [--max-running-requests N]
+[--context-length L] [--api-key K] [--admin-api-key K] [--weight-version V] ...`` loads DIR (any HF
+causal LM) and serves SGLang's native endpoints plus OpenAI's ``/v1`` routes until interrupted.
+Flag names follow SGLang's where they exist (``--model-path``, ``--tokenizer-path`` are accepted
+too). Heavy imports happen inside the handler, so ``areal --help`` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the embedded SGLang-protocol inference server",
+        description="Serve any Hugging Face causal LM over SGLang's native HTTP API and OpenAI's /v1 routes.",
+    )
+    parser.add_argument("--model", "--model-path", dest="model", required=True, metavar="DIR",
+                        help="HF model directory")
+    parser.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None, metavar="DIR",
+                        help="tokenizer directory (default: the model directory)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000, help="port (default 30000)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="weights/activations dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    parser.add_argument("--max-running-requests", type=int, default=32, metavar="N",
+                        help="sequences decoded together at most = KV cache slots (default 32)")
+    parser.add_argument("--context-length", type=int, default=None, metavar="L",
+                        help="prompt + output tokens per sequence (default: the model's max positions)")
+    parser.add_argument("--max-prefill-tokens", type=int, default=8192, metavar="T",
+                        help="prompt tokens prefilled between two decode steps at most (default 8192)")
+    parser.add_argument("--served-model-name", default=None, help="model name in answers (default: DIR's name)")
+    parser.add_argument("--weight-version", default="0", help="initial weight version (default 0)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every endpoint")
+    parser.add_argument("--admin-api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on admin and weight-update endpoints")
+    parser.add_argument("--tool-call-parser", default=None, choices=("qwen25",),
+                        help="parse <tool_call> blocks of chat answers into tool_calls")
+    parser.add_argument("--seed", "--random-seed", dest="seed", type=int, default=None,
+                        help="seed of the shared sampling stream (requests may carry their own sampling_seed)")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Build the server from ``args`` and serve until interrupted."""
+    from areal_tasks.inference.server import ServerConfig, run_server
+
+    cfg = ServerConfig(
+        model_path=args.model,
+        tokenizer_path=args.tokenizer,
+        host=args.host,
+        port=args.port,
+        dtype=args.dtype,
+        device=args.device,
+        max_running_requests=args.max_running_requests,
+        context_length=args.context_length,
+        max_prefill_tokens=args.max_prefill_tokens,
+        served_model_name=args.served_model_name,
+        weight_version=args.weight_version,
+        api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        tool_call_parser=args.tool_call_parser,
+        seed=args.seed,
+        num_threads=args.num_threads,
+        log_level=args.log_level,
+    )
+    run_server(cfg)
+    return 0

@@ -1,0 +1,391 @@
+"""The engine loop: continuous batching over the model runner, in one background thread.
+
+The loop owns the runner (model, KV cache). Other threads talk to it only through
+:meth:`Engine.submit` (new sequences) and :meth:`Engine.call` (a function run inside the loop
+between two steps: pause, continue, weight swaps, cache flush). One iteration:
+
+1. run queued control calls;
+2. unless paused, admit waiting sequences into free KV slots and prefill them one at a time (a
+   sibling of an ``n > 1`` request copies the prompt's KV from a live sibling instead), sampling
+   each one's first token from its prefill logits;
+3. unless paused, run one decode step over every running sequence, sample, and retire the
+   finished ones, freeing their slots for the next admission.
+
+So requests join and leave the running batch between decode steps. Pause modes follow SGLang:
+``abort`` finishes every running and waiting sequence with its partial output and finish reason
+``abort``; ``in_place`` freezes running sequences with their KV; ``retract`` frees their KV and puts
+them back at the head of the queue, to be prefilled again (prompt + output so far) on continue.
+New requests wait in the queue while paused.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from areal_tasks.errors import InferenceError, InferenceRequestError
+from areal_tasks.inference.server.model_runner import ModelRunner
+from areal_tasks.inference.server.request import FinishChecker, Sequence, finish_abort, finish_length
+from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+PauseMode = Literal["abort", "retract", "in_place"]
+_THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine for ``/metrics`` and ``/server_info``."""
+
+    num_running: int
+    num_waiting: int
+    paused: str | None
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished_total: int
+    gen_throughput: float
+    cache_used_tokens: int
+    cache_capacity_tokens: int
+    weight_version: str
+
+
+class Engine:
+    """Continuous-batching generation over one :class:`ModelRunner` (see the module doc)."""
+
+    def __init__(self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192) -> None:
+        self.runner = runner
+        self.weight_version = weight_version
+        self.max_prefill_tokens = max_prefill_tokens
+        self.finisher = FinishChecker(runner.tokenizer, runner.eos_token_ids, runner.max_len)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._controls: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
+        self._running: list[Sequence] = []
+        self._paused: PauseMode | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._prompt_tokens = 0
+        self._gen_tokens = 0
+        self._finished = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+
+    # ---------------- thread-safe API ----------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise InferenceError("engine already started")
+        self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the loop thread runs and accepts work."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop; unfinished sequences finish with ``abort``."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise InferenceError(f"engine loop did not stop within {timeout} s")
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue sequences for generation; each one's ``on_finish`` runs in the engine thread."""
+        context = self.runner.max_len
+        for seq in seqs:
+            if not seq.prompt_ids:
+                raise InferenceRequestError(f"request {seq.rid}: the prompt is empty")
+            if len(seq.prompt_ids) >= context:
+                raise InferenceRequestError(
+                    f"request {seq.rid}: the prompt has {len(seq.prompt_ids)} tokens, the context length is {context}"
+                )
+            bad = [t for t in seq.prompt_ids if not 0 <= t < self.runner.vocab_size]
+            if bad:
+                raise InferenceRequestError(f"request {seq.rid}: token ids {bad[:5]} are outside the vocabulary")
+            if seq.params.sampling_seed is not None and seq.generator is None:
+                seq.generator = make_generator(seq.params.sampling_seed, self.runner.device)
+        with self._cond:
+            if self._stop:
+                raise InferenceError("engine is shut down")
+            self._waiting.extend(seqs)
+            self._cond.notify_all()
+
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn`` in the engine thread between two steps; the future carries its result or error."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cond:
+            if self._stop:
+                raise InferenceError("engine is shut down")
+            self._controls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            now = time.perf_counter()
+            while self._recent and now - self._recent[0][0] > _THROUGHPUT_WINDOW_S:
+                self._recent.popleft()
+            recent = sum(n for _, n in self._recent)
+            span = max(now - self._recent[0][0], 1e-3) if self._recent else 1.0
+            cache = self.runner.cache
+            return EngineStats(
+                num_running=len(self._running),
+                num_waiting=len(self._waiting),
+                paused=self._paused,
+                prompt_tokens_total=self._prompt_tokens,
+                generation_tokens_total=self._gen_tokens,
+                requests_finished_total=self._finished,
+                gen_throughput=recent / span if self._recent else 0.0,
+                cache_used_tokens=cache.used_tokens,
+                cache_capacity_tokens=cache.capacity_tokens,
+                weight_version=self.weight_version,
+            )
+
+    # ---------------- control operations (run inside the loop via call) ----------------
+    def pause(self, mode: PauseMode) -> int:
+        """Pause in ``mode``; returns how many sequences were aborted or retracted."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise InferenceRequestError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        self._paused = mode
+        if mode == "abort":
+            return self.abort_all("aborted by pause_generation")
+        if mode == "retract":
+            retracted = list(self._running)
+            for seq in retracted:
+                self._free_slot(seq)
+                seq.retracted = True
+                seq.num_retractions += 1
+            self._running.clear()
+            with self._cond:
+                self._waiting.extendleft(reversed(retracted))
+            return len(retracted)
+        return 0
+
+    def resume(self) -> None:
+        self._paused = None
+
+    def abort_all(self, message: str) -> int:
+        """Finish every running and waiting sequence with ``abort`` and its partial output."""
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        victims = self._running + waiting
+        self._running = []
+        for seq in victims:
+            self._finish(seq, finish_abort(message))
+        return len(victims)
+
+    def abort_rid(self, rid: str) -> int:
+        """Abort the sequences whose rid is ``rid`` or starts with it (SGLang's prefix rule, which
+        catches the ``rid_<j>`` samples of an ``n > 1`` request)."""
+        with self._cond:
+            hit_waiting = [s for s in self._waiting if s.rid.startswith(rid)]
+            for seq in hit_waiting:
+                self._waiting.remove(seq)
+        hit_running = [s for s in self._running if s.rid.startswith(rid)]
+        self._running = [s for s in self._running if not s.rid.startswith(rid)]
+        for seq in hit_running + hit_waiting:
+            self._finish(seq, finish_abort("aborted by abort_request"))
+        return len(hit_running) + len(hit_waiting)
+
+    def weights_changed(self, new_version: str | None) -> None:
+        """Call after the model's weights changed: prompts prefilled under the old weights are no
+        longer shared with siblings; with ``new_version``, unfinished sequences note the old version's
+        span (SGLang's ``weight_versions``) and the version changes."""
+        with self._cond:
+            waiting = list(self._waiting)
+        for seq in waiting:
+            seq.group.prompt_logits, seq.group.source_slot = None, None
+        if new_version is None or new_version == self.weight_version:
+            return
+        for seq in self._running + waiting:
+            if seq.output_ids:
+                seq.version_events.append((self.weight_version, len(seq.output_ids)))
+        self.weight_version = new_version
+
+    def is_idle(self) -> bool:
+        with self._cond:
+            return not self._running and not self._waiting
+
+    # ---------------- the loop ----------------
+    def _has_work(self) -> bool:
+        if self._controls or self._stop:
+            return True
+        return self._paused is None and bool(self._running or self._waiting)
+
+    def _loop(self) -> None:
+        logger.info("engine loop started")
+        with torch.inference_mode():
+            self._run()
+        logger.info("engine loop stopped")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._has_work():
+                    self._cond.wait()
+                if self._stop:
+                    break
+                controls = list(self._controls)
+                self._controls.clear()
+            for fn, future in controls:
+                self._run_control(fn, future)
+            if self._paused is None:
+                self._admit()
+                if self._running:
+                    try:
+                        self._decode_step()
+                    except Exception as exc:
+                        logger.exception("decode step failed; aborting the running batch")
+                        failed, self._running = self._running, []
+                        for seq in failed:
+                            self._finish(seq, finish_abort(f"decode failed: {type(exc).__name__}: {exc}", status_code=500))
+        self.abort_all("server shutting down")
+        with self._cond:
+            controls = list(self._controls)
+            self._controls.clear()
+        for _, future in controls:
+            future.set_exception(InferenceError("engine is shut down"))
+
+    @staticmethod
+    def _run_control(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # handed to the caller through the future
+            future.set_exception(exc)
+
+    def _admit(self) -> None:
+        cache = self.runner.cache
+        budget = self.max_prefill_tokens
+        while cache.free_slots and budget > 0:
+            with self._cond:
+                if not self._waiting:
+                    return
+                seq = self._waiting.popleft()
+            try:
+                budget -= self._prefill(seq)
+            except Exception as exc:
+                logger.exception("prefill of request %s failed", seq.rid)
+                self._finish(seq, finish_abort(f"prefill failed: {type(exc).__name__}: {exc}", status_code=500))
+                continue
+            if seq.finished:
+                self._release(seq)
+            else:
+                self._running.append(seq)
+
+    def _prefill(self, seq: Sequence) -> int:
+        """Give ``seq`` its KV and its next token; returns the number of tokens run through the model."""
+        group = seq.group
+        if seq.retracted:
+            tokens = group.prompt_ids + seq.output_ids
+            seq.slot = self.runner.cache.allocate()
+            logits = self.runner.prefill(seq.slot, tokens)[-1]
+            seq.retracted = False
+            self._prompt_tokens += len(tokens)
+            self._sample_and_check([seq], logits.view(1, -1))
+            return len(tokens)
+        if group.prompt_logits is None:
+            return self._prefill_prompt(seq)
+        # a sibling of an n > 1 request: the prompt's logits are known, the KV may be copied
+        self._sample_and_check([seq], group.prompt_logits.view(1, -1))
+        if seq.finished:
+            return 0
+        seq.slot = self.runner.cache.allocate()
+        if group.source_slot is not None:
+            self.runner.cache.copy_prefix(group.source_slot, seq.slot, len(group.prompt_ids))
+            return 0
+        self.runner.prefill(seq.slot, group.prompt_ids)
+        group.source_slot = seq.slot
+        self._prompt_tokens += len(group.prompt_ids)
+        return len(group.prompt_ids)
+
+    def _prefill_prompt(self, seq: Sequence) -> int:
+        """The first prefill of a request's prompt (input logprobs when asked for)."""
+        group = seq.group
+        prompt_len = len(group.prompt_ids)
+        want_input = seq.return_logprob and 0 <= seq.logprob_start_len < prompt_len
+        if seq.params.max_new_tokens == 0 and not want_input:
+            seq.finish_reason = finish_length(0)
+            return 0
+        seq.slot = self.runner.cache.allocate()
+        logits = self.runner.prefill(seq.slot, group.prompt_ids, all_logits=want_input)
+        self._prompt_tokens += prompt_len
+        if want_input:
+            logprobs = torch.log_softmax(logits[:-1], dim=-1)
+            targets = torch.tensor(group.prompt_ids[1:], device=logits.device).view(-1, 1)
+            values: list[float | None] = [None, *logprobs.gather(1, targets).view(-1).tolist()]
+            group.input_logprobs = values[seq.logprob_start_len :]
+        if seq.params.max_new_tokens == 0:
+            seq.finish_reason = finish_length(0)
+            return prompt_len
+        group.source_slot, group.prompt_logits = seq.slot, logits[-1].clone()
+        self._sample_and_check([seq], logits[-1].view(1, -1))
+        return prompt_len
+
+    def _decode_step(self) -> None:
+        batch = self._running
+        positions = [len(s.prompt_ids) + len(s.output_ids) - 1 for s in batch]
+        logits = self.runner.decode([s.slot for s in batch], [s.output_ids[-1] for s in batch], positions)
+        self._sample_and_check(batch, logits)
+        still = []
+        for seq in batch:
+            if seq.finished:
+                self._release(seq)
+            else:
+                still.append(seq)
+        self._running = still
+
+    def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
+        tokens, logprobs = sample(logits, batch)
+        now = time.perf_counter()
+        with self._cond:
+            self._gen_tokens += len(seqs)
+            self._recent.append((now, len(seqs)))
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist()):
+            seq.append(token, logprob)
+            reason = self.finisher.check(seq)
+            if reason is not None:
+                seq.finish_reason = reason
+
+    def _free_slot(self, seq: Sequence) -> None:
+        if seq.slot is None:
+            return
+        if seq.group.source_slot == seq.slot:
+            seq.group.source_slot = None
+        self.runner.cache.release(seq.slot)
+        seq.slot = None
+
+    def _release(self, seq: Sequence) -> None:
+        """Retire a sequence that finished during a step."""
+        self._free_slot(seq)
+        self._deliver(seq)
+
+    def _finish(self, seq: Sequence, reason: dict) -> None:
+        """Finish ``seq`` from outside a step (abort); its partial output is kept."""
+        seq.finish_reason = reason
+        self._free_slot(seq)
+        self._deliver(seq)
+
+    def _deliver(self, seq: Sequence) -> None:
+        seq.finished_at = time.perf_counter()
+        with self._cond:
+            self._finished += 1
+        try:
+            seq.on_finish(seq)
+        except Exception:
+            logger.exception("on_finish callback of request %s failed", seq.rid)

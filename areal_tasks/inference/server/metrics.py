@@ -1,0 +1,43 @@
+"""Prometheus ``/metrics`` in the text exposition format, under SGLang's metric names.
+
+Gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:gen_throughput``
+(generated tokens/s over the last 10 s), ``sglang:token_usage`` (filled KV positions / capacity)
+and ``areal:paused`` (1 while paused); counters ``sglang:prompt_tokens_total``,
+``sglang:generation_tokens_total`` and ``sglang:num_requests_total``. Every sample carries the
+``model_name`` label, like SGLang's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from areal_tasks.inference.server.engine import EngineStats
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_metrics(stats: EngineStats, model_name: str) -> str:
+    """The exposition text for one snapshot."""
+    usage = stats.cache_used_tokens / stats.cache_capacity_tokens if stats.cache_capacity_tokens else 0.0
+    rows = [
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.", stats.num_running),
+        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", stats.num_waiting),
+        ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", stats.gen_throughput),
+        ("sglang:token_usage", "gauge", "The token usage.", usage),
+        ("areal:paused", "gauge", "1 while generation is paused.", int(stats.paused is not None)),
+        ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens_total),
+        ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         stats.generation_tokens_total),
+        ("sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished_total),
+    ]
+    label = f'{{model_name="{_escape(model_name)}"}}'
+    lines = []
+    for name, kind, doc, value in rows:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{label} {float(value)!r}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""The model runner: a Hugging Face causal LM, its tokenizer and the slot KV cache, one forward at a time.
+
+Any ``AutoModelForCausalLM`` whose attention layers go through ``Cache.update`` works: the runner
+hands the model a :class:`~areal_tasks.inference.server.kv_cache.BatchCacheView` and a prepared
+attention mask per layer type (full and sliding-window attention), plus explicit position ids.
+
+Two kinds of forward:
+
+* :meth:`ModelRunner.prefill` runs one sequence's new tokens (a prompt, or a prompt plus the
+  output kept over a ``retract`` pause) into its slot. Starting at position 0 it passes no mask, so
+  SDPA runs causally exactly as ``transformers.generate`` does for a single prompt.
+* :meth:`ModelRunner.decode` runs one new token for each of many slots (continuous batching); each
+  row attends to its own slot's filled positions only.
+
+Only the calling thread (the engine loop) may use a runner: it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_tasks.errors import InferenceError, ModelError
+from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What to load and how much cache to reserve."""
+
+    model_path: str
+    #: ``auto`` (float32 on CPU, the checkpoint's dtype on CUDA), ``float32``, ``bfloat16``, ``float16``.
+    dtype: str = "auto"
+    #: ``auto`` (cuda when available), ``cpu``, ``cuda``, ``cuda:N``.
+    device: str = "auto"
+    #: sequences decoded together at most (KV slots).
+    max_running_requests: int = 32
+    #: prompt + output tokens of one sequence at most; None = the model's max_position_embeddings.
+    context_length: int | None = None
+    #: tokenizer directory; None = the model directory.
+    tokenizer_path: str | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` means the current CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InferenceError(f"device {name!r} asked for, but CUDA is not available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, config: Any) -> torch.dtype:
+    """``auto``: float32 on CPU; on CUDA the checkpoint's dtype (bfloat16 if it says float32 or nothing)."""
+    if name != "auto":
+        if name not in _DTYPES:
+            raise InferenceError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {name!r}")
+        return _DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    stored = getattr(torch, stored) if isinstance(stored, str) else stored
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+class ModelRunner:
+    """Owns the model, the tokenizer and the KV cache of one server (see the module doc)."""
+
+    def __init__(self, cfg: RunnerConfig) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(cfg.model_path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{cfg.model_path}: not a Hugging Face model directory (no config.json)")
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        hf_config = AutoConfig.from_pretrained(path)
+        self.dtype = resolve_dtype(cfg.dtype, self.device, hf_config)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation="sdpa")
+        self.model.to(self.device).eval()
+        self.config = self.model.config
+        self._layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        unsupported = self._layer_types - set(_SUPPORTED_LAYER_TYPES)
+        if unsupported:
+            raise ModelError(f"{cfg.model_path}: layer types {sorted(unsupported)} are not supported")
+        self._window = getattr(self.config, "sliding_window", None)
+        self._use_mapping = hasattr(self.config, "layer_types")
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        max_pos = int(getattr(self.config, "max_position_embeddings", 0) or 0) or 4096
+        self.max_len = min(cfg.context_length or max_pos, max_pos)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = self._eos_ids()
+        self.cache = SlotKVCache(cfg.max_running_requests, self.max_len, self.device)
+        self._warm_up()
+        logger.info(
+            "loaded %s (%s) on %s as %s: %d slots, context %d",
+            path, type(self.model).__name__, self.device, self.dtype, cfg.max_running_requests, self.max_len,
+        )
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else eos)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    def _warm_up(self) -> None:
+        """One tiny forward: allocates the KV storage and proves the model runs with this cache."""
+        slot = self.cache.allocate()
+        try:
+            self.prefill(slot, [0], start=0)
+        finally:
+            self.cache.release(slot)
+
+    # ---- masks ----
+    def _mask(self, q_pos: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
+        """Bool mask [B, 1, T, kv_len]: a query at position p sees keys 0..p (and > p - window)."""
+        keys = torch.arange(kv_len, device=self.device).view(1, 1, 1, -1)
+        queries = q_pos.view(q_pos.shape[0], 1, -1, 1)
+        allowed = keys <= queries
+        if window is not None:
+            allowed &= keys > queries - window
+        return allowed
+
+    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool) -> Any:
+        """The attention mask argument: one mask per layer type (None where plain causal suffices)."""
+        masks = {}
+        for layer_type in self._layer_types:
+            window = self._window if layer_type == "sliding_attention" else None
+            needs_window = window is not None and kv_len > window
+            masks[layer_type] = None if trivial and not needs_window else self._mask(q_pos, kv_len, window)
+        return masks if self._use_mapping else masks["full_attention"]
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
+                 logits_to_keep: int) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=masks,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_kwarg: view},
+        )
+        return out.logits.float()
+
+    # ---- forwards ----
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0, all_logits: bool = False) -> torch.Tensor:
+        """Run ``token_ids`` into ``slot`` at positions ``start..``; returns logits [T, V] (or [1, V])."""
+        steps = len(token_ids)
+        if steps == 0 or start + steps > self.max_len:
+            raise InferenceError(f"prefill of {steps} tokens at {start} does not fit the context of {self.max_len}")
+        kv_len = start + steps
+        positions = torch.arange(start, kv_len, device=self.device).view(1, -1)
+        view = BatchCacheView(self.cache, [slot], [start], kv_len)
+        masks = self._masks(positions, kv_len, trivial=(start == 0))
+        ids = torch.tensor([token_ids], device=self.device)
+        logits = self._forward(ids, positions, view, masks, 0 if all_logits else 1)
+        self.cache.lengths[slot] = kv_len
+        return logits[0]
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One new token per slot, each at its own position; returns logits [B, V]."""
+        kv_len = max(positions) + 1
+        if kv_len > self.max_len:
+            raise InferenceError(f"decode at position {kv_len - 1} is outside the context of {self.max_len}")
+        pos = torch.tensor(positions, device=self.device).view(-1, 1)
+        view = BatchCacheView(self.cache, slots, positions, kv_len)
+        masks = self._masks(pos, kv_len, trivial=(min(positions) == kv_len - 1))
+        ids = torch.tensor(tokens, device=self.device).view(-1, 1)
+        logits = self._forward(ids, pos, view, masks, 1)
+        for slot, p in zip(slots, positions):
+            self.cache.lengths[slot] = p + 1
+        return logits[:, -1]
+
+    # ---- weights ----
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Name -> (shape, dtype) of every tensor a weight update may replace (parameters and buffers)."""
+        specs = {name: (tuple(p.shape), p.dtype) for name, p in self.model.named_parameters()}
+        for name, buf in self.model.named_buffers():
+            if name in self.model.state_dict():
+                specs.setdefault(name, (tuple(buf.shape), buf.dtype))
+        return specs
+
+    def required_weight_names(self) -> set[str]:
+        """Parameters a full checkpoint must carry (a tied alias counts once, under its first name)."""
+        return {name for name, _ in self.model.named_parameters()}
+
+    @torch.inference_mode()
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy already validated tensors into the model in place; returns how many were copied."""
+        targets = dict(self.model.named_parameters())
+        targets.update(dict(self.model.named_buffers()))
+        count = 0
+        for name, tensor in named:
+            targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+            count += 1
+        return count

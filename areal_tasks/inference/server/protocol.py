@@ -1,0 +1,228 @@
+"""Wire types of the SGLang native endpoints, field for field as SGLang 0.5.23 defines them.
+
+Request bodies follow ``sglang/srt/managers/io_struct.py`` (and the ``sglang.api.v1`` JSON
+contract): unknown top-level keys of ``/generate`` are ignored like SGLang does, unknown
+``sampling_params`` keys are rejected, and fields this server cannot honour (images, LoRA,
+top-logprobs, hidden states, grammars...) are refused when set instead of silently ignored.
+:func:`generate_response` builds SGLang's ``/generate`` answer: ``text``, ``output_ids`` and
+``meta_info`` (``id``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
+``cached_tokens``, ``weight_version``, ``e2e_latency``; with ``return_logprob`` the
+``output_token_logprobs`` as ``[[logprob, token_id, null], ...]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.server.request import Sequence
+
+logger = logging.getLogger(__name__)
+
+#: /generate fields SGLang has that this server does not implement: refused unless unset/default.
+_REFUSED_GENERATE_FIELDS: dict[str, Any] = {
+    "input_embeds": None,
+    "image_data": None,
+    "video_data": None,
+    "audio_data": None,
+    "token_ids_logprob": None,
+    "return_hidden_states": False,
+    "lora_path": None,
+    "session_params": None,
+    "custom_logit_processor": None,
+    "return_sampling_mask": None,
+}
+
+
+class _Body(BaseModel):
+    """SGLang request bodies ignore keys they do not know (msgspec ``kw_only`` structs with defaults)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class GenerateReqInput(_Body):
+    """``/generate`` (``GenerateReqInput``): one prompt, or a batch when ``text``/``input_ids`` is a list of them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    rid: str | list[str] | None = None
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+    def refused_fields(self) -> list[str]:
+        extra = self.model_extra or {}
+        return sorted(k for k, default in _REFUSED_GENERATE_FIELDS.items() if extra.get(k) not in (None, default))
+
+
+class UpdateWeightFromDiskReqInput(_Body):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
+
+
+class InitWeightsUpdateGroupReqInput(_Body):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DestroyWeightsUpdateGroupReqInput(_Body):
+    group_name: str = "weight_update_group"
+
+
+class UpdateWeightsFromDistributedReqInput(_Body):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+    selector: Literal["target", "draft", "all"] = "all"
+    torch_empty_cache: bool = False
+
+
+class BeginWeightUpdateReqInput(_Body):
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateReqInput(_Body):
+    pass
+
+
+class UpdateWeightVersionReqInput(_Body):
+    new_version: str
+    abort_all_requests: bool = True
+
+
+class PauseGenerationReqInput(_Body):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueGenerationReqInput(_Body):
+    torch_empty_cache: bool = True
+
+
+class AbortReqInput(_Body):
+    rid: str = ""
+    abort_all: bool = False
+
+
+def _per_item(value: Any, count: int, name: str) -> list[Any]:
+    """SGLang's batch rule: a list gives one value per prompt, a scalar applies to all."""
+    if isinstance(value, list) and not (name == "sampling_params" and not value):
+        if len(value) != count:
+            raise InferenceRequestError(f"{name}: {len(value)} values for {count} prompts")
+        return list(value)
+    return [value] * count
+
+
+def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str, Any]], bool]:
+    """One dict per prompt (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
+    ``logprob_start_len``) and whether the request was a batch."""
+    refused = req.refused_fields()
+    if refused:
+        raise InferenceRequestError(f"/generate: {refused} are not supported by the embedded server")
+    if req.stream:
+        raise InferenceRequestError("/generate: stream=true is not supported by the embedded server")
+    if (req.text is None) == (req.input_ids is None):
+        raise InferenceRequestError("/generate: give exactly one of text or input_ids")
+    if req.text is not None:
+        is_batch = isinstance(req.text, list)
+        prompts = [tokenize(t) for t in (req.text if is_batch else [req.text])]
+    else:
+        ids = req.input_ids
+        is_batch = bool(ids) and isinstance(ids[0], list)
+        prompts = list(ids) if is_batch else [ids]
+    count = len(prompts)
+    if count == 0:
+        raise InferenceRequestError("/generate: the batch is empty")
+    top = _per_item(req.top_logprobs_num, count, "top_logprobs_num")
+    if any(t not in (None, 0) for t in top):
+        raise InferenceRequestError("/generate: top_logprobs_num > 0 is not supported by the embedded server")
+    rids = _per_item(req.rid, count, "rid") if isinstance(req.rid, list) or req.rid is None or count == 1 else [
+        f"{req.rid}_{i}" for i in range(count)
+    ]
+    params = _per_item(req.sampling_params, count, "sampling_params")
+    logprob = _per_item(req.return_logprob, count, "return_logprob")
+    start = _per_item(req.logprob_start_len, count, "logprob_start_len")
+    items = [
+        {
+            "input_ids": prompts[i],
+            "sampling_params": params[i] or {},
+            "rid": rids[i],
+            "return_logprob": bool(logprob[i]),
+            "logprob_start_len": -1 if start[i] is None else int(start[i]),
+        }
+        for i in range(count)
+    ]
+    return items, is_batch
+
+
+def _logprob_entries(values: list[float | None], ids: list[int], texts: list[str] | None) -> list[list[Any]]:
+    return [[v, t, None if texts is None else texts[i]] for i, (v, t) in enumerate(zip(values, ids))]
+
+
+def weight_version_spans(seq: Sequence, current: str) -> list[dict[str, Any]]:
+    """SGLang's ``weight_versions``: which weight version produced which output tokens."""
+    changes = [*seq.version_events, (current, len(seq.output_ids))]
+    spans: list[dict[str, Any]] = []
+    for version, end in changes:
+        end = min(end, len(seq.output_ids))
+        if spans and end <= spans[-1]["end"]:
+            continue
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = end
+            continue
+        spans.append({"version": version, "start": spans[-1]["end"] if spans else 0, "end": end})
+    return spans
+
+
+def generate_response(
+    seq: Sequence, text: str, weight_version: str, decode_token: Any | None = None
+) -> dict[str, Any]:
+    """SGLang's ``/generate`` answer for one finished sequence (see the module doc)."""
+    end = seq.finished_at if seq.finished_at is not None else seq.created_at
+    meta: dict[str, Any] = {
+        "id": seq.rid,
+        "finish_reason": seq.finish_reason,
+        "prompt_tokens": len(seq.prompt_ids),
+        "weight_version": weight_version,
+        "num_retractions": seq.num_retractions,
+        "reasoning_tokens": 0,
+        "completion_tokens": len(seq.output_ids),
+        "cached_tokens": 0,
+        "e2e_latency": end - seq.created_at,
+    }
+    if seq.version_events:
+        meta["weight_versions"] = weight_version_spans(seq, weight_version)
+    if seq.return_logprob:
+        out_texts = [decode_token(t) for t in seq.output_ids] if decode_token else None
+        in_ids = seq.prompt_ids[max(seq.logprob_start_len, 0) :] if seq.logprob_start_len >= 0 else []
+        in_values = seq.group.input_logprobs if seq.logprob_start_len >= 0 else []
+        in_texts = [decode_token(t) for t in in_ids] if decode_token else None
+        meta["input_token_logprobs"] = _logprob_entries(in_values, in_ids, in_texts)
+        meta["output_token_logprobs"] = _logprob_entries(seq.output_logprobs, seq.output_ids, out_texts)
+        meta["output_token_logprobs_length"] = len(seq.output_ids)
+    return {"text": text, "output_ids": list(seq.output_ids), "meta_info": meta}

@@ -1,0 +1,251 @@
+"""Sampling parameters of one request and the batched sampler that turns logits into tokens.
+
+:class:`SamplingParams` mirrors SGLang's ``sampling_params`` (``sglang/srt/sampling/sampling_params.py``):
+the same names, defaults and checks for the parameters this server implements (max_new_tokens,
+stop, stop_token_ids, temperature, top_p, top_k, min_p, ignore_eos, n, sampling_seed,
+skip_special_tokens, no_stop_trim...). A parameter SGLang knows but this server cannot honour
+(penalties, grammars, logit_bias...) is refused when set to a non-default value, never ignored.
+
+:func:`sample` handles a whole batch at once: greedy rows take the argmax; the other rows are
+scaled by their temperature, filtered by top-k, top-p and min-p exactly like SGLang's torch
+sampler (top-p on the cumulative mass of the unfiltered sorted probabilities), and drawn by
+inverse-CDF with one uniform number per row, from the row's own ``torch.Generator`` when the
+request carries a seed. The returned logprob of a sampled token is SGLang's: ``log_softmax`` of
+the logits divided by the temperature (the raw logits for greedy rows), before any filtering.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from areal_tasks.errors import InferenceRequestError
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_EPS = 1e-6
+
+#: SGLang parameters this server accepts and honours, with SGLang's defaults.
+_SUPPORTED_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 128,
+    "stop": None,
+    "stop_token_ids": None,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "n": 1,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "sampling_seed": None,
+    "stream_interval": None,
+}
+#: SGLang's "whole vocabulary" top_k (its schema default) besides -1.
+TOP_K_ALL = 1 << 30
+#: SGLang parameters this server does not implement: accepted only at their default value.
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "beam_width": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "stop_regex": None,
+    "logit_bias": {},
+    "custom_params": None,
+    "watermark": None,
+    "choice": [],
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling parameters of one request (SGLang's names and defaults)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    #: -1 = the whole vocabulary.
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    ignore_eos: bool = False
+    n: int = 1
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """SGLang treats temperature 0 (and top_k 1) as greedy decoding."""
+        return self.temperature < _SAMPLING_EPS or self.top_k == 1
+
+    @property
+    def needs_filter(self) -> bool:
+        """Whether top-k, top-p or min-p remove part of the vocabulary."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
+        """Parse and validate SGLang ``sampling_params``; raises :class:`InferenceRequestError`."""
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - set(_SUPPORTED_DEFAULTS) - set(_UNSUPPORTED_DEFAULTS))
+        if unknown:
+            raise InferenceRequestError(f"sampling_params: unknown fields {unknown}")
+        refused = sorted(
+            k for k, default in _UNSUPPORTED_DEFAULTS.items() if raw.get(k) is not None and raw.get(k) != default
+        )
+        if refused:
+            raise InferenceRequestError(f"sampling_params: {refused} are not supported by the embedded server")
+        values = {k: (raw[k] if raw.get(k) is not None else d) for k, d in _SUPPORTED_DEFAULTS.items()}
+        stop = values["stop"] or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        params = cls(
+            max_new_tokens=values["max_new_tokens"],
+            temperature=float(values["temperature"]),
+            top_p=float(values["top_p"]),
+            top_k=-1 if int(values["top_k"]) >= TOP_K_ALL else int(values["top_k"]),
+            min_p=float(values["min_p"]),
+            stop=stop,
+            stop_token_ids=frozenset(int(t) for t in (values["stop_token_ids"] or ()) if t is not None),
+            ignore_eos=bool(values["ignore_eos"]),
+            n=values["n"],
+            sampling_seed=values["sampling_seed"],
+            skip_special_tokens=bool(values["skip_special_tokens"]),
+            spaces_between_special_tokens=bool(values["spaces_between_special_tokens"]),
+            no_stop_trim=bool(values["no_stop_trim"]),
+        )
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        """SGLang's ``verify`` checks for the implemented parameters."""
+        problems = []
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
+            problems.append(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            problems.append(f"temperature must be a non-negative finite number, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1 and self.top_k != -1:
+            problems.append(f"top_k must be -1 (disable) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], got {self.min_p}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            problems.append(f"n must be an integer >= 1, got {self.n!r}")
+        seed = self.sampling_seed
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63):
+            problems.append(f"sampling_seed must be a 64-bit integer, got {seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            problems.append(f"stop must be a string or a list of non-empty strings, got {list(self.stop)!r}")
+        if problems:
+            raise InferenceRequestError("sampling_params: " + "; ".join(problems))
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A generator for a seeded request (None: the request draws from the shared stream)."""
+    if seed is None:
+        return None
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed % (2**64))
+    return gen
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of one batch, as tensors on the logits' device."""
+
+    temperatures: torch.Tensor
+    top_ps: torch.Tensor
+    top_ks: torch.Tensor
+    min_ps: torch.Tensor
+    greedy: torch.Tensor
+    generators: list[torch.Generator | None]
+    all_greedy: bool
+    any_filter: bool
+
+    @classmethod
+    def build(
+        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device
+    ) -> SamplingBatch:
+        vocab_all = TOP_K_ALL
+        return cls(
+            temperatures=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
+            top_ps=torch.tensor([p.top_p for p in params], device=device),
+            top_ks=torch.tensor([p.top_k if p.top_k > 0 else vocab_all for p in params], device=device),
+            min_ps=torch.tensor([p.min_p for p in params], device=device),
+            greedy=torch.tensor([p.greedy for p in params], device=device),
+            generators=generators,
+            all_greedy=all(p.greedy for p in params),
+            any_filter=any(p.needs_filter and not p.greedy for p in params),
+        )
+
+
+def _uniforms(batch: SamplingBatch, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One U[0, 1) number per sampled row: from the row's generator if seeded, else the shared stream."""
+    u = torch.rand(len(rows), device=device)
+    for out_idx, row in enumerate(rows.tolist()):
+        gen = batch.generators[row]
+        if gen is not None:
+            u[out_idx] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
+    return u
+
+
+def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted probabilities with top-k/top-p/min-p applied (SGLang's order) and their token ids."""
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
+    probs_sort[ranks >= batch.top_ks[rows].view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > batch.top_ps[rows].view(-1, 1)] = 0.0
+    min_p_thresholds = probs_sort[:, :1] * batch.min_ps[rows].view(-1, 1)
+    probs_sort[probs_sort < min_p_thresholds] = 0.0
+    return probs_sort, probs_idx
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32)."""
+    logits = logits.float()
+    if batch.all_greedy:
+        tokens = torch.argmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.view(-1, 1)).view(-1)
+        return tokens, logprobs
+    scaled = logits / batch.temperatures.view(-1, 1)
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    tokens = torch.argmax(logits, dim=-1)
+    rows = torch.nonzero(~batch.greedy).view(-1)
+    probs = logprobs_all[rows].exp()
+    if batch.any_filter:
+        weights, ids = _filtered_probs(probs, batch, rows)
+    else:
+        weights, ids = probs, None
+    cdf = torch.cumsum(weights, dim=-1)
+    targets = _uniforms(batch, rows, logits.device) * cdf[:, -1]
+    picks = torch.searchsorted(cdf, targets.view(-1, 1), right=True).clamp_(max=weights.shape[-1] - 1)
+    # a pick can land on a zero-weight entry only through float rounding at the very end: step back
+    picks = _last_positive(weights, picks)
+    chosen = picks.view(-1) if ids is None else ids.gather(1, picks).view(-1)
+    tokens[rows] = chosen
+    logprobs = logprobs_all.gather(1, tokens.view(-1, 1)).view(-1)
+    return tokens, logprobs
+
+
+def _last_positive(weights: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+    """Move each pick that sits on a zero weight back to the last positive weight before it."""
+    picked = weights.gather(1, picks)
+    if bool((picked > 0).all()):
+        return picks
+    positions = torch.arange(weights.shape[-1], device=weights.device).view(1, -1)
+    candidates = torch.where((weights > 0) & (positions <= picks), positions, torch.full_like(positions, -1))
+    return candidates.max(dim=-1, keepdim=True).values.clamp_(min=0)

@@ -1,0 +1,172 @@
+"""Weight updates of the embedded server: from a safetensors directory, or received over a process group.
+
+Both paths stage the complete new weights first and validate every name, shape and dtype against
+the served model; only then does the engine copy them into the model, between two decode steps
+(see ``app.py``), so a sequence never runs a step on half-updated weights and a failed update
+changes nothing.
+
+Disk (SGLang ``/update_weights_from_disk``): ``model.safetensors`` or the shards listed by
+``model.safetensors.index.json`` (any ``*.safetensors`` when there is no index). Every parameter
+of the model must be present (tied aliases count once).
+
+Collective (SGLang ``/init_weights_update_group`` + ``/update_weights_from_distributed``): the
+group is built exactly like SGLang's ``init_custom_process_group``: TCP rendezvous at
+``tcp://master_address:master_port`` (trainer rank 0 hosts the store), a ``PrefixStore`` named
+after the group, then ``torch.distributed``'s own process-group constructor, so the trainer side
+can be any SGLang-compatible sender. This server's rank is ``rank_offset`` (it has no tensor
+parallelism). One update is, in the order of ``names``, one broadcast from rank 0 per tensor, or
+with ``load_format="flattened_bucket"`` a single ``uint8`` broadcast holding all tensors back to
+back (each at an offset aligned to its element size), as SGLang's ``FlattenedTensorBucket``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_tasks.errors import InferenceError
+
+logger = logging.getLogger(__name__)
+
+_INDEX = "model.safetensors.index.json"
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / _INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise InferenceError(f"{model_dir}: no *.safetensors files")
+    return files
+
+
+def check_tensors(
+    named: dict[str, torch.Tensor], specs: dict[str, tuple[tuple[int, ...], torch.dtype]], required: set[str] | None
+) -> None:
+    """Raise :class:`InferenceError` unless every tensor matches a served weight by name and shape
+    (and, with ``required``, every required name is present)."""
+    unknown = sorted(set(named) - set(specs))
+    if unknown:
+        raise InferenceError(f"weights {unknown[:5]} (of {len(unknown)}) are not in the served model")
+    wrong = [f"{n}: {tuple(t.shape)} != {specs[n][0]}" for n, t in named.items() if tuple(t.shape) != specs[n][0]]
+    if wrong:
+        raise InferenceError(f"shape mismatch: {wrong[:5]}")
+    if required is not None:
+        missing = sorted(required - set(named))
+        if missing:
+            raise InferenceError(f"the checkpoint lacks {len(missing)} weights, e.g. {missing[:5]}")
+
+
+def load_safetensors_dir(
+    path: str, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], required: set[str], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Read and validate a HF safetensors directory into tensors on ``device`` in the served dtypes."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(path).expanduser()
+    if not model_dir.is_dir():
+        raise InferenceError(f"{path}: not a directory")
+    named: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(model_dir):
+        for name, tensor in load_file(str(file), device="cpu").items():
+            if name in specs:
+                named[name] = tensor
+            else:
+                logger.debug("ignoring %s from %s: not a weight of the served model", name, file.name)
+    check_tensors(named, specs, required)
+    return {n: t.to(device=device, dtype=specs[n][1]) for n, t in named.items()}
+
+
+@dataclass
+class WeightUpdateGroup:
+    """This server's membership of one SGLang-style weight-update group."""
+
+    name: str
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    process_group: Any
+
+    def destroy(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group(self.process_group)
+
+
+def init_weights_update_group(
+    master_address: str, master_port: int, rank: int, world_size: int, group_name: str, backend: str,
+    device: torch.device, timeout_s: float = 1800.0,
+) -> WeightUpdateGroup:
+    """Join the group as SGLang's ``init_custom_process_group`` does (blocks until every member joined)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
+
+    if not group_name:
+        raise InferenceError("group_name must not be empty")
+    if backend not in ("gloo", "nccl"):
+        raise InferenceError(f"backend must be gloo or nccl, got {backend!r}")
+    if backend == "nccl" and device.type != "cuda":
+        raise InferenceError("backend nccl needs the server to run on CUDA; use gloo on CPU")
+    if not 0 < rank < world_size:
+        raise InferenceError(f"rank {rank} must be in 1..{world_size - 1} (rank 0 is the trainer)")
+    timeout = timedelta(seconds=timeout_s)
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    store, rank, world_size = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = dist.PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], dist.Backend(backend), store, group_name=group_name, timeout=timeout
+    )
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    logger.info("joined weight-update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
+    return WeightUpdateGroup(group_name, rank, world_size, backend, device, pg)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise InferenceError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def receive_weights(
+    group: WeightUpdateGroup, names: list[str], dtypes: list[str], shapes: list[list[int]], load_format: str | None
+) -> dict[str, torch.Tensor]:
+    """Receive one update from rank 0 of ``group`` (per-tensor broadcasts or one flattened bucket)."""
+    import torch.distributed as dist
+
+    if not len(names) == len(dtypes) == len(shapes):
+        raise InferenceError(f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) differ")
+    types = [_dtype(d) for d in dtypes]
+    if load_format == "flattened_bucket":
+        offsets, total = [], 0
+        for name, dtype, shape in zip(names, types, shapes):
+            if total % dtype.itemsize:
+                raise InferenceError(f"unaligned tensor {name}: byte offset {total}, dtype {dtype}")
+            offsets.append(total)
+            total += torch.Size(shape).numel() * dtype.itemsize
+        flat = torch.empty(total, dtype=torch.uint8, device=group.device)
+        dist.broadcast(flat, src=0, group=group.process_group)
+        received = {}
+        for name, dtype, shape, start in zip(names, types, shapes, offsets):
+            size = torch.Size(shape).numel() * dtype.itemsize
+            received[name] = flat[start : start + size].view(dtype).reshape(shape)
+    elif load_format in (None, "auto"):
+        received = {n: torch.empty(s, dtype=d, device=group.device) for n, d, s in zip(names, types, shapes)}
+        handles = [dist.broadcast(t, src=0, group=group.process_group, async_op=True) for t in received.values()]
+        for handle in handles:
+            handle.wait()
+    else:
+        raise InferenceError(f"load_format {load_format!r} is not supported (use none or flattened_bucket)")
+    if group.device.type == "cuda":
+        torch.cuda.current_stream(group.device).synchronize()
+    return received
