@@ -131,6 +131,16 @@ class ProtocolAdapter(ABC):
     def update_weights_from_distributed(self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec]) -> HttpCall:
         """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it."""
 
+    def begin_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
+        """A call sent to every server before the load call(s) of one update (after joining the
+        group of a collective one), or None. Default None; vLLM opens its update session here."""
+        return None
+
+    def end_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
+        """A call sent to every server after the last load call of one update, or None. Default
+        None; vLLM applies the update and records ``meta.version`` here."""
+        return None
+
     # -- answers of control calls ------------------------------------------------------------
 
     def control_error(self, call: HttpCall, status: int, payload: Any) -> str | None:

@@ -6,8 +6,9 @@
 "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version",
 "weight_versions": [{"version", "start", "end"}], ...}}``. Control endpoints:
 ``/pause_generation`` (``mode``), ``/continue_generation``, ``/update_weights_from_disk``,
-``/init_weights_update_group``, ``/update_weights_from_distributed``, ``/get_model_info``,
-``/health``.
+``/init_weights_update_group``, then per update ``/begin_weight_update``, one
+``/update_weights_from_distributed`` per bucket and ``/end_weight_update`` (0.5.23 refuses a
+distributed update outside that session), ``/get_model_info``, ``/health``.
 
 Policy versions: the client sends ``weight_version=str(meta.version)`` with every weight update,
 so the server reports the version of the weights that produced each token (``weight_versions``
@@ -170,3 +171,11 @@ class SGLangAdapter(ProtocolAdapter):
             "weight_version": str(meta.version),
         }
         return HttpCall("POST", "/update_weights_from_distributed", json=body)
+
+    def begin_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
+        # 0.5.23 refuses /update_weights_from_distributed outside a begin/end session; a disk
+        # update needs none (and its end would post-process the loaded weights a second time)
+        return HttpCall("POST", "/begin_weight_update", json={}) if meta.type == "collective" else None
+
+    def end_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
+        return HttpCall("POST", "/end_weight_update", json={}) if meta.type == "collective" else None

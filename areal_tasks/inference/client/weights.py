@@ -3,7 +3,9 @@
 Disk: every server loads ``meta.path`` (``/update_weights_from_disk``). Collective: the servers
 join the group once per (group name, rendezvous, world size, server list), server ``i`` holding
 ranks ``1 + i * ranks_per_server ...``; then, bucket after bucket, every server receives the
-bucket's one broadcast (``/update_weights_from_distributed``) while the trainer sends it. See
+bucket's one broadcast (``/update_weights_from_distributed``) while the trainer sends it. An
+adapter may bracket the load calls of one update with a begin and an end call (SGLang:
+``/begin_weight_update`` ... ``/end_weight_update`` around a collective update). See
 docs/inference.md for the exact bytes the trainer broadcasts.
 """
 
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 from areal_tasks.api.inference import ParamSpec
 from areal_tasks.errors import InferenceControlError
 from areal_tasks.inference.client.control import fan_out
-from areal_tasks.inference.client.protocol import ProtocolAdapter
+from areal_tasks.inference.client.protocol import HttpCall, ProtocolAdapter
 from areal_tasks.inference.client.transport import HttpTransport
 
 if TYPE_CHECKING:
@@ -42,24 +44,36 @@ class WeightSync:
     ) -> None:
         """Apply ``meta`` on every server (raises InferenceControlError if any server fails)."""
         if meta.type == "disk":
+            await self._bracket(addresses, meta, self._adapter.begin_weight_update(meta), "begin_weight_update")
             await fan_out(
                 self._transport, self._adapter, addresses,
                 lambda i, a: self._adapter.update_weights_from_disk(meta),
                 self._update_timeout_s, f"update_weights_from_disk(version={meta.version}, path={meta.path})",
             )
+            await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
             return
         if buckets is None:
             raise InferenceControlError(
                 "a collective weight update needs the bucket plan (plan_weight_buckets) the trainer broadcasts"
             )
         await self._ensure_group(addresses, meta)
+        await self._bracket(addresses, meta, self._adapter.begin_weight_update(meta), "begin_weight_update")
         for k, bucket in enumerate(buckets):
             await fan_out(
                 self._transport, self._adapter, addresses,
                 lambda i, a, bucket=bucket: self._adapter.update_weights_from_distributed(meta, bucket),
                 meta.timeout_s, f"update_weights_from_distributed(version={meta.version}, bucket {k + 1}/{len(buckets)})",
             )
+        await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
         logger.info("collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses))
+
+    async def _bracket(self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall | None, what: str) -> None:
+        """Send the adapter's begin/end call of an update to every server (nothing when it has none)."""
+        if call is not None:
+            await fan_out(
+                self._transport, self._adapter, addresses, lambda i, a: call,
+                self._update_timeout_s, f"{what}(version={meta.version})",
+            )
 
     async def _ensure_group(self, addresses: Sequence[str], meta: WeightUpdateMeta) -> None:
         key = (meta.group_name, meta.master_addr, meta.master_port, meta.world_size, tuple(addresses))

@@ -55,6 +55,8 @@ class ServerArgs:
     seed: int
     trust_remote_code: bool
     layout: ServerLayout
+    #: policy version of the weights at ``model_path`` (reported by the server until the first update).
+    weight_version: int = 0
     extra_args: tuple[str, ...] = ()
 
 
@@ -82,8 +84,11 @@ def server_layout(cfg: JobConfig) -> ServerLayout:
     return ServerLayout(n_servers=dims.d, tp=dims.t, pp=dims.p, ep=dims.e)
 
 
-def server_args(cfg: JobConfig, model_path: str, layout: ServerLayout | None = None) -> ServerArgs:
-    """The backend-neutral server arguments of ``cfg`` for the model directory ``model_path``."""
+def server_args(
+    cfg: JobConfig, model_path: str, layout: ServerLayout | None = None, weight_version: int = 0
+) -> ServerArgs:
+    """The backend-neutral server arguments of ``cfg`` for the model directory ``model_path``
+    holding the weights of policy version ``weight_version``."""
     server = cfg.rollout.server
     dtype = server.dtype if server.dtype != "auto" else cfg.model.dtype
     return ServerArgs(
@@ -97,6 +102,7 @@ def server_args(cfg: JobConfig, model_path: str, layout: ServerLayout | None = N
         seed=cfg.experiment.seed,
         trust_remote_code=cfg.model.trust_remote_code,
         layout=layout or server_layout(cfg),
+        weight_version=weight_version,
         extra_args=tuple(server.extra_args),
     )
 
@@ -126,6 +132,7 @@ def sglang_command(a: ServerArgs) -> ServerCommand:
         "--context-length": a.context_length,
         "--random-seed": a.seed,
         "--trust-remote-code": a.trust_remote_code,
+        "--weight-version": a.weight_version,
     }
     return ServerCommand("sglang", [a.python, "-m", "sglang.launch_server", *_common(flags), *a.extra_args])
 
@@ -166,6 +173,7 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
         "--dtype": a.dtype,
         "--context-length": a.context_length,
         "--seed": a.seed,
+        "--weight-version": a.weight_version,
     }
     return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
 
@@ -177,9 +185,12 @@ _BUILDERS: dict[str, Callable[[ServerArgs], ServerCommand]] = {
 }
 
 
-def build_server_command(cfg: JobConfig, model_path: str, layout: ServerLayout | None = None) -> ServerCommand:
-    """The command of one ``cfg.rollout.backend`` server serving ``model_path``."""
-    args = server_args(cfg, model_path, layout)
+def build_server_command(
+    cfg: JobConfig, model_path: str, layout: ServerLayout | None = None, weight_version: int = 0
+) -> ServerCommand:
+    """The command of one ``cfg.rollout.backend`` server serving ``model_path`` (weights of
+    ``weight_version``: the server reports it, so tokens are tagged right until the first update)."""
+    args = server_args(cfg, model_path, layout, weight_version)
     builder = _BUILDERS.get(args.backend)
     if builder is None:
         raise ConfigError(f"rollout.backend={args.backend!r} has no server launcher; known: {sorted(_BUILDERS)}")

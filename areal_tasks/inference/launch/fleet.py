@@ -74,13 +74,19 @@ class ServerFleet:
         self._unhealthy = [0] * n_servers
 
     @classmethod
-    def from_config(cls, scheduler: Scheduler, cfg: JobConfig, model_path: str, *, name: str = "inference") -> ServerFleet:
-        """The fleet of ``cfg``: backend, command line, server count and devices from the config."""
+    def from_config(
+        cls, scheduler: Scheduler, cfg: JobConfig, model_path: str, *, weight_version: int = 0, name: str = "inference"
+    ) -> ServerFleet:
+        """The fleet of ``cfg``: backend, command line, server count and devices from the config.
+
+        ``model_path`` holds the weights of policy version ``weight_version``. A restarted server
+        comes back with these weights: re-apply the latest weight update to it.
+        """
         layout = server_layout(cfg)
         on_gpus = cfg.cluster.gpus_per_node > 0
         return cls(
             scheduler,
-            build_server_command(cfg, model_path, layout),
+            build_server_command(cfg, model_path, layout, weight_version),
             layout.n_servers,
             name=name,
             devices_per_server=layout.devices_per_server if on_gpus else 0,

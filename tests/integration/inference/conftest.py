@@ -104,6 +104,8 @@ def _load_backend_modules() -> None:
 
 
 sys.modules.setdefault("inference_suite", sys.modules[__name__])
+if str(Path(__file__).parent) not in sys.path:  # helper modules beside this file (collective_sender)
+    sys.path.insert(0, str(Path(__file__).parent))
 _load_backend_modules()
 
 

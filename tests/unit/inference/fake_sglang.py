@@ -56,6 +56,7 @@ class FakeSGLangServer:
 
     def __post_init__(self) -> None:
         self.paused = False
+        self.session = False
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._abort = asyncio.Event()
@@ -79,6 +80,8 @@ class FakeSGLangServer:
             "/update_weights_from_disk": self._update_disk,
             "/init_weights_update_group": self._init_group,
             "/update_weights_from_distributed": self._update_dist,
+            "/begin_weight_update": self._begin,
+            "/end_weight_update": self._end,
         }.get(request.url.path)
         if route is None:
             return httpx.Response(404, json={"detail": "Not Found"})
@@ -178,7 +181,18 @@ class FakeSGLangServer:
     async def _init_group(self, body: dict[str, Any]) -> httpx.Response:
         return self._result(set(body) == GROUP_KEYS)
 
+    async def _begin(self, body: dict[str, Any]) -> httpx.Response:
+        ok = not self.session and set(body) <= {"selector"}
+        self.session = True
+        return self._result(ok)
+
+    async def _end(self, body: dict[str, Any]) -> httpx.Response:
+        ok, self.session = self.session, False
+        return self._result(ok)
+
     async def _update_dist(self, body: dict[str, Any]) -> httpx.Response:
+        if not self.session:  # as sglang 0.5.23
+            return self._result(False)
         ok = set(body) <= DIST_KEYS and len(body["names"]) == len(body["dtypes"]) == len(body["shapes"])
         if ok and not self.fail_updates and body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]

@@ -26,6 +26,7 @@ def test_disk_update_reaches_every_server_then_bumps_the_version() -> None:
             assert engine.get_version() == 5
             assert await engine.server_versions() == {a: 5 for a in cluster.addresses}
         for server in cluster.servers:
+            assert [p for p, _ in server.calls if "weight" in p] == ["/update_weights_from_disk"]
             assert calls(server, "/update_weights_from_disk") == [
                 {"model_path": "/ckpt/v5", "abort_all_requests": False, "weight_version": "5", "flush_cache": True}
             ]
@@ -63,6 +64,9 @@ def test_collective_update_joins_once_then_receives_each_bucket() -> None:
             received = calls(server, "/update_weights_from_distributed")
             assert [b["names"] for b in received] == [[p.name for p in b] for b in buckets] * 2
             assert [b["weight_version"] for b in received] == ["1", "1", "2", "2"]
+            paths = [p for p, _ in server.calls if p != "/init_weights_update_group"]
+            one_update = ["/begin_weight_update"] + ["/update_weights_from_distributed"] * 2 + ["/end_weight_update"]
+            assert paths == one_update * 2 and not server.session
 
     asyncio.run(scenario())
 

@@ -33,7 +33,7 @@ def test_sglang_command() -> None:
         "/envs/serve/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
         "--host", "{host}", "--port", "{port}", "--tp-size", "4", "--pp-size", "2",
         "--mem-fraction-static", "0.7", "--dtype", "bfloat16", "--context-length", "4096",
-        "--random-seed", "7", "--trust-remote-code", "--log-level", "warning",
+        "--random-seed", "7", "--trust-remote-code", "--weight-version", "0", "--log-level", "warning",
     ]
     assert cmd.health_path == "/health"
     assert server_layout(cfg).n_servers == 2 and server_layout(cfg).devices_per_server == 8
@@ -55,10 +55,10 @@ def test_vllm_command_uses_its_own_python() -> None:
 def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
     cfg = JobConfig()
     cfg.model.dtype = "float32"
-    cmd = build_server_command(cfg, "/models/tiny")
+    cmd = build_server_command(cfg, "/models/tiny", weight_version=3)
     assert cmd.argv == [
         sys.executable, "-m", "areal_tasks.cli", "serve", "--model", "/models/tiny",
-        "--host", "{host}", "--port", "{port}", "--dtype", "float32", "--seed", "1",
+        "--host", "{host}", "--port", "{port}", "--dtype", "float32", "--seed", "1", "--weight-version", "3",
     ]
 
 

@@ -1,0 +1,195 @@
+"""The shared protocol suite: every registered backend (embedded, vllm, sglang where installed) must
+pass it through the same client core. It checks generation, stop reasons, logprobs, balancing over
+the servers, health and versions, weight updates from disk and over a collective group, and a
+weight update in the middle of generation that loses no request while versions switch inside one
+response."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from inference_suite import ServerControl, run
+
+from areal_tasks.api.inference import ModelRequest, SamplingParams
+from areal_tasks.api.weight_update import WeightUpdateMeta
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [11, 42, 7, 99, 5]
+
+
+def greedy(n: int = 8, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True, **kw)
+
+
+def check_response(resp, req: ModelRequest, versions: set[int]) -> None:
+    assert resp.rid == req.rid and resp.input_ids == req.input_ids
+    assert len(resp.output_ids) == len(resp.output_logprobs) == len(resp.output_versions)
+    assert all(math.isfinite(lp) and lp <= 1e-4 for lp in resp.output_logprobs)
+    assert set(resp.output_versions) <= versions
+    assert resp.output_versions == sorted(resp.output_versions)
+    assert 0 <= resp.ttft_s <= resp.latency_s
+
+
+def test_generate_length_and_logprobs(backend) -> None:
+    client, control = backend
+
+    async def scenario():
+        async with client:
+            return await client.agenerate(ModelRequest(PROMPT, SamplingParams(max_new_tokens=12, ignore_eos=True)))
+
+    req_resp = run(scenario())
+    assert req_resp.stop_reason == "length" and req_resp.output_len == 12
+    check_response(req_resp, ModelRequest(PROMPT, rid=req_resp.rid), {control.version})
+    assert req_resp.server in client.addresses
+
+
+def test_greedy_is_deterministic_and_stop_tokens_stop(backend) -> None:
+    client, _ = backend
+
+    async def scenario():
+        async with client:
+            first = await client.agenerate(ModelRequest(PROMPT, greedy()))
+            second = await client.agenerate(ModelRequest(PROMPT, greedy()))
+            stop_at = first.output_ids[2]
+            stopped = await client.agenerate(ModelRequest(PROMPT, greedy(stop_token_ids=(stop_at,))))
+            return first, second, stopped, stop_at
+
+    first, second, stopped, stop_at = run(scenario())
+    assert first.output_ids == second.output_ids
+    assert first.output_logprobs == pytest.approx(second.output_logprobs, abs=1e-4)
+    assert stopped.stop_reason == "stop" and stopped.output_ids[-1] == stop_at
+    assert stopped.output_ids == first.output_ids[: len(stopped.output_ids)]
+
+
+def test_batch_is_spread_over_every_server(backend) -> None:
+    client, control = backend
+    reqs = [ModelRequest([3 + i, 8, 13], SamplingParams(max_new_tokens=6, ignore_eos=True)) for i in range(8)]
+    responses = client.generate_batch(reqs)
+    for req, resp in zip(reqs, responses):
+        check_response(resp, req, {control.version})
+        assert resp.output_len == 6
+    assert {r.server for r in responses} == set(client.addresses)
+
+
+def test_health_and_reported_versions(backend) -> None:
+    client, control = backend
+
+    async def scenario():
+        async with client:
+            return await client.check_health(), await client.server_versions()
+
+    health, versions = run(scenario())
+    assert health == {a: True for a in client.addresses}
+    if "server_versions" in control.features:
+        assert versions == {a: control.version for a in client.addresses}
+
+
+def greedy_logprobs(client) -> list[float]:
+    async def scenario():
+        async with client:
+            return await client.agenerate_batch([ModelRequest(PROMPT, greedy(6)) for _ in client.addresses])
+
+    responses = run(scenario())
+    for resp in responses[1:]:  # every server holds the same weights
+        assert resp.output_logprobs == pytest.approx(responses[0].output_logprobs, abs=1e-4)
+    return responses[0].output_logprobs
+
+
+def disk_update(client, control: ServerControl, scale: float) -> int:
+    version = control.version + 1
+    path = control.write_weights(version, scale)
+
+    async def scenario():
+        async with client:
+            await client.pause()
+            await client.update_weights(WeightUpdateMeta.disk(str(path), version))
+            await client.resume()
+
+    run(scenario())
+    control.version = version
+    return version
+
+
+def test_disk_update_loads_the_new_weights(backend) -> None:
+    client, control = backend
+    original = greedy_logprobs(client)
+    version = disk_update(client, control, scale=0.5)
+    assert client.get_version() == version
+    changed = greedy_logprobs(client)
+    assert changed != pytest.approx(original, abs=1e-3)
+    disk_update(client, control, scale=1.0)
+    assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
+
+
+async def pause_with_partial_output(client, tasks, max_new_tokens: int) -> list:
+    """Pause at a moment when some request has partial output (retrying with longer waits)."""
+    for attempt in range(40):
+        await asyncio.sleep(0.02 * (attempt + 1))
+        if all(t.done() for t in tasks):
+            raise AssertionError("every request finished before a pause caught one; raise max_new_tokens")
+        await client.pause()
+        for _ in range(500):
+            partial = [r for r in client.inflight() if r.held and 0 < r.n_output_tokens < max_new_tokens]
+            if partial:
+                return partial
+            await asyncio.sleep(0.01)
+        await client.resume()
+    raise AssertionError("no pause caught a request with partial output")
+
+
+def test_weight_update_mid_generation_loses_no_request(backend) -> None:
+    client, control = backend
+    old, new = control.version, control.version + 1
+    path = control.write_weights(new, scale=1.0)
+    n_tokens = 64
+    reqs = [ModelRequest([5 + i, 17, 29], SamplingParams(max_new_tokens=n_tokens, ignore_eos=True)) for i in range(6)]
+
+    async def scenario():
+        async with client:
+            tasks = [asyncio.create_task(client.agenerate(r)) for r in reqs]
+            partial = await pause_with_partial_output(client, tasks, n_tokens)
+            await client.update_weights(WeightUpdateMeta.disk(str(path), new))
+            await client.resume()
+            return partial, await asyncio.gather(*tasks)
+
+    partial, responses = run(scenario())
+    control.version = new
+    assert len(responses) == len(reqs)
+    for req, resp in zip(reqs, responses):
+        check_response(resp, req, {old, new})
+        assert resp.output_len == n_tokens and resp.stop_reason == "length"
+    by_rid = {r.rid: r for r in responses}
+    for held in partial:  # a request caught mid-generation switches version inside its response
+        resp = by_rid[held.rid]
+        assert resp.n_resubmits >= 1
+        assert resp.output_versions[: held.n_output_tokens] == [old] * held.n_output_tokens
+        assert resp.output_versions[-1] == new
+
+
+def test_collective_update_matches_the_disk_update(backend) -> None:
+    client, control = backend
+    if "collective" not in control.features:
+        pytest.skip(f"{control.backend} does not receive collective weight updates")
+    from collective_sender import CollectiveTrainer
+
+    disk_update(client, control, scale=0.5)
+    expected = greedy_logprobs(client)
+    disk_update(client, control, scale=1.0)
+    version = control.version + 1
+    trainer = CollectiveTrainer.from_model_dir(control.model_path, scale=0.5, n_servers=len(client.addresses))
+
+    async def scenario():
+        async with client:
+            meta = trainer.meta(version)
+            with trainer.sending(meta):
+                await client.pause()
+                await client.update_weights(meta, trainer.buckets)
+                await client.resume()
+
+    run(scenario())
+    control.version = version
+    assert client.get_version() == version
+    assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
