@@ -170,3 +170,17 @@ def test_endless_aborts_stop_at_max_resubmits() -> None:
         assert len(cluster.servers[0].generate_calls()) == 4
 
     asyncio.run(scenario())
+
+
+def test_the_version_the_server_reports_wins() -> None:
+    """A request the server held through an update (sent just before the pause reached it) ran on
+    the new weights although the client tagged it with the old version: the server knows better."""
+
+    async def scenario() -> None:
+        cluster = FakeCluster(1)
+        cluster.servers[0].weight_version = "6"
+        async with make_engine(cluster, version=5) as engine:
+            resp = await engine.agenerate(ModelRequest([1], SamplingParams(max_new_tokens=3)))
+        assert resp.output_versions == [6, 6, 6]
+
+    asyncio.run(scenario())
