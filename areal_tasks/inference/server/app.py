@@ -121,41 +121,45 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
         await server.resume()
         return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
+    weights = server.weights
+
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(req: UpdateWeightFromDiskReqInput) -> JSONResponse:
-        success, message = await server.update_weights_from_disk(
-            req.model_path, req.weight_version, req.abort_all_requests, req.load_format
+        success, message = await weights.update_from_disk(
+            req.model_path, req.weight_version, req.abort_all_requests, req.load_format, req.flush_cache
         )
+        if success:
+            server.model_path = req.model_path
         return _result(success, message, num_paused_requests=0)
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(req: InitWeightsUpdateGroupReqInput) -> JSONResponse:
-        return _result(*await server.init_weights_update_group(
+        return _result(*await weights.init_group(
             req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend
         ))
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(req: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
-        return _result(*await server.destroy_weights_update_group(req.group_name))
+        return _result(*await weights.destroy_group(req.group_name))
 
     @app.post("/begin_weight_update")
     async def begin_weight_update(req: BeginWeightUpdateReqInput) -> JSONResponse:
-        return _result(*server.begin_weight_update())
+        return _result(*weights.begin())
 
     @app.post("/end_weight_update")
     async def end_weight_update(req: EndWeightUpdateReqInput) -> JSONResponse:
-        return _result(*await server.end_weight_update())
+        return _result(*await weights.end())
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: UpdateWeightsFromDistributedReqInput) -> JSONResponse:
-        return _result(*await server.update_weights_from_distributed(
+        return _result(*await weights.update_from_distributed(
             req.names, req.dtypes, req.shapes, req.group_name, req.weight_version,
-            req.abort_all_requests, req.load_format,
+            req.abort_all_requests, req.load_format, req.flush_cache,
         ))
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionReqInput) -> JSONResponse:
-        await server.update_weight_version(req.new_version, req.abort_all_requests)
+        await weights.set_version(req.new_version, req.abort_all_requests)
         return JSONResponse({"success": True, "message": f"Weight version updated to {req.new_version}",
                              "new_version": req.new_version})
 

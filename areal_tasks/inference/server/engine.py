@@ -26,37 +26,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
 
 from areal_tasks.errors import InferenceError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner
-from areal_tasks.inference.server.request import FinishChecker, Sequence, finish_abort, finish_length
+from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort, finish_length
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
+from areal_tasks.inference.server.stats import EngineCounters, EngineStats
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PauseMode = Literal["abort", "retract", "in_place"]
-_THROUGHPUT_WINDOW_S = 10.0
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of the engine for ``/metrics`` and ``/server_info``."""
-
-    num_running: int
-    num_waiting: int
-    paused: str | None
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    requests_finished_total: int
-    gen_throughput: float
-    cache_used_tokens: int
-    cache_capacity_tokens: int
-    weight_version: str
 
 
 class Engine:
@@ -72,12 +55,12 @@ class Engine:
         self._controls: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._running: list[Sequence] = []
         self._paused: PauseMode | None = None
+        #: while gated (a weight update drains the engine), new sequences wait here, not in the queue.
+        self._gated = False
+        self._held: list[Sequence] = []
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._prompt_tokens = 0
-        self._gen_tokens = 0
-        self._finished = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self.counters = EngineCounters()
 
     # ---------------- thread-safe API ----------------
     def start(self) -> None:
@@ -103,23 +86,14 @@ class Engine:
 
     def submit(self, seqs: list[Sequence]) -> None:
         """Queue sequences for generation; each one's ``on_finish`` runs in the engine thread."""
-        context = self.runner.max_len
         for seq in seqs:
-            if not seq.prompt_ids:
-                raise InferenceRequestError(f"request {seq.rid}: the prompt is empty")
-            if len(seq.prompt_ids) >= context:
-                raise InferenceRequestError(
-                    f"request {seq.rid}: the prompt has {len(seq.prompt_ids)} tokens, the context length is {context}"
-                )
-            bad = [t for t in seq.prompt_ids if not 0 <= t < self.runner.vocab_size]
-            if bad:
-                raise InferenceRequestError(f"request {seq.rid}: token ids {bad[:5]} are outside the vocabulary")
+            check_prompt(seq, self.runner.max_len, self.runner.vocab_size)
             if seq.params.sampling_seed is not None and seq.generator is None:
                 seq.generator = make_generator(seq.params.sampling_seed, self.runner.device)
         with self._cond:
             if self._stop:
                 raise InferenceError("engine is shut down")
-            self._waiting.extend(seqs)
+            (self._held if self._gated else self._waiting).extend(seqs)
             self._cond.notify_all()
 
     def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
@@ -133,25 +107,22 @@ class Engine:
         return future
 
     def stats(self) -> EngineStats:
+        """A snapshot for ``/metrics`` (reads may race one step; every value is consistent alone)."""
+        counters, cache = self.counters, self.runner.cache
         with self._cond:
-            now = time.perf_counter()
-            while self._recent and now - self._recent[0][0] > _THROUGHPUT_WINDOW_S:
-                self._recent.popleft()
-            recent = sum(n for _, n in self._recent)
-            span = max(now - self._recent[0][0], 1e-3) if self._recent else 1.0
-            cache = self.runner.cache
-            return EngineStats(
-                num_running=len(self._running),
-                num_waiting=len(self._waiting),
-                paused=self._paused,
-                prompt_tokens_total=self._prompt_tokens,
-                generation_tokens_total=self._gen_tokens,
-                requests_finished_total=self._finished,
-                gen_throughput=recent / span if self._recent else 0.0,
-                cache_used_tokens=cache.used_tokens,
-                cache_capacity_tokens=cache.capacity_tokens,
-                weight_version=self.weight_version,
-            )
+            running, waiting = len(self._running), len(self._waiting) + len(self._held)
+        return EngineStats(
+            num_running=running,
+            num_waiting=waiting,
+            paused=self._paused,
+            prompt_tokens_total=counters.prompt_tokens,
+            generation_tokens_total=counters.generation_tokens,
+            requests_finished_total=counters.requests_finished,
+            gen_throughput=counters.throughput(),
+            cache_used_tokens=cache.used_tokens,
+            cache_capacity_tokens=cache.capacity_tokens,
+            weight_version=self.weight_version,
+        )
 
     # ---------------- control operations (run inside the loop via call) ----------------
     def pause(self, mode: PauseMode) -> int:
@@ -219,6 +190,31 @@ class Engine:
         with self._cond:
             return not self._running and not self._waiting
 
+    @property
+    def paused(self) -> PauseMode | None:
+        return self._paused
+
+    def set_gate(self, gated: bool) -> None:
+        """Hold new sequences back (SGLang's weight-update writer lock) or let the held ones in."""
+        with self._cond:
+            self._gated = gated
+            if not gated:
+                self._waiting.extend(self._held)
+                self._held.clear()
+            self._cond.notify_all()
+
+    def in_flight(self) -> int:
+        """Running and queued sequences, not counting those held back by the gate."""
+        with self._cond:
+            return len(self._running) + len(self._waiting)
+
+    def holds_kv(self) -> bool:
+        """Whether scheduled sequences hold KV computed earlier (running, retracted, or queued while not
+        paused): SGLang refuses to flush its cache then, and so fails a weight update with flush_cache."""
+        with self._cond:
+            queued = any(s.retracted for s in self._waiting) or (self._paused is None and bool(self._waiting))
+            return bool(self._running) or queued
+
     # ---------------- the loop ----------------
     def _has_work(self) -> bool:
         if self._controls or self._stop:
@@ -252,6 +248,7 @@ class Engine:
                         failed, self._running = self._running, []
                         for seq in failed:
                             self._finish(seq, finish_abort(f"decode failed: {type(exc).__name__}: {exc}", status_code=500))
+        self.set_gate(False)
         self.abort_all("server shutting down")
         with self._cond:
             controls = list(self._controls)
@@ -295,7 +292,7 @@ class Engine:
             seq.slot = self.runner.cache.allocate()
             logits = self.runner.prefill(seq.slot, tokens)[-1]
             seq.retracted = False
-            self._prompt_tokens += len(tokens)
+            self.counters.add_prompt_tokens(len(tokens))
             self._sample_and_check([seq], logits.view(1, -1))
             return len(tokens)
         if group.prompt_logits is None:
@@ -310,7 +307,7 @@ class Engine:
             return 0
         self.runner.prefill(seq.slot, group.prompt_ids)
         group.source_slot = seq.slot
-        self._prompt_tokens += len(group.prompt_ids)
+        self.counters.add_prompt_tokens(len(group.prompt_ids))
         return len(group.prompt_ids)
 
     def _prefill_prompt(self, seq: Sequence) -> int:
@@ -323,7 +320,7 @@ class Engine:
             return 0
         seq.slot = self.runner.cache.allocate()
         logits = self.runner.prefill(seq.slot, group.prompt_ids, all_logits=want_input)
-        self._prompt_tokens += prompt_len
+        self.counters.add_prompt_tokens(prompt_len)
         if want_input:
             logprobs = torch.log_softmax(logits[:-1], dim=-1)
             targets = torch.tensor(group.prompt_ids[1:], device=logits.device).view(-1, 1)
@@ -352,10 +349,7 @@ class Engine:
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
         tokens, logprobs = sample(logits, batch)
-        now = time.perf_counter()
-        with self._cond:
-            self._gen_tokens += len(seqs)
-            self._recent.append((now, len(seqs)))
+        self.counters.add_generated(len(seqs))
         for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist()):
             seq.append(token, logprob)
             reason = self.finisher.check(seq)
@@ -383,8 +377,7 @@ class Engine:
 
     def _deliver(self, seq: Sequence) -> None:
         seq.finished_at = time.perf_counter()
-        with self._cond:
-            self._finished += 1
+        self.counters.add_finished()
         try:
             seq.on_finish(seq)
         except Exception:

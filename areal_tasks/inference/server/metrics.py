@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from areal_tasks.inference.server.engine import EngineStats
+from areal_tasks.inference.server.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

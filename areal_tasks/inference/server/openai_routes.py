@@ -90,16 +90,17 @@ class ChatCompletionRequest(_OpenAIBody):
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split Qwen/Hermes ``<tool_call>`` blocks off ``text``: (remaining content or None, tool calls)."""
-    calls = []
-    for raw in _TOOL_CALL.findall(text):
+    """Split Qwen/Hermes ``<tool_call>`` blocks off ``text``: (remaining content or None, tool calls).
+    A block that is not a JSON object with a ``name`` stays in the content."""
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
         try:
-            payload = json.loads(raw)
+            payload = json.loads(match.group(1))
         except json.JSONDecodeError:
-            logger.debug("not a tool call (invalid JSON): %r", raw)
-            continue
+            return match.group(0)
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            continue
+            return match.group(0)
         arguments = payload.get("arguments", {})
         calls.append({
             "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -109,10 +110,12 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
             },
         })
+        return ""
+
+    content = _TOOL_CALL.sub(take, text)
     if not calls:
         return text, []
-    content = _TOOL_CALL.sub("", text).strip()
-    return content or None, calls
+    return content.strip() or None, calls
 
 
 def _finish(seq: Sequence) -> tuple[str, Any]:

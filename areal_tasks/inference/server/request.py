@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,20 @@ class Sequence:
         self.output_logprobs.append(logprob)
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
+
+
+def check_prompt(seq: Sequence, context_length: int, vocab_size: int) -> None:
+    """Refuse an empty prompt, one that leaves no room in the context, or ids outside the vocabulary."""
+    prompt = seq.prompt_ids
+    if not prompt:
+        raise InferenceRequestError(f"request {seq.rid}: the prompt is empty")
+    if len(prompt) >= context_length:
+        raise InferenceRequestError(
+            f"request {seq.rid}: the prompt has {len(prompt)} tokens, the context length is {context_length}"
+        )
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise InferenceRequestError(f"request {seq.rid}: token ids {bad[:5]} are outside the vocabulary")
 
 
 class FinishChecker:

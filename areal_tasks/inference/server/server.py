@@ -85,8 +85,7 @@ def build_app(cfg: ServerConfig) -> Any:
             yield
         finally:
             engine.shutdown()
-            for group in list(server.groups.values()):
-                group.destroy()
+            server.weights.destroy_all_groups()
 
     app.router.lifespan_context = lifespan
     return app

@@ -5,11 +5,9 @@ turns each prompt into ``n`` sequences and awaits them; control and weight opera
 the engine loop between two decode steps (:meth:`Engine.call`), slow parts (reading safetensors,
 receiving broadcasts, the rendezvous) run in worker threads first.
 
-Weight versions: SGLang's ``weight_version`` string is this server's policy version. An update
-that names a ``weight_version`` sets it; a disk update without one bumps it (``int + 1`` while it
-is an integer, otherwise the count of updates so far); a collective session (begin ... end) without
-one bumps it once, at ``end_weight_update``. ``/get_model_info`` and every ``/generate`` answer
-report it; a sequence that spans an update carries SGLang's ``weight_versions`` spans.
+Weight updates live in :class:`~areal_tasks.inference.server.weight_service.WeightService`
+(``server.weights``). ``/get_model_info`` and every ``/generate`` answer report the weight version;
+a sequence that spans an update carries SGLang's ``weight_versions`` spans.
 """
 
 from __future__ import annotations
@@ -17,26 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.protocol import generate_response
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
-from areal_tasks.inference.server import weights as weight_io
+from areal_tasks.inference.server.weight_service import WeightService
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Session:
-    """An open ``begin_weight_update`` ... ``end_weight_update`` session."""
-
-    loaded: bool = False
-    versioned: bool = False
 
 
 class EmbeddedServer:
@@ -50,10 +39,7 @@ class EmbeddedServer:
         self.tokenizer = self.runner.tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name
-        self.groups: dict[str, weight_io.WeightUpdateGroup] = {}
-        self.session: _Session | None = None
-        self.updates = 0
-        self._weights_lock = asyncio.Lock()
+        self.weights = WeightService(engine)
 
     # ---------------- generation ----------------
     async def generate_sequences(self, items: list[dict[str, Any]]) -> list[Sequence]:
@@ -127,111 +113,6 @@ class EmbeddedServer:
             return True, "Cache flushed."
 
         return await asyncio.wrap_future(self.engine.call(flush))
-
-    # ---------------- weights ----------------
-    def _next_version(self) -> str:
-        current = self.engine.weight_version
-        return str(int(current) + 1) if current.lstrip("-").isdigit() else str(self.updates)
-
-    async def _apply(self, named: dict, version: str | None) -> None:
-        """Copy staged tensors into the model between two steps; set ``version`` if given."""
-
-        def apply() -> None:
-            self.runner.load_weights(named.items())
-            self.engine.weights_changed(version)
-
-        await asyncio.wrap_future(self.engine.call(apply))
-
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | None,
-                                       abort_all: bool, load_format: str | None) -> tuple[bool, str]:
-        if load_format not in (None, "auto", "safetensors"):
-            return False, f"load_format {load_format!r} is not supported (use auto or safetensors)"
-        async with self._weights_lock:
-            if abort_all:
-                await self.abort("", abort_all=True)
-            try:
-                named = await asyncio.to_thread(
-                    weight_io.load_safetensors_dir, model_path, self.runner.weight_specs(),
-                    self.runner.required_weight_names(), self.runner.device,
-                )
-            except (InferenceError, OSError, ValueError) as exc:
-                logger.error("update_weights_from_disk(%s) failed: %s", model_path, exc)
-                return False, f"Failed to update weights: {exc}"
-            self.updates += 1
-            version = weight_version if weight_version is not None else self._next_version()
-            await self._apply(named, version)
-            self.model_path = model_path
-        logger.info("loaded weights from %s as version %s", model_path, version)
-        return True, "Succeeded to update model weights."
-
-    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
-                                        world_size: int, group_name: str, backend: str) -> tuple[bool, str]:
-        if group_name in self.groups:
-            return False, f"Failed to initialize custom process group: group {group_name!r} exists."
-        try:
-            group = await asyncio.to_thread(
-                weight_io.init_weights_update_group, master_address, master_port, rank_offset,
-                world_size, group_name, backend, self.runner.device,
-            )
-        except (InferenceError, RuntimeError, ValueError) as exc:
-            logger.error("init_weights_update_group(%s) failed: %s", group_name, exc)
-            return False, f"Failed to initialize custom process group: {exc}."
-        self.groups[group_name] = group
-        return True, "Succeeded to initialize custom process group."
-
-    async def destroy_weights_update_group(self, group_name: str) -> tuple[bool, str]:
-        group = self.groups.pop(group_name, None)
-        if group is None:
-            return False, "The group to be destroyed does not exist."
-        await asyncio.to_thread(group.destroy)
-        return True, "Succeeded to destroy custom process group."
-
-    def begin_weight_update(self) -> tuple[bool, str]:
-        if self.session is not None:
-            return False, "a weight-update session is already open; call end_weight_update() first"
-        self.session = _Session()
-        return True, "Success"
-
-    async def end_weight_update(self) -> tuple[bool, str]:
-        if self.session is None:
-            return False, "no weight-update session is open; call begin_weight_update() first"
-        session, self.session = self.session, None
-        if session.loaded and not session.versioned:
-            async with self._weights_lock:
-                self.updates += 1
-                await self._apply({}, self._next_version())
-        return True, "Success"
-
-    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                              group_name: str, weight_version: str | None, abort_all: bool,
-                                              load_format: str | None) -> tuple[bool, str]:
-        if self.session is None:
-            return False, ("update_weights_from_distributed must run between "
-                           "begin_weight_update() and end_weight_update()")
-        group = self.groups.get(group_name)
-        if group is None:
-            return False, f"Failed to receive weights: group {group_name!r} is not initialized"
-        async with self._weights_lock:
-            if abort_all:
-                await self.abort("", abort_all=True)
-            try:
-                named = await asyncio.to_thread(weight_io.receive_weights, group, names, dtypes, shapes, load_format)
-                weight_io.check_tensors(named, self.runner.weight_specs(), None)
-            except (InferenceError, RuntimeError, ValueError) as exc:
-                logger.error("update_weights_from_distributed failed: %s", exc)
-                return False, f"Failed to receive weights: {exc}"
-            await self._apply(named, weight_version)
-            self.session.loaded = True
-            self.session.versioned |= weight_version is not None
-        message = "Succeeded to update parameter online."
-        if weight_version is not None:
-            message += f" Weight version updated to {weight_version}."
-        return True, message
-
-    async def update_weight_version(self, new_version: str, abort_all: bool) -> None:
-        if abort_all:
-            await self.abort("", abort_all=True)
-        await self._apply({}, new_version)
 
     # ---------------- info ----------------
     def model_info(self) -> dict[str, Any]:

@@ -1,0 +1,195 @@
+"""Weight updates as the HTTP routes see them: SGLang's semantics on top of ``weights.py`` and the engine.
+
+* **Writer lock.** An update on a server that is not paused first holds new requests back and
+  waits for the requests in flight to finish (SGLang's ``model_update_lock``); on a paused server
+  it runs at once. The staged tensors are copied into the model between two decode steps.
+* **Cache flush.** With ``flush_cache`` (the default) an update fails after loading the weights
+  when sequences still hold KV computed before it (running or retracted ones after an
+  ``in_place``/``retract`` pause), exactly as SGLang's ``flush_cache_after_weight_update`` does.
+  The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
+* **Sessions.** ``/update_weights_from_distributed`` runs only inside
+  ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
+* **Versions.** SGLang's ``weight_version`` string is the policy version. An update that names a
+  ``weight_version`` sets it; a disk update without one bumps it (``int + 1`` while it is an
+  integer, else the number of updates so far); a collective session without one bumps it once,
+  at ``/end_weight_update``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from areal_tasks.errors import InferenceError
+from areal_tasks.inference.server import weights as weight_io
+from areal_tasks.inference.server.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+_FLUSH_FAILED = ("Weights were updated, but the cache was not flushed because requests are still running or "
+                 "queued. Retract or finish them, then call /flush_cache.")
+_DRAIN_POLL_S = 0.005
+
+
+@dataclass
+class _Session:
+    """An open ``begin_weight_update`` ... ``end_weight_update`` session."""
+
+    loaded: bool = False
+    versioned: bool = False
+
+
+class WeightService:
+    """Disk and collective weight updates of one engine (see the module doc)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.runner = engine.runner
+        self.groups: dict[str, weight_io.WeightUpdateGroup] = {}
+        self.session: _Session | None = None
+        self.updates = 0
+        self._lock = asyncio.Lock()
+
+    def _next_version(self) -> str:
+        current = self.engine.weight_version
+        return str(int(current) + 1) if current.lstrip("-").isdigit() else str(self.updates)
+
+    async def _call(self, fn: Callable[[], object]) -> object:
+        return await asyncio.wrap_future(self.engine.call(fn))
+
+    async def abort_all(self, reason: str) -> None:
+        await self._call(lambda: self.engine.abort_all(reason))
+
+    async def _locked_update(
+        self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], version: str | None
+    ) -> bool:
+        """Stage, then apply between two steps, under SGLang's writer-lock rules. Returns whether
+        sequences still hold KV from before the update (a requested cache flush then fails)."""
+        drain = self.engine.paused is None
+        if drain:
+            self.engine.set_gate(True)
+        try:
+            if drain:
+                while self.engine.in_flight():
+                    await asyncio.sleep(_DRAIN_POLL_S)
+            named = await stage()
+
+            def apply() -> bool:
+                self.runner.load_weights(named.items())
+                self.engine.weights_changed(version)
+                return self.engine.holds_kv()
+
+            busy = bool(await self._call(apply))
+        finally:
+            if drain:
+                self.engine.set_gate(False)
+        self.updates += 1
+        return busy
+
+    async def update_from_disk(self, model_path: str, weight_version: str | None, abort_all: bool,
+                               load_format: str | None, flush_cache: bool) -> tuple[bool, str]:
+        if load_format not in (None, "auto", "safetensors"):
+            return False, f"load_format {load_format!r} is not supported (use auto or safetensors)"
+
+        async def stage() -> dict[str, torch.Tensor]:
+            return await asyncio.to_thread(
+                weight_io.load_safetensors_dir, model_path, self.runner.weight_specs(),
+                self.runner.required_weight_names(), self.runner.device,
+            )
+
+        async with self._lock:
+            if abort_all:
+                await self.abort_all("aborted by update_weights_from_disk")
+            version = weight_version if weight_version is not None else self._next_version()
+            try:
+                busy = await self._locked_update(stage, version)
+            except (InferenceError, OSError, ValueError) as exc:
+                logger.error("update_weights_from_disk(%s) failed: %s", model_path, exc)
+                return False, f"Failed to update weights: {exc}"
+        logger.info("loaded weights from %s as version %s", model_path, version)
+        if flush_cache and busy:
+            return False, _FLUSH_FAILED
+        return True, "Succeeded to update model weights."
+
+    async def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                         group_name: str, backend: str) -> tuple[bool, str]:
+        if group_name in self.groups:
+            return False, f"Failed to initialize custom process group: group {group_name!r} exists."
+        try:
+            group = await asyncio.to_thread(
+                weight_io.init_weights_update_group, master_address, master_port, rank_offset,
+                world_size, group_name, backend, self.runner.device,
+            )
+        except (InferenceError, RuntimeError, ValueError) as exc:
+            logger.error("init_weights_update_group(%s) failed: %s", group_name, exc)
+            return False, f"Failed to initialize custom process group: {exc}."
+        self.groups[group_name] = group
+        return True, "Succeeded to initialize custom process group."
+
+    async def destroy_group(self, group_name: str) -> tuple[bool, str]:
+        group = self.groups.pop(group_name, None)
+        if group is None:
+            return False, "The group to be destroyed does not exist."
+        await asyncio.to_thread(group.destroy)
+        return True, "Succeeded to destroy custom process group."
+
+    def destroy_all_groups(self) -> None:
+        for name in list(self.groups):
+            self.groups.pop(name).destroy()
+
+    def begin(self) -> tuple[bool, str]:
+        if self.session is not None:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.session = _Session()
+        return True, "Success"
+
+    async def end(self) -> tuple[bool, str]:
+        if self.session is None:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        session, self.session = self.session, None
+        if session.loaded and not session.versioned:
+            async with self._lock:
+                version = self._next_version()
+                await self._call(lambda: self.engine.weights_changed(version))
+        return True, "Success"
+
+    async def update_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                      group_name: str, weight_version: str | None, abort_all: bool,
+                                      load_format: str | None, flush_cache: bool) -> tuple[bool, str]:
+        session = self.session
+        if session is None:
+            return False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+        group = self.groups.get(group_name)
+        if group is None:
+            return False, f"Failed to receive weights: group {group_name!r} is not initialized"
+
+        async def stage() -> dict[str, torch.Tensor]:
+            named = await asyncio.to_thread(weight_io.receive_weights, group, names, dtypes, shapes, load_format)
+            weight_io.check_tensors(named, self.runner.weight_specs(), None)
+            return named
+
+        async with self._lock:
+            if abort_all:
+                await self.abort_all("aborted by update_weights_from_distributed")
+            try:
+                busy = await self._locked_update(stage, weight_version)
+            except (InferenceError, RuntimeError, ValueError) as exc:
+                logger.error("update_weights_from_distributed failed: %s", exc)
+                return False, f"Failed to receive weights: {exc}"
+            session.loaded = True
+            session.versioned |= weight_version is not None
+        if flush_cache and busy:
+            return False, _FLUSH_FAILED
+        message = "Succeeded to update parameter online."
+        if weight_version is not None:
+            message += f" Weight version updated to {weight_version}."
+        return True, message
+
+    async def set_version(self, new_version: str, abort_all: bool) -> None:
+        if abort_all:
+            await self.abort_all("aborted by update_weight_version")
+        await self._call(lambda: self.engine.weights_changed(new_version))

@@ -1,0 +1,50 @@
+"""Fixtures of the embedded-server HTTP tests: one ``areal serve`` process (tiny qwen2, admin API
+key set) for the whole session, an HTTP client for it, and a transformers reference model.
+
+``embedded_server.py`` beside this file starts and stops servers. Tests that change the served
+weights put the original ones back before they end.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+HERE = str(Path(__file__).parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from embedded_server import ADMIN_KEY, running_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("embedded-server") / "server.log"
+    with running_server(tiny_qwen2, log, "--admin-api-key", ADMIN_KEY, "--context-length", "2048",
+                        "--max-running-requests", "8", "--tool-call-parser", "qwen25") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def http(server_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server_url, timeout=120.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_qwen2: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
+
