@@ -92,12 +92,16 @@ class ModelRunner:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation="sdpa")
         self.model.to(self.device).eval()
         self.config = self.model.config
-        self._layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        self._window = getattr(self.config, "sliding_window", None)
+        self._use_mapping = bool(getattr(self.config, "layer_types", None))
+        if self._use_mapping:
+            self._layer_types = set(self.config.layer_types)
+        else:
+            # no per-layer types (e.g. Mistral): a sliding_window applies to every layer
+            self._layer_types = {"sliding_attention" if self._window else "full_attention"}
         unsupported = self._layer_types - set(_SUPPORTED_LAYER_TYPES)
         if unsupported:
             raise ModelError(f"{cfg.model_path}: layer types {sorted(unsupported)} are not supported")
-        self._window = getattr(self.config, "sliding_window", None)
-        self._use_mapping = hasattr(self.config, "layer_types")
         params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         max_pos = int(getattr(self.config, "max_position_embeddings", 0) or 0) or 4096
@@ -146,7 +150,7 @@ class ModelRunner:
             window = self._window if layer_type == "sliding_attention" else None
             needs_window = window is not None and kv_len > window
             masks[layer_type] = None if trivial and not needs_window else self._mask(q_pos, kv_len, window)
-        return masks if self._use_mapping else masks["full_attention"]
+        return masks if self._use_mapping else next(iter(masks.values()))
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
                  logits_to_keep: int) -> torch.Tensor:
@@ -192,13 +196,16 @@ class ModelRunner:
         return logits[:, -1]
 
     # ---- weights ----
+    def _weight_targets(self) -> dict[str, torch.Tensor]:
+        """Every name a checkpoint may use for a served tensor (tied aliases included) -> the tensor."""
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        persistent = self.model.state_dict().keys()
+        targets.update({n: b for n, b in self.model.named_buffers(remove_duplicate=False) if n in persistent})
+        return targets
+
     def weight_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Name -> (shape, dtype) of every tensor a weight update may replace (parameters and buffers)."""
-        specs = {name: (tuple(p.shape), p.dtype) for name, p in self.model.named_parameters()}
-        for name, buf in self.model.named_buffers():
-            if name in self.model.state_dict():
-                specs.setdefault(name, (tuple(buf.shape), buf.dtype))
-        return specs
+        return {name: (tuple(t.shape), t.dtype) for name, t in self._weight_targets().items()}
 
     def required_weight_names(self) -> set[str]:
         """Parameters a full checkpoint must carry (a tied alias counts once, under its first name)."""
@@ -207,10 +214,9 @@ class ModelRunner:
     @torch.inference_mode()
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy already validated tensors into the model in place; returns how many were copied."""
-        targets = dict(self.model.named_parameters())
-        targets.update(dict(self.model.named_buffers()))
+        targets = self._weight_targets()
         count = 0
         for name, tensor in named:
-            targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+            targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
             count += 1
         return count
