@@ -10,6 +10,7 @@ temporary file and uploaded once, on success, with retries.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import uuid
@@ -19,12 +20,15 @@ from typing import TYPE_CHECKING, BinaryIO, Iterator
 if TYPE_CHECKING:
     from storage.storage import Storage
 
-__all__ = ["TEMP_PREFIX", "atomic_writer", "write_local"]
+__all__ = ["TEMP_PREFIX", "UPLOAD_PART_BYTES", "atomic_writer", "write_local"]
 
 logger = logging.getLogger(__name__)
 
 #: temporary files start with this, so listings and cleanup can recognise them.
 TEMP_PREFIX = ".tmp-"
+#: S3 part size: an object of at least two parts is uploaded in parts (minimum 5 MiB).
+UPLOAD_PART_BYTES = 50 * 2**20
+MAX_UPLOAD_PARTS = 10_000
 
 
 def _temp_path(path: str) -> str:
@@ -96,4 +100,8 @@ def atomic_writer(storage: Storage, key: str) -> Iterator[BinaryIO]:
         yield spool  # type: ignore[misc]
         spool.flush()
         remote = storage.fs_path(key)
-        storage.run("upload", key, lambda: storage.fs.put_file(spool.name, remote))
+        kwargs = {}
+        if storage.kind == "s3":
+            size = os.path.getsize(spool.name)
+            kwargs["chunksize"] = max(UPLOAD_PART_BYTES, math.ceil(size / MAX_UPLOAD_PARTS))
+        storage.run("upload", key, lambda: storage.fs.put_file(spool.name, remote, **kwargs))

@@ -14,13 +14,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from tqdm import tqdm
-
 from storage.commit import COMMIT_MARKER, commit_directory
 from storage.errors import StorageNotFoundError
 from storage.url import normalize_key
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from storage.storage import Storage
 
 __all__ = ["CHUNK_BYTES", "CopyStats", "copy_tree"]
@@ -71,6 +71,8 @@ def copy_tree(
     a terminal). A source commit marker is not copied; pass ``commit=True`` to commit the
     destination after all files arrived. Raises StorageNotFoundError if the source has no files.
     """
+    from tqdm import tqdm  # imported here: it costs ~0.1 s, and probe processes never copy
+
     src_base, dst_base = normalize_key(src_key), normalize_key(dst_key)
     files = {rel: size for rel, size in src.walk_files(src_base).items() if rel != COMMIT_MARKER}
     if not files and not src.exists(src_base):

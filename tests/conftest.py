@@ -10,6 +10,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# s3_server / s3_bucket / s3_storage: a real SeaweedFS S3 server per session (tests/fixtures/s3_server.py).
+pytest_plugins = ["tests.fixtures.s3_server"]
+
 
 def _cuda_available() -> bool:
     try:

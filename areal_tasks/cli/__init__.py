@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "areal_tasks.cli.alloc_cmd",
     "areal_tasks.cli.model_cmd",
     "areal_tasks.cli.serve_cmd",
+    "areal_tasks.cli.storage_cmd",
 )
 
 USAGE_ERROR = 2

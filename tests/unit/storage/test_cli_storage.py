@@ -1,0 +1,78 @@
+"""``areal storage validate``: JSON report on stdout, exit 0/1/2, multi-node probe through the LocalScheduler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_tasks.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | None, str]:
+    code = main(["storage", "validate", *args])
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if out.out.strip() else None), out.err
+
+
+def test_healthy_path_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _ = _run(capsys, str(tmp_path / "run"), "--probe-mb", "1")
+    assert code == 0
+    assert report is not None and report["ok"] is True and report["url"] == f"file://{tmp_path}/run"
+    assert {c["check"] for c in report["checks"]} >= {"local.path", "local.free_space", "storage.round_trip"}
+
+
+def test_failed_check_exits_1_and_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, err = _run(capsys, str(tmp_path), "--min-free-gb", "1e9", "--probe-mb", "1")
+    assert code == 1
+    assert report is not None and report["ok"] is False
+    (failed,) = [c for c in report["checks"] if c["status"] == "fail"]
+    assert failed["check"] == "local.free_space" and failed["fix"] and failed["node"] and failed["path"]
+    assert "FAIL [local.free_space]" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["gs://bucket/x"], "unsupported scheme 'gs'"),
+        (["{tmp}", "--nodes", "2", "--node-paths", "{tmp}/a"], "one path per node (2), got 1"),
+        (["{tmp}", "--endpoint-url", "http://127.0.0.1:1"], "apply to s3:// URLs only"),
+        (["{tmp}", "--nodes", "0"], "--nodes=0 must be >= 1"),
+        (["{tmp}", "--min-write-mbps", "-1"], "min_write_mbps=-1.0 must be >= 0"),
+        (["s3://bkt/x", "--endpoint-url", "127.0.0.1:9000"], "must start with http"),
+    ],
+)
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, report, err = _run(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert code == 2 and report is None
+    assert message in err
+
+
+def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["storage", "validate", "/tmp", "--min-free-gb", "lots"])
+    assert info.value.code == 2
+
+
+def test_two_nodes_on_a_shared_path_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _ = _run(capsys, str(tmp_path / "shared"), "--nodes", "2", "--probe-mb", "1",
+                           "--run-dir", str(tmp_path / "logs"))  # fmt: skip
+    assert code == 0, report
+    assert report is not None
+    visibility = [c for c in report["checks"] if c["check"] == "multinode.visibility"]
+    assert [c["status"] for c in visibility] == ["pass", "pass"]
+    assert [c["status"] for c in report["checks"] if c["check"] == "local.filesystem"] == ["warn"]
+    assert (tmp_path / "logs" / "logs").is_dir()  # node logs kept under --run-dir
+
+
+def test_two_nodes_with_private_paths_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    code, report, err = _run(capsys, str(tmp_path / "shared"), "--nodes", "2", "--node-paths", str(a), str(b),
+                             "--probe-mb", "1")  # fmt: skip
+    assert code == 1
+    assert report is not None
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert [c["check"] for c in failed] == ["multinode.visibility", "multinode.visibility"]
+    assert failed[1]["node"].startswith("node 1") and "written by node 0" in failed[1]["message"]
+    assert "[multinode.visibility] on node 1" in err
