@@ -1,4 +1,4 @@
-"""A small launcher for multi-process gloo tests: N subprocesses running one worker function.
+"""A small launcher for multi-process tests (gloo on CPU, NCCL on GPUs): N subprocesses running one worker function.
 
 ``run_workers("workers_fsdp:dp_grads", world_size=2, args={...}, out_dir=tmp)`` starts
 ``python launch.py`` once per rank with torchrun-style environment variables; each child joins a
@@ -39,9 +39,17 @@ def free_port() -> int:
 
 
 def run_workers(
-    target: str, world_size: int, out_dir: Path, args: dict[str, Any] | None = None, timeout_s: float = 240.0
+    target: str,
+    world_size: int,
+    out_dir: Path,
+    args: dict[str, Any] | None = None,
+    timeout_s: float = 240.0,
+    backend: str = "gloo",
 ) -> None:
-    """Run ``target`` (``module:function`` in this directory) on ``world_size`` gloo ranks."""
+    """Run ``target`` (``module:function`` in this directory) on ``world_size`` ranks.
+
+    ``backend="gloo"`` hides the GPUs (CPU tests); ``"nccl"`` gives rank ``r`` GPU ``r``.
+    """
     port = free_port()
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -49,9 +57,11 @@ def run_workers(
         env = dict(os.environ)
         env.update(
             RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+            MASTER_PORT=str(port), OMP_NUM_THREADS="1", AREAL_TEST_BACKEND=backend,
             PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]),
         )
+        if backend == "gloo":
+            env["CUDA_VISIBLE_DEVICES"] = ""
         log = open(out_dir / f"rank{rank}.log", "w")
         cmd = [sys.executable, str(Path(__file__).resolve()), target, str(out_dir), json.dumps(args or {})]
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -79,7 +89,12 @@ def _main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"[rank{os.environ['RANK']}] %(name)s: %(message)s")
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)
-    dist.init_process_group("gloo")
+    backend = os.environ.get("AREAL_TEST_BACKEND", "gloo")
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend)
     try:
         func(dist.get_rank(), dist.get_world_size(), out_dir, **raw_args)
     finally:

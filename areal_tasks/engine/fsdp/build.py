@@ -57,7 +57,7 @@ def _attn_implementation(requested: str | None, sp: int, device: torch.device) -
         return requested
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    return "sdpa"
+    return "sdpa"  # transformers builds the block-diagonal mask from the packed position ids
 
 
 def _load(path: str, role: str, attn: str) -> torch.nn.Module:

@@ -1,8 +1,9 @@
 """One packed micro-batch through the model: per-token log-probs/entropy (actor) or values (critic).
 
-The micro-batch is fed as a single row ``[1, T]`` with per-sequence ``position_ids``. Without
-sequence parallelism, transformers detects the packing from the position ids (attention mask
-``None``) and builds a block-diagonal causal mask (SDPA/eager) or uses varlen kernels (flash).
+The micro-batch is fed as a single row ``[1, T]`` with per-sequence ``position_ids`` and the
+sequence bounds in the model kwargs (``cu_seq_lens_q``...). Without sequence parallelism,
+transformers' own SDPA/eager detect the packing from the position ids (attention mask ``None``) and
+build a block-diagonal causal mask; flash-attention varlen uses the bounds.
 With Ulysses (``sp > 1``), each rank feeds its contiguous ``T/sp`` slice and passes the global
 ``cu_seqlens`` to the ``areal_ulysses`` attention; per-position scores are gathered back to ``[T]``
 before they are aligned to tokens.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS
+from areal_tasks.engine.fsdp.attention import BOUNDS_KWARG
 from areal_tasks.engine.fsdp.critic import values_per_position
 from areal_tasks.engine.fsdp.logprobs import align_to_tokens, next_token_labels, next_token_stats
 from areal_tasks.engine.fsdp.ulysses import SP_GROUP_KWARG, gather_sequence
@@ -59,7 +61,12 @@ class MicroBatchForward:
         positions = mb[POSITION_IDS]
         total = ids.shape[0]
         labels = next_token_labels(ids)
-        kwargs: dict[str, Any] = {}
+        bounds = tuple(int(b) for b in cu.tolist())
+        max_len = max(b - a for a, b in zip(bounds, bounds[1:]))
+        cu32 = cu.to(torch.int32)
+        # the global sequence bounds, for the engine's attentions (and flash-attention varlen)
+        kwargs: dict[str, Any] = {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": max_len,
+                                  "max_length_k": max_len, BOUNDS_KWARG: bounds}
         if self.sp > 1:
             if total % self.sp != 0:
                 raise EngineError(f"a micro-batch of {total} tokens cannot be split over sp={self.sp} ranks; "
@@ -67,10 +74,7 @@ class MicroBatchForward:
             local = total // self.sp
             part = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
             ids, positions, labels = ids[part], positions[part], labels[part]
-            cu32 = cu.to(torch.int32)
-            max_len = int((cu32[1:] - cu32[:-1]).max())
-            kwargs = {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": max_len,
-                      "max_length_k": max_len, SP_GROUP_KWARG: self.sp_group}
+            kwargs[SP_GROUP_KWARG] = self.sp_group
         out = self.model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False, **kwargs)
         if self.spec.role == "critic":
             return {"values": align_to_tokens(self._gather(values_per_position(out.logits)), cu)}

@@ -8,8 +8,9 @@ the *global* ``cu_seqlens``; a second all-to-all trades back. RoPE is applied be
 from each token's own (per-sequence) position id, so it needs no communication.
 
 The attention is registered with transformers as ``attn_implementation="areal_ulysses"``; the model
-forward passes ``cu_seq_lens_q`` (global), ``max_length_q`` and ``areal_sp_group`` through its
-``**kwargs`` to every attention call. The per-token scores of the local slice are gathered with
+forward passes ``cu_seq_lens_q`` (global), ``areal_seq_bounds`` and ``areal_sp_group`` through its
+``**kwargs`` to every attention call; the attention over the full stream is
+:func:`areal_tasks.engine.fsdp.attention.packed_attention`. The per-token scores of the local slice are gathered with
 :func:`gather_sequence`, whose backward keeps only the local slice of the gradient: every rank of
 the group computes the same loss from the gathered scores, so each rank is responsible for exactly
 its own positions, and the FSDP reduction over ``dp x sp`` sums the partial gradients.
@@ -17,10 +18,10 @@ its own positions, and the FSDP reduction over ``dp x sp`` sums the partial grad
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.engine.fsdp.attention import BOUNDS_KWARG, packed_attention, register_attention, repeat_heads
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -123,38 +124,6 @@ def _heads_to_seq(x: torch.Tensor, group: ProcessGroup, sp: int) -> torch.Tensor
     return out.permute(1, 0, 2, 3, 4).reshape(b, h * sp, s // sp, d)
 
 
-def block_causal_mask(cu_seqlens: torch.Tensor, total: int, sliding_window: int | None = None) -> torch.Tensor:
-    """``[total, total]`` bool mask: query ``i`` sees key ``j`` iff same sequence and ``j <= i``
-    (and ``i - j < sliding_window`` when set)."""
-    import torch
-
-    idx = torch.arange(total, device=cu_seqlens.device)
-    seq = torch.searchsorted(cu_seqlens[1:].to(idx.dtype), idx, right=True)
-    mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-    if sliding_window is not None:
-        mask &= (idx[:, None] - idx[None, :]) < sliding_window
-    return mask
-
-
-def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    if n_rep == 1:
-        return x
-    return x.repeat_interleave(n_rep, dim=1)
-
-
-def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
-                  scaling: float | None, dropout: float, sliding_window: int | None) -> torch.Tensor:
-    """flash-attn varlen on ``[1, H, S, D]`` tensors (GQA handled by the kernel)."""
-    from flash_attn import flash_attn_varlen_func
-
-    window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
-    out = flash_attn_varlen_func(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max_len, max_len,
-        dropout_p=dropout, softmax_scale=scaling, causal=True, window_size=window,
-    )
-    return out.transpose(0, 1).unsqueeze(0)
-
-
 def ulysses_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -167,8 +136,6 @@ def ulysses_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention interface: ``[B, H, S/sp, D]`` inputs, ``[B, S/sp, H, D]`` output."""
-    import torch
-
     group = kwargs.get(SP_GROUP_KWARG)
     cu = kwargs.get("cu_seq_lens_q")
     if group is None or cu is None:
@@ -178,36 +145,20 @@ def ulysses_attention_forward(
     if n_q % sp != 0:
         raise EngineError(f"sequence parallel size {sp} must divide the number of attention heads per rank {n_q}")
     if n_kv % sp != 0:  # too few KV heads to split: replicate them up to the query heads
-        key, value = _repeat_heads(key, n_q // n_kv), _repeat_heads(value, n_q // n_kv)
+        key, value = repeat_heads(key, n_q // n_kv), repeat_heads(value, n_q // n_kv)
     q, k, v = _seq_to_heads([query, key, value], group, sp)
-    total = q.shape[2]
-    drop = dropout if module.training else 0.0
-    if q.is_cuda and importlib.util.find_spec("flash_attn") is not None:
-        max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
-        out = _flash_varlen(q, k, v, cu.to(torch.int32), max_len, scaling, drop, sliding_window)
-    else:
-        rep = q.shape[1] // k.shape[1]
-        mask = block_causal_mask(cu, total, sliding_window)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, _repeat_heads(k, rep), _repeat_heads(v, rep), attn_mask=mask, dropout_p=drop, scale=scaling
-        )
+    out = packed_attention(
+        q, k, v, cu, bounds=kwargs.get(BOUNDS_KWARG), scaling=scaling,
+        dropout=dropout if module.training else 0.0, sliding_window=sliding_window,
+    )
     out = _heads_to_seq(out, group, sp)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """Mask builder for ``areal_ulysses``: the attention builds its own mask from the global cu_seqlens."""
-    return None
-
-
 def register_ulysses_attention() -> str:
-    """Register the attention (and its no-op mask builder) with transformers; returns its name."""
+    """Register the Ulysses attention (and a no-op mask builder) with transformers; returns its name."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-
-        AttentionInterface.register(ULYSSES_ATTN, ulysses_attention_forward)
-        AttentionMaskInterface.register(ULYSSES_ATTN, _no_mask)
+        register_attention(ULYSSES_ATTN, ulysses_attention_forward)
         _registered = True
     return ULYSSES_ATTN
