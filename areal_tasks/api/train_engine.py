@@ -130,4 +130,4 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def destroy(self) -> None:
-        """Release the model, optimizer and any process groups the engine created."""
+        """Release the model, optimizer and the weight-update groups this engine joined."""
