@@ -1,0 +1,193 @@
+"""vLLM on CPU for real: generation with logprobs checked against transformers, pause and resume,
+weight updates from disk and over a gloo group (outputs become the new model's), and an update in
+the middle of generation that loses no request. All tests share one server (see conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from vllm_reference import check_against_model
+from vllm_session import VLLMSession
+from vllm_test_server import SERVED_NAME, vllm_tiny_model
+
+from areal_tasks.api.inference import ModelRequest, SamplingParams
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [11, 42, 7, 99, 5]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def generate(session: VLLMSession, reqs: list[ModelRequest]) -> list:
+    async def scenario():
+        async with session.client() as client:
+            return await client.agenerate_batch(reqs)
+
+    return asyncio.run(scenario())
+
+
+def test_generate_with_logprobs_matches_transformers(vllm: VLLMSession) -> None:
+    base = vllm.server.model_path
+    sampled = SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True)
+    first, again, other_seed, greedy_resp = generate(
+        vllm,
+        [ModelRequest(PROMPT, sampled), ModelRequest(PROMPT, sampled),
+         ModelRequest(PROMPT, SamplingParams(max_new_tokens=16, temperature=0.8, seed=4, ignore_eos=True)),
+         ModelRequest(PROMPT, greedy(16))],
+    )
+    for resp in (first, greedy_resp):
+        assert resp.stop_reason == "length" and resp.output_len == 16
+        assert resp.output_versions == [vllm.version] * 16
+    # logprobs are those of the sampling distribution (logits / temperature), token by token
+    check_against_model(base, PROMPT, first.output_ids, first.output_logprobs, temperature=0.8, greedy=False)
+    check_against_model(base, PROMPT, greedy_resp.output_ids, greedy_resp.output_logprobs)
+    assert again.output_ids == first.output_ids  # a seed fixes the sample
+    assert other_seed.output_ids != first.output_ids
+
+
+def test_disk_update_serves_the_new_model(vllm: VLLMSession) -> None:
+    other = vllm_tiny_model(seed=1)
+    (before,) = generate(vllm, [ModelRequest(PROMPT, greedy(16))])
+    version = asyncio.run(vllm.load(other))
+    assert vllm.server.reported_version() == version
+    (after,) = generate(vllm, [ModelRequest(PROMPT, greedy(16))])
+    assert after.output_versions == [version] * 16
+    check_against_model(other, PROMPT, after.output_ids, after.output_logprobs)
+    assert after.output_ids != before.output_ids
+
+
+def test_collective_update_with_buckets_splitting_layers(vllm: VLLMSession) -> None:
+    suite_dir = str(Path(__file__).resolve().parents[1] / "inference")
+    if suite_dir not in sys.path:
+        sys.path.insert(0, suite_dir)
+    from collective_sender import CollectiveTrainer
+
+    from areal_tasks.engine.weights.disk import read_safetensors_dir
+
+    other = vllm_tiny_model(seed=1)
+    # 8 KiB buckets: q/k/v (and gate/up) of one layer land in different buckets, so vLLM's fused
+    # parameters are only complete after several /update_weights calls of the same update
+    trainer = CollectiveTrainer(read_safetensors_dir(other), n_servers=1, bucket_bytes=8 * 1024)
+    assert len(trainer.buckets) > 10
+    version = vllm.version + 1
+
+    async def scenario() -> None:
+        async with vllm.client() as client:
+            meta = trainer.meta(version)
+            with trainer.sending(meta):
+                await client.pause()
+                await client.update_weights(meta, trainer.buckets)
+                await client.resume()
+
+    asyncio.run(scenario())
+    vllm.version = version
+    assert vllm.server.reported_version() == version
+    (after,) = generate(vllm, [ModelRequest(PROMPT, greedy(16))])
+    check_against_model(other, PROMPT, after.output_ids, after.output_logprobs)
+
+
+def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: VLLMSession) -> None:
+    body = {"model": SERVED_NAME, "prompt": PROMPT, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True, "max_tokens": 900}
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=f"http://{vllm.server.address}", timeout=120.0) as http:
+            for attempt in range(10):  # pause at a moment when the long request has partial output
+                long = asyncio.create_task(http.post("/v1/completions", json=body))
+                await asyncio.sleep(0.2 * (attempt + 1))
+                assert (await http.post("/pause", params={"mode": "abort"})).status_code == 200
+                cut = (await long).json()["choices"][0]
+                if 0 < len(cut["token_ids"]) < body["max_tokens"]:
+                    break
+                assert (await http.post("/resume")).status_code == 200
+            else:
+                raise AssertionError("no pause caught the request with partial output")
+            paused = (await http.get("/is_paused")).json()
+            held = asyncio.create_task(http.post("/v1/completions", json={**body, "max_tokens": len(cut["token_ids"])}))
+            done, _ = await asyncio.wait({held}, timeout=1.0)
+            assert (await http.post("/resume")).status_code == 200
+            return cut, paused, done, (await held).json()["choices"][0]
+
+    cut, paused, done_while_paused, after = asyncio.run(scenario())
+    assert cut["finish_reason"] == "abort"
+    assert paused == {"is_paused": True}
+    assert not done_while_paused  # held, not refused
+    assert after["finish_reason"] == "length"
+    assert after["token_ids"] == cut["token_ids"]  # the aborted output was real greedy output
+
+
+def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
+    n = 48
+    reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
+    uninterrupted = generate(vllm, reqs)
+
+    async def scenario():
+        async with vllm.client() as client:
+            tasks = [asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs]
+            partial = await pause_with_partial_output(client, tasks, n)
+            await client.resume()
+            return partial, await asyncio.gather(*tasks)
+
+    partial, responses = asyncio.run(scenario())
+    assert partial
+    for plain, resp in zip(uninterrupted, responses):
+        assert resp.output_ids == plain.output_ids and resp.output_len == n
+        assert resp.output_logprobs == pytest.approx(plain.output_logprobs, abs=1e-4)
+    assert max(r.n_resubmits for r in responses) >= 1
+
+
+def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> None:
+    base, other = vllm.server.model_path, vllm_tiny_model(seed=1)
+    path, new = vllm.publish(other)
+    old, n = vllm.version, 48
+    reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
+
+    async def scenario():
+        from areal_tasks.api.weight_update import WeightUpdateMeta
+
+        async with vllm.client() as client:
+            tasks = [asyncio.create_task(client.agenerate(r)) for r in reqs]
+            partial = await pause_with_partial_output(client, tasks, n)
+            await client.update_weights(WeightUpdateMeta.disk(str(path), new))
+            await client.resume()
+            return partial, await asyncio.gather(*tasks)
+
+    partial, responses = asyncio.run(scenario())
+    vllm.version = new
+    assert len(responses) == len(reqs)
+    switched = 0
+    for req, resp in zip(reqs, responses):
+        assert resp.rid == req.rid and resp.output_len == n and resp.stop_reason == "length"
+        assert resp.output_versions == sorted(resp.output_versions) and set(resp.output_versions) <= {old, new}
+        k = resp.output_versions.count(old)
+        # tokens before the update are the old model's greedy choice, those after the new model's
+        if k:
+            check_against_model(base, req.input_ids, resp.output_ids[:k], resp.output_logprobs[:k])
+        if k < n:
+            prefix = req.input_ids + resp.output_ids[:k]
+            check_against_model(other, prefix, resp.output_ids[k:], resp.output_logprobs[k:])
+        switched += 0 < k < n
+    assert switched >= len(partial) >= 1
+
+
+async def pause_with_partial_output(client, tasks, max_new_tokens: int) -> list:
+    """Pause at a moment when some request has partial output (retrying with longer waits)."""
+    for attempt in range(40):
+        await asyncio.sleep(0.02 * (attempt + 1))
+        if all(t.done() for t in tasks):
+            raise AssertionError("every request finished before a pause caught one; raise max_new_tokens")
+        await client.pause()
+        for _ in range(500):
+            partial = [r for r in client.inflight() if r.held and 0 < r.n_output_tokens < max_new_tokens]
+            if partial:
+                return partial
+            await asyncio.sleep(0.01)
+        await client.resume()
+    raise AssertionError("no pause caught a request with partial output")

