@@ -5,11 +5,11 @@ The loop owns the runner (model, KV cache). Other threads talk to it only throug
 between two steps: pause, continue, weight swaps, cache flush). One iteration:
 
 1. run queued control calls;
-2. unless paused, admit waiting sequences into free KV slots and prefill them one at a time (a
-   sibling of an ``n > 1`` request copies the prompt's KV from a live sibling instead), sampling
-   each one's first token from its prefill logits;
-3. unless paused, run one decode step over every running sequence, sample, and retire the
-   finished ones, freeing their slots for the next admission.
+2. unless paused, admit waiting sequences into free KV slots (``prefill.py``: fresh prompts are
+   prefilled together; a sibling of an ``n > 1`` request copies the prompt's KV from a live
+   sibling), sampling each one's first token from its prefill logits;
+3. unless paused, compact the running sequences into slots ``0..B-1``, run one decode step over
+   all of them, sample, and retire the finished ones, freeing their slots.
 
 So requests join and leave the running batch between decode steps. Pause modes follow SGLang:
 ``abort`` finishes every running and waiting sequence with its partial output and finish reason
@@ -32,7 +32,8 @@ import torch
 
 from areal_tasks.errors import InferenceError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner
-from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort, finish_length
+from areal_tasks.inference.server.prefill import Prefiller, release_slot
+from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
 from areal_tasks.inference.server.stats import EngineCounters, EngineStats
 
@@ -61,6 +62,7 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = EngineCounters()
+        self.prefiller = Prefiller(runner, self.counters, max_prefill_tokens, self._sample_and_check)
 
     # ---------------- thread-safe API ----------------
     def start(self) -> None:
@@ -135,7 +137,7 @@ class Engine:
         if mode == "retract":
             retracted = list(self._running)
             for seq in retracted:
-                self._free_slot(seq)
+                release_slot(self.runner.cache, seq)
                 seq.retracted = True
                 seq.num_retractions += 1
             self._running.clear()
@@ -266,74 +268,38 @@ class Engine:
             future.set_exception(exc)
 
     def _admit(self) -> None:
-        cache = self.runner.cache
-        budget = self.max_prefill_tokens
-        while cache.free_slots and budget > 0:
-            with self._cond:
-                if not self._waiting:
-                    return
+        """Pop as many queued sequences as free slots and the prefill budget allow, and prefill them."""
+        free, budget, seqs = self.runner.cache.free_slots, self.max_prefill_tokens, []
+        with self._cond:
+            while self._waiting and len(seqs) < free and budget > 0:
                 seq = self._waiting.popleft()
-            try:
-                budget -= self._prefill(seq)
-            except Exception as exc:
-                logger.exception("prefill of request %s failed", seq.rid)
-                self._finish(seq, finish_abort(f"prefill failed: {type(exc).__name__}: {exc}", status_code=500))
-                continue
+                budget -= len(seq.prompt_ids) + (len(seq.output_ids) if seq.retracted else 0)
+                seqs.append(seq)
+        if not seqs:
+            return
+        self.prefiller.admit(seqs)
+        for seq in seqs:
             if seq.finished:
                 self._release(seq)
             else:
                 self._running.append(seq)
 
-    def _prefill(self, seq: Sequence) -> int:
-        """Give ``seq`` its KV and its next token; returns the number of tokens run through the model."""
-        group = seq.group
-        if seq.retracted:
-            tokens = group.prompt_ids + seq.output_ids
-            seq.slot = self.runner.cache.allocate()
-            logits = self.runner.prefill(seq.slot, tokens)[-1]
-            seq.retracted = False
-            self.counters.add_prompt_tokens(len(tokens))
-            self._sample_and_check([seq], logits.view(1, -1))
-            return len(tokens)
-        if group.prompt_logits is None:
-            return self._prefill_prompt(seq)
-        # a sibling of an n > 1 request: the prompt's logits are known, the KV may be copied
-        self._sample_and_check([seq], group.prompt_logits.view(1, -1))
-        if seq.finished:
-            return 0
-        seq.slot = self.runner.cache.allocate()
-        if group.source_slot is not None:
-            self.runner.cache.copy_prefix(group.source_slot, seq.slot, len(group.prompt_ids))
-            return 0
-        self.runner.prefill(seq.slot, group.prompt_ids)
-        group.source_slot = seq.slot
-        self.counters.add_prompt_tokens(len(group.prompt_ids))
-        return len(group.prompt_ids)
-
-    def _prefill_prompt(self, seq: Sequence) -> int:
-        """The first prefill of a request's prompt (input logprobs when asked for)."""
-        group = seq.group
-        prompt_len = len(group.prompt_ids)
-        want_input = seq.return_logprob and 0 <= seq.logprob_start_len < prompt_len
-        if seq.params.max_new_tokens == 0 and not want_input:
-            seq.finish_reason = finish_length(0)
-            return 0
-        seq.slot = self.runner.cache.allocate()
-        logits = self.runner.prefill(seq.slot, group.prompt_ids, all_logits=want_input)
-        self.counters.add_prompt_tokens(prompt_len)
-        if want_input:
-            logprobs = torch.log_softmax(logits[:-1], dim=-1)
-            targets = torch.tensor(group.prompt_ids[1:], device=logits.device).view(-1, 1)
-            values: list[float | None] = [None, *logprobs.gather(1, targets).view(-1).tolist()]
-            group.input_logprobs = values[seq.logprob_start_len :]
-        if seq.params.max_new_tokens == 0:
-            seq.finish_reason = finish_length(0)
-            return prompt_len
-        group.source_slot, group.prompt_logits = seq.slot, logits[-1].clone()
-        self._sample_and_check([seq], logits[-1].view(1, -1))
-        return prompt_len
+    def _compact(self) -> None:
+        """Move running sequences into slots ``0..B-1`` (highest first into the lowest holes), so a
+        decode step reads one contiguous block of the cache; rows are then ordered by slot."""
+        cache, count = self.runner.cache, len(self._running)
+        for seq in sorted((s for s in self._running if s.slot >= count), key=lambda s: -s.slot):
+            hole = cache.lowest_free()
+            if hole is None or hole >= seq.slot:
+                break
+            if seq.group.source_slot == seq.slot:
+                seq.group.source_slot = hole
+            cache.move(seq.slot, hole)
+            seq.slot = hole
+        self._running.sort(key=lambda s: s.slot)
 
     def _decode_step(self) -> None:
+        self._compact()
         batch = self._running
         positions = [len(s.prompt_ids) + len(s.output_ids) - 1 for s in batch]
         logits = self.runner.decode([s.slot for s in batch], [s.output_ids[-1] for s in batch], positions)
@@ -356,23 +322,15 @@ class Engine:
             if reason is not None:
                 seq.finish_reason = reason
 
-    def _free_slot(self, seq: Sequence) -> None:
-        if seq.slot is None:
-            return
-        if seq.group.source_slot == seq.slot:
-            seq.group.source_slot = None
-        self.runner.cache.release(seq.slot)
-        seq.slot = None
-
     def _release(self, seq: Sequence) -> None:
         """Retire a sequence that finished during a step."""
-        self._free_slot(seq)
+        release_slot(self.runner.cache, seq)
         self._deliver(seq)
 
     def _finish(self, seq: Sequence, reason: dict) -> None:
         """Finish ``seq`` from outside a step (abort); its partial output is kept."""
         seq.finish_reason = reason
-        self._free_slot(seq)
+        release_slot(self.runner.cache, seq)
         self._deliver(seq)
 
     def _deliver(self, seq: Sequence) -> None:

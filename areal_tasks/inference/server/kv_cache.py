@@ -3,15 +3,19 @@
 Storage per attention layer is one K and one V tensor of shape ``[slots, kv_heads, max_len,
 head_dim]``, allocated on the first write (the warm-up forward at start-up), so any model whose
 attention goes through ``Cache.update`` works without reading head counts from its config.
+Slots are handed out lowest first and the engine keeps running sequences in slots ``0..B-1``
+(:meth:`SlotKVCache.move`), so a decode step reads one contiguous view instead of gathering.
 
 :class:`BatchCacheView` is the ``transformers`` ``Cache`` handed to one forward pass: its
 ``update`` writes the step's new keys/values into each row's slot at that row's positions and
-returns the keys/values of the rows' slots up to the longest filled length of the batch (the
-attention mask built by the model runner hides each row's unfilled tail).
+returns the keys/values the rows attend to: for a prefill from position 0 the new ones
+themselves, otherwise the rows' slots up to the longest filled length of the batch (the attention
+mask built by the model runner hides each row's unfilled tail).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 
 import torch
@@ -35,7 +39,7 @@ class SlotKVCache:
         self.values: dict[int, torch.Tensor] = {}
         #: tokens whose keys/values are stored, per slot.
         self.lengths = [0] * num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._free = list(range(num_slots))  # a min-heap: the lowest free slot first
 
     # ---- slot pool ----
     @property
@@ -46,7 +50,7 @@ class SlotKVCache:
         """Take a free slot (its length starts at 0); raises when none is left."""
         if not self._free:
             raise InferenceError("KV cache has no free slot")
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self.lengths[slot] = 0
         return slot
 
@@ -55,7 +59,19 @@ class SlotKVCache:
         if slot in self._free:
             raise InferenceError(f"KV slot {slot} released twice")
         self.lengths[slot] = 0
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
+
+    def lowest_free(self) -> int | None:
+        return self._free[0] if self._free else None
+
+    def move(self, src: int, dst: int) -> None:
+        """Move slot ``src``'s cached positions into the free slot ``dst`` and free ``src``."""
+        if dst not in self._free:
+            raise InferenceError(f"KV slot {dst} is not free")
+        self._free.remove(dst)
+        heapq.heapify(self._free)
+        self.copy_prefix(src, dst, self.lengths[src])
+        self.release(src)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst``."""
@@ -98,45 +114,50 @@ class SlotKVCache:
             logger.info("KV cache: %d slots x %d positions, %d kv heads x %d dims, %s",
                         self.num_slots, self.max_len, kv_heads, head_dim, like.dtype)
 
-    def write_read(
-        self,
-        layer: int,
-        slots: torch.Tensor,
-        start: list[int],
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        kv_len: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``keys``/``values`` [B, kv_heads, T, head_dim] at positions ``start[b]..start[b]+T`` of
-        each row's slot; return the rows' keys/values over positions ``0..kv_len``."""
-        self._ensure_layer(layer, keys)
-        k_store, v_store = self.keys[layer], self.values[layer]
-        batch, _, steps, _ = keys.shape
-        if batch == 1:
-            slot, pos = int(slots[0]), start[0]
-            k_store[slot, :, pos : pos + steps] = keys[0]
-            v_store[slot, :, pos : pos + steps] = values[0]
-            return k_store[slot : slot + 1, :, :kv_len], v_store[slot : slot + 1, :, :kv_len]
-        if steps != 1:
-            raise InferenceError("a batched forward writes one position per row")
-        pos = torch.tensor(start, device=keys.device)
-        k_store[slots, :, pos] = keys[:, :, 0]
-        v_store[slots, :, pos] = values[:, :, 0]
-        return k_store[slots, :, :kv_len], v_store[slots, :, :kv_len]
+    def layer(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V storage of ``layer`` (allocated like ``like`` [B, kv_heads, T, head_dim] on first use)."""
+        self._ensure_layer(layer, like)
+        return self.keys[layer], self.values[layer]
 
 
 class BatchCacheView(Cache):
-    """The ``Cache`` of one forward pass over some slots (see the module doc)."""
+    """The ``Cache`` of one forward pass over some slots (see the module doc).
+
+    ``start[b]`` is row ``b``'s first new position; a forward of T > 1 tokens per row is a prefill
+    from position 0 (several rows, right-padded) or from ``start`` (one row).
+    """
 
     def __init__(self, store: SlotKVCache, slots: list[int], start: list[int], kv_len: int) -> None:
         super().__init__(layers=[])
         self.store = store
-        self.slots = torch.tensor(slots, device=store.device)
+        self.slot_list = slots
         self.start = start
         self.kv_len = kv_len
+        self.contiguous = slots == list(range(len(slots)))
+        self.slots = torch.tensor(slots, device=store.device)
+        self.positions = torch.tensor(start, device=store.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        return self.store.write_read(layer_idx, self.slots, self.start, key_states, value_states, self.kv_len)
+        k_store, v_store = self.store.layer(layer_idx, key_states)
+        batch, _, steps, _ = key_states.shape
+        if batch == 1:
+            slot, pos = self.slot_list[0], self.start[0]
+            k_store[slot, :, pos : pos + steps] = key_states[0]
+            v_store[slot, :, pos : pos + steps] = value_states[0]
+            if pos == 0:
+                return key_states, value_states
+            return k_store[slot : slot + 1, :, : self.kv_len], v_store[slot : slot + 1, :, : self.kv_len]
+        if steps > 1:
+            if any(self.start):
+                raise InferenceError("a batched prefill starts every row at position 0")
+            k_store[self.slots, :, :steps] = key_states
+            v_store[self.slots, :, :steps] = value_states
+            return key_states, value_states
+        k_store[self.slots, :, self.positions] = key_states[:, :, 0]
+        v_store[self.slots, :, self.positions] = value_states[:, :, 0]
+        if self.contiguous:
+            return k_store[:batch, :, : self.kv_len], v_store[:batch, :, : self.kv_len]
+        return k_store[self.slots, :, : self.kv_len], v_store[self.slots, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return min(self.start)

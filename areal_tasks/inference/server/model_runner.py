@@ -134,26 +134,29 @@ class ModelRunner:
             self.cache.release(slot)
 
     # ---- masks ----
-    def _mask(self, q_pos: torch.Tensor, kv_len: int, window: int | None) -> torch.Tensor:
-        """Bool mask [B, 1, T, kv_len]: a query at position p sees keys 0..p (and > p - window)."""
+    def _mask(self, q_pos: torch.Tensor, kv_len: int, window: int | None, filled: torch.Tensor | None) -> torch.Tensor:
+        """Bool mask [B, 1, T, kv_len]: a query at position p sees keys 0..p (and > p - window, and
+        < the row's ``filled`` length)."""
         keys = torch.arange(kv_len, device=self.device).view(1, 1, 1, -1)
         queries = q_pos.view(q_pos.shape[0], 1, -1, 1)
         allowed = keys <= queries
         if window is not None:
             allowed &= keys > queries - window
+        if filled is not None:
+            allowed &= keys < filled.view(-1, 1, 1, 1)
         return allowed
 
-    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool) -> Any:
+    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool, filled: torch.Tensor | None = None) -> Any:
         """The attention mask argument: one mask per layer type (None where plain causal suffices)."""
         masks = {}
         for layer_type in self._layer_types:
             window = self._window if layer_type == "sliding_attention" else None
-            needs_window = window is not None and kv_len > window
-            masks[layer_type] = None if trivial and not needs_window else self._mask(q_pos, kv_len, window)
+            plain = trivial and filled is None and not (window is not None and kv_len > window)
+            masks[layer_type] = None if plain else self._mask(q_pos, kv_len, window, filled)
         return masks if self._use_mapping else next(iter(masks.values()))
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
-                 logits_to_keep: int) -> torch.Tensor:
+                 logits_to_keep: int | torch.Tensor) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -179,6 +182,31 @@ class ModelRunner:
         logits = self._forward(ids, positions, view, masks, 0 if all_logits else 1)
         self.cache.lengths[slot] = kv_len
         return logits[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Prefill several prompts from position 0 in one forward (right-padded); returns each
+        prompt's last-token logits [B, V]. Logits are computed only at the distinct last positions,
+        so callers keep the number of distinct prompt lengths per call small."""
+        lengths = [len(p) for p in prompts]
+        steps = max(lengths)
+        if min(lengths) == 0 or steps > self.max_len:
+            raise InferenceError(f"prefill lengths {min(lengths)}..{steps} do not fit the context of {self.max_len}")
+        ids = torch.zeros(len(prompts), steps, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt)
+        positions = torch.arange(steps, device=self.device).expand(len(prompts), steps)
+        view = BatchCacheView(self.cache, slots, [0] * len(prompts), steps)
+        ragged = len(set(lengths)) > 1
+        filled = torch.tensor(lengths, device=self.device) if ragged else None
+        masks = self._masks(positions, steps, trivial=True, filled=filled)
+        last = sorted(set(lengths))
+        keep = torch.tensor([n - 1 for n in last], device=self.device)
+        logits = self._forward(ids.to(self.device), positions, view, masks, keep)
+        column = torch.tensor([last.index(n) for n in lengths], device=self.device)
+        for slot, n in zip(slots, lengths):
+            self.cache.lengths[slot] = n
+        return logits[torch.arange(len(prompts), device=self.device), column]
 
     @torch.inference_mode()
     def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:

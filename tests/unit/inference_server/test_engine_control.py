@@ -139,3 +139,19 @@ def test_abort_by_rid_prefix_catches_all_samples(engine) -> None:
     engine.call(engine.resume).result(timeout=30)
     assert all(s.finish_reason["type"] == "abort" and s.output_ids == [] for s in req.wait())
     assert other.wait()[0].finish_reason["type"] == "length"
+
+
+def test_running_sequences_are_compacted_into_the_lowest_slots(engine) -> None:
+    want = generate(engine, [9, 8, 7, 6], temperature=0.0, max_new_tokens=80, ignore_eos=True).output_ids
+    reqs = [make_request(PROMPT, rid="a", temperature=0.0, max_new_tokens=80, ignore_eos=True),
+            make_request(PROMPT, rid="b", temperature=0.0, max_new_tokens=2, ignore_eos=True),
+            make_request([9, 8, 7, 6], rid="c", temperature=0.0, max_new_tokens=80, ignore_eos=True)]
+    engine.submit([r.seqs[0] for r in reqs])
+    c = reqs[2].seqs[0]
+    _wait_tokens(c, 1)
+    assert c.slot == 2
+    reqs[1].wait()
+    while c.slot == 2 and not c.finished:
+        time.sleep(0.001)
+    assert c.slot == 1
+    assert reqs[2].wait()[0].output_ids == want

@@ -55,3 +55,28 @@ def test_tied_embeddings_load_under_either_name(one_thread: None) -> None:
     head = runner.model.get_output_embeddings().weight
     runner.load_weights([("lm_head.weight", torch.zeros_like(head))])
     assert not runner.model.get_input_embeddings().weight.any()
+
+
+def test_batched_ragged_prefill_equals_single_prefills(runner) -> None:
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [100, 200, 300], [7] * 9]
+    singles = []
+    for prompt in prompts:
+        slot = runner.cache.allocate()
+        singles.append(runner.prefill(slot, prompt)[-1])
+        runner.cache.release(slot)
+    slots = [runner.cache.allocate() for _ in prompts]
+    try:
+        batched = runner.prefill_batch(slots, prompts)
+        assert torch.allclose(batched, torch.stack(singles), atol=1e-5)
+        assert [runner.cache.lengths[s] for s in slots] == [len(p) for p in prompts]
+        # the cached keys continue correctly: one decode step equals a single-sequence prefill of T + 1
+        nxt = [int(row.argmax()) for row in batched]
+        stepped = runner.decode(slots, nxt, [len(p) for p in prompts])
+    finally:
+        for slot in slots:
+            runner.cache.release(slot)
+    for prompt, token, row in zip(prompts, nxt, stepped):
+        slot = runner.cache.allocate()
+        want = runner.prefill(slot, prompt + [token])[-1]
+        runner.cache.release(slot)
+        assert torch.allclose(row, want, atol=1e-5)
