@@ -182,9 +182,13 @@ class Storage:
     def open(self, key: str, mode: str = "rb") -> IO[Any]:
         """Open ``key`` as a stream. Writes through ``open`` are NOT atomic; prefer :meth:`atomic_write`."""
         path = self.fs_path(key)
-        if any(flag in mode for flag in "wa") and self.is_local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        return self.run("open", key, lambda: self.fs.open(path, mode), retry=False)
+
+        def open_it() -> IO[Any]:
+            if any(flag in mode for flag in "wa") and self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            return self.fs.open(path, mode)
+
+        return self.run("open", key, open_it, retry=False)
 
     # -- mutations ------------------------------------------------------------------------------
 
