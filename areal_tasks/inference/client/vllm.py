@@ -31,6 +31,9 @@ from areal_tasks.api.inference import ParamSpec, PauseMode, SamplingParams, Stop
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter
 
+# vLLM's /weight_info reports the version as SGLang does: a string set by the last update, or null
+from areal_tasks.inference.client.sglang import _as_version
+
 if TYPE_CHECKING:
     from areal_tasks.api.weight_update import WeightUpdateMeta
 
@@ -59,15 +62,6 @@ def vllm_sampling_fields(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.seed is not None:
         fields["seed"] = sampling.seed
     return fields
-
-
-def _as_version(value: Any) -> int | None:
-    """An integer policy version from vLLM's string ``weight_version`` (None/"default" -> None)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
 
 
 def _token_id(entry: Any) -> int:
