@@ -18,7 +18,7 @@ from typing import IO, Any, BinaryIO, Callable, Mapping, TypeVar
 import fsspec
 
 from storage import atomic, commit
-from storage.errors import StorageNotFoundError
+from storage.errors import StorageConfigError, StorageNotFoundError
 from storage.options import resolve_options
 from storage.retry import RetryPolicy
 from storage.translate import translate_error
@@ -67,7 +67,12 @@ class Storage:
         resolved = resolve_options(parsed, options, env)
         if parsed.scheme == "s3":
             # imported here so that file:// users need neither s3fs nor botocore
-            import s3fs
+            try:
+                import s3fs
+            except ImportError as exc:
+                raise StorageConfigError(
+                    f"{parsed} needs s3fs: pip install 's3fs[boto3]==2026.9.0' (the 'storage' extra)"
+                ) from exc
 
             fs: fsspec.AbstractFileSystem = s3fs.S3FileSystem(**resolved.fs_kwargs)
             fs.retries = 1  # s3fs' own retry loop off: storage.retry is the one retry layer

@@ -91,8 +91,11 @@ def filesystem_of(path: str, mounts_text: str | None = None, *, resolve: bool = 
     (no symlink resolution, no walk up to an existing parent), for tables of other machines.
     """
     if mounts_text is None:
-        with open("/proc/self/mounts", encoding="utf-8") as handle:
-            mounts_text = handle.read()
+        try:
+            with open("/proc/self/mounts", encoding="utf-8") as handle:
+                mounts_text = handle.read()
+        except FileNotFoundError:  # not Linux: no mount table to read; the type stays unknown
+            mounts_text = ""
     target = _existing_ancestor(path) if resolve else os.path.normpath(path)
     best: tuple[str, str, str] | None = None
     for source, mount_point, fs_type in parse_mounts(mounts_text):

@@ -18,7 +18,7 @@ from typing import Any
 
 from storage.translate import error_code
 from storage.validate.context import CheckContext, CheckFailed, Outcome
-from storage.validate.report import Status
+from storage.validate.report import CheckResult, Status
 
 __all__ = ["MULTIPART_PART_BYTES", "run_s3_checks"]
 
@@ -194,9 +194,20 @@ def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
 
 def run_s3_checks(ctx: CheckContext) -> bool:
     """Run the S3 control-plane checks; True if the data-plane checks (round trip...) may follow."""
-    client = _client(ctx)
-    endpoint = client.meta.endpoint_url
+    from botocore.exceptions import BotoCoreError
+
     later = ("s3.clock_skew", "s3.credentials", "s3.bucket", "s3.multipart")
+    try:
+        client = _client(ctx)
+    except BotoCoreError as exc:  # e.g. AWS_PROFILE names a profile that does not exist
+        ctx.report.results.append(
+            CheckResult("s3.endpoint", Status.FAIL, ctx.node, str(ctx.storage.url),
+                        f"cannot configure an S3 client: {exc}", _CREDENTIALS_FIX)
+        )  # fmt: skip
+        for check in later:
+            ctx.skip(check, "not run: no S3 client")
+        return False
+    endpoint = client.meta.endpoint_url
     state: dict[str, Any] = {}
     timeout = float(ctx.storage.fs.config_kwargs.get("connect_timeout", 5))
     if ctx.run("s3.endpoint", lambda: _check_endpoint(endpoint, timeout, state), path=endpoint).status is Status.FAIL:
