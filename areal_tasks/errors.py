@@ -87,3 +87,7 @@ class InferenceControlError(InferenceError):
 
 class InferenceServerFailedError(InferenceError):
     """An inference server crashed more often than ``max_restarts`` allows, or never became healthy."""
+
+
+class CheckpointError(AReaLError):
+    """A checkpoint cannot be saved, found, read, pruned or exported (the message names the location)."""

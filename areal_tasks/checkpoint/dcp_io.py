@@ -1,0 +1,301 @@
+"""torch.distributed.checkpoint through :class:`storage.Storage` (file://, NFS, s3://, memory://).
+
+Why not torch's ``FsspecWriter``/``FsspecReader``: they write pickled metadata and offer no way to
+reuse bytes of an earlier checkpoint, and their streams bypass ``storage``'s atomic writes and
+retry policy. This writer:
+
+* writes one data file per rank (``dcp/rank-<r>.distcp``) through ``Storage.atomic_write`` (a
+  temporary file renamed into place, or a single upload on S3), items aligned to 64 bytes;
+* stores tensors raw and hashes every item (sha256); with a parent index (incremental saves) an
+  item whose hash, dtype and shape match the parent's is *referenced* -- its record points at
+  the bytes where they already are -- instead of being written again;
+* lets the coordinator write ``dcp/index.json`` (:mod:`areal_tasks.checkpoint.dcp_index`).
+
+The reader resolves records wherever they point, coalesces nearby items of one file into ranged
+reads of at most ``MAX_READ_SPAN`` bytes fetched by a few threads (bounded memory), and can verify
+every item's hash. Non-tensor items are unpickled with ``weights_only=True`` (:class:`SafeLoadPlanner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import torch
+from torch.distributed.checkpoint import LoadPlan, LoadPlanner, SavePlan, SavePlanner, StorageReader, StorageWriter
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+from torch.distributed.checkpoint.storage import WriteResult
+
+from areal_tasks.checkpoint.dcp_index import ItemRecord, dtype_name, dtype_of, index_to_json, metadata_from_json
+from areal_tasks.checkpoint.layout import DCP_INDEX, dcp_data_file
+from areal_tasks.checkpoint.metadata import FileInfo, sha256_hex
+from areal_tasks.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from areal_tasks.checkpoint.incremental import ParentIndex
+    from storage import Storage
+
+logger = logging.getLogger(__name__)
+
+ALIGN = 64
+#: the largest byte range the reader fetches in one request (several small items share one).
+MAX_READ_SPAN = 64 * 2**20
+#: ranged reads in flight at once (memory bound: READ_THREADS * MAX_READ_SPAN).
+READ_THREADS = 4
+
+
+def _payload(data: torch.Tensor | io.BytesIO) -> tuple[memoryview, str, str | None, tuple[int, ...] | None]:
+    """(bytes to store, kind, dtype, shape) of one resolved write item."""
+    if isinstance(data, io.BytesIO):
+        return data.getbuffer(), "bytes", None, None
+    tensor = data.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous()
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(raw), "tensor", dtype_name(tensor.dtype), tuple(tensor.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteStats:
+    """What one rank's writer did."""
+
+    files: dict[str, FileInfo]
+    written: int
+    referenced: int
+    logical: int
+
+
+class StorageDCPWriter(StorageWriter):
+    """DCP ``StorageWriter`` into ``<checkpoints>/<step_dir>/`` (see the module docstring)."""
+
+    def __init__(self, checkpoints: Storage, step_dir: str, parent: ParentIndex | None = None) -> None:
+        super().__init__()
+        self.checkpoints = checkpoints
+        self.step_dir = step_dir
+        self.parent = parent
+        self.rank = 0
+        self.is_coordinator = True
+        self.stats = WriteStats(files={}, written=0, referenced=0, logical=0)
+        self.index_file: FileInfo | None = None
+        #: every rank's item records (set on the coordinator by finish()).
+        self.records: list[ItemRecord] = []
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.stats = WriteStats(files={}, written=0, referenced=0, logical=0)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank") or 0)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(plan, storage_data=dcp_data_file(i)) for i, plan in enumerate(plans)]
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.checkpoints.url_for(self.step_dir))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False  # built explicitly, never picked by DCP from a checkpoint_id
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future[list[WriteResult]]:
+        rel = plan.storage_data
+        key = f"{self.step_dir}/{rel}"
+        results: list[WriteResult] = []
+        file_digest = hashlib.sha256()
+        pos = referenced = logical = 0
+        with ExitStack() as stack:
+            handle: BinaryIO | None = None
+            for item in plan.items:
+                payload, kind, dtype, shape = _payload(planner.resolve_data(item))
+                digest = hashlib.sha256(payload).hexdigest()
+                offset = None if item.index.offset is None else tuple(item.index.offset)
+                length = payload.nbytes
+                logical += length
+                record = self.parent.match(item.index.fqn, offset, digest, length, dtype, shape) if self.parent else None
+                if record is not None:
+                    referenced += length
+                else:
+                    if handle is None:
+                        handle = stack.enter_context(self.checkpoints.atomic_write(key))
+                    pad = (-pos) % ALIGN
+                    if pad:
+                        handle.write(b"\0" * pad)
+                        pos += pad
+                    handle.write(payload)
+                    file_digest.update(bytes.fromhex(digest))
+                    record = ItemRecord(item.index.fqn, offset, kind, self.step_dir, rel, pos, length, digest, dtype, shape)
+                    pos += length
+                results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=record))
+        files = {rel: FileInfo(size=pos, sha256=file_digest.hexdigest())} if handle is not None else {}
+        self.stats = WriteStats(files=files, written=pos, referenced=referenced, logical=logical)
+        logger.debug("rank %d wrote %d bytes for %d item bytes to %s (%d referenced)", self.rank, pos, logical, key, referenced)
+        future: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        records = [wr.storage_data for per_rank in results for wr in per_rank]
+        self.records = records
+        metadata.storage_data = {wr.index: wr.storage_data for per_rank in results for wr in per_rank}
+        data = json.dumps(index_to_json(metadata, records), sort_keys=True).encode("utf-8")
+        self.checkpoints.write_bytes(f"{self.step_dir}/{DCP_INDEX}", data)
+        self.index_file = FileInfo(size=len(data), sha256=sha256_hex(data))
+
+
+def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any, distributed: bool) -> None:
+    """``dcp.save`` of ``state`` through ``writer`` over ``process_group`` (or in one process)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=writer, planner=DefaultSavePlanner(), process_group=process_group,
+                 no_dist=not distributed)  # fmt: skip
+
+
+def dcp_load(
+    state: dict[str, Any], reader: StorageDCPReader, process_group: Any, distributed: bool, *, partial: bool = False
+) -> None:
+    """``dcp.load`` into ``state`` through ``reader`` (``partial``: ``state`` may hold a subset of the items)."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(allow_partial_load=partial),
+                 process_group=process_group, no_dist=not distributed)  # fmt: skip
+
+
+def read_index(checkpoints: Storage, step_dir: str) -> dict[str, Any]:
+    """The parsed ``dcp/index.json`` of ``step_dir``."""
+    key = f"{step_dir}/{DCP_INDEX}"
+    try:
+        return json.loads(checkpoints.read_text(key))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{checkpoints.url_for(key)} is not valid JSON: {exc}") from exc
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, but non-tensor items are unpickled with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._nested_dict import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _ranges(reqs: list[tuple[ReadItem, ItemRecord]]) -> Iterator[tuple[int, int, list[tuple[ReadItem, ItemRecord]]]]:
+    """Coalesce requests (sorted by position) into (start, end, requests) spans of at most MAX_READ_SPAN."""
+    group: list[tuple[ReadItem, ItemRecord]] = []
+    start = end = 0
+    for req, rec in sorted(reqs, key=lambda pair: pair[1].pos):
+        rec_end = rec.pos + rec.length
+        if group and rec.pos <= end + ALIGN * 16 and rec_end - start <= MAX_READ_SPAN:
+            group.append((req, rec))
+            end = max(end, rec_end)
+            continue
+        if group:
+            yield start, end, group
+        group, start, end = [(req, rec)], rec.pos, rec_end
+    if group:
+        yield start, end, group
+
+
+class StorageDCPReader(StorageReader):
+    """DCP ``StorageReader`` of ``<checkpoints>/<step_dir>/`` that follows references (module docstring)."""
+
+    def __init__(self, checkpoints: Storage, step_dir: str, *, verify: bool = False) -> None:
+        super().__init__()
+        self.checkpoints = checkpoints
+        self.step_dir = step_dir
+        self.verify = verify
+        self.records: dict[Any, ItemRecord] = {}
+        self.bytes_read = 0
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.records = {}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+    def read_metadata(self) -> Metadata:
+        return metadata_from_json(read_index(self.checkpoints, self.step_dir))
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.records = dict(metadata.storage_data)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _fetch(self, key: str, start: int, end: int) -> bytearray:
+        storage = self.checkpoints
+        path = storage.fs_path(key)
+        data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
+        if len(data) != end - start:
+            raise CheckpointError(f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)")
+        return bytearray(data)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        per_file: dict[str, list[tuple[ReadItem, ItemRecord]]] = {}
+        for req in plan.items:
+            record = self.records[req.storage_index]
+            per_file.setdefault(f"{record.dir}/{record.file}", []).append((req, record))
+        spans = [(key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)]
+        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dcp-read") as pool:
+            pending: list[tuple[Future[bytearray], int, list[tuple[ReadItem, ItemRecord]]]] = []
+            for key, start, end, group in spans:
+                pending.append((pool.submit(self._fetch, key, start, end), start, group))
+                if len(pending) >= READ_THREADS:
+                    self._apply(planner, *pending.pop(0))
+            while pending:
+                self._apply(planner, *pending.pop(0))
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _apply(self, planner: LoadPlanner, fetched: Future[bytearray], start: int, group: list[tuple[ReadItem, ItemRecord]]) -> None:
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+
+        buffer = fetched.result()
+        self.bytes_read += len(buffer)
+        view = memoryview(buffer)
+        for req, rec in group:
+            chunk = view[rec.pos - start: rec.pos - start + rec.length]
+            if self.verify and hashlib.sha256(chunk).hexdigest() != rec.sha256:
+                raise CheckpointError(f"{self.checkpoints.url_for(rec.dir + '/' + rec.file)}: item {rec.fqn!r} fails its sha256 check")
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(chunk.tobytes()))
+                continue
+            dtype = dtype_of(rec.dtype or "")
+            if rec.length:
+                tensor = torch.frombuffer(buffer, dtype=torch.uint8, offset=rec.pos - start, count=rec.length)
+                tensor = tensor.view(dtype).reshape(rec.shape or ())
+            else:
+                tensor = torch.empty(rec.shape or (), dtype=dtype)
+            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise CheckpointError(f"item {rec.fqn!r}: stored shard {tuple(tensor.size())} != target {tuple(target.size())}")
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)

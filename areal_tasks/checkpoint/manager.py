@@ -1,0 +1,327 @@
+"""``CheckpointManager``: what the trainer calls to save, resume, list and prune checkpoints.
+
+Build one per run on every rank at the same point (it creates the checkpoint process group)::
+
+    manager = CheckpointManager.from_config(job)            # or CheckpointManager(url, options, ...)
+    state = manager.recover(job.recover.mode, {"actor": actor})   # None: start fresh
+    for step in range(start, total + 1):
+        ...train...
+        if manager.should_save(step, last=step == total):
+            manager.save(step, {"actor": actor}, TrainerState(step=step, ...), metrics, config=job)
+    manager.close()                                         # waits for an async save in flight
+
+Saves are collective (every rank calls them with its own engines). A save is crash-safe (see
+:mod:`areal_tasks.checkpoint.save`), incremental against the previous checkpoint by default (see
+:mod:`areal_tasks.checkpoint.incremental`), optionally async (:mod:`areal_tasks.checkpoint.async_save`),
+and followed by pruning (:mod:`areal_tasks.checkpoint.retention`). A complete checkpoint is never
+overwritten: other checkpoints may reference its data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.checkpoint.async_save import AsyncSaver
+from areal_tasks.checkpoint.group import CheckpointGroup
+from areal_tasks.checkpoint.layout import (
+    COMPLETE_MARKER,
+    ENGINES_FILE,
+    METADATA_FILE,
+    TRAINER_STATE_FILE,
+    CheckpointLayout,
+    parse_step_dir,
+    rng_file,
+    step_dir,
+)
+from areal_tasks.checkpoint.metadata import CheckpointMetadata, config_payload
+from areal_tasks.checkpoint.retention import PrunePlan, RetentionPolicy, apply_prune, plan_prune
+from areal_tasks.checkpoint.state import CheckpointableEngine, TrainerState
+from areal_tasks.config.sections import SaverConfig
+from areal_tasks.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+    from storage import Storage
+
+logger = logging.getLogger(__name__)
+
+RECOVER_MODES = ("auto", "resume", "disabled")
+
+
+class SaveTicket:
+    """A save in progress (async) or done (sync); :meth:`wait` returns its metadata or raises."""
+
+    def __init__(self, step: int, future: Future[CheckpointMetadata]) -> None:
+        self.step = step
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self) -> CheckpointMetadata:
+        return self._future.result()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One step directory. ``status``: ``complete`` (a checkpoint; carries its metadata), ``data``
+    (pruned, but holding data that complete checkpoints reference) or ``partial`` (an interrupted
+    save: ignored, removed by the next prune)."""
+
+    step: int
+    dir: str
+    status: str
+    metadata: CheckpointMetadata | None
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+
+class CheckpointManager:
+    """Checkpoints of one run under ``<storage_url>/<experiment>/<trial>/checkpoints``."""
+
+    def __init__(
+        self,
+        storage_url: str | None,
+        options: Mapping[str, Any] | None = None,
+        experiment: str = "areal",
+        trial: str = "trial0",
+        saver_config: SaverConfig | None = None,
+        *,
+        incremental: bool = True,
+        storage: Storage | None = None,
+        group: CheckpointGroup | None = None,
+    ) -> None:
+        from storage import Storage
+
+        self.saver_config = saver_config or SaverConfig()
+        if self.saver_config.format != "dcp":
+            raise CheckpointError(
+                f"saver.format={self.saver_config.format!r}: the checkpoint manager writes resumable 'dcp' checkpoints; "
+                "get an HF directory with `areal checkpoint export URL --hf OUT`"
+            )
+        if storage is None:
+            if not storage_url:
+                raise CheckpointError("a checkpoint manager needs a storage URL (storage.url) or a Storage")
+            storage = Storage.from_url(storage_url, options)
+        self.storage = storage
+        self.layout = CheckpointLayout.for_run(storage, experiment, trial)
+        self.policy = RetentionPolicy.from_saver(self.saver_config)
+        self.incremental = incremental
+        self.group = group or CheckpointGroup.create()
+        self._async = AsyncSaver() if self.saver_config.async_save else None
+        self._last_step: int | None = None
+        self._metadata_cache: dict[int, CheckpointMetadata] = {}
+
+    @classmethod
+    def from_config(cls, job: JobConfig, **kwargs: Any) -> CheckpointManager:
+        """The manager of ``job``: storage URL (default ``file://<run_dir>/storage``), names, saver."""
+        url = job.storage.url
+        if url is None:
+            if not job.experiment.run_dir:
+                raise CheckpointError("storage.url is unset and experiment.run_dir is unresolved: set one of them")
+            url = f"file://{os.path.join(job.experiment.run_dir, 'storage')}"
+        return cls(url, job.storage.options, job.experiment.name, job.experiment.trial, job.saver, **kwargs)
+
+    @property
+    def url(self) -> str:
+        """The URL of the checkpoints folder (what the CLI takes)."""
+        return self.layout.url()
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def should_save(self, step: int, *, last: bool = False) -> bool:
+        """Whether ``saver.freq_steps`` asks for a checkpoint after ``step`` (always at the last step)."""
+        freq = self.saver_config.freq_steps
+        return last or (freq is not None and freq > 0 and step % freq == 0)
+
+    def save(
+        self,
+        step: int,
+        engines: Mapping[str, CheckpointableEngine],
+        trainer_state: TrainerState,
+        metrics: Mapping[str, float] | None = None,
+        config: Any = None,
+    ) -> SaveTicket:
+        """Checkpoint ``engines`` and ``trainer_state`` as step ``step`` (collective, every rank).
+
+        Sync mode returns once the checkpoint is complete (and pruned). Async mode returns after the
+        state is copied to host memory; the ticket completes when the data is written.
+        """
+        from areal_tasks.checkpoint.save import prepare_save, write_checkpoint
+
+        if trainer_state.step != step:
+            raise CheckpointError(f"trainer_state.step={trainer_state.step} differs from the step being saved ({step})")
+        if self._async is not None:
+            self._async.wait()  # one save in flight at most; raises the previous one's failure
+        parent = self.group.on_coordinator(lambda: self._prepare_directory(step), f"preparing checkpoint step {step}")
+        request = prepare_save(
+            self.group, step, engines, trainer_state, metrics or {}, config_payload(config),
+            parent=parent, incremental=self.incremental, stage=self._async is not None,
+        )  # fmt: skip
+
+        def write() -> CheckpointMetadata:
+            metadata = write_checkpoint(self.layout, self.group, request)
+            self._last_step = step
+            self._metadata_cache[step] = metadata
+            self.group.on_coordinator(self._prune_now, f"pruning after checkpoint step {step} (which is saved)")
+            return metadata
+
+        if self._async is not None:
+            return SaveTicket(step, self._async.submit(write))
+        done: Future[CheckpointMetadata] = Future()
+        done.set_result(write())
+        return SaveTicket(step, done)
+
+    def wait(self) -> CheckpointMetadata | None:
+        """Wait for an async save in flight (re-raising its failure); its metadata, or None."""
+        return self._async.wait() if self._async is not None else None
+
+    def close(self) -> None:
+        """Wait for the save in flight and stop the background writer."""
+        if self._async is not None:
+            self._async.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _referenced_dirs(self) -> set[str]:
+        out: set[str] = set()
+        for step in self.layout.complete_steps():
+            out.update(self.metadata(step).references)
+        return out
+
+    def _prepare_directory(self, step: int) -> int | None:
+        """Rank 0: refuse a complete directory, clear a partial one, pick the parent step."""
+        directory = step_dir(step)
+        if self.layout.is_complete(step):
+            raise CheckpointError(
+                f"checkpoint {self.layout.url(directory)} already exists and is complete; it is never overwritten "
+                "(later checkpoints may reference its data): resume from it, or use a new experiment.trial"
+            )
+        if self.layout.storage.exists(directory):
+            if directory in self._referenced_dirs():
+                raise CheckpointError(
+                    f"{self.layout.url(directory)} holds data that kept checkpoints reference; cannot save step {step} "
+                    "there: resume from the latest checkpoint, or use a new experiment.trial"
+                )
+            logger.warning("removing the partial checkpoint %s left by an interrupted save", self.layout.url(directory))
+            self.layout.storage.delete(directory, recursive=True, missing_ok=True)
+        if not self.incremental:
+            return None
+        if self._last_step is not None and self._last_step < step and self.layout.is_complete(self._last_step):
+            return self._last_step
+        earlier = [s for s in self.layout.complete_steps() if s < step]
+        return earlier[-1] if earlier else None
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def latest(self) -> int | None:
+        """The newest complete checkpoint's step (None when there is none). Local: no collective."""
+        return self.layout.latest()
+
+    def metadata(self, step: int) -> CheckpointMetadata:
+        """The metadata of the complete checkpoint ``step``."""
+        if step not in self._metadata_cache:
+            if not self.layout.is_complete(step):
+                raise CheckpointError(f"{self.layout.url(step_dir(step))} is not a complete checkpoint")
+            text = self.layout.storage.read_text(self.layout.key(step, METADATA_FILE))
+            self._metadata_cache[step] = CheckpointMetadata.from_json(text)
+        return self._metadata_cache[step]
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every step directory, ascending, with its status (see :class:`CheckpointInfo`)."""
+        complete = {step: self.metadata(step) for step in self.layout.complete_steps()}
+        referenced = {name for meta in complete.values() for name in meta.references}
+        out = []
+        for step, name in self.layout.step_dirs().items():
+            status = "complete" if step in complete else "data" if name in referenced else "partial"
+            out.append(CheckpointInfo(step, name, status, complete.get(step)))
+        return out
+
+    def load(self, step: int | None, engines: Mapping[str, CheckpointableEngine]) -> TrainerState:
+        """Restore checkpoint ``step`` (None: the latest) into ``engines`` and this rank's RNGs (collective)."""
+        from areal_tasks.checkpoint.dcp_io import StorageDCPReader, dcp_load
+        from areal_tasks.checkpoint.rng import restore_rng_state
+        from areal_tasks.checkpoint.state import apply_sharded_state_dict, restore_engine_side_state, sharded_state_dict
+
+        self.wait()
+        chosen = self.group.on_coordinator(lambda: self._resolve_step(step), "finding the checkpoint to load")
+        directory = step_dir(chosen)
+        storage = self.layout.storage
+        state = sharded_state_dict(engines)
+        reader = StorageDCPReader(storage, directory)
+        dcp_load(state, reader, self.group.pg, self.group.distributed)
+        apply_sharded_state_dict(engines, state)
+        restore_engine_side_state(engines, json.loads(storage.read_text(f"{directory}/{ENGINES_FILE}")))
+        trainer = TrainerState.from_dict(json.loads(storage.read_text(f"{directory}/{TRAINER_STATE_FILE}")))
+        saved_world = self.metadata(chosen).world_size
+        rng_key = f"{directory}/{rng_file(self.group.rank)}"
+        if saved_world == self.group.world_size:
+            restore_rng_state(json.loads(storage.read_text(rng_key)))
+        else:
+            logger.warning("checkpoint was saved by %d ranks, this run has %d: RNG states are not restored "
+                           "(the run continues, but not bit-identically)", saved_world, self.group.world_size)  # fmt: skip
+        self._last_step = chosen
+        self.group.barrier()
+        logger.info("loaded checkpoint %s (%d bytes read by this rank)", self.layout.url(directory), reader.bytes_read)
+        return trainer
+
+    def _resolve_step(self, step: int | None) -> int:
+        chosen = self.layout.latest() if step is None else step
+        if chosen is None:
+            raise CheckpointError(f"no complete checkpoint in {self.url}")
+        if not self.layout.is_complete(chosen):
+            raise CheckpointError(
+                f"{self.layout.url(step_dir(chosen))} is not a complete checkpoint (an interrupted save?); "
+                f"complete ones: {self.layout.complete_steps()}"
+            )
+        return chosen
+
+    def recover(self, mode: str, engines: Mapping[str, CheckpointableEngine]) -> TrainerState | None:
+        """``recover.mode``: ``auto`` loads the latest checkpoint if there is one, ``resume`` requires
+        one, ``disabled`` starts fresh. Returns the trainer state to continue from, or None."""
+        if mode not in RECOVER_MODES:
+            raise CheckpointError(f"recover.mode must be one of {RECOVER_MODES}, got {mode!r}")
+        if mode == "disabled":
+            return None
+        latest = self.group.on_coordinator(self.layout.latest, "looking for a checkpoint to recover from")
+        if latest is None:
+            if mode == "resume":
+                raise CheckpointError(f"recover.mode=resume but {self.url} holds no complete checkpoint")
+            logger.info("no checkpoint in %s: starting fresh", self.url)
+            return None
+        return self.load(latest, engines)
+
+    # -- pruning ----------------------------------------------------------------------------------
+
+    def prune(self) -> PrunePlan:
+        """Apply retention now (collective; rank 0 deletes). Returns what was kept and removed."""
+        self.wait()
+        return self.group.on_coordinator(self._prune_now, "pruning checkpoints")
+
+    def _prune_now(self) -> PrunePlan:
+        dirs = self.layout.step_dirs()
+        directories = {name: list(self.layout.storage.walk_files(name)) for name in dirs.values()}
+        complete = {}
+        for step, name in dirs.items():
+            if COMPLETE_MARKER in directories[name]:
+                meta = self.metadata(step)
+                complete[step] = (meta.metrics, meta.references)
+        plan = plan_prune(directories, complete, self.policy)
+        apply_prune(self.layout, plan)
+        for name in [*plan.delete, *plan.strip]:
+            step = parse_step_dir(name)
+            if step is not None:
+                self._metadata_cache.pop(step, None)
+        return plan
