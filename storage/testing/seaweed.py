@@ -12,6 +12,7 @@ after a short grace: the data is throwaway). Usable as a context manager, from p
 from __future__ import annotations
 
 import atexit
+import glob
 import json
 import logging
 import os
@@ -197,6 +198,7 @@ class SeaweedS3Server:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait()
         logger.info("SeaweedFS pid %d stopped (exit %s)", process.pid, process.returncode)
+        self._remove_sockets()
 
     def __enter__(self) -> SeaweedS3Server:
         return self.start()
@@ -236,6 +238,15 @@ class SeaweedS3Server:
             )
         finally:
             log.close()
+
+    def _remove_sockets(self) -> None:
+        """weed leaves ``/tmp/seaweedfs-<service>-<port>.sock`` behind when killed; remove ours."""
+        for port in self.ports.values():
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):  # weed hard-codes /tmp
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    logger.debug("socket %s was already removed", path)
 
     def _wait_until_serving(self) -> None:
         assert self._process is not None
