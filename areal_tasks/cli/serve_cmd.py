@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="parse <tool_call> blocks of chat answers into tool_calls")
     parser.add_argument("--seed", "--random-seed", dest="seed", type=int, default=None,
                         help="seed of the shared sampling stream (requests may carry their own sampling_seed)")
+    parser.add_argument("--disable-cuda-graph", action="store_true",
+                        help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run_serve)
@@ -67,6 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
         admin_api_key=args.admin_api_key,
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
+        cuda_graphs=not args.disable_cuda_graph,
         num_threads=args.num_threads,
         log_level=args.log_level,
     )

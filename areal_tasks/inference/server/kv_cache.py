@@ -83,11 +83,12 @@ class SlotKVCache:
         self.lengths[dst] = length
 
     def clear(self) -> None:
-        """Drop the storage (``/flush_cache`` on an idle server); it is allocated again on next use."""
+        """Zero the storage in place (``/flush_cache`` on an idle server; addresses stay valid for
+        captured CUDA graphs)."""
         if len(self._free) != self.num_slots:
             raise InferenceError("cannot clear the KV cache while slots are in use")
-        self.keys.clear()
-        self.values.clear()
+        for tensor in (*self.keys.values(), *self.values.values()):
+            tensor.zero_()
 
     # ---- usage figures ----
     @property

@@ -50,6 +50,8 @@ class RunnerConfig:
     context_length: int | None = None
     #: tokenizer directory; None = the model directory.
     tokenizer_path: str | None = None
+    #: on CUDA, capture decode steps as CUDA graphs per batch-size bucket (``cuda_graph.py``).
+    cuda_graphs: bool = True
 
 
 def resolve_device(name: str) -> torch.device:

@@ -195,10 +195,11 @@ class SamplingBatch:
 def _uniforms(batch: SamplingBatch, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One U[0, 1) number per sampled row: from the row's generator if seeded, else the shared stream."""
     u = torch.rand(len(rows), device=device)
-    for out_idx, row in enumerate(rows.tolist()):
-        gen = batch.generators[row]
-        if gen is not None:
-            u[out_idx] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
+    if any(g is not None for g in batch.generators):
+        for out_idx, row in enumerate(rows.tolist()):
+            gen = batch.generators[row]
+            if gen is not None:
+                u[out_idx] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
     return u
 
 
@@ -218,9 +219,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
     """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32)."""
     logits = logits.float()
     if batch.all_greedy:
-        tokens = torch.argmax(logits, dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens.view(-1, 1)).view(-1)
-        return tokens, logprobs
+        # logit of the argmax minus logsumexp: the greedy logprob without writing a log_softmax
+        best, tokens = logits.max(dim=-1)
+        return tokens, best - torch.logsumexp(logits, dim=-1)
     scaled = logits / batch.temperatures.view(-1, 1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     tokens = torch.argmax(logits, dim=-1)

@@ -38,6 +38,8 @@ class ServerConfig:
     api_key: str | None = None
     admin_api_key: str | None = None
     tool_call_parser: str | None = None
+    #: on CUDA, replay decode steps from CUDA graphs (SGLang's --disable-cuda-graph turns it off).
+    cuda_graphs: bool = True
     #: seed of the shared sampling stream (unseeded requests); None = nondeterministic.
     seed: int | None = None
     #: CPU intra-op threads for torch; None keeps torch's default.
@@ -60,18 +62,19 @@ def build_app(cfg: ServerConfig) -> Any:
     import torch
 
     from areal_tasks.inference.server.app import create_app
+    from areal_tasks.inference.server.cuda_graph import build_runner
     from areal_tasks.inference.server.engine import Engine
-    from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
+    from areal_tasks.inference.server.model_runner import RunnerConfig
     from areal_tasks.inference.server.service import EmbeddedServer
 
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
-    runner = ModelRunner(RunnerConfig(
+    runner = build_runner(RunnerConfig(
         model_path=cfg.model_path, dtype=cfg.dtype, device=cfg.device,
         max_running_requests=cfg.max_running_requests, context_length=cfg.context_length,
-        tokenizer_path=cfg.tokenizer_path,
+        tokenizer_path=cfg.tokenizer_path, cuda_graphs=cfg.cuda_graphs,
     ))
     engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens)
     name = cfg.served_model_name or Path(cfg.model_path).name

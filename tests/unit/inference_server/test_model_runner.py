@@ -80,3 +80,26 @@ def test_batched_ragged_prefill_equals_single_prefills(runner) -> None:
         want = runner.prefill(slot, prompt + [token])[-1]
         runner.cache.release(slot)
         assert torch.allclose(row, want, atol=1e-5)
+
+
+def test_static_bucketed_decode_equals_eager_decode(tiny_qwen2, one_thread: None) -> None:
+    """The CUDA-graph runner's static forward (run eagerly on CPU) gives the eager decode's logits."""
+    from areal_tasks.inference.server.cuda_graph import GraphModelRunner, batch_buckets, length_buckets
+
+    assert batch_buckets(256)[-4:] == [160, 192, 224, 256]
+    assert batch_buckets(5) == [1, 2, 4, 5] and batch_buckets(700)[-2:] == [640, 700]
+    assert length_buckets(392) == [256, 392] and length_buckets(48, smallest=16) == [16, 32, 48]
+    static = GraphModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6,
+                                           context_length=48), capture=False)
+    static.lengths = length_buckets(48, smallest=16)  # several length buckets within this short context
+    eager = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6, context_length=48))
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
+    got = _greedy_batch(static, prompts, 24)  # crosses the 16 and 32 length buckets
+    assert got == _greedy_batch(eager, prompts, 24)
+    slots = [static.cache.allocate() for _ in range(3)]
+    eager_slots = [eager.cache.allocate() for _ in range(3)]
+    for runner, taken in ((static, slots), (eager, eager_slots)):
+        runner.prefill_batch(taken, prompts)
+    step = static.decode(slots, [1, 2, 3], [3, 5, 1])
+    assert torch.allclose(step, eager.decode(eager_slots, [1, 2, 3], [3, 5, 1]), atol=1e-5)
+    assert [static.cache.lengths[s] for s in slots] == [4, 6, 2]

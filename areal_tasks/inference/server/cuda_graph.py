@@ -1,0 +1,148 @@
+"""GPU decode path: static-shape decode steps captured as one CUDA graph per batch-size bucket.
+
+:class:`GraphModelRunner` is a :class:`ModelRunner` whose :meth:`decode` runs a static forward when
+the running sequences sit in slots ``0..B-1`` (the engine keeps them there): the batch is padded
+up to the next bucket (padding rows write position 0 of free slots, which nothing reads), token
+ids and positions go through fixed device buffers, new keys/values are scattered into the slot
+cache in place, and attention reads each row's slot over the whole context with a mask built on
+the device from the positions. Attention reads each row's slot up to a length bucket (256, 512,
+1024, ... and the context length) that covers the longest filled position of the batch, so short
+sequences do not pay for the whole context. With ``capture`` (the default on CUDA) the forward of
+every (batch bucket, length bucket) pair is captured once at start-up and replayed, so a step
+costs one graph launch instead of hundreds of kernel launches; without it (CPU tests) the same
+static forward runs eagerly. Anything else (other slot layouts, batches above the largest
+bucket) falls back to the eager decode.
+
+Weight updates copy into the parameters in place and a cache flush zeroes the storage in place,
+so the captured graphs stay valid for the life of the server.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from areal_tasks.inference.server.kv_cache import SlotKVCache
+from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
+
+logger = logging.getLogger(__name__)
+
+_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def length_buckets(max_len: int, smallest: int = 256) -> list[int]:
+    """KV lengths attention may read: ``smallest`` doubling while below ``max_len``, then ``max_len``."""
+    buckets = []
+    length = smallest
+    while length < max_len:
+        buckets.append(length)
+        length *= 2
+    return buckets + [max_len]
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Captured batch sizes: powers of two, then steps of 16/32/64, up to and including ``max_batch``."""
+    buckets = [b for b in _BUCKETS if b < max_batch]
+    step = 64
+    while buckets and buckets[-1] + step < max_batch:
+        buckets.append(buckets[-1] + step)
+    return buckets + [max_batch]
+
+
+class StaticCacheView(Cache):
+    """The cache of a static decode step over slots ``0..b-1`` (positions read from a device buffer)."""
+
+    def __init__(self, store: SlotKVCache, positions: torch.Tensor, kv_len: int) -> None:
+        super().__init__(layers=[])
+        self.store = store
+        self.positions = positions  # [b] view of the runner's position buffer
+        self.kv_len = kv_len
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k_store, v_store = self.store.layer(layer_idx, key_states)
+        b, kv_heads, _, head_dim = key_states.shape
+        index = self.positions.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
+        k_store[:b].scatter_(2, index, key_states)
+        v_store[:b].scatter_(2, index, value_states)
+        return k_store[:b, :, : self.kv_len], v_store[:b, :, : self.kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.kv_len, 0
+
+
+class GraphModelRunner(ModelRunner):
+    """A model runner with bucketed static decode steps, CUDA-graph captured on GPU (see the module doc)."""
+
+    def __init__(self, cfg: RunnerConfig, capture: bool | None = None) -> None:
+        super().__init__(cfg)
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.buckets = batch_buckets(min(cfg.max_running_requests, self.cache.num_slots))
+        self.lengths = length_buckets(self.max_len)
+        largest = self.buckets[-1]
+        #: row 0: token ids, row 1: positions (one host-to-device copy per step).
+        self._inputs = torch.zeros(2, largest, dtype=torch.long, device=self.device)
+        self._staging = torch.zeros(2, largest, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        if self.capture:
+            self._capture_all()
+
+    def _static_forward(self, batch: int, kv_len: int) -> torch.Tensor:
+        ids = self._inputs[0, :batch].view(batch, 1)
+        positions = self._inputs[1, :batch].view(batch, 1)
+        view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
+        masks = self._masks(positions, kv_len, trivial=False)
+        return self._forward(ids, positions, view, masks, 1)[:, -1]
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        for kv_len in reversed(self.lengths):
+            for batch in reversed(self.buckets):
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._static_forward(batch, kv_len)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    logits = self._static_forward(batch, kv_len)
+                self._graphs[(batch, kv_len)] = (graph, logits)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        logger.info("captured CUDA graphs: decode batch sizes %s x KV lengths %s", self.buckets, self.lengths)
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
+        count = len(slots)
+        if count > self.buckets[-1] or slots != list(range(count)) or max(positions) >= self.max_len:
+            return super().decode(slots, tokens, positions)
+        batch = self.buckets[bisect.bisect_left(self.buckets, count)]
+        kv_len = self.lengths[bisect.bisect_left(self.lengths, max(positions) + 1)]
+        self._staging.zero_()
+        self._staging[0, :count] = torch.tensor(tokens)
+        self._staging[1, :count] = torch.tensor(positions)
+        self._inputs[:, :batch].copy_(self._staging[:, :batch], non_blocking=True)
+        if self.capture:
+            graph, logits = self._graphs[(batch, kv_len)]
+            graph.replay()
+        else:
+            logits = self._static_forward(batch, kv_len)
+        for slot, position in zip(slots, positions):
+            self.cache.lengths[slot] = position + 1
+        return logits[:count].float()
+
+
+def build_runner(cfg: RunnerConfig) -> ModelRunner:
+    """The runner for ``cfg``: CUDA-graph decode on a GPU (unless disabled), the eager runner otherwise."""
+    from areal_tasks.inference.server.model_runner import resolve_device
+
+    if resolve_device(cfg.device).type == "cuda" and cfg.cuda_graphs:
+        return GraphModelRunner(cfg)
+    return ModelRunner(cfg)

@@ -1,0 +1,252 @@
+"""Inference throughput: the embedded server's engine vs ``transformers.generate``.
+
+A randomly initialised Qwen2 model of the chosen shape (``qwen2.5-0.5b``: hidden 896, 24 layers, 14
+heads, 2 KV heads, intermediate 4864, vocab 151936, tied embeddings; ``tiny``: the tiny-model kit's
+qwen2 for a CPU run) serves ``--concurrency`` requests of ``--prompt-len`` random prompt tokens and
+``--new-tokens`` generated tokens each (greedy, EOS ignored), all submitted at once to the engine
+(in process, no HTTP; ``--http`` adds a run through ``areal serve`` with concurrent ``/generate``
+calls). Throughput is generated tokens / wall time from submission to the last answer (prefill
+included). The baseline is ``generate`` on the same model, dtype and device at each of
+``--hf-batches`` (equal-length prompts, no padding, static cache on CUDA not forced).
+
+Greedy parity: the engine's outputs for the first ``--check`` prompts are compared with ``generate``
+at batch 1; the table reports how many are token-identical and the mean fraction of matching
+leading tokens (bf16 batched kernels may flip near-ties of a random model; fp32 on CPU matches).
+
+Prints a table and writes JSON (``benchmarks/results/inference_throughput_<device>.json`` by default).
+
+Usage::
+
+    python benchmarks/inference_throughput.py --preset tiny                    # CPU, about a minute
+    python benchmarks/inference_throughput.py --preset qwen2.5-0.5b            # one GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+PRESETS = {
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768),
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def build_model_dir(preset: str, root: Path) -> Path:
+    """The model directory: the tiny kit's qwen2, or a random Qwen2 of the preset's shape (fp32 on disk)
+    with the tiny kit's tokenizer (prompts use ids below its 1024-token vocabulary)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from areal_tasks.models import build_tiny_model
+
+    tiny = build_tiny_model("qwen2")
+    if preset == "tiny":
+        return tiny
+    path = root / preset
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**PRESETS[preset]), dtype=torch.float32)
+    model.save_pretrained(str(path))
+    for name in _TOKENIZER_FILES:
+        if (tiny / name).exists():
+            shutil.copy(tiny / name, path / name)
+    return path
+
+
+def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 1000, (count, length), generator=gen).tolist()
+
+
+def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict) -> tuple[float, list[list[int]]]:
+    """Submit every prompt at once; returns (seconds until the last answer, outputs)."""
+    import concurrent.futures
+
+    from areal_tasks.inference.server.request import Sequence, SequenceGroup
+    from areal_tasks.inference.server.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, **sampling)
+    futures, seqs = [], []
+    for i, prompt in enumerate(prompts):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        seqs.append(Sequence(rid=f"b{i}", group=SequenceGroup(list(prompt)), params=params,
+                             on_finish=lambda s, f=fut: f.set_result(s)))
+        futures.append(fut)
+    start = time.perf_counter()
+    engine.submit(seqs)
+    done = [f.result(timeout=3600) for f in futures]
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, [s.output_ids for s in done]
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    ids = torch.tensor(prompts, device=model.device)
+    with torch.no_grad():
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+    return time.perf_counter() - start, out[:, ids.shape[1]:].tolist()
+
+
+def parity(got: list[list[int]], want: list[list[int]]) -> tuple[int, float]:
+    """(token-identical outputs, mean fraction of matching leading tokens)."""
+    fractions = []
+    for a, b in zip(got, want):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        fractions.append(same / max(len(b), 1))
+    return sum(f == 1.0 for f in fractions), sum(fractions) / max(len(fractions), 1)
+
+
+async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> float:
+    import httpx
+
+    body = {"sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    limits = httpx.Limits(max_connections=len(prompts))
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        start = time.perf_counter()
+        answers = await asyncio.gather(*(client.post("/generate", json={**body, "input_ids": p}) for p in prompts))
+        elapsed = time.perf_counter() - start
+    if any(a.status_code != 200 for a in answers):
+        raise RuntimeError(f"/generate failed: {next(a.text for a in answers if a.status_code != 200)}")
+    return elapsed
+
+
+def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> float:
+    """Throughput through ``areal serve`` (started here on a free port, stopped by PID)."""
+    import os
+    import signal
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "areal_tasks.cli", "serve", "--model", str(model_dir), "--port", str(port),
+            "--dtype", args.dtype, "--device", args.device, "--max-running-requests", str(args.concurrency),
+            "--context-length", str(args.prompt_len + args.new_tokens + 8)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"areal serve exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        asyncio.run(_http_run(url, prompts[:2], 4))
+        return asyncio.run(_http_run(url, prompts, args.new_tokens))
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=("tiny", *PRESETS), default="tiny")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--hf-batches", default="256,1", help="comma-separated generate batch sizes")
+    parser.add_argument("--check", type=int, default=8, help="prompts compared with generate at batch 1")
+    parser.add_argument("--sampling", action="store_true", help="also run temperature 1, top_p 0.9")
+    parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.inference.server.cuda_graph import build_runner
+    from areal_tasks.inference.server.engine import Engine
+    from areal_tasks.inference.server.model_runner import RunnerConfig, resolve_device
+
+    device = resolve_device(args.device)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model_dir(args.preset, Path(tmp))
+        prompts = make_prompts(args.concurrency, args.prompt_len)
+        runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
+                                           max_running_requests=args.concurrency,
+                                           context_length=args.prompt_len + args.new_tokens + 8))
+        dtype = runner.dtype
+        engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
+        engine.start()
+        try:
+            run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})  # warm-up
+            seconds, outputs = run_engine(engine, prompts, args.new_tokens, {"temperature": 0.0})
+            rows.append({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
+                         "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+            if args.sampling:
+                seconds, _ = run_engine(engine, prompts, args.new_tokens, {"temperature": 1.0, "top_p": 0.9})
+                rows.append({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency,
+                             "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+        finally:
+            engine.shutdown()
+        del engine, runner
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if args.http:
+            seconds = run_http(model_dir, args, prompts)
+            rows.append({"system": "areal serve over HTTP, greedy", "batch": args.concurrency, "seconds": seconds,
+                         "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        checked = min(args.check, len(prompts))
+        references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]
+        identical, prefix = parity(outputs[:checked], references)
+        for batch in (int(b) for b in args.hf_batches.split(",") if b):
+            hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
+            seconds, _ = hf_generate(model, prompts[:batch], args.new_tokens)
+            rows.append({"system": "transformers generate", "batch": batch, "seconds": seconds,
+                         "tokens_per_s": batch * args.new_tokens / seconds})
+    report = {
+        "preset": args.preset, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
+        "concurrency": args.concurrency, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix},
+        "rows": rows,
+    }
+    print(f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
+          f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)")
+    print(f"{'system':<34} {'batch':>6} {'seconds':>9} {'tokens/s':>12}")
+    for row in rows:
+        print(f"{row['system']:<34} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f}")
+    print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, "
+          f"mean matching prefix {prefix:.1%}")
+    out = args.out or RESULTS / f"inference_throughput_{device.type}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
