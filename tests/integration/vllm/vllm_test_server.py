@@ -7,14 +7,10 @@ last user lets go. Users import this module by name (``import vllm_test_server``
 on ``sys.path``), so they share one module object and its state.
 
 The server is ``python -m vllm.entrypoints.openai.api_server`` from ``.venv-vllm`` (``make
-vllm-env``), with the command line of ``areal_tasks.inference.launch`` plus what CPU needs:
-
-* ``--kv-cache-memory-bytes`` 64 MiB (the legacy ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB),
-  ``--enforce-eager`` (no compile at start-up);
-* ``--weight-transfer-config {"backend": "areal"}``: our plugin's engine (disk and gloo updates);
-* ``--logprobs-mode processed_logprobs``: logprobs after temperature, as SGLang reports them;
-* ``PYTHONSAFEPATH=1``: the working directory is not put first on ``sys.path``, where a stale
-  ``areal_tasks.egg-info`` of the main venv's editable install would hide our entry point.
+vllm-env``), with the command line of ``areal_tasks.inference.launch`` (which already adds our
+weight-transfer engine, processed logprobs and ``PYTHONSAFEPATH=1``) plus what a small CPU test needs:
+``--kv-cache-memory-bytes`` 64 MiB (the legacy ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB) and
+``--enforce-eager`` (no compile at start-up).
 
 The tiny model has 32-wide attention heads: vLLM's CPU attention supports head sizes 32..512 (not
 the kit's default 16), and vLLM's Qwen2 derives the head size as ``hidden_size / heads``.
@@ -24,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,11 +87,9 @@ def _server_command(model_dir: Path):
         "--served-model-name", SERVED_NAME,
         "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-        "--weight-transfer-config", json.dumps({"backend": "areal"}),
-        "--logprobs-mode", "processed_logprobs",
     ]
     command = build_server_command(cfg, str(model_dir))
-    env = {**command.env, "PYTHONSAFEPATH": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**command.env, "TOKENIZERS_PARALLELISM": "false"}
     return dataclasses.replace(command, env=env)
 
 

@@ -47,9 +47,10 @@ def test_vllm_command_uses_its_own_python() -> None:
         "/envs/serve/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen",
         "--tokenizer", "/models/tok", "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2",
         "--gpu-memory-utilization", "0.7", "--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "7",
+        "--weight-transfer-config", '{"backend": "areal"}', "--logprobs-mode", "processed_logprobs",
         "--log-level", "warning",
     ]
-    assert cmd.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert cmd.env == {"VLLM_SERVER_DEV_MODE": "1", "PYTHONSAFEPATH": "1"}
 
 
 def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
