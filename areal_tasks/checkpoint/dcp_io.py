@@ -18,6 +18,7 @@ every item's hash. Non-tensor items are unpickled with ``weights_only=True`` (:c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -156,13 +157,30 @@ class StorageDCPWriter(StorageWriter):
         self.index_file = FileInfo(size=len(data), sha256=sha256_hex(data))
 
 
+@contextlib.contextmanager
+def _dcp_call(what: str) -> Iterator[None]:
+    """Run a DCP call quietly in one process, turning its CheckpointException into CheckpointError."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with warnings.catch_warnings():
+        # DCP warns on every single-process call that it assumes one process: that is the intent here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            yield
+        except CheckpointException as exc:
+            failures = exc.failures
+            rank, (first, _) = sorted(failures.items())[0]
+            raise CheckpointError(
+                f"{what} failed on rank(s) {sorted(failures)}; rank {rank}: {type(first).__name__}: {first}"
+            ) from first
+
+
 def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any, distributed: bool) -> None:
     """``dcp.save`` of ``state`` through ``writer`` over ``process_group`` (or in one process)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _dcp_call(f"saving {writer.checkpoints.url_for(writer.step_dir)}"):
         dcp.save(state, storage_writer=writer, planner=DefaultSavePlanner(), process_group=process_group,
                  no_dist=not distributed)  # fmt: skip
 
@@ -173,8 +191,7 @@ def dcp_load(
     """``dcp.load`` into ``state`` through ``reader`` (``partial``: ``state`` may hold a subset of the items)."""
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _dcp_call(f"loading {reader.checkpoints.url_for(reader.step_dir)}"):
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(allow_partial_load=partial),
                  process_group=process_group, no_dist=not distributed)  # fmt: skip
 

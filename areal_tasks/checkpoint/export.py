@@ -113,6 +113,7 @@ def export_hf(checkpoints: Storage, step: int, out_dir: str | os.PathLike[str], 
 
     from areal_tasks.engine.fsdp.export import write_hf_dir
 
+    _engine_entry(checkpoints, step, engine)  # a clear error for an unknown engine comes first
     sidecar_key = f"{step_dir(step)}/{HF_DIR}/{engine}"
     sidecar = checkpoints.walk_files(sidecar_key) if checkpoints.exists(sidecar_key) else {}
     if "config.json" not in sidecar:

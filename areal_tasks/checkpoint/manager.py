@@ -98,6 +98,7 @@ class CheckpointManager:
         incremental: bool = True,
         storage: Storage | None = None,
         group: CheckpointGroup | None = None,
+        layout: CheckpointLayout | None = None,
     ) -> None:
         from storage import Storage
 
@@ -107,12 +108,14 @@ class CheckpointManager:
                 f"saver.format={self.saver_config.format!r}: the checkpoint manager writes resumable 'dcp' checkpoints; "
                 "get an HF directory with `areal checkpoint export URL --hf OUT`"
             )
-        if storage is None:
-            if not storage_url:
-                raise CheckpointError("a checkpoint manager needs a storage URL (storage.url) or a Storage")
-            storage = Storage.from_url(storage_url, options)
-        self.storage = storage
-        self.layout = CheckpointLayout.for_run(storage, experiment, trial)
+        if layout is None:
+            if storage is None:
+                if not storage_url:
+                    raise CheckpointError("a checkpoint manager needs a storage URL (storage.url) or a Storage")
+                storage = Storage.from_url(storage_url, options)
+            layout = CheckpointLayout.for_run(storage, experiment, trial)
+        self.layout = layout
+        self.storage = layout.storage
         self.policy = RetentionPolicy.from_saver(self.saver_config)
         self.incremental = incremental
         self.group = group or CheckpointGroup.create()
@@ -129,6 +132,16 @@ class CheckpointManager:
                 raise CheckpointError("storage.url is unset and experiment.run_dir is unresolved: set one of them")
             url = f"file://{os.path.join(job.experiment.run_dir, 'storage')}"
         return cls(url, job.storage.options, job.experiment.name, job.experiment.trial, job.saver, **kwargs)
+
+    @classmethod
+    def open(cls, checkpoints_url: str, options: Mapping[str, Any] | None = None,
+             saver_config: SaverConfig | None = None) -> CheckpointManager:  # fmt: skip
+        """A one-process manager of an existing checkpoints folder (``.../<exp>/<trial>/checkpoints``):
+        what the CLI and the benchmarks use to list, inspect, prune and export."""
+        from storage import Storage
+
+        layout = CheckpointLayout(Storage.from_url(checkpoints_url, options))
+        return cls(None, saver_config=saver_config, layout=layout, group=CheckpointGroup(distributed=False))
 
     @property
     def url(self) -> str:
