@@ -1,0 +1,114 @@
+"""The SFT warm-start controller: ``run_sft(cfg) -> Path`` of the trained HF model.
+
+It resolves the model (``tiny:<family>`` is built by the tiny-model kit), writes a worker config
+with that directory as ``model.path`` to ``<run_dir>/sft_config.yaml``, and starts one
+``areal_tasks.trainer.sft_worker`` per data-parallel rank of the allocation's actor through the
+Scheduler (``torch_distributed=True``; gloo on CPU with the accelerators hidden). It waits for the
+group, raises :class:`~areal_tasks.errors.WorkerFailedError` (exit codes, log tails) if a rank
+failed, and returns ``<run_dir>/sft``. The loop itself is in ``sft_loop.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
+from areal_tasks.config.allocation import parse_allocation
+from areal_tasks.config.serialize import dump_config_yaml
+from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.trainer.sft_loop import SFTPaths
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
+logger = logging.getLogger(__name__)
+
+SFT_GROUP = "sft"
+TINY_PREFIX = "tiny:"
+
+
+def resolve_model_dir(cfg: JobConfig) -> str:
+    """A local directory of ``model.path``: ``tiny:<family>`` is built (or reused from the kit's cache)."""
+    path = cfg.model.path
+    if path.startswith(TINY_PREFIX):
+        from areal_tasks.models import build_tiny_model
+
+        return str(build_tiny_model(path[len(TINY_PREFIX) :].strip(), seed=cfg.experiment.seed))
+    if not Path(path).expanduser().is_dir():
+        raise ConfigError(f"model.path={path!r}: SFT needs a local model directory or tiny:<family>")
+    return str(Path(path).expanduser().resolve())
+
+
+def actor_dp_size(cfg: JobConfig) -> int:
+    """The actor's data-parallel size from the allocation (SFT runs pure data parallel)."""
+    dims = parse_allocation(cfg.allocation).actor().dims
+    if dims.world_size != dims.d:
+        raise ConfigError(
+            f"allocation {cfg.allocation!r}: the SFT warm start runs data parallel only; the actor has "
+            f"dims {dims.to_spec()} (use fsdp:d<N>)"
+        )
+    return dims.d
+
+
+def write_worker_config(cfg: JobConfig, model_dir: str) -> Path:
+    """``<run_dir>/sft_config.yaml``: ``cfg`` with ``model.path`` set to the resolved ``model_dir``."""
+    worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
+    target = Path(_run_dir(cfg)) / "sft_config.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
+    return target
+
+
+def _run_dir(cfg: JobConfig) -> str:
+    if cfg.experiment.run_dir is None:
+        raise ConfigError("experiment.run_dir is not resolved; build the config with load_config()")
+    return cfg.experiment.run_dir
+
+
+def sft_worker_spec(cfg: JobConfig, config_path: Path, replicas: int) -> WorkerGroupSpec:
+    """The worker group of the SFT ranks (one process per data-parallel rank)."""
+    on_gpus = cfg.cluster.gpus_per_node > 0
+    return WorkerGroupSpec(
+        name=SFT_GROUP,
+        command=[sys.executable, "-m", "areal_tasks.trainer.sft_worker", "--config", str(config_path)],
+        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        replicas=replicas,
+        ports_per_worker=0,
+        devices_per_worker=1 if on_gpus else 0,
+        hide_devices=not on_gpus,
+        torch_distributed=True,
+    )
+
+
+def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float | None = None) -> Path:
+    """Run ``train.sft_warmup_steps`` SFT steps on the actor's dp ranks; return the HF model directory.
+
+    With no ``scheduler`` a :class:`~areal_tasks.launch.LocalScheduler` on the run dir is used and
+    stopped at the end.
+    """
+    if cfg.train.sft_warmup_steps < 1:
+        raise ConfigError(f"train.sft_warmup_steps={cfg.train.sft_warmup_steps} must be >= 1 to run SFT")
+    run_dir = _run_dir(cfg)
+    config_path = write_worker_config(cfg, resolve_model_dir(cfg))
+    replicas = actor_dp_size(cfg)
+    owned = scheduler is None
+    if scheduler is None:
+        from areal_tasks.launch import LocalScheduler
+
+        scheduler = LocalScheduler(run_dir)
+    try:
+        logger.info("SFT: %d steps on %d rank(s); logs under %s/logs", cfg.train.sft_warmup_steps, replicas, run_dir)
+        scheduler.start_group(sft_worker_spec(cfg, config_path, replicas))
+        scheduler.wait(SFT_GROUP, timeout_s)
+        scheduler.check(SFT_GROUP)
+    finally:
+        if owned:
+            scheduler.stop_all()
+    model_dir = SFTPaths.of(run_dir).model_dir
+    if not (model_dir / "config.json").is_file():
+        raise EngineError(f"SFT workers exited cleanly but wrote no HF model under {model_dir}")
+    return model_dir

@@ -1,0 +1,119 @@
+"""The SFT loop of one train rank: demonstrations -> packed batches -> FSDP engine steps -> HF model.
+
+Every rank builds the same global batch for a step (the data order depends only on the seed), takes
+its data-parallel share (``dp_split``) and calls ``train_batch`` with the SFT loss; the engine
+weights micro-batches and ranks by loss tokens, so the logged loss is the token-mean negative
+log-likelihood of the whole global batch. Rank 0 shows a progress bar and appends one JSON line per
+step to the metrics file. The model is saved in HF format at the end (every rank takes part).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from areal_tasks.datasets.prompts import render_prompt, render_transcript
+from areal_tasks.datasets.registry import load_split, wrong_fraction
+from areal_tasks.datasets.sft import build_demonstrations
+from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.trainer.sft_data import Transcript, pack_transcripts, sft_loss, sft_loss_weight
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SFTPaths:
+    """Where a run's SFT outputs go."""
+
+    model_dir: Path
+    metrics: Path
+
+    @classmethod
+    def of(cls, run_dir: str | Path) -> SFTPaths:
+        """``<run_dir>/sft/`` for the HF model, ``<run_dir>/sft_metrics.jsonl`` for the per-step log."""
+        root = Path(run_dir)
+        return cls(model_dir=root / "sft", metrics=root / "sft_metrics.jsonl")
+
+
+def build_transcripts(cfg: JobConfig, tokenizer: object) -> list[Transcript]:
+    """The tokenized SFT transcripts of the train split (prompts over ``max_prompt_len`` dropped)."""
+    records = load_split(cfg.dataset, "train")
+    demos = build_demonstrations(records, wrong_fraction(cfg.dataset.path), seed=cfg.experiment.seed)
+    transcripts = []
+    for demo in demos:
+        if len(render_prompt(tokenizer, demo.prompt)) > cfg.dataset.max_prompt_len:
+            continue
+        transcripts.append(render_transcript(tokenizer, demo.prompt, demo.response))
+    if not transcripts:
+        raise ConfigError(f"dataset.max_prompt_len={cfg.dataset.max_prompt_len} drops every training prompt")
+    logger.info("SFT: %d transcripts (%d dropped as too long)", len(transcripts), len(demos) - len(transcripts))
+    return transcripts
+
+
+def step_indices(n_items: int, batch_size: int, step: int, seed: int, shuffle: bool) -> list[int]:
+    """The item indices of ``step``: consecutive ``batch_size`` slices of per-epoch (seeded) permutations."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, n_items)
+        order = list(range(n_items))
+        if shuffle:
+            random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        indices.append(order[offset])
+    return indices
+
+
+def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
+    """Train this rank for ``train.sft_warmup_steps`` steps, save the HF model, return its directory."""
+    import torch
+    from tqdm import tqdm
+
+    from areal_tasks.engine.fsdp.engine import FSDPEngine
+    from areal_tasks.engine.microbatch import dp_split
+    from areal_tasks.models.tokenizer import load_tokenizer
+
+    steps = cfg.train.sft_warmup_steps
+    if steps < 1:
+        raise ConfigError(f"train.sft_warmup_steps={steps} must be >= 1 to run SFT")
+    seed = cfg.experiment.seed
+    paths = SFTPaths.of(cfg.experiment.run_dir or ".")
+    transcripts = build_transcripts(cfg, load_tokenizer(model_dir))
+    engine = FSDPEngine(cfg.actor, model_dir, total_steps=steps, seed=seed)
+    engine.initialize()
+    info = engine.parallel
+    granularity = cfg.actor.micro_batch.granularity
+    is_main = info.rank == 0
+    if is_main:
+        paths.metrics.parent.mkdir(parents=True, exist_ok=True)
+        paths.metrics.write_text("", encoding="utf-8")
+    bar = tqdm(range(steps), desc="sft", disable=not is_main, dynamic_ncols=True)
+    for step in bar:
+        torch.manual_seed(seed * 1_000_003 + step)
+        random.seed(seed * 1_000_003 + step)
+        picked = step_indices(len(transcripts), cfg.train.batch_size, step, seed, cfg.dataset.shuffle)
+        batch = pack_transcripts([transcripts[i] for i in picked])
+        local = dp_split(batch, info.dp_size, granularity=granularity)[info.dp_rank] if info.dp_size > 1 else batch
+        started = time.perf_counter()
+        stats = engine.train_batch(local, sft_loss, sft_loss_weight)
+        engine.step_lr_scheduler()
+        if not math.isfinite(stats["loss"]):
+            raise EngineError(f"SFT step {step}: the loss is {stats['loss']}")
+        if is_main:
+            bar.set_postfix(loss=f"{stats['loss']:.4f}")
+            row = {"step": step, "loss": stats["loss"], "grad_norm": stats["grad_norm"], "lr": stats["lr"],
+                   "n_tokens": stats["n_tokens"], "step_s": time.perf_counter() - started}
+            with paths.metrics.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+    bar.close()
+    engine.save(str(paths.model_dir), format="hf")
+    engine.destroy()
+    logger.info("SFT done: %d steps, model at %s", steps, paths.model_dir)
+    return paths.model_dir
