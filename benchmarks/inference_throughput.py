@@ -146,6 +146,8 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
     argv = [sys.executable, "-m", "areal_tasks.cli", "serve", "--model", str(model_dir), "--port", str(port),
             "--dtype", args.dtype, "--device", args.device, "--max-running-requests", str(args.concurrency),
             "--context-length", str(args.prompt_len + args.new_tokens + 8)]
+    if args.num_threads:
+        argv += ["--num-threads", str(args.num_threads)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -117,6 +117,7 @@ class Engine:
             num_running=running,
             num_waiting=waiting,
             paused=self._paused,
+            draining=self._gated,
             prompt_tokens_total=counters.prompt_tokens,
             generation_tokens_total=counters.generation_tokens,
             requests_finished_total=counters.requests_finished,
@@ -315,9 +316,11 @@ class Engine:
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
         tokens, logprobs = sample(logits, batch)
+        # one device-to-host copy: token ids (< 2**53) travel exactly as float64
+        token_list, logprob_list = torch.stack((tokens.double(), logprobs.double())).tolist()
         self.counters.add_generated(len(seqs))
-        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist()):
-            seq.append(token, logprob)
+        for seq, token, logprob in zip(seqs, token_list, logprob_list):
+            seq.append(int(token), logprob)
             reason = self.finisher.check(seq)
             if reason is not None:
                 seq.finish_reason = reason
@@ -335,6 +338,7 @@ class Engine:
 
     def _deliver(self, seq: Sequence) -> None:
         seq.finished_at = time.perf_counter()
+        seq.finish_version = self.weight_version
         self.counters.add_finished()
         try:
             seq.on_finish(seq)

@@ -2,7 +2,8 @@
 
 Gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:gen_throughput``
 (generated tokens/s over the last 10 s), ``sglang:token_usage`` (filled KV positions / capacity)
-and ``areal:paused`` (1 while paused); counters ``sglang:prompt_tokens_total``,
+``areal:paused`` (1 while paused) and ``areal:weight_update_draining`` (1 while a weight update
+holds new requests back until those in flight finish); counters ``sglang:prompt_tokens_total``,
 ``sglang:generation_tokens_total`` and ``sglang:num_requests_total``. Every sample carries the
 ``model_name`` label, like SGLang's.
 """
@@ -31,6 +32,8 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
         ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", stats.gen_throughput),
         ("sglang:token_usage", "gauge", "The token usage.", usage),
         ("areal:paused", "gauge", "1 while generation is paused.", int(stats.paused is not None)),
+        ("areal:weight_update_draining", "gauge", "1 while a weight update waits for requests in flight.",
+         int(stats.draining)),
         ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens_total),
         ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
          stats.generation_tokens_total),

@@ -190,7 +190,7 @@ def openai_router() -> APIRouter:
                             "finish_reason": reason, "matched_stop": matched})
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.served_model_name, "choices": choices, "usage": _usage(seqs, prompts),
-                "metadata": {"weight_version": server.engine.weight_version}}
+                "metadata": {"weight_version": seqs[-1].finish_version}}
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> dict[str, Any]:
@@ -221,6 +221,6 @@ def openai_router() -> APIRouter:
                             "finish_reason": "tool_calls" if calls else reason, "matched_stop": matched})
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": server.served_model_name, "choices": choices, "usage": _usage(seqs, [prompt]),
-                "metadata": {"weight_version": server.engine.weight_version}}
+                "metadata": {"weight_version": seqs[-1].finish_version}}
 
     return router

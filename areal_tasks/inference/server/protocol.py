@@ -199,10 +199,10 @@ def weight_version_spans(seq: Sequence, current: str) -> list[dict[str, Any]]:
     return spans
 
 
-def generate_response(
-    seq: Sequence, text: str, weight_version: str, decode_token: Any | None = None
-) -> dict[str, Any]:
-    """SGLang's ``/generate`` answer for one finished sequence (see the module doc)."""
+def generate_response(seq: Sequence, text: str, decode_token: Any | None = None) -> dict[str, Any]:
+    """SGLang's ``/generate`` answer for one finished sequence (see the module doc); the version is
+    the one the engine held when the sequence finished."""
+    weight_version = seq.finish_version or ""
     end = seq.finished_at if seq.finished_at is not None else seq.created_at
     meta: dict[str, Any] = {
         "id": seq.rid,

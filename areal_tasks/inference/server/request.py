@@ -77,6 +77,8 @@ class Sequence:
     num_retractions: int = 0
     #: (old weight version, output tokens generated under it) at each weight change during the run.
     version_events: list[tuple[str, int]] = field(default_factory=list)
+    #: the weight version when the sequence finished (what its answer reports).
+    finish_version: str | None = None
     created_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished_at: float | None = None

@@ -179,15 +179,26 @@ class SamplingBatch:
     def build(
         cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device
     ) -> SamplingBatch:
-        vocab_all = TOP_K_ALL
+        """Per-row tensors (one host-to-device copy; none at all for an all-greedy batch)."""
+        all_greedy = all(p.greedy for p in params)
+        rows = len(params)
+        if all_greedy:
+            table = torch.ones(5, rows, device=device)
+        else:
+            table = torch.tensor(
+                [[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
+                 [float(p.top_k if p.top_k > 0 else TOP_K_ALL) for p in params], [p.min_p for p in params],
+                 [float(p.greedy) for p in params]],
+                dtype=torch.float64,
+            ).to(device)
         return cls(
-            temperatures=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
-            top_ps=torch.tensor([p.top_p for p in params], device=device),
-            top_ks=torch.tensor([p.top_k if p.top_k > 0 else vocab_all for p in params], device=device),
-            min_ps=torch.tensor([p.min_p for p in params], device=device),
-            greedy=torch.tensor([p.greedy for p in params], device=device),
+            temperatures=table[0].float(),
+            top_ps=table[1].float(),
+            top_ks=table[2].long(),
+            min_ps=table[3].float(),
+            greedy=table[4].bool(),
             generators=generators,
-            all_greedy=all(p.greedy for p in params),
+            all_greedy=all_greedy,
             any_filter=any(p.needs_filter and not p.greedy for p in params),
         )
 

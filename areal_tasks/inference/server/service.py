@@ -89,7 +89,7 @@ class EmbeddedServer:
     def response(self, seq: Sequence, return_text_in_logprobs: bool = False) -> dict[str, Any]:
         """SGLang's ``/generate`` answer for ``seq``."""
         decode = (lambda t: self.tokenizer.decode([t])) if return_text_in_logprobs else None
-        return generate_response(seq, self.output_text(seq), self.engine.weight_version, decode)
+        return generate_response(seq, self.output_text(seq), decode)
 
     # ---------------- pause / continue / abort / cache ----------------
     async def pause(self, mode: str) -> int:

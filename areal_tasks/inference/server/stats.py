@@ -25,6 +25,8 @@ class EngineStats:
     num_running: int
     num_waiting: int
     paused: str | None
+    #: a weight update holds new requests back until the requests in flight finish.
+    draining: bool
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished_total: int

@@ -12,8 +12,9 @@ of the model must be present (tied aliases count once).
 Collective (SGLang ``/init_weights_update_group`` + ``/update_weights_from_distributed``): the
 group is built exactly like SGLang's ``init_custom_process_group``: TCP rendezvous at
 ``tcp://master_address:master_port`` (trainer rank 0 hosts the store), a ``PrefixStore`` named
-after the group, then ``torch.distributed``'s own process-group constructor, so the trainer side
-can be any SGLang-compatible sender. This server's rank is ``rank_offset`` (it has no tensor
+after the group, then ``torch.distributed``'s own process-group constructor (the one function
+both sides call: ``engine/weights/collective.py``), so the trainer side can be any
+SGLang-compatible sender. This server's rank is ``rank_offset`` (it has no tensor
 parallelism). One update is, in the order of ``names``, one broadcast from rank 0 per tensor, or
 with ``load_format="flattened_bucket"`` a single ``uint8`` broadcast holding all tensors back to
 back (each at an offset aligned to its element size), as SGLang's ``FlattenedTensorBucket``.
@@ -107,8 +108,7 @@ def init_weights_update_group(
     device: torch.device, timeout_s: float = 1800.0,
 ) -> WeightUpdateGroup:
     """Join the group as SGLang's ``init_custom_process_group`` does (blocks until every member joined)."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
+    from areal_tasks.engine.weights.collective import init_custom_process_group
 
     if not group_name:
         raise InferenceError("group_name must not be empty")
@@ -118,15 +118,9 @@ def init_weights_update_group(
         raise InferenceError("backend nccl needs the server to run on CUDA; use gloo on CPU")
     if not 0 < rank < world_size:
         raise InferenceError(f"rank {rank} must be in 1..{world_size - 1} (rank 0 is the trainer)")
-    timeout = timedelta(seconds=timeout_s)
-    host = f"[{master_address}]" if ":" in master_address else master_address
-    store, rank, world_size = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = dist.PrefixStore(group_name, store)
-    pg, _ = _new_process_group_helper(
-        world_size, rank, [], dist.Backend(backend), store, group_name=group_name, timeout=timeout
+    pg = init_custom_process_group(
+        backend, master_address, master_port, world_size, rank, group_name, timedelta(seconds=timeout_s)
     )
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     logger.info("joined weight-update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
     return WeightUpdateGroup(group_name, rank, world_size, backend, device, pg)
 

@@ -133,3 +133,24 @@ def test_metrics_count_tokens_and_requests(http) -> None:
     assert _metric(http, "sglang:gen_throughput") > 0
     text = http.get("/metrics").text
     assert "# TYPE sglang:num_running_reqs gauge" in text and "# TYPE sglang:token_usage gauge" in text
+
+
+def test_update_on_a_running_server_waits_for_requests_in_flight(http, admin_headers, tiny_qwen2: Path) -> None:
+    version = http.get("/get_model_info").json()["weight_version"]
+    new_version = str(int(version) + 1)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        running = pool.submit(http.post, "/generate", json={
+            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, **GREEDY}})
+        _wait_metric(http, "sglang:num_running_reqs", 1)
+        update = pool.submit(http.post, "/update_weights_from_disk", headers=admin_headers,
+                             json={"model_path": str(tiny_qwen2), "weight_version": new_version})
+        _wait_metric(http, "areal:weight_update_draining", 1)
+        late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+        _wait_metric(http, "sglang:num_queue_reqs", 1)
+        first = running.result(timeout=120).json()["meta_info"]
+        assert update.result(timeout=120).json()["success"] is True
+        second = late.result(timeout=120).json()["meta_info"]
+    # the request in flight ran to its end on the old weights; the one that came during the update waited
+    assert first["weight_version"] == version and "weight_versions" not in first
+    assert first["completion_tokens"] == 1500
+    assert second["weight_version"] == new_version

@@ -79,7 +79,7 @@ def test_api_key_rules(path, header, api_key, admin_key, allowed) -> None:
 
 
 def test_metrics_text_format() -> None:
-    stats = EngineStats(num_running=3, num_waiting=2, paused=None, prompt_tokens_total=10,
+    stats = EngineStats(num_running=3, num_waiting=2, paused=None, draining=True, prompt_tokens_total=10,
                         generation_tokens_total=20, requests_finished_total=4, gen_throughput=12.5,
                         cache_used_tokens=25, cache_capacity_tokens=100, weight_version="1")
     lines = render_metrics(stats, 'm"x').splitlines()
@@ -87,6 +87,7 @@ def test_metrics_text_format() -> None:
     assert 'sglang:token_usage{model_name="m\\"x"} 0.25' in lines
     assert "# TYPE sglang:generation_tokens_total counter" in lines
     assert 'areal:paused{model_name="m\\"x"} 0.0' in lines
+    assert 'areal:weight_update_draining{model_name="m\\"x"} 1.0' in lines
 
 
 def test_parse_tool_calls() -> None:
