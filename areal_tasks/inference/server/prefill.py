@@ -41,6 +41,12 @@ def release_slot(cache: SlotKVCache, seq: Sequence) -> None:
     seq.slot = None
 
 
+def _share_prompt(seq: Sequence, logits: torch.Tensor) -> None:
+    """Keep the prompt's logits and KV source for the siblings of an ``n > 1`` request."""
+    if seq.params.n > 1:
+        seq.group.source_slot, seq.group.prompt_logits = seq.slot, logits.clone()
+
+
 def _wants_prompt_logprobs(seq: Sequence) -> bool:
     return seq.return_logprob and 0 <= seq.logprob_start_len < len(seq.prompt_ids)
 
@@ -101,7 +107,7 @@ class Prefiller:
         logits = self.runner.prefill_batch([s.slot for s in seqs], [s.prompt_ids for s in seqs])
         self.counters.add_prompt_tokens(sum(len(s.prompt_ids) for s in seqs))
         for seq, row in zip(seqs, logits):
-            seq.group.source_slot, seq.group.prompt_logits = seq.slot, row.clone()
+            _share_prompt(seq, row)
         self.sample_and_check(seqs, logits)
 
     def _prefill_one(self, seqs: list[Sequence]) -> None:
@@ -146,5 +152,5 @@ class Prefiller:
         if seq.params.max_new_tokens == 0:
             seq.finish_reason = finish_length(0)
             return
-        group.source_slot, group.prompt_logits = seq.slot, logits[-1].clone()
+        _share_prompt(seq, logits[-1])
         self.sample_and_check([seq], logits[-1].view(1, -1))
