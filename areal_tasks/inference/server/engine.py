@@ -59,6 +59,8 @@ class Engine:
         #: while gated (a weight update drains the engine), new sequences wait here, not in the queue.
         self._gated = False
         self._held: list[Sequence] = []
+        #: sequences popped from the queue and being prefilled (counted as in flight).
+        self._admitting = 0
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = EngineCounters()
@@ -209,7 +211,7 @@ class Engine:
     def in_flight(self) -> int:
         """Running and queued sequences, not counting those held back by the gate."""
         with self._cond:
-            return len(self._running) + len(self._waiting)
+            return len(self._running) + len(self._waiting) + self._admitting
 
     def holds_kv(self) -> bool:
         """Whether scheduled sequences hold KV computed earlier (running, retracted, or queued while not
@@ -276,6 +278,7 @@ class Engine:
                 seq = self._waiting.popleft()
                 budget -= len(seq.prompt_ids) + (len(seq.output_ids) if seq.retracted else 0)
                 seqs.append(seq)
+            self._admitting = len(seqs)
         if not seqs:
             return
         self.prefiller.admit(seqs)
@@ -284,6 +287,8 @@ class Engine:
                 self._release(seq)
             else:
                 self._running.append(seq)
+        with self._cond:
+            self._admitting = 0
 
     def _compact(self) -> None:
         """Move running sequences into slots ``0..B-1`` (highest first into the lowest holes), so a
