@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal, Union
 if TYPE_CHECKING:
     import torch
 
+    from areal_tasks.api.inference import ParamSpec
     from areal_tasks.api.weight_update import WeightUpdateMeta
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,15 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Publish the current weights to the inference servers as ``meta`` says (disk or collective)."""
+
+    @abc.abstractmethod
+    def weight_specs(self) -> list[ParamSpec]:
+        """Name, dtype and full shape of every tensor :meth:`update_weights` publishes, in its order.
+
+        The controller plans a collective update's buckets from them
+        (``plan_weight_buckets(engine.weight_specs(), meta.bucket_bytes)``) for the inference
+        client, while the engine broadcasts the same buckets. Local: no collective.
+        """
 
     @abc.abstractmethod
     def get_version(self) -> int:

@@ -1,9 +1,12 @@
-"""Collective weight update from a dp=2 engine: trainer rank 0 broadcasts the gathered full
-weights in buckets to a receiver (this test process, standing in for an inference server) twice
-over the same group; the receiver gets exactly the engine's weights of each version."""
+"""Collective weight update from a dp=2 engine, SGLang's protocol end to end: trainer rank 0 joins
+the group and broadcasts one flattened bucket per planned bucket, twice over the same group; the
+receiver (this test process, standing in for an inference server) joins and receives with the
+embedded server's own code, planning the buckets from the engine's weight specs as the client
+does, and gets exactly the engine's weights of each version."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -13,34 +16,47 @@ from launch import free_port, run_workers
 
 pytestmark = pytest.mark.distributed
 
+BUCKET_BYTES = 64 * 1024
+
 
 def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
-    from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.engine.weights.collective import join_weight_group, receive_weights
+    from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
+    from areal_tasks.inference.server.weights import init_weights_update_group, receive_weights
 
-    port = free_port()
-    meta = WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, timeout_s=120)
+    port, group_name = free_port(), "engine_dp2_update"
     received: list[dict] = []
+    n_buckets: list[int] = []
     errors: list[BaseException] = []
 
-    def receiver() -> None:
+    def server() -> None:
         try:
-            group = join_weight_group(meta, 1)
-            for version in (1, 2):
-                received.append(dict(receive_weights(group, expected_version=version)))
+            group = init_weights_update_group("127.0.0.1", port, 1, 2, group_name, "gloo", torch.device("cpu"), 120)
+            specs = [ParamSpec(**s) for s in json.loads((tmp_path / "specs.json").read_text())]
+            buckets = plan_weight_buckets(specs, BUCKET_BYTES)
+            n_buckets.append(len(buckets))
+            for _ in (1, 2):
+                update: dict[str, torch.Tensor] = {}
+                for b in buckets:
+                    update.update(receive_weights(group, [s.name for s in b], [s.dtype for s in b],
+                                                  [list(s.shape) for s in b], "flattened_bucket"))
+                received.append(update)
+            group.destroy()
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
             raise
 
-    thread = threading.Thread(target=receiver, daemon=True)
+    thread = threading.Thread(target=server, daemon=True)
     thread.start()
-    run_workers("workers_fsdp:collective_run", 2, tmp_path, {"model_dir": str(tiny_qwen2), "port": port})
+    run_workers("workers_fsdp:collective_run", 2, tmp_path,
+                {"model_dir": str(tiny_qwen2), "port": port, "group": group_name, "bucket_bytes": BUCKET_BYTES})
     thread.join(timeout=60)
+    assert not thread.is_alive(), "the receiver did not finish"
     assert not errors, errors
+    assert n_buckets[0] > 1
     res = torch.load(tmp_path / "result.pt", weights_only=False)
     assert len(received) == 2
     for got, expected in zip(received, (res["first"], res["second"])):
         assert set(got) == set(expected)
         for name, tensor in expected.items():
-            assert torch.equal(got[name], tensor), name
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
     assert any(not torch.equal(res["first"][n], res["second"][n]) for n in res["first"])

@@ -173,14 +173,22 @@ def critic_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     engine.destroy()
 
 
-def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int) -> None:
-    """Publish weights over a collective group twice (before and after a train step, dp=2)."""
+def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int, group: str,
+                   bucket_bytes: int) -> None:
+    """Publish weights over a collective group twice (before and after a train step, dp=2); rank 0
+    first writes the weight specs (``specs.json``) the receiver plans its buckets from."""
+    import dataclasses
+    import json
+
     from areal_tasks.api.weight_update import WeightUpdateMeta
 
     def meta(version: int) -> WeightUpdateMeta:
-        return WeightUpdateMeta.collective(version, "127.0.0.1", port, 2, bucket_bytes=64 * 1024, timeout_s=120)
+        return WeightUpdateMeta.collective(version, "127.0.0.1", port, 2, group_name=group,
+                                           bucket_bytes=bucket_bytes, timeout_s=120)
 
     engine = build_engine(model_dir, engine_config(1))
+    if rank == 0:  # written before the group exists, so the receiver reads it once it has joined
+        (out_dir / "specs.json").write_text(json.dumps([dataclasses.asdict(s) for s in engine.weight_specs()]))
     engine.update_weights(meta(1))
     first = full_params(engine)
     engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)

@@ -30,6 +30,7 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
+    from areal_tasks.api.inference import ParamSpec
     from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.microbatch import MicroBatchPlan
@@ -263,6 +264,12 @@ class FSDPEngine(TrainEngine):
         self._require_init()
         send_weights(self, meta)
 
+    def weight_specs(self) -> list[ParamSpec]:
+        from areal_tasks.engine.fsdp.weight_sender import weight_specs
+
+        self._require_init()
+        return weight_specs(self)
+
     def get_version(self) -> int:
         return self._version
 
@@ -272,7 +279,9 @@ class FSDPEngine(TrainEngine):
         self._version = int(version)
 
     def destroy(self) -> None:
-        self.weight_groups.clear()
+        from areal_tasks.engine.fsdp.weight_sender import close_weight_groups
+
+        close_weight_groups(self)
         self.model = self.optimizer = self.lr_scheduler = None
         self._initialized = False
 

@@ -3,7 +3,7 @@
 :func:`iter_full_tensors` walks the model's state dict one tensor at a time, gathering each
 FSDP/TP shard into the full tensor (a collective: every rank of the engine must iterate, in the same
 order). :func:`iter_hf_tensors` renames to plain HF keys, merges LoRA adapters when asked and drops
-the tied LM head. :func:`write_hf_dir` (rank 0) writes everything atomically.
+the tied LM head; :func:`iter_hf_meta` gives the same names, dtypes and shapes without gathering. :func:`write_hf_dir` (rank 0) writes everything atomically.
 """
 
 from __future__ import annotations
@@ -64,7 +64,20 @@ def hf_config_of(model: torch.nn.Module) -> object:
 
 def iter_hf_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
     """Plain HF ``(name, tensor)`` pairs: LoRA merged into the base weights, tied LM head dropped."""
-    stream = iter_full_tensors(model, device)
+    return _as_hf(model, iter_full_tensors(model, device))
+
+
+def iter_hf_meta(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What :func:`iter_hf_tensors` yields, as ``meta``-device tensors (names, dtypes, full shapes)
+    and in the same order; local, no gather."""
+    import torch
+
+    stream = ((name, torch.empty(t.shape, dtype=t.dtype, device="meta")) for name, t in model.state_dict().items())
+    return _as_hf(model, stream)
+
+
+def _as_hf(model: torch.nn.Module, stream: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``stream`` (state-dict keys) with LoRA merged and renamed to HF keys, tied LM head dropped."""
     if is_peft_model(model):
         stream = LoraMerger(lora_scalings(model))(stream)
     config = hf_config_of(model)

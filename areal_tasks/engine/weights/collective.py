@@ -1,29 +1,33 @@
-"""Bucketed weight broadcast from trainer rank 0 to the inference servers over a collective group.
+"""Trainer side of SGLang's collective weight update: join the group, broadcast planned buckets.
 
-The weight-update group is separate from the trainer's default process group: trainer rank 0 is
-rank 0 of it and hosts its rendezvous store at ``master_addr:master_port``; every inference server
-rank joins with ranks ``1..world_size-1``. Both sides build it with :func:`join_weight_group`.
+One protocol, SGLang 0.5.23's (``docs/inference.md``, "Collective weight updates"), spoken to SGLang
+servers and to the embedded server alike:
 
-Wire format of one update (all broadcasts from rank 0), repeated per bucket:
-
-1. an int64 ``[1]`` tensor: byte length ``L`` of the bucket header (``0`` ends the update);
-2. a uint8 ``[L]`` tensor: UTF-8 JSON ``{"version", "tensors": [{"name", "dtype", "shape",
-   "offset", "nbytes"}...]}``;
-3. a uint8 tensor holding the bucket's tensors back to back (at most ``bucket_bytes`` unless a
-   single tensor is bigger).
-
-Tensors of any dtype travel as raw bytes, so one bucket can mix dtypes.
+* **Group.** :func:`init_custom_process_group` is SGLang's function of that name
+  (``sglang/srt/utils/common.py``) for a ``tcp://`` init method: torch's TCP rendezvous (rank 0
+  hosts the store), the store wrapped in ``PrefixStore(group_name)``, then torch's own
+  ``_new_process_group_helper``. The trainer joins as rank 0 (:func:`join_weight_group`) while the
+  client's ``/init_weights_update_group`` makes every server join with ranks
+  ``rank_offset + tp_rank``; the embedded server's receive side calls the same function.
+* **Buckets.** Both the trainer and the client split the weights with the shared
+  :func:`~areal_tasks.api.inference.plan_weight_buckets` over the same :class:`ParamSpec` list
+  (names, dtypes and shapes in the order the trainer streams the tensors), so they agree on every
+  bucket without a header on the wire.
+* **Wire.** Per bucket, exactly one ``broadcast(src=0)`` of a ``uint8`` tensor: the bucket's tensors'
+  bytes back to back in the bucket's order (what a server allocates for
+  ``/update_weights_from_distributed`` with ``load_format="flattened_bucket"``). No header, no end
+  marker, no version on the wire: the version travels over HTTP (``weight_version``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -33,144 +37,148 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+__all__ = [
+    "BucketedBroadcastSender",
+    "WeightGroup",
+    "flatten_bucket",
+    "init_custom_process_group",
+    "join_weight_group",
+    "spec_of",
+]
+
+
+def init_custom_process_group(
+    backend: str, master_addr: str, master_port: int, world_size: int, rank: int, group_name: str,
+    timeout: timedelta,
+) -> Any:
+    """SGLang's ``init_custom_process_group`` with ``init_method="tcp://master_addr:master_port"``.
+
+    Returns the new ``ProcessGroup`` (not torch's default group); blocks until all ``world_size``
+    members have joined. Both sides of a weight update must build the group this way, or the
+    rendezvous keys do not meet.
+    """
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
+
+    host = f"[{master_addr}]" if ":" in master_addr else master_addr
+    store, rank, world_size = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = dist.PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(
+        world_size, rank, [], dist.Backend(backend), store, group_name=group_name, timeout=timeout
+    )
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
 
 @dataclass
 class WeightGroup:
-    """One member's handle on the weight-update group."""
+    """The trainer's (rank 0) membership of one weight-update group."""
 
-    backend_pg: Any
-    rank: int
+    name: str
     world_size: int
-    device: str
-    store: Any
+    backend: str
+    device: torch.device
+    process_group: Any
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast ``tensor`` in place from rank 0 (blocking)."""
+    def broadcast(self, flat: torch.Tensor) -> None:
+        """Broadcast ``flat`` from rank 0 (this process) to every server rank; blocks until sent."""
         import torch.distributed as dist
 
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        opts.rootTensor = 0
-        self.backend_pg.broadcast([tensor], opts).wait()
+        dist.broadcast(flat, src=0, group=self.process_group)
+
+    def destroy(self) -> None:
+        """Leave the group (local: the servers leave through ``/destroy_weights_update_group``)."""
+        import torch.distributed as dist
+
+        dist.destroy_process_group(self.process_group)
 
 
-def join_weight_group(meta: WeightUpdateMeta, rank: int) -> WeightGroup:
-    """Join (rank 0: host) the group described by ``meta`` as ``rank``; blocks until all have joined."""
-    import torch
-    import torch.distributed as dist
+def join_weight_group(meta: WeightUpdateMeta) -> WeightGroup:
+    """Join the group ``meta`` names as rank 0 (hosting its rendezvous); blocks until all joined.
 
-    if meta.type != "collective":
-        raise EngineError(f"join_weight_group needs a collective WeightUpdateMeta, got type={meta.type!r}")
-    if not 0 <= rank < meta.world_size:
-        raise EngineError(f"rank {rank} is outside the weight-update group of size {meta.world_size}")
-    timeout = timedelta(seconds=meta.timeout_s)
-    tcp = dist.TCPStore(
-        meta.master_addr, meta.master_port, meta.world_size, is_master=(rank == 0), timeout=timeout
-    )
-    store = dist.PrefixStore(meta.group_name, tcp)
-    if meta.backend == "nccl":
-        if not torch.cuda.is_available():
-            raise EngineError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
-        pg = dist.ProcessGroupNCCL(store, rank, meta.world_size, dist.ProcessGroupNCCL.Options())
-        device = f"cuda:{torch.cuda.current_device()}"
-    else:
-        pg = dist.ProcessGroupGloo(store, rank, meta.world_size, timeout)
-        device = "cpu"
-    group = WeightGroup(backend_pg=pg, rank=rank, world_size=meta.world_size, device=device, store=tcp)
-    # one tiny broadcast proves every member is connected before the first real update
-    probe = torch.zeros(1, dtype=torch.int64, device=device)
-    group.broadcast(probe)
-    logger.info(
-        "joined weight-update group %s as rank %d/%d (%s)", meta.group_name, rank, meta.world_size, meta.backend
-    )
-    return group
-
-
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=flat.device)
-
-
-class BucketedBroadcastSender:
-    """Rank 0 side: packs named tensors into buckets and broadcasts them (see the module doc)."""
-
-    def __init__(self, group: WeightGroup, bucket_bytes: int) -> None:
-        if group.rank != 0:
-            raise EngineError(f"only rank 0 of the weight-update group sends, this is rank {group.rank}")
-        if bucket_bytes < 1:
-            raise EngineError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        self.group = group
-        self.bucket_bytes = bucket_bytes
-
-    def _flush(self, version: int, entries: list[tuple[str, torch.Tensor]]) -> None:
-        import torch
-
-        header, parts, offset = [], [], 0
-        for name, tensor in entries:
-            raw = _bytes_of(tensor)
-            header.append(
-                {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
-                 "offset": offset, "nbytes": raw.numel()}
-            )
-            parts.append(raw.to(self.group.device))
-            offset += raw.numel()
-        encoded = json.dumps({"version": version, "tensors": header}).encode()
-        dev = self.group.device
-        self.group.broadcast(torch.tensor([len(encoded)], dtype=torch.int64, device=dev))
-        self.group.broadcast(torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(dev))
-        payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=dev)
-        self.group.broadcast(payload)
-
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        """Broadcast all tensors as update ``version``; returns the number of bytes sent."""
-        import torch
-
-        bucket: list[tuple[str, torch.Tensor]] = []
-        used = total = 0
-        for name, tensor in named_tensors:
-            size = tensor.numel() * tensor.element_size()
-            if bucket and used + size > self.bucket_bytes:
-                self._flush(version, bucket)
-                bucket, used = [], 0
-            bucket.append((name, tensor))
-            used += size
-            total += size
-        if bucket:
-            self._flush(version, bucket)
-        self.group.broadcast(torch.zeros(1, dtype=torch.int64, device=self.group.device))
-        logger.info("broadcast weights version %d: %d bytes", version, total)
-        return total
-
-
-def receive_weights(group: WeightGroup, expected_version: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side (ranks >= 1): yield ``(name, tensor)`` of one update until its end marker.
-
-    Tensors are on the group's device. Raises :class:`EngineError` when the update carries another
-    version than ``expected_version``.
+    Run it concurrently with the client's ``/init_weights_update_group`` calls (the client's first
+    collective ``update_weights`` of that group makes them).
     """
     import torch
 
-    if group.rank == 0:
-        raise EngineError("rank 0 of the weight-update group is the sender, not a receiver")
-    dev = group.device
-    while True:
-        length = torch.zeros(1, dtype=torch.int64, device=dev)
-        group.broadcast(length)
-        n = int(length.item())
-        if n == 0:
-            return
-        raw_header = torch.empty(n, dtype=torch.uint8, device=dev)
-        group.broadcast(raw_header)
-        header = json.loads(raw_header.cpu().numpy().tobytes().decode())
-        if expected_version is not None and header["version"] != expected_version:
-            raise EngineError(f"weight update carries version {header['version']}, expected {expected_version}")
-        total = sum(entry["nbytes"] for entry in header["tensors"])
-        payload = torch.empty(total, dtype=torch.uint8, device=dev)
-        group.broadcast(payload)
-        for entry in header["tensors"]:
-            dtype = getattr(torch, entry["dtype"])
-            # clone before the dtype view: a view needs an offset aligned to the element size
-            chunk = payload[entry["offset"] : entry["offset"] + entry["nbytes"]].clone()
-            yield entry["name"], chunk.view(dtype).reshape(entry["shape"])
+    if meta.type != "collective":
+        raise EngineError(f"join_weight_group needs a collective WeightUpdateMeta, got type={meta.type!r}")
+    if meta.backend == "nccl":
+        if not torch.cuda.is_available():
+            raise EngineError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    assert meta.master_addr is not None and meta.master_port is not None and meta.world_size is not None
+    pg = init_custom_process_group(
+        meta.backend, meta.master_addr, meta.master_port, meta.world_size, 0, meta.group_name,
+        timedelta(seconds=meta.timeout_s),
+    )
+    logger.info("joined weight-update group %s as rank 0 of %d (%s)", meta.group_name, meta.world_size, meta.backend)
+    return WeightGroup(meta.group_name, meta.world_size, meta.backend, device, pg)
+
+
+def spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
+    """The :class:`ParamSpec` of one tensor (works on ``meta``-device tensors too)."""
+    return ParamSpec(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+
+
+def flatten_bucket(bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One bucket's wire tensor: the bytes of ``tensors[spec.name]`` back to back, in ``bucket`` order.
+
+    Raises :class:`EngineError` when a tensor is missing or differs from its spec in dtype or shape.
+    """
+    import torch
+
+    parts = []
+    for spec in bucket:
+        tensor = tensors.get(spec.name)
+        if tensor is None:
+            raise EngineError(f"weight bucket names {spec.name!r}, but no such tensor was given")
+        if spec_of(spec.name, tensor) != spec:
+            raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
+        parts.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(device))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+
+
+class BucketedBroadcastSender:
+    """Rank 0: sends named tensors as the planned buckets of one update (see the module doc)."""
+
+    def __init__(self, group: WeightGroup, bucket_bytes: int) -> None:
+        if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+            raise EngineError(f"bucket_bytes must be an int >= 1, got {bucket_bytes!r}")
+        self.group = group
+        self.bucket_bytes = bucket_bytes
+
+    def plan(self, specs: Sequence[ParamSpec]) -> list[list[ParamSpec]]:
+        """The buckets of ``specs``: the plan the client posts to the servers for the same specs."""
+        return plan_weight_buckets(specs, self.bucket_bytes)
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[ParamSpec]) -> int:
+        """Broadcast ``named_tensors`` (streamed in ``specs`` order) bucket by bucket; returns bytes sent.
+
+        Holds at most one bucket's tensors at a time. Raises :class:`EngineError` when the stream
+        differs from ``specs`` (a name, dtype or shape, or the number of tensors).
+        """
+        stream = iter(named_tensors)
+        total = 0
+        buckets = self.plan(specs)
+        for bucket in buckets:
+            wanted = {spec.name for spec in bucket}
+            held: dict[str, torch.Tensor] = {}
+            for _ in bucket:  # a bucket is a run of consecutive specs, so of consecutive tensors
+                name, tensor = next(stream, (None, None))
+                if name is None:
+                    raise EngineError(f"weight stream ended before the planned tensors {sorted(wanted - set(held))}")
+                if name not in wanted:
+                    raise EngineError(f"weight stream gave {name!r} where the plan expects one of {sorted(wanted)}")
+                held[name] = tensor
+            flat = flatten_bucket(bucket, held, self.group.device)
+            self.group.broadcast(flat)
+            total += flat.numel()
+        extra = next(stream, None)
+        if extra is not None:
+            raise EngineError(f"weight stream has tensor {extra[0]!r} beyond the {len(specs)} planned ones")
+        logger.info("broadcast %d buckets, %d bytes, over %s", len(buckets), total, self.group.name)
+        return total

@@ -1,75 +1,143 @@
-"""Bucketed broadcast over a gloo weight-update group: a sender and two receivers (threads of this
-process, each its own group member) exchange mixed-dtype tensors, some bigger than a bucket,
-over two consecutive updates on the same group."""
+"""The trainer's collective sender against the embedded server's receive code (SGLang's protocol).
+
+The sender and the server's ``receive_weights`` meet over a loopback stand-in for
+``torch.distributed.broadcast`` (the real gloo group, which needs one process per member, is
+exercised by ``tests/distributed/test_fsdp_weight_update.py`` and the inference protocol suite):
+each bucket of the shared plan is exactly one ``uint8`` broadcast, with no header and no end
+marker, and the server rebuilds every tensor from the plan's names, dtypes and shapes. Also: the
+sender refuses a stream that differs from the plan, and the engine's weight specs (meta tensors)
+match the tensors it publishes for plain, tied and LoRA models.
+"""
 
 from __future__ import annotations
-
-import threading
 
 import pytest
 import torch
 
+from areal_tasks.api.inference import plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.collective import BucketedBroadcastSender, join_weight_group, receive_weights
+from areal_tasks.engine.weights.collective import (
+    BucketedBroadcastSender,
+    WeightGroup,
+    flatten_bucket,
+    join_weight_group,
+    spec_of,
+)
 from areal_tasks.errors import EngineError
+from areal_tasks.inference.server.weights import WeightUpdateGroup, receive_weights
+
+BUCKET_BYTES = 256
 
 
-def _free_port() -> int:
-    import socket
+class Loopback:
+    """``dist.broadcast`` for one sender (group ``"trainer"``) and its receivers in this process."""
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    def __init__(self) -> None:
+        self.sent: list[torch.Tensor] = []
+        self.read = 0
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: str, async_op: bool = False) -> None:
+        assert src == 0 and not async_op
+        if group == "trainer":
+            self.sent.append(tensor.clone())
+        else:
+            assert tensor.dtype == torch.uint8 and tensor.shape == self.sent[self.read].shape
+            tensor.copy_(self.sent[self.read])
+            self.read += 1
+
+
+@pytest.fixture
+def loopback(monkeypatch: pytest.MonkeyPatch) -> Loopback:
+    loop = Loopback()
+    monkeypatch.setattr(torch.distributed, "broadcast", loop.broadcast)
+    return loop
+
+
+def _trainer_group() -> WeightGroup:
+    return WeightGroup("g", 2, "gloo", torch.device("cpu"), "trainer")
 
 
 def _tensors(version: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(version)
-    return {
-        "a.weight": torch.randn(7, 5, generator=gen),
-        "b.bf16": torch.randn(33, generator=gen).to(torch.bfloat16),
-        "c.big": torch.randn(300, generator=gen),  # 1200 bytes > the 256-byte bucket
-        "d.int": torch.arange(3, dtype=torch.int64) + version,
+    return {  # a bf16 tensor of odd length before 4- and 8-byte ones: only the plan's order aligns them
+        "a.bf16": torch.randn(33, generator=gen).to(torch.bfloat16),
+        "b.weight": torch.randn(7, 5, generator=gen),
+        "c.int": torch.arange(3, dtype=torch.int64) + version,
+        "d.big": torch.randn(300, generator=gen),  # 1200 bytes > the bucket
         "e.empty": torch.zeros(0, 4),
         "f.scalar": torch.tensor(float(version)),
+        "g.half": torch.randn(3, generator=gen).to(torch.float16),
     }
 
 
-def test_two_updates_reach_every_receiver():
-    meta = WeightUpdateMeta.collective(1, "127.0.0.1", _free_port(), 3, bucket_bytes=256, timeout_s=60)
-    received: dict[int, list[dict]] = {1: [], 2: []}
-    errors: list[BaseException] = []
-
-    def receiver(rank: int) -> None:
-        try:
-            group = join_weight_group(meta, rank)
-            for version in (1, 2):
-                received[rank].append(dict(receive_weights(group, expected_version=version)))
-        except BaseException as exc:  # surfaced by the assertion below
-            errors.append(exc)
-            raise
-
-    threads = [threading.Thread(target=receiver, args=(r,), daemon=True) for r in (1, 2)]
-    for t in threads:
-        t.start()
-    group = join_weight_group(meta, 0)
-    sender = BucketedBroadcastSender(group, meta.bucket_bytes)
-    sent = [sender.send(_tensors(v).items(), version=v) for v in (1, 2)]
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    assert sent[0] == sum(t.numel() * t.element_size() for t in _tensors(1).values())
-    for rank in (1, 2):
-        for version, got in zip((1, 2), received[rank]):
-            expected = _tensors(version)
-            assert list(got) == list(expected)
-            for name, tensor in expected.items():
-                assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), (rank, version, name)
+def test_each_planned_bucket_is_one_broadcast_the_server_receives(loopback: Loopback) -> None:
+    sender = BucketedBroadcastSender(_trainer_group(), BUCKET_BYTES)
+    server = WeightUpdateGroup("g", 1, 2, "gloo", torch.device("cpu"), "server")
+    for version in (1, 2):
+        tensors = _tensors(version)
+        specs = [spec_of(n, t) for n, t in tensors.items()]
+        buckets = plan_weight_buckets(specs, BUCKET_BYTES)  # what the client posts
+        assert sender.plan(specs) == buckets and len(buckets) > 1
+        start = len(loopback.sent)
+        sent = sender.send(tensors.items(), specs)
+        assert len(loopback.sent) - start == len(buckets)
+        assert sent == sum(t.numel() * t.element_size() for t in tensors.values())
+        received: dict[str, torch.Tensor] = {}
+        for bucket in buckets:
+            received.update(receive_weights(
+                server, [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket],
+                "flattened_bucket",
+            ))
+        assert loopback.read == len(loopback.sent)
+        assert set(received) == set(tensors)
+        for name, tensor in tensors.items():
+            assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), (version, name)
 
 
-def test_roles_are_checked():
-    meta = WeightUpdateMeta.disk("/tmp/x", 1)
+def test_a_bucket_is_its_tensors_bytes_back_to_back() -> None:
+    a, b = torch.tensor([1.0], dtype=torch.float32), torch.tensor([2], dtype=torch.int16)
+    flat = flatten_bucket([spec_of("a", a), spec_of("b", b)], {"b": b, "a": a}, torch.device("cpu"))
+    assert flat.dtype == torch.uint8
+    assert flat.tolist() == a.view(torch.uint8).tolist() + b.view(torch.uint8).tolist()
+
+
+@pytest.mark.parametrize(
+    ("stream", "match"),
+    [
+        ({"a": torch.zeros(4), "x": torch.zeros(4)}, "gave 'x'"),
+        ({"a": torch.zeros(4)}, "ended before"),
+        ({"a": torch.zeros(4), "b": torch.zeros(4), "c": torch.zeros(1)}, "beyond"),
+        ({"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.float64)}, "plan says"),
+        ({"a": torch.zeros(4), "b": torch.zeros(2, 2)}, "plan says"),
+    ],
+)
+def test_a_stream_that_differs_from_the_plan_is_refused(loopback: Loopback, stream: dict, match: str) -> None:
+    specs = [spec_of("a", torch.zeros(4)), spec_of("b", torch.zeros(4))]
+    with pytest.raises(EngineError, match=match):
+        BucketedBroadcastSender(_trainer_group(), 16).send(stream.items(), specs)
+
+
+def test_join_needs_a_collective_meta_and_the_sender_a_bucket_size() -> None:
     with pytest.raises(EngineError, match="collective"):
-        join_weight_group(meta, 0)
-    coll = WeightUpdateMeta.collective(1, "127.0.0.1", 1234, 2)
-    with pytest.raises(EngineError, match="outside"):
-        join_weight_group(coll, 2)
+        join_weight_group(WeightUpdateMeta.disk("/tmp/x", 1))
+    with pytest.raises(EngineError, match="bucket_bytes"):
+        BucketedBroadcastSender(_trainer_group(), 0)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_weight_specs_match_the_published_tensors(tiny_qwen2, lora: bool, tied: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.config.engine import LoRAConfig
+    from areal_tasks.engine.fsdp.export import iter_hf_meta, iter_hf_tensors
+    from areal_tasks.engine.fsdp.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32, tie_word_embeddings=tied)
+    if lora:
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=4, alpha=8, target_modules=["q_proj", "up_proj"]), 1)
+    published = [spec_of(n, t) for n, t in iter_hf_tensors(model, torch.device("cpu"))]
+    assert [spec_of(n, t) for n, t in iter_hf_meta(model)] == published
+    names = [s.name for s in published]
+    assert ("lm_head.weight" in names) is not tied
+    assert not any("lora" in n or "base_layer" in n for n in names)
