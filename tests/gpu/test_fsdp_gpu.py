@@ -1,11 +1,12 @@
 """The FSDP2 engine on GPUs with NCCL (dp = number of GPUs, at most 2): fp32 gradients match the
 CPU reference, the bf16 mixed-precision forward is close to it, bf16 training lowers the loss on a
 fixed batch, DCP/HF saving works from GPU shards, and with 2 GPUs the collective weight update
-broadcasts over NCCL to a receiver (this process) on the second GPU. Tolerances are looser than
-on CPU (GPU kernels sum in another order)."""
+broadcasts over NCCL (SGLang's protocol) to a receiver on the second GPU that uses the embedded
+server's receive code. Tolerances are looser than on CPU (GPU kernels sum in another order)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -23,8 +24,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
+    from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
     from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.engine.weights.collective import join_weight_group, receive_weights
+    from areal_tasks.inference.server.weights import init_weights_update_group, receive_weights
 
     n_gpus = torch.cuda.device_count()
     world = min(2, n_gpus)
@@ -35,10 +37,16 @@ def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
     def receiver() -> None:
         try:
             torch.cuda.set_device(1)
-            group = join_weight_group(
-                WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120), 1
-            )
-            received.append({n: t.cpu() for n, t in receive_weights(group, expected_version=1)})
+            meta = WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120)
+            group = init_weights_update_group(meta.master_addr, port, 1, 2, meta.group_name, "nccl",
+                                              torch.device("cuda", 1), meta.timeout_s)
+            specs = [ParamSpec(**s) for s in json.loads((tmp_path / "specs.json").read_text())]
+            update = {}
+            for b in plan_weight_buckets(specs, meta.bucket_bytes):  # as the client plans them
+                got = receive_weights(group, [s.name for s in b], [s.dtype for s in b], [list(s.shape) for s in b],
+                                      "flattened_bucket")
+                update.update({n: t.cpu() for n, t in got.items()})
+            received.append(update)
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
             raise

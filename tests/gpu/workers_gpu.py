@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -29,7 +31,10 @@ def gpu_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int | No
               for _ in range(8)]
     engine.save(str(out_dir / "dcp"), "dcp")
     engine.save(str(out_dir / "hf"), "hf")
-    if port is not None:
+    if port is not None:  # specs first: the receiver plans its buckets from them once the group is joined
+        if rank == 0:
+            specs = [dataclasses.asdict(s) for s in engine.weight_specs()]
+            (out_dir / "specs.json").write_text(json.dumps(specs))
         engine.update_weights(WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120))
     params = {n: p.cpu() for n, p in full_params(engine).items()}
     peak = torch.cuda.max_memory_allocated() / 2**20

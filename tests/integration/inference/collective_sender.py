@@ -1,7 +1,10 @@
-"""The trainer side of a collective weight update, exactly as docs/inference.md prescribes (what
-SGLang 0.5.23 receives): rank 0 of a group built like SGLang's ``init_custom_process_group``,
-one ``uint8`` broadcast per bucket of :func:`plan_weight_buckets`, tensors back to back in the
-bucket's order, no header and no end marker."""
+"""The trainer side of a collective weight update for the inference tests: the product sender
+(:mod:`areal_tasks.engine.weights.collective`, SGLang's protocol) publishing a fixed set of tensors.
+
+Rank 0 joins the group as SGLang's ``init_custom_process_group`` does and broadcasts one ``uint8``
+tensor per bucket of :func:`plan_weight_buckets`, tensors back to back in the bucket's order, no
+header and no end marker; :attr:`CollectiveTrainer.buckets` is the same plan, for the client.
+"""
 
 from __future__ import annotations
 
@@ -9,32 +12,15 @@ import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
+from areal_tasks.api.inference import plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
+from areal_tasks.engine.weights.collective import BucketedBroadcastSender, join_weight_group, spec_of
 from areal_tasks.engine.weights.disk import read_safetensors_dir
 from areal_tasks.launch.ports import PortAllocator
-
-
-def join_as_trainer(meta: WeightUpdateMeta) -> dist.ProcessGroup:
-    """Rank 0 of the weight-update group, built the way SGLang builds the servers' side."""
-    from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
-
-    timeout = timedelta(seconds=meta.timeout_s)
-    url = f"tcp://{meta.master_addr}:{meta.master_port}"
-    store, rank, world_size = next(rendezvous(url, 0, meta.world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = dist.PrefixStore(meta.group_name, store)
-    pg, _ = _new_process_group_helper(
-        world_size, rank, [], dist.Backend(meta.backend), store, group_name=meta.group_name, timeout=timeout
-    )
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
 
 
 class CollectiveTrainer:
@@ -44,8 +30,8 @@ class CollectiveTrainer:
         self.tensors = tensors
         self.n_servers = n_servers
         self.bucket_bytes = bucket_bytes
-        specs = [ParamSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in tensors.items()]
-        self.buckets = plan_weight_buckets(specs, bucket_bytes)
+        self.specs = [spec_of(n, t) for n, t in tensors.items()]
+        self.buckets = plan_weight_buckets(self.specs, bucket_bytes)
         self.port = PortAllocator().allocate(1)[0]
 
     @classmethod
@@ -61,11 +47,12 @@ class CollectiveTrainer:
         )
 
     def send(self, meta: WeightUpdateMeta) -> None:
-        pg = join_as_trainer(meta)
-        for bucket in self.buckets:
-            flat = torch.cat([self.tensors[p.name].contiguous().view(-1).view(torch.uint8) for p in bucket])
-            dist.broadcast(flat, src=0, group=pg)
-        dist.destroy_process_group(pg)
+        """Join the group of ``meta`` as rank 0, broadcast every bucket once, leave the group."""
+        group = join_weight_group(meta)
+        try:
+            BucketedBroadcastSender(group, meta.bucket_bytes).send(self.tensors.items(), self.specs)
+        finally:
+            group.destroy()
 
     @contextlib.contextmanager
     def sending(self, meta: WeightUpdateMeta) -> Iterator[None]:
