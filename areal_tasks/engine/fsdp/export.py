@@ -3,7 +3,8 @@
 :func:`iter_full_tensors` walks the model's state dict one tensor at a time, gathering each
 FSDP/TP shard into the full tensor (a collective: every rank of the engine must iterate, in the same
 order). :func:`iter_hf_tensors` renames to plain HF keys, merges LoRA adapters when asked and drops
-the tied LM head; :func:`iter_hf_meta` gives the same names, dtypes and shapes without gathering. :func:`write_hf_dir` (rank 0) writes everything atomically.
+the tied LM head; :func:`iter_hf_meta` gives the same names, dtypes and shapes without gathering.
+:func:`write_hf_dir` (rank 0) writes everything atomically.
 """
 
 from __future__ import annotations

@@ -124,7 +124,9 @@ def spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
     return ParamSpec(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
 
-def flatten_bucket(bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+def flatten_bucket(
+    bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
     """One bucket's wire tensor: the bytes of ``tensors[spec.name]`` back to back, in ``bucket`` order.
 
     Raises :class:`EngineError` when a tensor is missing or differs from its spec in dtype or shape.
