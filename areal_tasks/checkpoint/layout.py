@@ -106,6 +106,15 @@ class CheckpointLayout:
                 found[step] = name
         return dict(sorted(found.items()))
 
+    def files(self, step: int) -> dict[str, int]:
+        """The files of the directory of ``step`` (relative key -> size); empty when it has none.
+
+        A directory without files counts as absent: some S3 servers (SeaweedFS) keep listing an
+        emptied prefix after every object below it was deleted.
+        """
+        key = self.key(step)
+        return self.storage.walk_files(key) if self.storage.exists(key) else {}
+
     def is_complete(self, step: int) -> bool:
         return self.storage.exists(self.key(step, COMPLETE_MARKER))
 

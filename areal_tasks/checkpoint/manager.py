@@ -222,7 +222,7 @@ class CheckpointManager:
                 f"checkpoint {self.layout.url(directory)} already exists and is complete; it is never overwritten "
                 "(later checkpoints may reference its data): resume from it, or use a new experiment.trial"
             )
-        if self.layout.storage.exists(directory):
+        if self.layout.files(step):
             if directory in self._referenced_dirs():
                 raise CheckpointError(
                     f"{self.layout.url(directory)} holds data that kept checkpoints reference; cannot save step {step} "
@@ -258,8 +258,10 @@ class CheckpointManager:
         referenced = {name for meta in complete.values() for name in meta.references}
         out = []
         for step, name in self.layout.step_dirs().items():
-            status = "complete" if step in complete else "data" if name in referenced else "partial"
-            out.append(CheckpointInfo(step, name, status, complete.get(step)))
+            if step in complete:
+                out.append(CheckpointInfo(step, name, "complete", complete[step]))
+            elif self.layout.files(step):  # an emptied directory some S3 servers still list is skipped
+                out.append(CheckpointInfo(step, name, "data" if name in referenced else "partial", None))
         return out
 
     def load(self, step: int | None, engines: Mapping[str, CheckpointableEngine]) -> TrainerState:
@@ -325,10 +327,11 @@ class CheckpointManager:
 
     def _prune_now(self) -> PrunePlan:
         dirs = self.layout.step_dirs()
-        directories = {name: list(self.layout.storage.walk_files(name)) for name in dirs.values()}
+        directories = {name: list(self.layout.files(step)) for step, name in dirs.items()}
+        directories = {name: files for name, files in directories.items() if files}  # emptied: nothing to do
         complete = {}
         for step, name in dirs.items():
-            if COMPLETE_MARKER in directories[name]:
+            if COMPLETE_MARKER in directories.get(name, ()):
                 meta = self.metadata(step)
                 complete[step] = (meta.metrics, meta.references)
         plan = plan_prune(directories, complete, self.policy)

@@ -65,9 +65,10 @@ def _kill_during_next_save() -> None:
 
 def train_run(
     rank: int, world: int, out_dir: Path, model_dir: str, url: str, steps: int, save_every: int,
-    tag: str, kill_at: int | None = None, options: dict | None = None,
+    tag: str, kill_at: int | None = None, stop_at: int | None = None, options: dict | None = None,
 ) -> None:  # fmt: skip
-    """Train up to ``steps`` (resuming from the latest checkpoint at ``url``); rank 0 saves results."""
+    """Train up to ``steps`` (resuming from the latest checkpoint at ``url``; ``stop_at``: leave after
+    that step, like a preempted job); rank 0 saves results."""
     cfg = engine_config(2, grad_clip=1.0, lr_schedule=LRScheduleConfig(type="cosine", warmup_steps=1))
     engine = build_engine(model_dir, cfg, total_steps=steps)
     torch.manual_seed(SEED + rank)
@@ -78,7 +79,7 @@ def train_run(
     state = manager.recover("auto", engines)
     first = 1 if state is None else state.step + 1
     metrics: dict[int, dict[str, float]] = {}
-    for step in range(first, steps + 1):
+    for step in range(first, (stop_at or steps) + 1):
         stats = engine.train_batch(local_share(engine, _batch(step)), token_mean_loss, token_weight)
         engine.step_lr_scheduler()
         engine.set_version(step)
