@@ -51,7 +51,7 @@ def init_custom_process_group(
     backend: str, master_addr: str, master_port: int, world_size: int, rank: int, group_name: str,
     timeout: timedelta,
 ) -> Any:
-    """SGLang's ``init_custom_process_group`` with ``init_method="tcp://master_addr:master_port"``.
+    """Build a weight-update group the way SGLang's servers do (TCP rendezvous at ``master_addr:master_port``).
 
     Returns the new ``ProcessGroup`` (not torch's default group); blocks until all ``world_size``
     members have joined. Both sides of a weight update must build the group this way, or the
