@@ -203,6 +203,7 @@ def main() -> None:
                                            max_running_requests=args.concurrency,
                                            context_length=args.prompt_len + args.new_tokens + 8))
         dtype = runner.dtype
+        cuda_graphs = bool(getattr(runner, "capture", False))
         engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
         engine.start()
         try:
@@ -239,7 +240,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
         "concurrency": args.concurrency, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "cuda_graphs": cuda_graphs,
         "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix},
         "rows": rows,
     }

@@ -86,6 +86,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "max_total_num_tokens": server.runner.cache.capacity_tokens,
             "device": str(server.runner.device),
             "dtype": str(server.runner.dtype).removeprefix("torch."),
+            "cuda_graphs": bool(getattr(server.runner, "capture", False)),
             "paused": stats.paused,
             "version": "areal-embedded",
         }

@@ -14,7 +14,9 @@ static forward runs eagerly. Anything else (other slot layouts, batches above th
 bucket) falls back to the eager decode.
 
 Weight updates copy into the parameters in place and a cache flush zeroes the storage in place,
-so the captured graphs stay valid for the life of the server.
+so the captured graphs stay valid for the life of the server. If capture fails (a model whose
+forward is not capturable), the error is logged with its traceback and the static steps run
+eagerly; ``/server_info`` reports ``cuda_graphs: false`` then.
 """
 
 from __future__ import annotations
@@ -91,7 +93,13 @@ class GraphModelRunner(ModelRunner):
         self._staging = torch.zeros(2, largest, dtype=torch.long, pin_memory=self.device.type == "cuda")
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         if self.capture:
-            self._capture_all()
+            try:
+                self._capture_all()
+            except RuntimeError:
+                # a model whose forward cannot be captured still serves, with eager static steps
+                logger.exception("CUDA graph capture failed; decode steps run eagerly")
+                self._graphs.clear()
+                self.capture = False
 
     def _static_forward(self, batch: int, kv_len: int) -> torch.Tensor:
         ids = self._inputs[0, :batch].view(batch, 1)

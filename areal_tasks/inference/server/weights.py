@@ -22,6 +22,7 @@ back (each at an offset aligned to its element size), as SGLang's ``FlattenedTen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -118,11 +119,17 @@ def init_weights_update_group(
         raise InferenceError("backend nccl needs the server to run on CUDA; use gloo on CPU")
     if not 0 < rank < world_size:
         raise InferenceError(f"rank {rank} must be in 1..{world_size - 1} (rank 0 is the trainer)")
-    pg = init_custom_process_group(
-        backend, master_address, master_port, world_size, rank, group_name, timedelta(seconds=timeout_s)
-    )
+    with on_device(device):
+        pg = init_custom_process_group(
+            backend, master_address, master_port, world_size, rank, group_name, timedelta(seconds=timeout_s)
+        )
     logger.info("joined weight-update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
     return WeightUpdateGroup(group_name, rank, world_size, backend, device, pg)
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` current in this thread (worker threads start on cuda:0); a no-op on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -136,11 +143,17 @@ def receive_weights(
     group: WeightUpdateGroup, names: list[str], dtypes: list[str], shapes: list[list[int]], load_format: str | None
 ) -> dict[str, torch.Tensor]:
     """Receive one update from rank 0 of ``group`` (per-tensor broadcasts or one flattened bucket)."""
-    import torch.distributed as dist
-
     if not len(names) == len(dtypes) == len(shapes):
         raise InferenceError(f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) differ")
     types = [_dtype(d) for d in dtypes]
+    with on_device(group.device):
+        return _receive(group, names, types, shapes, load_format)
+
+
+def _receive(group: WeightUpdateGroup, names: list[str], types: list[torch.dtype], shapes: list[list[int]],
+             load_format: str | None) -> dict[str, torch.Tensor]:
+    import torch.distributed as dist
+
     if load_format == "flattened_bucket":
         offsets, total = [], 0
         for name, dtype, shape in zip(names, types, shapes):
