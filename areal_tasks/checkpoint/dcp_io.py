@@ -18,6 +18,7 @@ every item's hash. Non-tensor items are unpickled with ``weights_only=True`` (:c
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -51,6 +52,8 @@ logger = logging.getLogger(__name__)
 ALIGN = 64
 #: the largest byte range the reader fetches in one request (several small items share one).
 MAX_READ_SPAN = 64 * 2**20
+#: items hashed ahead of the one being written (each holds a host copy only for device tensors).
+HASH_AHEAD = 2
 #: ranged reads in flight at once (memory bound: READ_THREADS * MAX_READ_SPAN).
 READ_THREADS = 4
 
@@ -65,6 +68,26 @@ def _payload(data: torch.Tensor | io.BytesIO) -> tuple[memoryview, str, str | No
     tensor = tensor.contiguous()
     raw = tensor.reshape(-1).view(torch.uint8).numpy()
     return memoryview(raw), "tensor", dtype_name(tensor.dtype), tuple(tensor.shape)
+
+
+def _sha256(payload: memoryview) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _hashed_items(plan: SavePlan, planner: SavePlanner) -> Iterator[tuple[Any, tuple, str]]:
+    """(item, payload tuple, sha256) in plan order. A helper thread hashes up to ``HASH_AHEAD`` items
+    ahead of the caller's writes (both release the GIL), so hashing overlaps the I/O."""
+    pending: collections.deque[tuple[Any, tuple, Future[str]]] = collections.deque()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dcp-hash") as pool:
+        for item in plan.items:
+            payload = _payload(planner.resolve_data(item))
+            pending.append((item, payload, pool.submit(_sha256, payload[0])))
+            if len(pending) > HASH_AHEAD:
+                done = pending.popleft()
+                yield done[0], done[1], done[2].result()
+        while pending:
+            done = pending.popleft()
+            yield done[0], done[1], done[2].result()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +143,7 @@ class StorageDCPWriter(StorageWriter):
         pos = referenced = logical = 0
         with ExitStack() as stack:
             handle: BinaryIO | None = None
-            for item in plan.items:
-                payload, kind, dtype, shape = _payload(planner.resolve_data(item))
-                digest = hashlib.sha256(payload).hexdigest()
+            for item, (payload, kind, dtype, shape), digest in _hashed_items(plan, planner):
                 offset = None if item.index.offset is None else tuple(item.index.offset)
                 length = payload.nbytes
                 logical += length
@@ -265,13 +286,13 @@ class StorageDCPReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _fetch(self, key: str, start: int, end: int) -> bytearray:
+    def _fetch(self, key: str, start: int, end: int) -> bytes:
         storage = self.checkpoints
         path = storage.fs_path(key)
         data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
         if len(data) != end - start:
             raise CheckpointError(f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)")
-        return bytearray(data)
+        return data
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         per_file: dict[str, list[tuple[ReadItem, ItemRecord]]] = {}
@@ -280,7 +301,7 @@ class StorageDCPReader(StorageReader):
             per_file.setdefault(f"{record.dir}/{record.file}", []).append((req, record))
         spans = [(key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)]
         with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dcp-read") as pool:
-            pending: list[tuple[Future[bytearray], int, list[tuple[ReadItem, ItemRecord]]]] = []
+            pending: list[tuple[Future[bytes], int, list[tuple[ReadItem, ItemRecord]]]] = []
             for key, start, end, group in spans:
                 pending.append((pool.submit(self._fetch, key, start, end), start, group))
                 if len(pending) >= READ_THREADS:
@@ -291,7 +312,7 @@ class StorageDCPReader(StorageReader):
         done.set_result(None)
         return done
 
-    def _apply(self, planner: LoadPlanner, fetched: Future[bytearray], start: int, group: list[tuple[ReadItem, ItemRecord]]) -> None:
+    def _apply(self, planner: LoadPlanner, fetched: Future[bytes], start: int, group: list[tuple[ReadItem, ItemRecord]]) -> None:
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
         buffer = fetched.result()
@@ -306,7 +327,9 @@ class StorageDCPReader(StorageReader):
                 continue
             dtype = dtype_of(rec.dtype or "")
             if rec.length:
-                tensor = torch.frombuffer(buffer, dtype=torch.uint8, offset=rec.pos - start, count=rec.length)
+                with warnings.catch_warnings():  # read-only bytes: the tensor is only copied from, never written
+                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                    tensor = torch.frombuffer(buffer, dtype=torch.uint8, offset=rec.pos - start, count=rec.length)
                 tensor = tensor.view(dtype).reshape(rec.shape or ())
             else:
                 tensor = torch.empty(rec.shape or (), dtype=dtype)
