@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from areal_tasks.errors import InferenceError, InferenceRequestError
-from areal_tasks.inference.server.model_runner import ModelRunner
+from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller, release_slot
 from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
@@ -228,7 +228,7 @@ class Engine:
 
     def _loop(self) -> None:
         logger.info("engine loop started")
-        with torch.inference_mode():
+        with torch.inference_mode(), on_device(self.runner.device):
             self._run()
         logger.info("engine loop stopped")
 

@@ -17,6 +17,7 @@ Only the calling thread (the engine loop) may use a runner: it is not thread-saf
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Iterable
@@ -62,6 +63,11 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InferenceError(f"device {name!r} asked for, but CUDA is not available")
     return device
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` current in this thread (new threads start on cuda:0); a no-op on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def resolve_dtype(name: str, device: torch.device, config: Any) -> torch.dtype:

@@ -22,7 +22,6 @@ back (each at an offset aligned to its element size), as SGLang's ``FlattenedTen
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceError
+from areal_tasks.inference.server.model_runner import on_device
 
 logger = logging.getLogger(__name__)
 
@@ -125,11 +125,6 @@ def init_weights_update_group(
         )
     logger.info("joined weight-update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
     return WeightUpdateGroup(group_name, rank, world_size, backend, device, pg)
-
-
-def on_device(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` current in this thread (worker threads start on cuda:0); a no-op on CPU."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _dtype(name: str) -> torch.dtype:
