@@ -1,9 +1,13 @@
-"""Helpers of the embedded-server unit tests: build, submit and await engine requests."""
+"""Helpers of the embedded-server unit tests: build, submit and await engine requests; the target
+distribution of SGLang's sampler and a chi-square test against it."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from dataclasses import dataclass, replace
+
+import torch
 
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
@@ -40,3 +44,38 @@ def generate(engine: Engine, prompt: list[int], **params) -> Sequence:
     req = make_request(prompt, **params)
     engine.submit(req.seqs)
     return req.wait()[0]
+
+
+def expected_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """SGLang's sampling distribution, computed independently in float64 with plain loops."""
+    probs = torch.softmax(logits.double() / p.temperature, -1)
+    order = sorted(range(len(probs)), key=lambda i: -probs[i].item())
+    keep, cumulative = torch.zeros_like(probs), 0.0
+    top = probs[order[0]].item()
+    for rank, idx in enumerate(order):
+        prob = probs[idx].item()
+        in_k = p.top_k < 0 or rank < p.top_k
+        in_p = cumulative <= p.top_p
+        in_min_p = prob >= p.min_p * top
+        if in_k and in_p and in_min_p:
+            keep[idx] = prob
+        cumulative += prob
+    return keep / keep.sum()
+
+
+def chi_square_critical(dof: int, z: float = 4.753) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 4.753: p = 1e-6)."""
+    a = 2.0 / (9.0 * dof)
+    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def chi_square(counts: torch.Tensor, expected: torch.Tensor, total: int) -> tuple[float, int]:
+    """Chi-square over the tokens with expected count >= 5 plus one pooled bin for the rest."""
+    exp_counts = expected * total
+    big = exp_counts >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].double().sum().view(1)])
+    exp = torch.cat([exp_counts[big], exp_counts[~big].sum().view(1)])
+    if exp[-1] < 5:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat, len(obs) - 1

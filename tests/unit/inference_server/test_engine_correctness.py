@@ -4,7 +4,8 @@
   different lengths decoded together, with requests finishing early and one joining mid-run;
 * returned logprobs (greedy: log_softmax(logits); sampled: log_softmax(logits / T)) agree with a
   teacher-forced transformers forward over prompt + output within 1e-4, and so do prompt logprobs;
-* every request gives the same tokens in a continuous batch as alone (greedy and seeded sampling).
+* every request gives the same tokens in a continuous batch as alone (greedy and seeded sampling);
+* tokens sampled after a fixed prefix follow the model's temperature/top-p distribution.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from server_helpers import generate, make_request
+from server_helpers import chi_square, chi_square_critical, expected_probs, generate, make_request
 from transformers import AutoModelForCausalLM
+
+from areal_tasks.inference.server.sampling import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [100, 200, 300, 400, 500, 600, 700, 800, 900], [42] * 20, [3, 1, 4]]
 LENGTHS = [24, 9, 17, 30, 4]
@@ -116,3 +119,21 @@ def test_n_samples_share_the_prompt_and_equal_single_runs(engine) -> None:
         single = generate(engine, PROMPTS[0], rid=f"single{j}", temperature=1.0, sampling_seed=100 + j,
                           max_new_tokens=10, ignore_eos=True)
         assert single.output_ids == seq.output_ids
+
+
+def test_sampled_first_tokens_follow_the_models_distribution(engine, reference) -> None:
+    """3000 samples of the token after a fixed prefix (one request, n = 3000, temperature 0.05, top-p
+    0.8) against SGLang's distribution over transformers' logits, by chi-square at p = 1e-6."""
+    prefix, draws = [5, 6, 7, 8, 9], 3000
+    params = dict(temperature=0.05, top_p=0.8, max_new_tokens=1, sampling_seed=2024)
+    req = make_request(prefix, rid="stat", n=draws, return_logprob=False, **params)
+    engine.submit(req.seqs)
+    tokens = torch.tensor([s.output_ids[0] for s in req.wait()])
+    with torch.no_grad():
+        logits = reference(torch.tensor([prefix])).logits[0, -1]
+    expected = expected_probs(logits, SamplingParams(**params))
+    counts = torch.bincount(tokens, minlength=len(expected))
+    support = set(torch.nonzero(expected).view(-1).tolist())
+    assert set(tokens.tolist()) <= support and 5 < len(support) < 100
+    stat, dof = chi_square(counts, expected, draws)
+    assert stat < chi_square_critical(dof), f"chi-square {stat:.1f} with {dof} dof"

@@ -8,10 +8,9 @@ significance 1e-6, plus an exact check that filtered-out tokens are never drawn.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from server_helpers import chi_square, chi_square_critical, expected_probs
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.sampling import SamplingBatch, SamplingParams, make_generator, sample
@@ -79,41 +78,6 @@ def test_greedy_rows_take_argmax_with_raw_logprobs() -> None:
     assert logprobs[1] == pytest.approx(expected, abs=1e-6)
 
 
-def _expected_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """SGLang's sampling distribution, computed independently in float64 with plain loops."""
-    probs = torch.softmax(logits.double() / p.temperature, -1)
-    order = sorted(range(len(probs)), key=lambda i: -probs[i].item())
-    keep, cumulative = torch.zeros_like(probs), 0.0
-    top = probs[order[0]].item()
-    for rank, idx in enumerate(order):
-        prob = probs[idx].item()
-        in_k = p.top_k < 0 or rank < p.top_k
-        in_p = cumulative <= p.top_p
-        in_min_p = prob >= p.min_p * top
-        if in_k and in_p and in_min_p:
-            keep[idx] = prob
-        cumulative += prob
-    return keep / keep.sum()
-
-
-def _chi_square_critical(dof: int, z: float = 4.753) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 4.753: p = 1e-6)."""
-    a = 2.0 / (9.0 * dof)
-    return dof * (1.0 - a + z * math.sqrt(a)) ** 3
-
-
-def _chi_square(counts: torch.Tensor, expected: torch.Tensor, total: int) -> tuple[float, int]:
-    """Chi-square over the tokens with expected count >= 5 plus one pooled bin for the rest."""
-    exp_counts = expected * total
-    big = exp_counts >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].double().sum().view(1)])
-    exp = torch.cat([exp_counts[big], exp_counts[~big].sum().view(1)])
-    if exp[-1] < 5:
-        obs, exp = obs[:-1], exp[:-1]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    return stat, len(obs) - 1
-
-
 @pytest.mark.parametrize(
     "params",
     [
@@ -130,10 +94,10 @@ def test_sampling_matches_the_target_distribution(params: SamplingParams) -> Non
     logits = torch.randn(vocab) * 1.5
     tokens, _ = sample(logits.expand(draws, vocab).clone(), _batch([params] * draws))
     counts = torch.bincount(tokens, minlength=vocab)
-    expected = _expected_probs(logits, params)
+    expected = expected_probs(logits, params)
     assert set(torch.nonzero(counts).view(-1).tolist()) <= set(torch.nonzero(expected).view(-1).tolist())
-    stat, dof = _chi_square(counts, expected, draws)
-    assert stat < _chi_square_critical(dof), f"chi-square {stat:.1f} with {dof} dof"
+    stat, dof = chi_square(counts, expected, draws)
+    assert stat < chi_square_critical(dof), f"chi-square {stat:.1f} with {dof} dof"
 
 
 def test_seeded_rows_do_not_depend_on_the_batch() -> None:
