@@ -39,6 +39,10 @@ def stage_state_dict(state: Any) -> Any:
 
     def walk(value: Any) -> Any:
         if isinstance(value, DTensor):
+            if value.device.type != "cpu":
+                # a DTensor over the same mesh holding a fresh host copy of the shard (what DCP's own
+                # stager does); from_local would move a host shard back to the mesh's device
+                return value.detach().to("cpu")
             return DTensor.from_local(
                 clone(value.to_local()), value.device_mesh, value.placements, run_check=False,
                 shape=value.shape, stride=value.stride(),
