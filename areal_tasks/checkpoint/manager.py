@@ -310,6 +310,7 @@ class CheckpointManager:
             raise CheckpointError(f"recover.mode must be one of {RECOVER_MODES}, got {mode!r}")
         if mode == "disabled":
             return None
+        self.wait()
         latest = self.group.on_coordinator(self.layout.latest, "looking for a checkpoint to recover from")
         if latest is None:
             if mode == "resume":

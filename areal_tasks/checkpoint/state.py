@@ -94,7 +94,12 @@ def sharded_state_dict(engines: Mapping[str, CheckpointableEngine]) -> dict[str,
     out: dict[str, Any] = {}
     for name, engine in engines.items():
         if engine.optimizer is not None:
+            started = bool(engine.optimizer.state)
             model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+            if not started:
+                # get_state_dict initialises an empty optimizer state with a zero-lr step (AdamW's step
+                # count becomes 1); drop it again so that saving before the first step changes nothing
+                engine.optimizer.state.clear()
             out[name] = {"model": model_sd, "optim": optim_sd}
         else:
             out[name] = {"model": get_model_state_dict(engine.model)}
@@ -128,7 +133,8 @@ def hf_config_of(model: torch.nn.Module) -> Any:
 
 
 def engine_side_state(engines: Mapping[str, CheckpointableEngine]) -> dict[str, dict[str, Any]]:
-    """The JSON part of each engine: LR scheduler, version and what the HF export needs."""
+    """The JSON part of each engine: LR scheduler, version, whether the optimizer has stepped yet, and
+    what the HF export needs."""
     out = {}
     for name, engine in engines.items():
         scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
@@ -143,6 +149,7 @@ def engine_side_state(engines: Mapping[str, CheckpointableEngine]) -> dict[str, 
             "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
             "model_type": getattr(config, "model_type", None),
             "has_optimizer": engine.optimizer is not None,
+            "optimizer_started": engine.optimizer is not None and bool(engine.optimizer.state),
         }
     try:
         json.dumps(out, allow_nan=True)
@@ -163,3 +170,5 @@ def restore_engine_side_state(engines: Mapping[str, CheckpointableEngine], side:
             if entry.get("lr_scheduler") is None:
                 raise CheckpointError(f"engine {name!r} has an LR scheduler but the checkpoint holds none for it")
             engine.lr_scheduler.load_state_dict(entry["lr_scheduler"])
+        if engine.optimizer is not None and not entry.get("optimizer_started", True):
+            engine.optimizer.state.clear()  # saved before the first step: no state, as then

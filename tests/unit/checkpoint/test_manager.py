@@ -178,3 +178,17 @@ def test_verified_load_detects_corruption(file_url, toy_engine, make_manager, tm
     with pytest.raises(CheckpointError, match="sha256"):
         dcp_load(sharded_state_dict({"actor": engine}), StorageDCPReader(manager.layout.storage, "step_1", verify=True),
                  None, False)
+
+
+def test_saving_before_the_first_step_changes_nothing(file_url, toy_engine, make_manager):
+    straight = toy_engine(seed=0)
+    expected = [straight.train_step() for _ in range(2)]
+    engine = toy_engine(seed=0)
+    manager = make_manager(file_url)
+    manager.save(0, {"actor": engine}, TrainerState(step=0), {}).wait()
+    assert not engine.optimizer.state
+    assert [engine.train_step() for _ in range(2)] == expected
+    resumed = toy_engine(seed=3)
+    manager.load(0, {"actor": resumed})  # restores the RNGs of the save, and no optimizer state
+    assert not resumed.optimizer.state
+    assert [resumed.train_step() for _ in range(2)] == expected
