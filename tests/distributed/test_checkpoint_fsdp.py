@@ -14,6 +14,8 @@ equals the engine's own HF save (weights and logits in plain transformers).
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -36,6 +38,7 @@ def runs(tmp_path_factory, tiny_qwen2):
         run_workers("workers_checkpoint:sequence", 2, out, {"calls": calls})
     ckpts = out / "killed/exp/trial/checkpoints"
     partial = {p.relative_to(ckpts).as_posix() for p in (ckpts / f"step_{STEPS}").rglob("*") if p.is_file()}
+    shutil.copytree(out / "killed", out / "killed_copy")  # what a reader and a prune see after the kill
     run_workers("workers_checkpoint:train_run", 2, out, {**common, "url": f"file://{out}/killed", "tag": "resumed"})
     return {
         "out": out,
@@ -51,6 +54,19 @@ def test_the_kill_left_a_partial_checkpoint(runs):
     assert "exited with -9" in runs["kill_message"]
     assert f"step_{STEPS}/dcp/rank-00000.distcp" in runs["partial"]
     assert f"step_{STEPS}/_COMPLETE" not in runs["partial"] and f"step_{STEPS}/metadata.json" not in runs["partial"]
+
+
+def test_readers_ignore_the_killed_save_and_prune_removes_it(runs):
+    from areal_tasks.checkpoint.manager import CheckpointManager
+    from areal_tasks.errors import CheckpointError
+
+    reader = CheckpointManager.open(f"file://{runs['out']}/killed_copy/exp/trial/checkpoints")
+    assert reader.latest() == STEPS // 2
+    assert [(i.step, i.status) for i in reader.list()] == [(STEPS // 2, "complete"), (STEPS, "partial")]
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        reader.metadata(STEPS)
+    assert reader.prune().delete == [f"step_{STEPS}"]
+    assert [(i.step, i.status) for i in reader.list()] == [(STEPS // 2, "complete")]
 
 
 def test_resume_starts_from_the_last_complete_checkpoint(runs):
