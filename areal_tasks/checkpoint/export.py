@@ -5,12 +5,13 @@ the tokenizer files of the model it was built from). Export then needs no engine
 group: the engine's model tensors are read from the DCP data (shards reassembled into full
 tensors by DCP's resharding), LoRA adapters are merged into the base weights (``W0 + s * B @ A``,
 the same code the engine's own HF save uses), a tied LM head is dropped, and the directory is
-written atomically with the engine's HF writer -- so the export equals ``engine.save(path, "hf")``.
+written atomically with the engine's HF writer (:func:`areal_tasks.engine.fsdp.export.write_hf_dir`,
+the one writer of HF directories; the sidecar uses its config clean-up and tokenizer file list) --
+so the export equals ``engine.save(path, "hf")``.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.checkpoint.layout import ENGINES_FILE, HF_DIR, step_dir
-from areal_tasks.checkpoint.state import ENGINES_KEY, hf_config_of
+from areal_tasks.checkpoint.state import ENGINES_KEY
 from areal_tasks.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -29,37 +30,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: files copied from the engine's model directory into the sidecar (tokenizer, generation defaults).
-SIDECAR_FILES = (
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-
-
 def hf_sidecar_files(engine: Any) -> dict[str, bytes]:
     """``{file name: bytes}`` of the HF sidecar of ``engine``: its config and tokenizer files."""
+    from areal_tasks.engine.fsdp.export import export_config, hf_config_of, hf_side_file_paths
+
     config = hf_config_of(engine.model)
     if config is None or not hasattr(config, "to_json_string"):
         return {}
-    config = copy.deepcopy(config)
-    for attr in ("_attn_implementation_internal", "_attn_implementation"):
-        if attr in config.__dict__:
-            config.__dict__[attr] = None  # the engine's attention kernel is not part of the model
-    out = {"config.json": config.to_json_string().encode("utf-8")}
+    out = {"config.json": export_config(config).to_json_string().encode("utf-8")}
     source = getattr(engine, "model_path", None)
-    if isinstance(source, str) and os.path.isdir(source):
-        for name in SIDECAR_FILES:
-            path = Path(source) / name
-            if path.is_file():
-                out[name] = path.read_bytes()
+    for path in hf_side_file_paths(source if isinstance(source, str) else None):
+        out[path.name] = path.read_bytes()
     return out
 
 

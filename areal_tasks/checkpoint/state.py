@@ -124,17 +124,11 @@ def _lora_scalings(model: torch.nn.Module) -> dict[str, float]:
     return lora_scalings(model)
 
 
-def hf_config_of(model: torch.nn.Module) -> Any:
-    """The HF config of a plain or peft-wrapped model (None when the model has none)."""
-    base = getattr(getattr(model, "base_model", None), "model", None)
-    if base is not None and any(n.startswith("base_model.model.") for n, _ in model.named_parameters()):
-        return getattr(base, "config", None)
-    return getattr(model, "config", None)
-
-
 def engine_side_state(engines: Mapping[str, CheckpointableEngine]) -> dict[str, dict[str, Any]]:
     """The JSON part of each engine: LR scheduler, version, whether the optimizer has stepped yet, and
     what the HF export needs."""
+    from areal_tasks.engine.fsdp.export import hf_config_of
+
     out = {}
     for name, engine in engines.items():
         scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None

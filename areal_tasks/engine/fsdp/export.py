@@ -4,7 +4,9 @@
 FSDP/TP shard into the full tensor (a collective: every rank of the engine must iterate, in the same
 order). :func:`iter_hf_tensors` renames to plain HF keys, merges LoRA adapters when asked and drops
 the tied LM head; :func:`iter_hf_meta` gives the same names, dtypes and shapes without gathering.
-:func:`write_hf_dir` (rank 0) writes everything atomically.
+:func:`write_hf_dir` (rank 0) writes everything atomically. It is the one HF directory writer: the
+checkpoint export (:mod:`areal_tasks.checkpoint.export`) calls it too, and builds its sidecar with
+:func:`export_config` and :func:`hf_side_file_paths`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.engine.fsdp.lora import LoraMerger, lora_scalings
 from areal_tasks.engine.weights.disk import DEFAULT_MAX_SHARD_BYTES, atomic_directory, write_safetensors_shards
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: files copied from the source model directory next to exported weights (tokenizer, generation).
-_SIDE_FILES = (
+HF_SIDE_FILES = (
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -55,12 +57,15 @@ def iter_full_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is peft-wrapped (its parameters live under ``base_model.model.``)."""
     return any(name.startswith("base_model.model.") for name, _ in model.named_parameters())
 
 
-def hf_config_of(model: torch.nn.Module) -> object:
-    """The HF config of a (possibly peft-wrapped) model."""
-    return model.base_model.model.config if is_peft_model(model) else model.config
+def hf_config_of(model: torch.nn.Module) -> Any:
+    """The HF config of a plain or peft-wrapped model (None when the model has none)."""
+    if is_peft_model(model):
+        return getattr(model.base_model.model, "config", None)
+    return getattr(model, "config", None)
 
 
 def iter_hf_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
@@ -89,8 +94,9 @@ def _as_hf(model: torch.nn.Module, stream: Iterator[tuple[str, torch.Tensor]]) -
         yield name, tensor
 
 
-def _export_config(config: object) -> object:
-    """A copy of ``config`` without the engine-only attention implementation."""
+def export_config(config: Any) -> Any:
+    """A copy of ``config`` without the engine-only attention implementation (the engine's
+    attention kernel is not part of the model)."""
     import copy
 
     out = copy.deepcopy(config)
@@ -100,10 +106,17 @@ def _export_config(config: object) -> object:
     return out
 
 
+def hf_side_file_paths(source_dir: str | os.PathLike[str] | None) -> list[Path]:
+    """The :data:`HF_SIDE_FILES` present in ``source_dir`` (none when it is not a directory)."""
+    if source_dir is None or not Path(source_dir).is_dir():
+        return []
+    return [Path(source_dir) / fname for fname in HF_SIDE_FILES if (Path(source_dir) / fname).is_file()]
+
+
 def write_hf_dir(
     path: str | os.PathLike[str],
     tensors: Mapping[str, torch.Tensor],
-    config: object,
+    config: Any,
     *,
     source_dir: str | os.PathLike[str] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
@@ -112,11 +125,8 @@ def write_hf_dir(
     """Atomically write an HF model directory: safetensors shards, ``config.json``, tokenizer files."""
     with atomic_directory(path) as staging:
         write_safetensors_shards(tensors, staging, max_shard_bytes=max_shard_bytes)
-        _export_config(config).save_pretrained(staging)
+        export_config(config).save_pretrained(staging)
         for fname, text in (extra_json or {}).items():
             (staging / fname).write_text(text)
-        if source_dir is not None and Path(source_dir).is_dir():
-            for fname in _SIDE_FILES:
-                src = Path(source_dir) / fname
-                if src.is_file():
-                    shutil.copy2(src, staging / fname)
+        for src in hf_side_file_paths(source_dir):
+            shutil.copy2(src, staging / src.name)
