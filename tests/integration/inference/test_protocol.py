@@ -11,6 +11,7 @@ import math
 
 import pytest
 from inference_suite import ServerControl, run
+from partial_output import pause_with_partial_output
 
 from areal_tasks.api.inference import ModelRequest, SamplingParams
 from areal_tasks.api.weight_update import WeightUpdateMeta
@@ -122,22 +123,6 @@ def test_disk_update_loads_the_new_weights(backend) -> None:
     assert changed != pytest.approx(original, abs=1e-3)
     disk_update(client, control, scale=1.0)
     assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
-
-
-async def pause_with_partial_output(client, tasks, max_new_tokens: int) -> list:
-    """Pause at a moment when some request has partial output (retrying with longer waits)."""
-    for attempt in range(40):
-        await asyncio.sleep(0.02 * (attempt + 1))
-        if all(t.done() for t in tasks):
-            raise AssertionError("every request finished before a pause caught one; raise max_new_tokens")
-        await client.pause()
-        for _ in range(500):
-            partial = [r for r in client.inflight() if r.held and 0 < r.n_output_tokens < max_new_tokens]
-            if partial:
-                return partial
-            await asyncio.sleep(0.01)
-        await client.resume()
-    raise AssertionError("no pause caught a request with partial output")
 
 
 def test_weight_update_mid_generation_loses_no_request(backend) -> None:

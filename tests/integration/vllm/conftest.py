@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-if str(Path(__file__).parent) not in sys.path:  # vllm_test_server, shared with the protocol suite
-    sys.path.insert(0, str(Path(__file__).parent))
+# this folder (vllm_test_server, shared with the protocol suite) and the protocol suite's folder
+# (its helpers: partial_output, collective_sender)
+for _helpers in (Path(__file__).parent, Path(__file__).resolve().parents[1] / "inference"):
+    if str(_helpers) not in sys.path:
+        sys.path.insert(0, str(_helpers))
 
 import vllm_test_server
 from vllm_session import VLLMSession

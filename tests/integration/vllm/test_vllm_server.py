@@ -5,11 +5,10 @@ the middle of generation that loses no request. All tests share one server (see 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
+from partial_output import pause_with_partial_output
 from vllm_reference import check_against_model
 from vllm_session import VLLMSession
 from vllm_test_server import SERVED_NAME, vllm_tiny_model
@@ -64,9 +63,6 @@ def test_disk_update_serves_the_new_model(vllm: VLLMSession) -> None:
 
 
 def test_collective_update_with_buckets_splitting_layers(vllm: VLLMSession) -> None:
-    suite_dir = str(Path(__file__).resolve().parents[1] / "inference")
-    if suite_dir not in sys.path:
-        sys.path.insert(0, suite_dir)
     from collective_sender import CollectiveTrainer
 
     from areal_tasks.engine.weights.disk import read_safetensors_dir
@@ -175,19 +171,3 @@ def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> Non
             check_against_model(other, prefix, resp.output_ids[k:], resp.output_logprobs[k:])
         switched += 0 < k < n
     assert switched >= len(partial) >= 1
-
-
-async def pause_with_partial_output(client, tasks, max_new_tokens: int) -> list:
-    """Pause at a moment when some request has partial output (retrying with longer waits)."""
-    for attempt in range(40):
-        await asyncio.sleep(0.02 * (attempt + 1))
-        if all(t.done() for t in tasks):
-            raise AssertionError("every request finished before a pause caught one; raise max_new_tokens")
-        await client.pause()
-        for _ in range(500):
-            partial = [r for r in client.inflight() if r.held and 0 < r.n_output_tokens < max_new_tokens]
-            if partial:
-                return partial
-            await asyncio.sleep(0.01)
-        await client.resume()
-    raise AssertionError("no pause caught a request with partial output")
