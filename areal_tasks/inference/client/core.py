@@ -127,6 +127,9 @@ class RemoteInferenceEngine(InferenceEngine):
         self._sleep = sleep
         self._version = version
         self._paused = False
+        #: the mode of the pause in force (None when running): a weight update flushes the KV
+        #: cache only when no sequence holds KV any more (see :meth:`update_weights`).
+        self._pause_mode: PauseMode | None = None
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._inflight: dict[str, InflightRequest] = {}
 
@@ -184,6 +187,7 @@ class RemoteInferenceEngine(InferenceEngine):
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         self._paused = True
+        self._pause_mode = mode  # before the calls: a half-done pause may have kept KV somewhere
         self._state().resumed.clear()
         await fan_out(
             self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.pause(mode),
@@ -197,11 +201,15 @@ class RemoteInferenceEngine(InferenceEngine):
             self.config.control_timeout_s, "resume",
         )
         self._paused = False
+        self._pause_mode = None
         self._state().resumed.set()
         logger.info("resumed %d servers at version %d", len(self.addresses), self._version)
 
     async def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
-        await self._weights.update(self.addresses, meta, buckets)
+        # after a retract/in_place pause sequences still hold KV of the old weights: SGLang (and the
+        # embedded server) fail an update that asks to flush then, so ask only after abort or unpaused
+        flush_cache = self._pause_mode in (None, "abort")
+        await self._weights.update(self.addresses, meta, buckets, flush_cache=flush_cache)
         self._version = meta.version
         logger.info("weights of version %d loaded on %d servers (%s)", meta.version, len(self.addresses), meta.type)
 

@@ -120,16 +120,23 @@ class ProtocolAdapter(ABC):
     # -- weight updates ------------------------------------------------------------------------
 
     @abstractmethod
-    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> HttpCall:
-        """Load the HF safetensors directory ``meta.path``; the server should report ``meta.version``."""
+    def update_weights_from_disk(self, meta: WeightUpdateMeta, *, flush_cache: bool = True) -> HttpCall:
+        """Load the HF safetensors directory ``meta.path``; the server should report ``meta.version``.
+
+        ``flush_cache`` is False after a pause that left sequences holding KV (``retract`` or
+        ``in_place``): SGLang then refuses to flush and fails the update. Servers without the
+        notion ignore it."""
 
     @abstractmethod
     def init_weight_group(self, meta: WeightUpdateMeta, rank_offset: int) -> HttpCall:
         """Join the collective group of ``meta``; this server's ranks start at ``rank_offset``."""
 
     @abstractmethod
-    def update_weights_from_distributed(self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec]) -> HttpCall:
-        """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it."""
+    def update_weights_from_distributed(
+        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True
+    ) -> HttpCall:
+        """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it
+        (``flush_cache`` as in :meth:`update_weights_from_disk`)."""
 
     def begin_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
         """A call sent to every server before the load call(s) of one update (after joining the

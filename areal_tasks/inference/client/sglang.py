@@ -139,12 +139,12 @@ class SGLangAdapter(ProtocolAdapter):
     def resume(self) -> HttpCall:
         return HttpCall("POST", "/continue_generation", json={})
 
-    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> HttpCall:
+    def update_weights_from_disk(self, meta: WeightUpdateMeta, *, flush_cache: bool = True) -> HttpCall:
         body = {
             "model_path": meta.path,
             "abort_all_requests": False,
             "weight_version": str(meta.version),
-            "flush_cache": True,
+            "flush_cache": flush_cache,
         }
         return HttpCall("POST", "/update_weights_from_disk", json=body)
 
@@ -159,14 +159,16 @@ class SGLangAdapter(ProtocolAdapter):
         }
         return HttpCall("POST", "/init_weights_update_group", json=body)
 
-    def update_weights_from_distributed(self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec]) -> HttpCall:
+    def update_weights_from_distributed(
+        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True
+    ) -> HttpCall:
         body = {
             "names": [p.name for p in bucket],
             "dtypes": [p.dtype for p in bucket],
             "shapes": [list(p.shape) for p in bucket],
             "group_name": meta.group_name,
             "load_format": "flattened_bucket",
-            "flush_cache": True,
+            "flush_cache": flush_cache,
             "abort_all_requests": False,
             "weight_version": str(meta.version),
         }

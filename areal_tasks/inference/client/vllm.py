@@ -149,7 +149,8 @@ class VLLMAdapter(ProtocolAdapter):
     def begin_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
         return HttpCall("POST", "/start_weight_update")
 
-    def update_weights_from_disk(self, meta: WeightUpdateMeta) -> HttpCall:
+    def update_weights_from_disk(self, meta: WeightUpdateMeta, *, flush_cache: bool = True) -> HttpCall:
+        # vLLM's /update_weights has no cache flag: its paused requests keep their KV either way
         return HttpCall("POST", "/update_weights", json={"update_info": {"path": meta.path}})
 
     def init_weight_group(self, meta: WeightUpdateMeta, rank_offset: int) -> HttpCall:
@@ -164,7 +165,9 @@ class VLLMAdapter(ProtocolAdapter):
         }
         return HttpCall("POST", "/init_weight_transfer_engine", json={"init_info": init_info})
 
-    def update_weights_from_distributed(self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec]) -> HttpCall:
+    def update_weights_from_distributed(
+        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True
+    ) -> HttpCall:
         update_info = {
             "names": [p.name for p in bucket],
             "dtype_names": [p.dtype for p in bucket],

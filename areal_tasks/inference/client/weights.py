@@ -40,14 +40,22 @@ class WeightSync:
         self._groups: set[tuple[object, ...]] = set()
 
     async def update(
-        self, addresses: Sequence[str], meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None
+        self,
+        addresses: Sequence[str],
+        meta: WeightUpdateMeta,
+        buckets: Sequence[Sequence[ParamSpec]] | None,
+        *,
+        flush_cache: bool = True,
     ) -> None:
-        """Apply ``meta`` on every server (raises InferenceControlError if any server fails)."""
+        """Apply ``meta`` on every server (raises InferenceControlError if any server fails).
+
+        ``flush_cache``: whether the servers drop their KV cache with the update (False while
+        sequences paused ``retract``/``in_place`` still hold KV from the old weights)."""
         if meta.type == "disk":
             await self._bracket(addresses, meta, self._adapter.begin_weight_update(meta), "begin_weight_update")
             await fan_out(
                 self._transport, self._adapter, addresses,
-                lambda i, a: self._adapter.update_weights_from_disk(meta),
+                lambda i, a: self._adapter.update_weights_from_disk(meta, flush_cache=flush_cache),
                 self._update_timeout_s, f"update_weights_from_disk(version={meta.version}, path={meta.path})",
             )
             await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
@@ -61,7 +69,9 @@ class WeightSync:
         for k, bucket in enumerate(buckets):
             await fan_out(
                 self._transport, self._adapter, addresses,
-                lambda i, a, bucket=bucket: self._adapter.update_weights_from_distributed(meta, bucket),
+                lambda i, a, bucket=bucket: self._adapter.update_weights_from_distributed(
+                    meta, bucket, flush_cache=flush_cache
+                ),
                 meta.timeout_s, f"update_weights_from_distributed(version={meta.version}, bucket {k + 1}/{len(buckets)})",
             )
         await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")

@@ -56,6 +56,9 @@ class FakeSGLangServer:
 
     def __post_init__(self) -> None:
         self.paused = False
+        #: paused ``retract``/``in_place``: sequences hold KV of the old weights (SGLang then fails
+        #: an update that asks to flush the cache)
+        self.kv_held = False
         self.session = False
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -154,6 +157,7 @@ class FakeSGLangServer:
     async def _pause(self, body: dict[str, Any]) -> httpx.Response:
         assert set(body) <= {"mode"} and body.get("mode", "abort") in ("abort", "retract", "in_place"), body
         self.paused = True
+        self.kv_held = body.get("mode", "abort") != "abort"
         self._resumed.clear()
         if body.get("mode", "abort") == "abort":
             self._abort.set()
@@ -164,6 +168,7 @@ class FakeSGLangServer:
 
     async def _continue(self, body: Any) -> httpx.Response:
         self.paused = False
+        self.kv_held = False
         self._resumed.set()
         return httpx.Response(200, json={"message": "Generation continued successfully.", "status": "ok"})
 
@@ -172,7 +177,17 @@ class FakeSGLangServer:
             return httpx.Response(200, json={"success": True, "message": "Succeeded"})
         return httpx.Response(400, json={"success": False, "message": "injected update failure"})
 
+    def _unflushable(self, body: dict[str, Any]) -> httpx.Response | None:
+        """SGLang's answer to ``flush_cache: true`` while paused sequences hold KV, else None."""
+        if self.kv_held and body.get("flush_cache", True):
+            message = "Weights were updated, but the cache was not flushed: requests are still running"
+            return httpx.Response(400, json={"success": False, "message": message})
+        return None
+
     async def _update_disk(self, body: dict[str, Any]) -> httpx.Response:
+        refused = self._unflushable(body)
+        if refused is not None:
+            return refused
         ok = set(body) <= DISK_KEYS and "model_path" in body
         if ok and not self.fail_updates and body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]
@@ -193,6 +208,9 @@ class FakeSGLangServer:
     async def _update_dist(self, body: dict[str, Any]) -> httpx.Response:
         if not self.session:  # as sglang 0.5.23
             return self._result(False)
+        refused = self._unflushable(body)
+        if refused is not None:
+            return refused
         ok = set(body) <= DIST_KEYS and len(body["names"]) == len(body["dtypes"]) == len(body["shapes"])
         if ok and not self.fail_updates and body.get("weight_version") is not None:
             self.weight_version = body["weight_version"]

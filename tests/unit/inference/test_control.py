@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 from fake_sglang import FakeCluster, make_engine
 
@@ -99,5 +100,42 @@ def test_pause_and_resume_reach_every_server_and_report_dead_ones() -> None:
             assert await engine.check_health() == {cluster.addresses[0]: False, cluster.addresses[1]: True}
             with pytest.raises(InferenceControlError, match="pause\\(abort\\) failed on 1 of 2 servers"):
                 await engine.pause()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("mode", "flush"), [("abort", True), ("retract", False), ("in_place", False)])
+def test_update_flushes_the_cache_only_when_no_paused_sequence_holds_kv(mode, flush) -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        buckets = plan_weight_buckets(SPECS, bucket_bytes=150)
+        async with make_engine(cluster) as engine:
+            await engine.pause(mode)
+            await engine.update_weights(WeightUpdateMeta.disk("/ckpt/v1", 1))
+            meta = WeightUpdateMeta.collective(2, "127.0.0.1", 29512, world_size=3, group_name="wg")
+            await engine.update_weights(meta, buckets)
+            await engine.resume()
+            await engine.update_weights(WeightUpdateMeta.disk("/ckpt/v3", 3))  # running again: flush
+            assert engine.get_version() == 3
+        for server in cluster.servers:
+            assert [b["flush_cache"] for b in calls(server, "/update_weights_from_disk")] == [flush, True]
+            assert [b["flush_cache"] for b in calls(server, "/update_weights_from_distributed")] == [flush] * len(buckets)
+
+    asyncio.run(scenario())
+
+
+def test_fake_server_refuses_a_flush_while_paused_sequences_hold_kv() -> None:
+    """The fake is as strict as SGLang, so the test above would fail against a client that always flushes."""
+
+    async def scenario() -> None:
+        cluster = FakeCluster(1)
+        body = {"model_path": "/ckpt/v1", "weight_version": "1", "flush_cache": True}
+        async with httpx.AsyncClient(transport=cluster.transport(), base_url=cluster.addresses[0]) as http:
+            await http.post("/pause_generation", json={"mode": "in_place"})
+            refused = await http.post("/update_weights_from_disk", json=body)
+            assert refused.status_code == 400 and "cache was not flushed" in refused.json()["message"]
+            assert (await http.post("/update_weights_from_disk", json={**body, "flush_cache": False})).status_code == 200
+            await http.post("/continue_generation", json={})
+            assert (await http.post("/update_weights_from_disk", json=body)).status_code == 200
 
     asyncio.run(scenario())
