@@ -213,12 +213,30 @@ class Storage:
         if self.kind == "s3" and not missing_ok and not self.exists(key):
             # S3 deletes are idempotent and never report a missing key; match the other backends
             raise StorageNotFoundError(f"delete {self.url_for(key)}: not found")
+        markers = self._s3_directory_markers(key) if self.kind == "s3" and recursive else []
         try:
             self.run("delete", key, lambda: self.fs.rm(path, recursive=recursive))
         except StorageNotFoundError:
             if not missing_ok:
                 raise
             logger.debug("delete %s: already gone", self.url_for(key))
+        for marker in markers:  # deepest first: SeaweedFS keeps a non-empty directory
+            bucket, _, marker_key = marker.partition("/")
+            self.run("delete", key, lambda b=bucket, k=marker_key: self.fs.call_s3("delete_object", Bucket=b, Key=k))
+        if markers:
+            self.fs.invalidate_cache(path)
+
+    def _s3_directory_markers(self, key: str) -> list[str]:
+        """``bucket/prefix/`` of ``key`` and of every directory below it, deepest first.
+
+        Some S3 servers (SeaweedFS; AWS when a console created the folder) hold a directory as an
+        empty ``prefix/`` object, and keep listing the prefix after every object under it is gone;
+        deleting these markers (a no-op where there is none) makes a deleted tree stop existing."""
+        path = self.fs_path(key).rstrip("/")
+        found = self.run("list", key, lambda: self.fs.find(path, withdirs=True, detail=True))
+        dirs = {name.rstrip("/") for name, info in found.items() if info.get("type") == "directory"}
+        dirs.add(path)
+        return [f"{d}/" for d in sorted(dirs, key=lambda d: d.count("/"), reverse=True)]
 
     # -- directory commits (see storage.commit) ---------------------------------------------------
 

@@ -33,12 +33,26 @@ def test_round_trip_list_delete(s3_storage: Storage) -> None:
     assert s3_storage.walk_files("a") == {"b.bin": 8, "c.txt": 4}
     assert s3_storage.exists("a") and s3_storage.is_dir("a") and not s3_storage.exists("zzz")
     s3_storage.delete("a", recursive=True)
-    # SeaweedFS may list an emptied prefix for a while (AWS does not); what matters is that no object is left
     assert s3_storage.walk_files() == {"d.txt": 1}
+    # SeaweedFS keeps an emptied directory as a `prefix/` marker: delete removes it too
+    assert not s3_storage.exists("a") and not s3_storage.is_dir("a") and s3_storage.list() == ["d.txt"]
     with pytest.raises(StorageNotFoundError):
         s3_storage.delete("a/b.bin")
     with pytest.raises(StorageNotFoundError, match="not found"):
         s3_storage.read_bytes("a/b.bin")
+
+
+def test_deleted_nested_prefix_no_longer_exists(s3_storage: Storage) -> None:
+    s3_storage.write_text("ckpt/step_1/model/shard.bin", "x")
+    s3_storage.write_text("ckpt/step_1/meta.json", "{}")
+    s3_storage.write_text("ckpt/step_2/meta.json", "{}")
+    s3_storage.delete("ckpt/step_1", recursive=True)
+    for gone in ("ckpt/step_1", "ckpt/step_1/model"):
+        assert not s3_storage.exists(gone) and not s3_storage.is_dir(gone)
+    assert s3_storage.list("ckpt") == ["step_2"] and s3_storage.walk_files() == {"ckpt/step_2/meta.json": 2}
+    s3_storage.delete("ckpt/step_1", recursive=True, missing_ok=True)  # already gone: no error
+    with pytest.raises(StorageNotFoundError):
+        s3_storage.delete("ckpt/step_1", recursive=True)
 
 
 def test_listing_sees_writes_of_another_client(s3_server: SeaweedS3Server, s3_storage: Storage) -> None:
