@@ -1,8 +1,9 @@
 """``areal model detect|tiny``: describe a model, recommend a layout, build a tiny model.
 
 ``areal model detect PATH [--gpus N [--gpu-memory-gb G]]`` prints the ModelInfo JSON (plus a
-``recommended`` layout when ``--gpus`` is given); ``areal model tiny --family F --out DIR [--seed S]``
-writes a tiny random model and prints its path and detection JSON. A bad path or family is a
+``recommended`` layout when ``--gpus`` is given); ``areal model tiny --family F --out DIR [--seed S]
+[--set KEY=VALUE ...]`` writes a tiny random model (config overrides parsed as int, float or bool
+where they look like one) and prints its path and detection JSON. A bad path or family is a
 ModelError, which ``main`` prints on stderr with exit 2. Heavy imports happen inside handlers.
 """
 
@@ -11,6 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
+
+from areal_tasks.errors import ModelError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +39,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.add_argument("--family", required=True, help="model family, e.g. qwen2, llama, qwen3_moe")
     tiny.add_argument("--out", required=True, metavar="DIR", help="directory to write the model files into")
     tiny.add_argument("--seed", type=int, default=0, help="weight-initialisation seed (default 0)")
+    tiny.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config field, e.g. --set hidden_size=128 (repeatable)",
+    )
     tiny.set_defaults(handler=run_tiny)
+
+
+def _parse_value(text: str) -> Any:
+    """``"128"`` -> 128, ``"1e-5"`` -> 1e-05, ``"true"`` -> True; anything else stays a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["hidden_size=128"]`` -> ``{"hidden_size": 128}``; ModelError for an item without ``=``."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ModelError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = _parse_value(value)
+    return overrides
 
 
 def run_detect(args: argparse.Namespace) -> int:
@@ -54,7 +90,8 @@ def run_tiny(args: argparse.Namespace) -> int:
     """Build the tiny ``args.family`` model into ``args.out`` and print its path and detection JSON."""
     from areal_tasks.models import build_tiny_model, detect_model
 
-    path = build_tiny_model(args.family, seed=args.seed, out_dir=args.out)
+    overrides = parse_overrides(args.overrides)
+    path = build_tiny_model(args.family, seed=args.seed, out_dir=args.out, **overrides)
     payload = {"path": str(path), "model": detect_model(str(path)).to_dict()}
     sys.stdout.write(json.dumps(payload, indent=2) + "\n")
     return 0

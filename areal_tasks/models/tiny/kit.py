@@ -75,7 +75,27 @@ def tiny_config(family: str, **config_overrides: Any) -> dict[str, Any]:
         "pad_token_id": PAD_ID,
     }
     config.update(config_overrides)
+    if "head_dim" not in config_overrides:  # keep heads x head_dim == hidden when the width changes
+        config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
     return config
+
+
+def check_config_keys(family: str, config_overrides: dict[str, Any]) -> None:
+    """ModelError naming any override that is not a field of the family's transformers config.
+
+    The config classes accept (and silently keep) unknown keyword arguments, so a typo such as
+    ``hiden_size`` would otherwise build the default shape without a word.
+    """
+    from transformers import AutoConfig
+
+    if family not in TINY_FAMILIES:
+        raise ModelError(f"tiny model family {family!r} is not supported; choose one of {', '.join(TINY_FAMILIES)}")
+    known = set(AutoConfig.for_model(TEXT_MODEL_TYPE[family]).to_dict()) | set(tiny_config(family))
+    unknown = sorted(set(config_overrides) - known)
+    if unknown:
+        raise ModelError(
+            f"unknown {family} config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
 
 
 def _transformers_version() -> str:
@@ -125,10 +145,14 @@ def build_tiny_model(
 ) -> Path:
     """Build (or reuse from the cache) a tiny random ``family`` model and return its directory.
 
-    ``seed`` fixes the weights; ``config_overrides`` change the shape (e.g. ``num_hidden_layers=4``).
+    ``seed`` fixes the weights; ``config_overrides`` change the shape (e.g. ``num_hidden_layers=4``);
+    a key the family's config class does not define is a ModelError. ``head_dim`` follows
+    ``hidden_size // num_attention_heads`` unless it is overridden itself.
     With ``out_dir`` the files are copied there and ``out_dir`` is returned; otherwise the cache
     entry itself is returned (treat it as read-only).
     """
+    if config_overrides:  # the check imports transformers; a plain cache hit stays a stat
+        check_config_keys(family, config_overrides)
     config = tiny_config(family, **config_overrides)
     if config["vocab_size"] != TINY_VOCAB_SIZE:
         raise ModelError(

@@ -51,6 +51,33 @@ def test_tiny_writes_model_and_prints_detection(tmp_path: Path) -> None:
     assert (tmp_path / "m" / "model.safetensors").is_file()
 
 
+def test_tiny_set_overrides_change_the_shape(tmp_path: Path) -> None:
+    out = _areal(
+        "tiny", "--family", "qwen2", "--out", str(tmp_path / "m"),
+        "--set", "hidden_size=32", "--set", "intermediate_size=48", "--set", "tie_word_embeddings=true",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    model = json.loads(out.stdout)["model"]
+    assert (model["hidden_size"], model["intermediate_size"], model["head_dim"]) == (32, 48, 8)
+    assert model["tie_word_embeddings"] is True
+
+
+def test_tiny_set_errors_exit_2(tmp_path: Path) -> None:
+    unknown = _areal("tiny", "--family", "qwen2", "--out", str(tmp_path / "a"), "--set", "hiden_size=32")
+    assert unknown.returncode == 2 and "unknown qwen2 config key(s) hiden_size" in unknown.stderr
+    assert "Traceback" not in unknown.stderr and not (tmp_path / "a").exists()
+    malformed = _areal("tiny", "--family", "qwen2", "--out", str(tmp_path / "b"), "--set", "hidden_size")
+    assert malformed.returncode == 2 and "KEY=VALUE" in malformed.stderr
+
+
+def test_parse_overrides_types() -> None:
+    from areal_tasks.cli.model_cmd import parse_overrides
+
+    parsed = parse_overrides(["a=3", "b=1e-5", "c=False", "d=silu", "e=x=y"])
+    assert parsed == {"a": 3, "b": 1e-5, "c": False, "d": "silu", "e": "x=y"}
+    assert type(parsed["a"]) is int and type(parsed["b"]) is float
+
+
 def test_user_errors_exit_2_with_a_message(tmp_path: Path) -> None:
     missing = _areal("detect", str(tmp_path / "nope" / "model"))
     assert missing.returncode == 2 and "no such model directory" in missing.stderr

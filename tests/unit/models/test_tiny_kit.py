@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from areal_tasks.errors import ModelError
 from areal_tasks.models import TINY_FAMILIES, build_tiny_model, detect_model
 from areal_tasks.models.tiny.cache import cache_root
+from areal_tasks.models.tiny.kit import tiny_config
 
 MOE_FAMILIES = {"qwen2_moe", "qwen3_moe", "mixtral"}
 
@@ -108,3 +109,15 @@ def test_bad_family_and_vocab_override_raise() -> None:
         build_tiny_model("phi")
     with pytest.raises(ModelError, match="vocab_size"):
         build_tiny_model("llama", vocab_size=5000)
+
+
+def test_unknown_override_key_raises_before_building(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"unknown llama config key\(s\) hiden_size"):
+        build_tiny_model("llama", cache_dir=tmp_path, hiden_size=128)
+    assert not list(tmp_path.iterdir())
+
+
+def test_head_dim_follows_width_unless_overridden() -> None:
+    assert tiny_config("qwen2")["head_dim"] == 16
+    assert tiny_config("qwen2", hidden_size=128, num_attention_heads=4)["head_dim"] == 32
+    assert tiny_config("qwen2", hidden_size=128, head_dim=16)["head_dim"] == 16
