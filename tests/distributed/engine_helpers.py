@@ -86,3 +86,22 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tupl
     assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
     worst = max(a, key=lambda n: float((a[n].float() - b[n].float()).abs().max()))
     return float((a[worst].float() - b[worst].float()).abs().max()), worst
+
+
+def assert_family_results_match_reference(results_dir: Path, model_dirs: dict[str, str]) -> None:
+    """Check each ``<family>.pt`` written by ``workers_fsdp:family_grads`` against the single-process
+    reference: loss, every gradient, the global grad norm and the forward log-probs (fp32)."""
+    import pytest
+
+    batch = make_batch(seed=0)
+    for family, model_dir in model_dirs.items():
+        result = torch.load(results_dir / f"{family}.pt", weights_only=False)
+        loss, grads, model = reference_grads(model_dir, batch)
+        assert result["stats"]["loss"] == pytest.approx(loss, abs=ATOL), family
+        diff, name = max_abs_diff(result["grads"], grads)
+        assert diff < ATOL, f"{family}: gradient of {name} differs by {diff}"
+        ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()]))
+        assert result["norm"] == pytest.approx(float(ref_norm), rel=RTOL), f"{family}: global grad norm"
+        with torch.no_grad():
+            torch.testing.assert_close(result["forward"]["logprobs"], reference_logprobs(model, batch),
+                                       atol=ATOL, rtol=RTOL)

@@ -6,9 +6,8 @@ log-probs (fp32, 1e-5). Besides qwen2: qwen3 (q/k norms), mistral with a 4-token
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine_helpers import ATOL, RTOL, make_batch, max_abs_diff, reference_grads, reference_logprobs
+from engine_helpers import assert_family_results_match_reference
 from launch import run_workers
 
 
@@ -24,15 +23,4 @@ def test_sp2_matches_reference(tiny_model_factory, tmp_path):
         "qwen2_one_kv_head": str(build_tiny_model("qwen2", num_key_value_heads=1)),
     }
     run_workers("workers_fsdp:family_grads", 2, tmp_path, {"model_dirs": dirs, "sp": 2})
-    batch = make_batch(seed=0)
-    for family, model_dir in dirs.items():
-        result = torch.load(tmp_path / f"{family}.pt", weights_only=False)
-        loss, grads, model = reference_grads(model_dir, batch)
-        assert result["stats"]["loss"] == pytest.approx(loss, abs=ATOL), family
-        diff, name = max_abs_diff(result["grads"], grads)
-        assert diff < ATOL, f"{family}: gradient of {name} differs by {diff}"
-        ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()]))
-        assert result["norm"] == pytest.approx(float(ref_norm), rel=RTOL), f"{family}: global grad norm"
-        with torch.no_grad():
-            torch.testing.assert_close(result["forward"]["logprobs"], reference_logprobs(model, batch),
-                                       atol=ATOL, rtol=RTOL)
+    assert_family_results_match_reference(tmp_path, dirs)

@@ -5,9 +5,8 @@ get a clear error."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine_helpers import ATOL, RTOL, make_batch, max_abs_diff, reference_grads, reference_logprobs
+from engine_helpers import assert_family_results_match_reference
 from launch import run_workers
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -17,18 +16,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 def test_tp2_matches_reference(tiny_model_factory, tmp_path):
     dirs = {family: str(tiny_model_factory(family)) for family in FAMILIES}
     run_workers("workers_fsdp:family_grads", 2, tmp_path, {"model_dirs": dirs, "tp": 2})
-    batch = make_batch(seed=0)
-    for family, model_dir in dirs.items():
-        result = torch.load(tmp_path / f"{family}.pt", weights_only=False)
-        loss, grads, model = reference_grads(model_dir, batch)
-        assert result["stats"]["loss"] == pytest.approx(loss, abs=ATOL), family
-        diff, name = max_abs_diff(result["grads"], grads)
-        assert diff < ATOL, f"{family}: gradient of {name} differs by {diff}"
-        ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()]))
-        assert result["norm"] == pytest.approx(float(ref_norm), rel=RTOL), f"{family}: global grad norm"
-        with torch.no_grad():
-            torch.testing.assert_close(result["forward"]["logprobs"], reference_logprobs(model, batch),
-                                       atol=ATOL, rtol=RTOL)
+    assert_family_results_match_reference(tmp_path, dirs)
 
 
 def test_unsupported_family_or_sizes_are_clear_errors():
