@@ -8,7 +8,7 @@ One request (:meth:`RemoteInferenceEngine.agenerate`) is a loop of *attempts*:
    timeout; on a connection error, timeout or 408/429/5xx, back off exponentially and try again
    (elsewhere: the failed server is avoided, a refusing one is marked dead) until ``max_retries``;
 4. append the returned tokens, each tagged with the version the server reports for it or else the
-   engine's version when the attempt was sent;
+   version in effect when the answer arrived (see ``versions.py``);
 5. stop on ``stop``/``length``; on an ``abort`` (a pause) resubmit, which waits for resume.
 
 Attempt ids are ``<rid>-<NNNN>``, so no attempt id is a prefix of another (SGLang aborts by prefix).
@@ -46,6 +46,7 @@ from areal_tasks.inference.client.control import fan_out, probe_all
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, ProtocolAdapter
 from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status
 from areal_tasks.inference.client.transport import HttpTransport
+from areal_tasks.inference.client.versions import VersionTimeline
 from areal_tasks.inference.client.weights import WeightSync
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class RemoteInferenceEngine(InferenceEngine):
         self._rng = random.Random()
         self._sleep = sleep
         self._version = version
+        self._timeline = VersionTimeline(version)
         self._paused = False
         #: the mode of the pause in force (None when running): a weight update flushes the KV
         #: cache only when no sequence holds KV any more (see :meth:`update_weights`).
@@ -184,6 +186,7 @@ class RemoteInferenceEngine(InferenceEngine):
         if not isinstance(version, int) or version < 0:
             raise InferenceError(f"set_version: version must be an int >= 0, got {version!r}")
         self._version = version
+        self._timeline.reset(version)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         self._paused = True
@@ -196,6 +199,7 @@ class RemoteInferenceEngine(InferenceEngine):
         logger.info("paused %d servers (mode=%s)", len(self.addresses), mode)
 
     async def resume(self) -> None:
+        self._timeline.resuming()  # before the calls: a server may start generating on receipt
         await fan_out(
             self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.resume(),
             self.config.control_timeout_s, "resume",
@@ -211,6 +215,7 @@ class RemoteInferenceEngine(InferenceEngine):
         flush_cache = self._pause_mode in (None, "abort")
         await self._weights.update(self.addresses, meta, buckets, flush_cache=flush_cache)
         self._version = meta.version
+        self._timeline.updated(meta.version, paused=self._paused)
         logger.info("weights of version %d loaded on %d servers (%s)", meta.version, len(self.addresses), meta.type)
 
     async def aclose(self) -> None:
@@ -304,7 +309,7 @@ class RemoteInferenceEngine(InferenceEngine):
             inp = GenerateInput(f"{rid}-{attempt:04d}", input_ids, sampling)
             attempt += 1
             try:
-                piece = await self._send(server, inp, self._version)
+                piece = await self._send(server, inp)
             except InferenceTimeoutError as exc:
                 failures.append(f"{server}: {exc}")
             except InferenceConnectionError as exc:
@@ -326,7 +331,7 @@ class RemoteInferenceEngine(InferenceEngine):
             f"(max_retries={self.config.max_retries}): " + "; ".join(failures)
         )
 
-    async def _send(self, server: str, inp: GenerateInput, version: int) -> _Piece:
+    async def _send(self, server: str, inp: GenerateInput) -> _Piece:
         call = self.adapter.generate(inp)
         async with self._state().slots:
             self._pool.acquire(server)
@@ -347,7 +352,8 @@ class RemoteInferenceEngine(InferenceEngine):
                 f"request {inp.rid}: {self.adapter.name} adapter returned {len(output.output_ids)} tokens, "
                 f"{len(output.output_logprobs)} logprobs and {len(reported)} versions"
             )
-        versions = [version if v is None else v for v in reported]
+        fallback = self._timeline.at(answered_at)
+        versions = [fallback if v is None else v for v in reported]
         return _Piece(output, server, versions, sent_at, answered_at)
 
 

@@ -4,7 +4,8 @@ It checks request bodies against the field names of sglang 0.5.23 (unknown ``sam
 keys are refused with 400, as SGLang does), generates a predictable sequence (each token is the
 previous token + 1, so a stitched partial rollout can be checked token by token), honours pause
 modes and weight updates, and lets a test inject failures: a dead server (connection refused),
-error statuses, a hang, or holding every request after N tokens until a pause aborts it.
+error statuses, a hang, holding every request after N tokens until a pause aborts it, or keeping
+requests in transit (not yet arrived) until the test lets them through.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class FakeSGLangServer:
     hang: bool = False
     statuses: list[int] = field(default_factory=list)
     hold_after: int | None = None
+    #: when set, a /generate request is in transit (not yet at the server) until the event is set
+    arrival: asyncio.Event | None = None
     fail_updates: bool = False
     abort_with: dict[str, Any] | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
@@ -105,6 +108,8 @@ class FakeSGLangServer:
         unknown = set(body["sampling_params"]) - SGLANG_SAMPLING_KEYS
         if unknown or body.get("stream") is not False or body.get("return_logprob") is not True:
             return httpx.Response(400, json={"error": f"bad request: unknown sampling keys {sorted(unknown)}"})
+        if self.arrival is not None:
+            await self.arrival.wait()
         await self._resumed.wait()  # SGLang holds new requests while paused
         self.running += 1
         self.max_running = max(self.max_running, self.running)
