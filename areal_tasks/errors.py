@@ -91,3 +91,15 @@ class InferenceServerFailedError(InferenceError):
 
 class CheckpointError(AReaLError):
     """A checkpoint cannot be saved, found, read, pruned or exported (the message names the location)."""
+
+
+class RolloutError(AReaLError):
+    """The rollout side failed: a workflow, the executor, or too many failed episodes."""
+
+
+class TrajectoryError(RolloutError, ValueError):
+    """A workflow returned a trajectory whose per-token lists, prompt length or reward are invalid."""
+
+
+class RewardError(RolloutError):
+    """A reward function is unknown, cannot be imported, failed, or ran past its timeout."""
