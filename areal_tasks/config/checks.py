@@ -150,6 +150,13 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     p.number("rollout.server.context_length", srv.context_length, low=1, optional=True)
     p.number("rollout.server.startup_timeout_s", srv.startup_timeout_s, low=0, low_open=True)
     p.number("rollout.server.max_restarts", srv.max_restarts, low=0)
+    wf = rollout.workflow
+    p.number("rollout.workflow.max_turns", wf.max_turns, low=1)
+    p.number("rollout.workflow.turn_discount", wf.turn_discount, low=0, high=1, low_open=True)
+    p.non_empty("rollout.workflow.feedback", wf.feedback)
+    p.non_empty("rollout.reward.fn", rollout.reward.fn)
+    p.number("rollout.reward.workers", rollout.reward.workers, low=0)
+    p.number("rollout.reward.timeout_s", rollout.reward.timeout_s, low=0, low_open=True)
 
 
 def check_data_and_loop(

@@ -57,6 +57,34 @@ class InferenceServerConfig:
 
 
 @dataclass
+class WorkflowConfig:
+    """The rollout workflow that turns one prompt into one trajectory."""
+
+    #: ``rlvr``: one turn scored by a verifiable reward; ``multi_turn``: the model gets feedback
+    #: after a wrong answer and retries.
+    name: Literal["rlvr", "multi_turn"] = "rlvr"
+    #: multi_turn: most assistant turns per episode.
+    max_turns: int = 2
+    #: multi_turn: the reward of turn k is multiplied by ``turn_discount ** (k - 1)``.
+    turn_discount: float = 0.9
+    #: multi_turn: the user message after a wrong answer.
+    feedback: str = "Your answer is wrong. Try again."
+
+
+@dataclass
+class RewardConfig:
+    """The reward function and the process pool that runs it."""
+
+    #: a registered reward (``arithmetic``, ``exact_match``, ``numeric``, ``math_verify``) or an
+    #: import path ``package.module:function`` of ``fn(completion, answer) -> float``.
+    fn: str = "arithmetic"
+    #: reward worker processes; 0 = run in the rollout process (a hanging reward cannot be killed).
+    workers: int = 1
+    #: seconds one reward call may take; a call past it fails its episode.
+    timeout_s: float = 15.0
+
+
+@dataclass
 class RolloutConfig:
     """Asynchronous rollout: how trajectories are generated and how stale they may be."""
 
@@ -78,3 +106,10 @@ class RolloutConfig:
     server: InferenceServerConfig = field(default_factory=InferenceServerConfig)
     #: fraction of failed episodes (over a recent window) past which the rollout executor fails the job.
     max_failure_rate: float = 0.5
+    #: how new weights reach the servers each step: sharded safetensors on disk, or a broadcast
+    #: over a collective group (gloo on CPU, NCCL on GPU).
+    weight_update: Literal["disk", "collective"] = "disk"
+    #: the episode logic.
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    #: the reward function.
+    reward: RewardConfig = field(default_factory=RewardConfig)
