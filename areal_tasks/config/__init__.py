@@ -13,7 +13,13 @@ from areal_tasks.config.engine import EngineConfig, LoRAConfig, LRScheduleConfig
 from areal_tasks.config.job import JobConfig
 from areal_tasks.config.loader import load_config, resolve_paths
 from areal_tasks.config.micro_batch import MicroBatchSpec
-from areal_tasks.config.rollout import InferenceServerConfig, RolloutConfig, SamplingConfig
+from areal_tasks.config.rollout import (
+    InferenceServerConfig,
+    RewardConfig,
+    RolloutConfig,
+    SamplingConfig,
+    WorkflowConfig,
+)
 from areal_tasks.config.sections import (
     ClusterConfig,
     DatasetConfig,
@@ -44,8 +50,10 @@ __all__ = [
     "ModelConfig",
     "OptimizerConfig",
     "RecoverConfig",
+    "RewardConfig",
     "RolloutConfig",
     "SamplingConfig",
+    "WorkflowConfig",
     "SaverConfig",
     "StorageConfig",
     "TrackingConfig",
