@@ -103,3 +103,7 @@ class TrajectoryError(RolloutError, ValueError):
 
 class RewardError(RolloutError):
     """A reward function is unknown, cannot be imported, failed, or ran past its timeout."""
+
+
+class RewardTimeoutError(RewardError):
+    """A reward function ran past its timeout (its worker process, if it had one, was killed and replaced)."""

@@ -1,0 +1,31 @@
+"""Reward functions: the ``fn(completion, answer, **kwargs) -> float`` contract, a registry of
+built-ins (``exact_match``, ``numeric``, ``arithmetic``, ``math_verify``), import-path specs
+(``package.module:function``) and :class:`RewardRunner`, which scores with a timeout in killable
+worker processes. Torch-free; see ``docs/rewards.md``.
+"""
+
+from areal_tasks.errors import RewardError, RewardTimeoutError
+from areal_tasks.rollout.rewards.builtin import arithmetic, exact_match, math_verify, numeric
+from areal_tasks.rollout.rewards.registry import (
+    RewardFn,
+    register_reward,
+    registered_name,
+    resolve_reward,
+    reward_names,
+)
+from areal_tasks.rollout.rewards.runner import RewardRunner
+
+__all__ = [
+    "RewardError",
+    "RewardFn",
+    "RewardRunner",
+    "RewardTimeoutError",
+    "arithmetic",
+    "exact_match",
+    "math_verify",
+    "numeric",
+    "register_reward",
+    "registered_name",
+    "resolve_reward",
+    "reward_names",
+]
