@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "areal_tasks.cli.serve_cmd",
     "areal_tasks.cli.storage_cmd",
     "areal_tasks.cli.checkpoint_cmd",
+    "areal_tasks.cli.train_cmd",
 )
 
 USAGE_ERROR = 2

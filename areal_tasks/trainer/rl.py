@@ -1,0 +1,144 @@
+"""The RL controller: ``run_train(cfg) -> summary`` (what ``areal train`` runs).
+
+Everything is started through one Scheduler and stopped at the end:
+
+1. resolve the model (``tiny:<family>`` is built by the kit);
+2. the SFT warm start when ``train.sft_warmup_steps > 0`` (``run_sft``; reused when the run
+   directory already holds its model and recovery is on, so a resumed run does not redo it);
+3. the inference servers (``ServerFleet``, the allocation's inference component) on the starting
+   policy;
+4. one RL train worker per rank of the actor (``rl_worker``; torch.distributed) with the servers'
+   addresses; while they run, the controller watches both groups: a failed worker or a server past
+   its restarts stops the run with the worker's log tail;
+5. ``<run_dir>/summary.json``: ``reward_before`` (the starting policy after any SFT, before the
+   first RL step), ``reward_after``, ``steps``, ``wall_seconds`` and the SFT figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
+from areal_tasks.config.allocation import parse_allocation
+from areal_tasks.config.serialize import dump_config_yaml
+from areal_tasks.errors import EngineError
+from areal_tasks.trainer.rl_loop import RL_SUMMARY, rl_steps
+from areal_tasks.trainer.rl_worker import ADDRESSES_ENV
+from areal_tasks.trainer.sft import resolve_model_dir, run_sft
+from areal_tasks.trainer.sft_loop import SFTPaths
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
+logger = logging.getLogger(__name__)
+
+RL_GROUP = "rl"
+#: seconds between two looks at the workers and the servers.
+POLL_S = 2.0
+
+
+def starting_policy(cfg: JobConfig, scheduler: Scheduler) -> tuple[str, dict[str, Any]]:
+    """The model directory RL starts from (after the SFT warm start, if any) and SFT facts."""
+    if cfg.train.sft_warmup_steps < 1:
+        return resolve_model_dir(cfg), {}
+    paths = SFTPaths.of(cfg.experiment.run_dir or ".")
+    if cfg.recover.mode != "disabled" and (paths.model_dir / "config.json").is_file():
+        logger.info("reusing the SFT warm start in %s (recover.mode=%s)", paths.model_dir, cfg.recover.mode)
+        return str(paths.model_dir), {"sft_reused": True}
+    started = time.perf_counter()
+    model_dir = run_sft(cfg, scheduler)
+    losses = [json.loads(line)["loss"] for line in paths.metrics.read_text(encoding="utf-8").splitlines() if line]
+    return str(model_dir), {"sft_steps": cfg.train.sft_warmup_steps, "sft_loss_first": losses[0],
+                            "sft_loss_last": losses[-1], "sft_wall_s": time.perf_counter() - started}  # fmt: skip
+
+
+def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str]) -> WorkerGroupSpec:
+    """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden)."""
+    world = parse_allocation(cfg.allocation).actor().dims.world_size
+    on_gpus = cfg.cluster.gpus_per_node > 0
+    return WorkerGroupSpec(
+        name=RL_GROUP,
+        command=[sys.executable, "-m", "areal_tasks.trainer.rl_worker", "--config", str(config_path)],
+        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", ADDRESSES_ENV: ",".join(addresses)},
+        replicas=world,
+        ports_per_worker=0,
+        devices_per_worker=1 if on_gpus else 0,
+        hide_devices=not on_gpus,
+        torch_distributed=True,
+    )
+
+
+def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, Any]:
+    """Run the whole job (see the module docstring); returns the summary also written to the run dir."""
+    from areal_tasks.inference.launch import ServerFleet
+
+    rl_steps(cfg)  # fail before starting anything
+    run_dir = Path(cfg.experiment.run_dir or ".")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    owned = scheduler is None
+    if scheduler is None:
+        from areal_tasks.launch import LocalScheduler
+
+        scheduler = LocalScheduler(run_dir)
+    try:
+        model_dir, sft_facts = starting_policy(cfg, scheduler)
+        worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
+        config_path = run_dir / "rl_config.yaml"
+        config_path.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
+        fleet = ServerFleet.from_config(scheduler, cfg, model_dir)
+        try:
+            addresses = fleet.start()
+            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses))
+            _watch(scheduler, fleet)
+        finally:
+            fleet.stop()
+    finally:
+        if owned:
+            scheduler.stop_all()
+    rl_summary_path = run_dir / RL_SUMMARY
+    if not rl_summary_path.is_file():
+        raise EngineError(f"the RL workers exited cleanly but wrote no {rl_summary_path}")
+    summary = {**json.loads(rl_summary_path.read_text(encoding="utf-8")), **sft_facts,
+               "run_dir": str(run_dir), "start_model_dir": model_dir, "dataset": cfg.dataset.path,
+               "algorithm": cfg.algorithm.name, "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
+               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+    return summary
+
+
+def _watch(scheduler: Scheduler, fleet: Any) -> None:
+    """Until the workers exit: raise on a failed worker or a server past its restarts."""
+    from areal_tasks.api.scheduler import WorkerStatus
+
+    while True:
+        scheduler.check(RL_GROUP)
+        if all(w.status is WorkerStatus.SUCCEEDED for w in scheduler.status(RL_GROUP)):
+            return
+        restarted = fleet.check()
+        if restarted:
+            logger.warning("inference servers %s restarted: they serve the starting weights until the next "
+                           "weight update", restarted)  # fmt: skip
+        time.sleep(POLL_S)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few lines for the console."""
+    lines = [
+        f"{'':<16} {'before RL':>10} {'after RL':>10}",
+        f"{'eval reward':<16} {summary['reward_before']:>10.3f} {summary['reward_after']:>10.3f}",
+        f"{'eval accuracy':<16} {summary['accuracy_before']:>10.3f} {summary['accuracy_after']:>10.3f}",
+        f"{summary['algorithm']}: {summary['steps']} RL steps (eta={summary['max_head_offpolicyness']}) on "
+        f"{summary['eval_prompts']} eval prompts of {summary['dataset']}",
+    ]
+    if "sft_steps" in summary:
+        lines.append(f"SFT warm start: {summary['sft_steps']} steps, loss {summary['sft_loss_first']:.3f} -> "
+                     f"{summary['sft_loss_last']:.3f}, {summary['sft_wall_s']:.1f} s")  # fmt: skip
+    lines.append(f"total: {summary['wall_seconds']:.1f} s; run dir {summary['run_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""The rollout side of the RL loop (train rank 0): inference client, reward runner, workflow,
+executor, and evaluation through the same servers.
+
+``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires them from the config:
+
+- the client (``RemoteInferenceEngine``) over the servers the controller started;
+- the reward (``rollout.reward``) in a process pool with a timeout per call;
+- the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling``;
+- the executor (``RolloutExecutor``) over the train split, with DAPO's dynamic filter when the
+  algorithm asks for it.
+
+:meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
+(``evaluation.temperature``, 0 = greedy) over the eval split and returns the mean reward and the
+accuracy (share of episodes with reward 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.api.inference import SamplingParams
+
+if TYPE_CHECKING:
+    from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
+    from areal_tasks.config.job import JobConfig
+    from areal_tasks.inference.client import RemoteInferenceEngine
+    from areal_tasks.rollout.executor import RolloutExecutor
+    from areal_tasks.rollout.rewards import RewardRunner
+
+logger = logging.getLogger(__name__)
+
+
+def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward: Any) -> RolloutWorkflow:
+    """The workflow ``rollout.workflow.name`` with ``sampling`` and the ``reward`` coroutine."""
+    from areal_tasks.rollout.workflows import make_workflow
+
+    wf = cfg.rollout.workflow
+    options: dict[str, Any] = {"max_prompt_len": cfg.dataset.max_prompt_len}
+    if wf.name == "multi_turn":
+        options.update(max_turns=wf.max_turns, turn_discount=wf.turn_discount, feedback=wf.feedback)
+    return make_workflow(wf.name, tokenizer, sampling, reward, **options)
+
+
+def group_filter_of(cfg: JobConfig) -> Any:
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
+    if not getattr(cfg.algorithm, "dynamic_sampling", False):
+        return None
+
+    def informative(group: list[Trajectory]) -> bool:
+        return len({t.reward for t in group}) > 1
+
+    return informative
+
+
+@dataclass
+class RolloutSide:
+    """What rank 0 holds to produce batches and to evaluate."""
+
+    cfg: JobConfig
+    client: RemoteInferenceEngine
+    reward: RewardRunner
+    executor: RolloutExecutor
+    eval_workflow: RolloutWorkflow
+
+    @classmethod
+    def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
+        from areal_tasks.datasets.registry import load_split
+        from areal_tasks.inference.client import RemoteInferenceEngine
+        from areal_tasks.rollout.executor import RolloutExecutor
+        from areal_tasks.rollout.rewards import RewardRunner
+
+        client = RemoteInferenceEngine.from_rollout(cfg.rollout, addresses, version=version)
+        reward = RewardRunner(cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers,
+                              timeout_s=cfg.rollout.reward.timeout_s)  # fmt: skip
+        train_sampling = SamplingParams.from_config(cfg.rollout.sampling)
+        eval_sampling = replace(train_sampling, temperature=cfg.evaluation.temperature, seed=cfg.experiment.seed)
+        workflow = workflow_of(cfg, tokenizer, train_sampling, reward.score)
+        executor = RolloutExecutor.from_config(
+            cfg.rollout, engine=client, workflow=workflow, dataset=load_split(cfg.dataset, "train"),
+            batch_size=cfg.train.batch_size, seed=cfg.experiment.seed, shuffle=cfg.dataset.shuffle,
+            group_filter=group_filter_of(cfg), version=version,
+        )  # fmt: skip
+        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling, reward.score))
+
+    def evaluate(self, n_prompts: int | None = None) -> dict[str, float]:
+        """Mean reward and accuracy of the served policy on the eval split (blocking)."""
+        from areal_tasks.datasets.registry import load_split
+
+        records = load_split(self.cfg.dataset, "eval")
+        limit = n_prompts or self.cfg.evaluation.max_eval_prompts
+        records = records[:limit] if limit else records
+        n_samples = max(1, self.cfg.evaluation.n_samples)
+        started = time.perf_counter()
+        rewards = asyncio.run(self._episodes([r for r in records for _ in range(n_samples)]))
+        return {
+            "eval/reward": sum(rewards) / len(rewards),
+            "eval/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "eval/n": float(len(rewards)),
+            "eval/wall_s": time.perf_counter() - started,
+        }
+
+    async def _episodes(self, records: list[Any]) -> list[float]:
+        limit = asyncio.Semaphore(max(1, self.cfg.rollout.max_concurrent_rollouts))
+
+        async def one(record: Any) -> float:
+            async with limit:
+                traj = await self.eval_workflow.arun_episode(self.client, record)
+            return 0.0 if traj is None else float(traj.reward)
+
+        return list(await asyncio.gather(*(one(r) for r in records)))
+
+    def close(self) -> None:
+        """Stop the executor and the reward pool (idempotent)."""
+        try:
+            self.executor.stop()
+        finally:
+            self.reward.close()
