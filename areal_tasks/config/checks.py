@@ -175,6 +175,7 @@ def check_data_and_loop(
     p.number("train.batch_size", train.batch_size, low=1)
     p.number("train.total_steps", train.total_steps, low=1)
     p.number("train.epochs", train.epochs, low=1, optional=True)
+    p.number("train.sft_lr", train.sft_lr, low=0, low_open=True, optional=True)
     if p.number("train.sft_warmup_steps", train.sft_warmup_steps, low=0) and train.sft_warmup_steps >= train.total_steps:
         p.add("train.sft_warmup_steps", f"must be < train.total_steps={train.total_steps} "
               f"or no RL step would run, got {train.sft_warmup_steps}")

@@ -101,6 +101,11 @@ class TrainConfig:
     epochs: int | None = None
     #: supervised (SFT) steps on the reference answers before RL starts.
     sft_warmup_steps: int = 0
+    #: peak learning rate of the SFT warm start; None = ``actor.optimizer.lr`` (RL usually wants a
+    #: much smaller one than a warm start from random weights).
+    sft_lr: float | None = None
+    #: LR schedule of the SFT warm start (``actor.lr_schedule``'s warmup settings apply).
+    sft_lr_schedule: Literal["constant", "linear", "cosine"] = "cosine"
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The ``arithmetic`` demo task: "What is 23 + 48?" with integer answers, generated from a seed.
 
 Difficulty knobs (:class:`ArithmeticOptions`): ``digits`` (operands are drawn from
-``0 .. 10**digits - 1``) and ``ops`` (any of ``+`` and ``-``; a difference may be negative).
+``0 .. 10**digits - 1``) and ``ops`` (any of ``+`` and ``-``, a difference may be negative, and
+``>``: "the larger of a and b", a comparison that even a tiny model learns in a few minutes, so
+the partly wrong SFT demonstrations, not the model's capacity, set how much RL can gain).
 :func:`generate_splits` draws ``n_eval + n_train`` *distinct* problems with ``random.Random(seed)``
 and gives the first ``n_eval`` to the eval split and the rest to the train split, so the splits
 are disjoint and the same seed always gives the same problems in the same order. Asking for more
@@ -18,7 +20,7 @@ from areal_tasks.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_OPS = ("+", "-")
+_OPS = ("+", "-", ">")
 #: spaces up to this size are enumerated and shuffled; larger ones are sampled with rejection.
 _ENUMERATE_LIMIT = 200_000
 
@@ -72,11 +74,15 @@ class ArithmeticProblem:
     @property
     def question(self) -> str:
         """The user-facing question text."""
+        if self.op == ">":
+            return f"Which is larger, {self.left} or {self.right}?"
         return f"What is {self.left} {self.op} {self.right}?"
 
     @property
     def answer(self) -> int:
         """The exact integer result."""
+        if self.op == ">":
+            return max(self.left, self.right)
         return self.left + self.right if self.op == "+" else self.left - self.right
 
 

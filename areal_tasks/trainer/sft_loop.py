@@ -9,6 +9,7 @@ step to the metrics file. The model is saved in HF format at the end (every rank
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.trainer.sft_data import Transcript, pack_transcripts, sft_loss, sft_loss_weight
 
 if TYPE_CHECKING:
+    from areal_tasks.config.engine import EngineConfig
     from areal_tasks.config.job import JobConfig
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,14 @@ def step_indices(n_items: int, batch_size: int, step: int, seed: int, shuffle: b
     return indices
 
 
+def sft_engine_config(cfg: JobConfig) -> EngineConfig:
+    """The actor's engine config with the SFT learning rate (``train.sft_lr``) and schedule."""
+    train, actor = cfg.train, cfg.actor
+    optimizer = dataclasses.replace(actor.optimizer, lr=train.sft_lr if train.sft_lr is not None else actor.optimizer.lr)
+    schedule = dataclasses.replace(actor.lr_schedule, type=train.sft_lr_schedule)
+    return dataclasses.replace(actor, optimizer=optimizer, lr_schedule=schedule)
+
+
 def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     """Train this rank for ``train.sft_warmup_steps`` steps, save the HF model, return its directory."""
     import torch
@@ -86,7 +96,7 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     seed = cfg.experiment.seed
     paths = SFTPaths.of(cfg.experiment.run_dir or ".")
     transcripts = build_transcripts(cfg, load_tokenizer(model_dir))
-    engine = FSDPEngine(cfg.actor, model_dir, total_steps=steps, seed=seed)
+    engine = FSDPEngine(sft_engine_config(cfg), model_dir, total_steps=steps, seed=seed)
     engine.initialize()
     info = engine.parallel
     granularity = cfg.actor.micro_batch.granularity

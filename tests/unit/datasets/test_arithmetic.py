@@ -67,3 +67,12 @@ def test_jsonl_records_and_eval_path_rule(tmp_path) -> None:
         load_split(cfg, "eval")
     cfg_eval = DatasetConfig(path="demo:arithmetic", eval_path=str(path), prompt_key="q", answer_key="a")
     assert load_split(cfg_eval, "eval") == records
+
+
+def test_the_larger_of_two_numbers() -> None:
+    train, evaluation = generate_splits(ArithmeticOptions(digits=2, ops=">", n_train=50, n_eval=10))
+    for problem in train + evaluation:
+        assert problem.question == f"Which is larger, {problem.left} or {problem.right}?"
+        assert problem.answer == max(problem.left, problem.right)
+    records = load_records("demo:arithmetic?digits=1&ops=+>&n_train=20&n_eval=5", "train")
+    assert any(r.prompt.startswith("Which is larger") for r in records) and any("+" in r.prompt for r in records)
