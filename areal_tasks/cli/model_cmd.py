@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from areal_tasks.errors import ModelError
+from areal_tasks.models.tiny.spec import parse_value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,19 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tiny.set_defaults(handler=run_tiny)
 
 
-def _parse_value(text: str) -> Any:
-    """``"128"`` -> 128, ``"1e-5"`` -> 1e-05, ``"true"`` -> True; anything else stays a string."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["hidden_size=128"]`` -> ``{"hidden_size": 128}``; ModelError for an item without ``=``."""
     overrides: dict[str, Any] = {}
@@ -70,7 +58,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ModelError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = _parse_value(value)
+        overrides[key.strip()] = parse_value(value)
     return overrides
 
 

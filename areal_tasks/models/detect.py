@@ -54,8 +54,10 @@ def resolve_config_path(path_or_id: str) -> Path:
     """The ``config.json`` that ``path_or_id`` refers to (building a tiny model or fetching from the hub)."""
     if path_or_id.startswith(TINY_PREFIX):
         from areal_tasks.models.tiny.kit import build_tiny_model
+        from areal_tasks.models.tiny.spec import parse_tiny_spec
 
-        return build_tiny_model(path_or_id[len(TINY_PREFIX) :]) / "config.json"
+        family, overrides = parse_tiny_spec(path_or_id)
+        return build_tiny_model(family, **overrides) / "config.json"
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         config = path / "config.json"

@@ -218,6 +218,7 @@ def _broadcast_object(obj: Any) -> Any:
 def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks: list[Any] | None = None) -> dict[str, Any]:
     """Run this rank's RL loop (see the module docstring); rank 0 returns the summary."""
     from areal_tasks.algo import build_algorithm
+    from areal_tasks.checkpoint.layout import step_dir
     from areal_tasks.checkpoint.manager import CheckpointManager
     from areal_tasks.checkpoint.state import TrainerState
     from areal_tasks.models.tokenizer import load_tokenizer
@@ -278,17 +279,24 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
                                 if isinstance(v, (int, float))})  # fmt: skip
             freq = cfg.evaluation.freq_steps
             if side is not None and freq and step % freq == 0 and step != n_steps:
-                metrics.update(side.evaluate())
+                evaluated = side.evaluate()
+                metrics.update(evaluated)
+                _notify(callbacks, "on_eval", step, evaluated, None)
             if manager.should_save(step, last=step == n_steps):
                 executor_state = side.executor.state_dict() if side is not None else {}
-                manager.save(step, engines, TrainerState(step=step, version=version, executor=executor_state),
-                             {k: v for k, v in metrics.items() if k.startswith(("reward/", "eval/"))}, config=cfg)  # fmt: skip
+                ticket = manager.save(step, engines, TrainerState(step=step, version=version, executor=executor_state),
+                                      {k: v for k, v in metrics.items() if k.startswith(("reward/", "eval/"))},
+                                      config=cfg)  # fmt: skip
+                if ticket.done():
+                    url = manager.layout.url(step_dir(step))
+                    _notify(callbacks, "on_checkpoint", step, url, ticket.wait().to_dict())
             for cb in callbacks:
                 cb.on_step(step, metrics)
             last_metrics = metrics
         if side is not None:
             side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
             after = side.evaluate()
+            _notify(callbacks, "on_eval", n_steps, after, None)
             summary = {
                 "reward_before": before["eval/reward"],
                 "reward_after": after["eval/reward"],
@@ -312,6 +320,14 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
         for engine in engines.values():
             engine.destroy()
     return summary
+
+
+def _notify(callbacks: list[Any], hook: str, *args: Any) -> None:
+    """Call an optional hook (``on_eval``, ``on_checkpoint``) on the callbacks that have it."""
+    for cb in callbacks:
+        method = getattr(cb, hook, None)
+        if method is not None:
+            method(*args)
 
 
 def _next_batch(side: RolloutSide | None, cfg: JobConfig) -> Any:

@@ -5,7 +5,9 @@ executor, and evaluation through the same servers.
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
 - the reward (``rollout.reward``) in a process pool with a timeout per call;
-- the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling``;
+- the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling`` (leave
+  ``rollout.sampling.seed`` unset: one seed shared by every request makes the samples of a group
+  identical, which leaves GRPO nothing to compare);
 - the executor (``RolloutExecutor``) over the train split, with DAPO's dynamic filter when the
   algorithm asks for it.
 
@@ -77,7 +79,9 @@ class RolloutSide:
         reward = RewardRunner(cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers,
                               timeout_s=cfg.rollout.reward.timeout_s)  # fmt: skip
         train_sampling = SamplingParams.from_config(cfg.rollout.sampling)
-        eval_sampling = replace(train_sampling, temperature=cfg.evaluation.temperature, seed=cfg.experiment.seed)
+        # no shared seed: one seed for every request would give every prompt the same random
+        # draws (a correlated, high-variance estimate); greedy evaluation needs none
+        eval_sampling = replace(train_sampling, temperature=cfg.evaluation.temperature, seed=None)
         workflow = workflow_of(cfg, tokenizer, train_sampling, reward.score)
         executor = RolloutExecutor.from_config(
             cfg.rollout, engine=client, workflow=workflow, dataset=load_split(cfg.dataset, "train"),

@@ -36,8 +36,10 @@ def resolve_model_dir(cfg: JobConfig) -> str:
     path = cfg.model.path
     if path.startswith(TINY_PREFIX):
         from areal_tasks.models import build_tiny_model
+        from areal_tasks.models.tiny.spec import parse_tiny_spec
 
-        return str(build_tiny_model(path[len(TINY_PREFIX) :].strip(), seed=cfg.experiment.seed))
+        family, overrides = parse_tiny_spec(path)
+        return str(build_tiny_model(family, seed=cfg.experiment.seed, **overrides))
     if not Path(path).expanduser().is_dir():
         raise ConfigError(f"model.path={path!r}: SFT needs a local model directory or tiny:<family>")
     return str(Path(path).expanduser().resolve())

@@ -29,7 +29,7 @@ def value_at(cfg: object, dotted: str) -> object:
         ("tracking.mlflow_uri=null", "tracking.mlflow_uri", None),  # null still means None for str | None
         ("experiment.name=no", "experiment.name", "no"),  # YAML 1.2: 'no' is a string
         ("cluster.scheduler=slurm", "cluster.scheduler", "slurm"),  # Literal
-        ("rollout.sampling.seed=5", "rollout.sampling.seed", 5),  # int | None
+        ("evaluation.max_eval_prompts=5", "evaluation.max_eval_prompts", 5),  # int | None
         ("rollout.sampling.seed=null", "rollout.sampling.seed", None),
         ("rollout.sampling.stop=[</s>, '###']", "rollout.sampling.stop", ["</s>", "###"]),  # list[str]
         ("rollout.sampling.stop_token_ids=[1, 2]", "rollout.sampling.stop_token_ids", [1, 2]),  # list[int]

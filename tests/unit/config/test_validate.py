@@ -186,3 +186,12 @@ def test_micro_batch_spec_reports_every_problem() -> None:
 def test_micro_batch_problem_from_yaml_names_section() -> None:
     with pytest.raises(ConfigError, match="critic.micro_batch: n_mbs: must be an integer >= 1, got 0"):
         load_config(None, ["algorithm.name=ppo", "critic.value_head=true", "critic.micro_batch.n_mbs=0"])
+
+
+def test_a_fixed_sampling_seed_with_groups_is_refused() -> None:
+    from areal_tasks.config import load_config
+    from areal_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="samples of a group identical"):
+        load_config("configs/demo_grpo.yaml", ["rollout.sampling.seed=3"])
+    load_config("configs/demo_grpo.yaml", ["rollout.sampling.seed=3", "rollout.sampling.temperature=0"])
