@@ -134,6 +134,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{'':<16} {'before RL':>10} {'after RL':>10}",
         f"{'eval reward':<16} {summary['reward_before']:>10.3f} {summary['reward_after']:>10.3f}",
         f"{'eval accuracy':<16} {summary['accuracy_before']:>10.3f} {summary['accuracy_after']:>10.3f}",
+        f"{'greedy accuracy':<16} {summary['greedy_accuracy_before']:>10.3f} {summary['greedy_accuracy_after']:>10.3f}",
+        f"(eval: temperature {summary['eval_temperature']}, {summary['eval_samples_per_prompt']} sample(s) per prompt)",
         f"{summary['algorithm']}: {summary['steps']} RL steps (eta={summary['max_head_offpolicyness']}) on "
         f"{summary['eval_prompts']} eval prompts of {summary['dataset']}",
     ]

@@ -251,7 +251,7 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
             if side is not None and state.executor:
                 side.executor.load_state_dict(state.executor)
             publisher.publish(version)
-        before = side.evaluate() if side is not None else {}
+        before = {**side.evaluate(), **side.evaluate(greedy=True)} if side is not None else {}
         if side is not None:
             side.executor.start()
             logger.info("starting policy: eval reward %.3f, accuracy %.3f", before["eval/reward"], before["eval/accuracy"])
@@ -295,14 +295,18 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
             last_metrics = metrics
         if side is not None:
             side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
-            after = side.evaluate()
+            after = {**side.evaluate(), **side.evaluate(greedy=True)}
             _notify(callbacks, "on_eval", n_steps, after, None)
             summary = {
                 "reward_before": before["eval/reward"],
                 "reward_after": after["eval/reward"],
                 "accuracy_before": before["eval/accuracy"],
                 "accuracy_after": after["eval/accuracy"],
-                "eval_prompts": int(after["eval/n"]),
+                "greedy_accuracy_before": before["eval_greedy/accuracy"],
+                "greedy_accuracy_after": after["eval_greedy/accuracy"],
+                "eval_temperature": cfg.evaluation.temperature,
+                "eval_samples_per_prompt": max(1, cfg.evaluation.n_samples) if cfg.evaluation.temperature > 0 else 1,
+                "eval_prompts": int(after["eval_greedy/n"]),
                 "steps": n_steps,
                 "first_step": first_step,
                 "final_version": version,

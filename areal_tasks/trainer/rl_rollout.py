@@ -12,8 +12,9 @@ executor, and evaluation through the same servers.
   algorithm asks for it.
 
 :meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
-(``evaluation.temperature``, 0 = greedy) over the eval split and returns the mean reward and the
-accuracy (share of episodes with reward 1).
+(``evaluation.temperature``, 0 = greedy; ``evaluation.n_samples`` per prompt) over the eval split and
+returns the mean reward and the accuracy (share of episodes with reward 1); ``greedy=True`` measures
+greedy decoding as well.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class RolloutSide:
     reward: RewardRunner
     executor: RolloutExecutor
     eval_workflow: RolloutWorkflow
+    greedy_workflow: RolloutWorkflow
 
     @classmethod
     def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
@@ -88,31 +90,42 @@ class RolloutSide:
             batch_size=cfg.train.batch_size, seed=cfg.experiment.seed, shuffle=cfg.dataset.shuffle,
             group_filter=group_filter_of(cfg), version=version,
         )  # fmt: skip
-        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling, reward.score))
+        greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
+        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling, reward.score),
+                   workflow_of(cfg, tokenizer, greedy_sampling, reward.score))  # fmt: skip
 
-    def evaluate(self, n_prompts: int | None = None) -> dict[str, float]:
-        """Mean reward and accuracy of the served policy on the eval split (blocking)."""
+    def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
+        """Mean reward and accuracy of the served policy on the eval split (blocking).
+
+        With ``evaluation.temperature > 0`` every prompt is sampled ``evaluation.n_samples`` times: the
+        expected reward of the sampling policy, which is what RL optimises. ``greedy=True`` decodes
+        each prompt once at temperature 0 instead (keys ``eval_greedy/...``).
+        """
         from areal_tasks.datasets.registry import load_split
 
         records = load_split(self.cfg.dataset, "eval")
         limit = n_prompts or self.cfg.evaluation.max_eval_prompts
         records = records[:limit] if limit else records
-        n_samples = max(1, self.cfg.evaluation.n_samples)
+        workflow, prefix, n_samples = self.eval_workflow, "eval", max(1, self.cfg.evaluation.n_samples)
+        if greedy or self.cfg.evaluation.temperature == 0:
+            n_samples = 1
+        if greedy:
+            workflow, prefix = self.greedy_workflow, "eval_greedy"
         started = time.perf_counter()
-        rewards = asyncio.run(self._episodes([r for r in records for _ in range(n_samples)]))
+        rewards = asyncio.run(self._episodes(workflow, [r for r in records for _ in range(n_samples)]))
         return {
-            "eval/reward": sum(rewards) / len(rewards),
-            "eval/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "eval/n": float(len(rewards)),
-            "eval/wall_s": time.perf_counter() - started,
+            f"{prefix}/reward": sum(rewards) / len(rewards),
+            f"{prefix}/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            f"{prefix}/n": float(len(rewards)),
+            f"{prefix}/wall_s": time.perf_counter() - started,
         }
 
-    async def _episodes(self, records: list[Any]) -> list[float]:
+    async def _episodes(self, workflow: RolloutWorkflow, records: list[Any]) -> list[float]:
         limit = asyncio.Semaphore(max(1, self.cfg.rollout.max_concurrent_rollouts))
 
         async def one(record: Any) -> float:
             async with limit:
-                traj = await self.eval_workflow.arun_episode(self.client, record)
+                traj = await workflow.arun_episode(self.client, record)
             return 0.0 if traj is None else float(traj.reward)
 
         return list(await asyncio.gather(*(one(r) for r in records)))
