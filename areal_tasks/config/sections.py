@@ -152,11 +152,11 @@ class EvaluationConfig:
 class TrackingConfig:
     """Metrics tracking."""
 
-    #: MLflow tracking URI; None = the tracking callback's local default (a store under the run dir).
+    #: MLflow tracking URI (``sqlite:///path/mlflow.db``, ``http://host:5000``...); None = no MLflow.
     mlflow_uri: str | None = None
     #: MLflow experiment name; None = ``experiment.name``.
     mlflow_experiment: str | None = None
     #: log metrics every this many steps.
     log_every: int = 1
-    #: also append metrics to ``<run_dir>/metrics.jsonl``.
+    #: also append metrics to ``<run_dir>/rl_metrics.jsonl``.
     jsonl: bool = True

@@ -222,10 +222,10 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
     from areal_tasks.checkpoint.manager import CheckpointManager
     from areal_tasks.checkpoint.state import TrainerState
     from areal_tasks.models.tokenizer import load_tokenizer
-    from areal_tasks.trainer.callbacks import ConsoleProgress, JsonlMetrics
     from areal_tasks.trainer.rl_batch import pack_trajectories
     from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rl_step import RLStep
+    from areal_tasks.trainer.tracking import callbacks_from_config
 
     started = time.perf_counter()
     run_dir = Path(cfg.experiment.run_dir or ".")
@@ -243,7 +243,7 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
                          ref=engines.get("ref"), critic=engines.get("critic"),
                          ppo_n_minibatches=cfg.actor.ppo_n_minibatches)  # fmt: skip
     if callbacks is None:
-        callbacks = [ConsoleProgress(), JsonlMetrics(run_dir / RL_METRICS)] if is_main else []
+        callbacks = callbacks_from_config(cfg, run_dir) if is_main else []
     summary: dict[str, Any] = {}
     try:
         if state is not None:
@@ -318,6 +318,9 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
             for cb in callbacks:
                 cb.on_end(summary)
         manager.close()
+    except BaseException as exc:
+        _notify(callbacks, "fail", f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         if side is not None:
             side.close()
