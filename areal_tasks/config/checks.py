@@ -154,6 +154,8 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     p.number("rollout.server.startup_timeout_s", srv.startup_timeout_s, low=0, low_open=True)
     p.number("rollout.server.max_restarts", srv.max_restarts, low=0)
     wf = rollout.workflow
+    if wf.name not in ("rlvr", "multi_turn") and ":" not in wf.name:
+        p.add("rollout.workflow.name", f"must be rlvr, multi_turn or an import path package.module:factory, got {wf.name!r}")
     p.number("rollout.workflow.max_turns", wf.max_turns, low=1)
     p.number("rollout.workflow.turn_discount", wf.turn_discount, low=0, high=1, low_open=True)
     p.non_empty("rollout.workflow.feedback", wf.feedback)

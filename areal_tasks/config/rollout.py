@@ -61,8 +61,8 @@ class WorkflowConfig:
     """The rollout workflow that turns one prompt into one trajectory."""
 
     #: ``rlvr``: one turn scored by a verifiable reward; ``multi_turn``: the model gets feedback
-    #: after a wrong answer and retries.
-    name: Literal["rlvr", "multi_turn"] = "rlvr"
+    #: after a wrong answer and retries; or ``package.module:factory`` of your own workflow.
+    name: str = "rlvr"
     #: multi_turn: most assistant turns per episode.
     max_turns: int = 2
     #: multi_turn: the reward of turn k is multiplied by ``turn_discount ** (k - 1)``.

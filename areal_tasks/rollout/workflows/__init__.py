@@ -11,6 +11,7 @@ every workflow listed there is covered by the contract test
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol
 
 from areal_tasks.api.inference import SamplingParams
@@ -32,6 +33,7 @@ __all__ = [
     "feedback_segment",
     "item_fields",
     "make_workflow",
+    "resolve_workflow",
 ]
 
 
@@ -49,8 +51,29 @@ WORKFLOWS: dict[str, WorkflowFactory] = {
 }
 
 
+def resolve_workflow(name: str) -> WorkflowFactory:
+    """The factory registered as ``name``, or the one at import path ``package.module:factory``."""
+    if name in WORKFLOWS:
+        return WORKFLOWS[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"unknown workflow {name!r}; known: {', '.join(sorted(WORKFLOWS))}, or an import path "
+            "package.module:factory of factory(tokenizer, sampling, reward, **options)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"workflow {name!r}: cannot import {module_name!r} ({exc})") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"workflow {name!r}: {module_name!r} has no callable {attr!r}")
+    return factory  # type: ignore[no-any-return]
+
+
 def make_workflow(name: str, tokenizer: Any, sampling: SamplingParams, reward: RewardFn, **options: Any) -> RolloutWorkflow:
-    """The workflow registered as ``name``, built with ``options``; ConfigError for an unknown name."""
-    if name not in WORKFLOWS:
-        raise ConfigError(f"unknown workflow {name!r}; known: {', '.join(sorted(WORKFLOWS))}")
-    return WORKFLOWS[name](tokenizer, sampling, reward, **options)
+    """The workflow ``name`` (registered, or an import path) built with ``options``; ConfigError if unknown."""
+    workflow = resolve_workflow(name)(tokenizer, sampling, reward, **options)
+    if not isinstance(workflow, RolloutWorkflow):
+        raise ConfigError(f"workflow {name!r} built a {type(workflow).__name__}, not a RolloutWorkflow")
+    return workflow

@@ -20,7 +20,7 @@ def test_every_recipe_validates(repo_root: Path, name: str) -> None:
 
 def test_demo_grpo_is_small_grpo_on_tiny_qwen2(repo_root: Path) -> None:
     cfg = load_config(repo_root / "configs" / "demo_grpo.yaml")
-    assert (cfg.model.path, cfg.algorithm.name) == ("tiny:qwen2", "grpo")
+    assert (cfg.model.path.split("?", 1)[0], cfg.algorithm.name) == ("tiny:qwen2", "grpo")
     # the demo task, possibly with options (``demo:arithmetic?digits=1&...``)
     assert cfg.dataset.path.split("?", 1)[0] == "demo:arithmetic"
-    assert cfg.train.batch_size <= 16 and cfg.rollout.sampling.max_new_tokens <= 32
+    assert cfg.train.batch_size <= 64 and cfg.rollout.sampling.max_new_tokens <= 32

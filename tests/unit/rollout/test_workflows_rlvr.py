@@ -133,3 +133,17 @@ def test_workflows_import_without_torch_or_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_workflow_by_import_path_and_clear_errors_for_bad_ones() -> None:
+    from areal_tasks.errors import ConfigError
+    from areal_tasks.rollout.workflows import RLVRWorkflow, resolve_workflow
+
+    assert resolve_workflow("rlvr") is RLVRWorkflow
+    assert resolve_workflow("areal_tasks.rollout.workflows.rlvr:RLVRWorkflow") is RLVRWorkflow
+    with pytest.raises(ConfigError, match="import path"):
+        resolve_workflow("nope")
+    with pytest.raises(ConfigError, match="cannot import"):
+        resolve_workflow("no_such_module_xyz:Factory")
+    with pytest.raises(ConfigError, match="no callable"):
+        resolve_workflow("areal_tasks.rollout.workflows.rlvr:Missing")
