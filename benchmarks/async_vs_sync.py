@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -107,7 +108,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # the train workers import the benchmark workflow from this repository
+    # the controller and the train workers import the benchmark workflow from this repository
+    sys.path.insert(0, str(ROOT))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("AREAL_BENCH_SEED", "0")
     import torch

@@ -58,6 +58,16 @@ def starting_policy(cfg: JobConfig, scheduler: Scheduler) -> tuple[str, dict[str
                             "sft_loss_last": losses[-1], "sft_wall_s": time.perf_counter() - started}  # fmt: skip
 
 
+def check_before_start(cfg: JobConfig) -> None:
+    """Fail in a second, before any process starts: RL steps, the reward, the workflow."""
+    from areal_tasks.rollout.rewards import resolve_reward
+    from areal_tasks.rollout.workflows import resolve_workflow
+
+    rl_steps(cfg)
+    resolve_reward(cfg.rollout.reward.fn)
+    resolve_workflow(cfg.rollout.workflow.name)
+
+
 def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str]) -> WorkerGroupSpec:
     """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden)."""
     world = parse_allocation(cfg.allocation).actor().dims.world_size
@@ -78,7 +88,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     """Run the whole job (see the module docstring); returns the summary also written to the run dir."""
     from areal_tasks.inference.launch import ServerFleet
 
-    rl_steps(cfg)  # fail before starting anything
+    check_before_start(cfg)
     run_dir = Path(cfg.experiment.run_dir or ".")
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

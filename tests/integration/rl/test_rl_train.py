@@ -1,11 +1,11 @@
 """``areal train`` end to end on a tiny model (2 gloo train ranks, one embedded server): the loop's
 mechanics, not learning quality (tests/integration/rl/test_learning.py checks that).
 
-One short SFT model is shared by the module. Each run checks what a user sees: the summary and its
+The session's warm start (conftest.py) is the starting policy. Each run checks what a user sees: the summary and its
 keys, one metrics row per step with versions advancing, a checkpoint per ``saver.freq_steps``, and
-recovery that continues after the last checkpoint instead of starting over. Also: PPO with a critic,
-the multi-turn workflow, asynchronous rollout (eta = 2) and a broken reward that fails the run with
-the reward's own error.
+recovery that continues after the last checkpoint instead of starting over. Also: the multi-turn
+workflow with asynchronous rollout (eta = 2) tracked in MLflow, and a broken reward that fails the
+run in a second, before anything starts. (PPO with a critic: test_learning.py.)
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from areal_tasks.config import load_config
-from areal_tasks.errors import WorkerFailedError
+from areal_tasks.errors import RewardError
 from areal_tasks.trainer.rl import run_train
-from areal_tasks.trainer.sft import run_sft
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
 
@@ -34,17 +33,9 @@ BASE = [
     "rollout.reward.workers=1",
     "actor.optimizer.lr=1e-4",
     "actor.lr_schedule.type=constant",
+    "actor.micro_batch.granularity=4",
     "train.sft_warmup_steps=0",
 ]
-
-
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    run_dir = tmp_path_factory.mktemp("sft")
-    cfg = load_config("configs/demo_grpo.yaml", [f"experiment.run_dir={run_dir}", *BASE,
-                                                 "train.sft_warmup_steps=6", "train.total_steps=7",
-                                                 "actor.optimizer.lr=3e-3"])  # fmt: skip
-    return str(run_sft(cfg))
 
 
 def train(run_dir: Path, model: str, *overrides: str) -> dict:
@@ -56,8 +47,8 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rl_metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_run_writes_summary_metrics_and_checkpoints_then_recovers(tmp_path: Path, sft_model: str) -> None:
-    summary = train(tmp_path, sft_model, "train.total_steps=3", "saver.freq_steps=2")
+def test_grpo_run_writes_summary_metrics_and_checkpoints_then_recovers(tmp_path: Path, warm_start: str) -> None:
+    summary = train(tmp_path, warm_start, "train.total_steps=3", "saver.freq_steps=2")
     assert summary["steps"] == 3 and summary["first_step"] == 1 and summary["final_version"] == 3
     for key in ("reward_before", "reward_after", "wall_seconds"):
         assert math.isfinite(summary[key])
@@ -70,29 +61,32 @@ def test_grpo_run_writes_summary_metrics_and_checkpoints_then_recovers(tmp_path:
     checkpoints = sorted(p.name for p in (tmp_path / "storage").rglob("step_*") if p.is_dir())
     assert checkpoints == ["step_2", "step_3"]
     # asking for 5 steps now continues after the checkpoint of step 3
-    resumed = train(tmp_path, sft_model, "train.total_steps=5", "saver.freq_steps=2")
+    resumed = train(tmp_path, warm_start, "train.total_steps=5", "saver.freq_steps=2")
     assert resumed["first_step"] == 4 and resumed["final_version"] == 5
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2, 3, 4, 5]
 
 
-def test_ppo_with_a_critic_trains_both(tmp_path: Path, sft_model: str) -> None:
-    train(tmp_path, sft_model, "train.total_steps=2", "algorithm.name=ppo", "critic.value_head=true",
-          "critic.optimizer.lr=1e-4")  # fmt: skip
-    rows = metrics(tmp_path)
-    assert len(rows) == 2
-    assert all(math.isfinite(r["critic/value_loss"]) and math.isfinite(r["actor/loss"]) for r in rows)
+def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: str) -> None:
+    from mlflow import MlflowClient
 
-
-def test_multi_turn_and_async_rollout(tmp_path: Path, sft_model: str) -> None:
-    summary = train(tmp_path, sft_model, "train.total_steps=4", "rollout.workflow.name=multi_turn",
-                    "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16")  # fmt: skip
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    summary = train(tmp_path, warm_start, "train.total_steps=4", "rollout.workflow.name=multi_turn",
+                    "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16",
+                    f"tracking.mlflow_uri={uri}", "saver.freq_steps=2")  # fmt: skip
     assert summary["max_head_offpolicyness"] == 2
     rows = metrics(tmp_path)
     assert len(rows) == 4
     assert max(r["staleness/max"] for r in rows) <= 2.0
     assert summary["executor"]["consumed_samples"] == 4 * 8
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("demo_grpo").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["rollout.workflow.name"] == "multi_turn"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3, 4]
+    assert run.data.tags["areal.latest_checkpoint"].endswith("step_4")
 
 
-def test_a_reward_that_cannot_be_imported_fails_the_run_with_its_name(tmp_path: Path, sft_model: str) -> None:
-    with pytest.raises(WorkerFailedError, match="no_such_module"):
-        train(tmp_path, sft_model, "train.total_steps=2", "rollout.reward.fn=no_such_module:score")
+def test_a_reward_that_cannot_be_imported_fails_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(RewardError, match="no_such_module"):
+        train(tmp_path, "tiny:qwen2", "train.total_steps=2", "rollout.reward.fn=no_such_module:score")
+    assert not (tmp_path / "logs").exists()  # no process was started
