@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["HttpTransport"]
 
+#: seconds an idle pooled connection is kept: below the servers' keep-alive timeouts (uvicorn's
+#: default is 5 s; the embedded server keeps 75 s).
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 def _decode(response: httpx.Response) -> Any:
     if "json" in response.headers.get("content-type", ""):
@@ -45,7 +49,10 @@ class HttpTransport:
         transport_factory: Callable[[], httpx.AsyncBaseTransport] | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # idle connections are dropped before servers drop them (uvicorn closes after 5 s by default):
+        # reusing one the server is closing at that instant fails the request with a ReadError
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
         self._factory = transport_factory
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()

@@ -100,4 +100,5 @@ def run_server(cfg: ServerConfig) -> None:
 
     app = build_app(cfg)
     logger.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, cfg.port)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False)
+    # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, timeout_keep_alive=75)
