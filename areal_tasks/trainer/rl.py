@@ -124,18 +124,16 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
 
 
 def _watch(scheduler: Scheduler, fleet: Any) -> None:
-    """Until the workers exit: raise on a failed worker or a server past its restarts."""
-    from areal_tasks.api.scheduler import WorkerStatus
+    """Until the workers exit: relay rank 0's progress; raise on a failed worker or a lost server."""
+    from areal_tasks.trainer.progress_relay import wait_with_progress
 
-    while True:
-        scheduler.check(RL_GROUP)
-        if all(w.status is WorkerStatus.SUCCEEDED for w in scheduler.status(RL_GROUP)):
-            return
+    def check_servers() -> None:
         restarted = fleet.check()
         if restarted:
             logger.warning("inference servers %s restarted: they serve the starting weights until the next "
                            "weight update", restarted)  # fmt: skip
-        time.sleep(POLL_S)
+
+    wait_with_progress(scheduler, RL_GROUP, poll_s=POLL_S, on_poll=check_servers)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

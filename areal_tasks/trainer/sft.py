@@ -105,7 +105,12 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
     try:
         logger.info("SFT: %d steps on %d rank(s); logs under %s/logs", cfg.train.sft_warmup_steps, replicas, run_dir)
         scheduler.start_group(sft_worker_spec(cfg, config_path, replicas))
-        scheduler.wait(SFT_GROUP, timeout_s)
+        if timeout_s is None:
+            from areal_tasks.trainer.progress_relay import wait_with_progress
+
+            wait_with_progress(scheduler, SFT_GROUP)  # rank 0's progress bar on this terminal
+        else:
+            scheduler.wait(SFT_GROUP, timeout_s)
         scheduler.check(SFT_GROUP)
     finally:
         if owned:
