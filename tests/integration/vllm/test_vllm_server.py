@@ -120,7 +120,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
 
 
 def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
-    n = 48
+    n = 160  # long enough that a pause reliably catches requests mid-generation on a loaded CPU
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
     uninterrupted = generate(vllm, reqs)
 
@@ -142,7 +142,7 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
 def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> None:
     base, other = vllm.server.model_path, vllm_tiny_model(seed=1)
     path, new = vllm.publish(other)
-    old, n = vllm.version, 48
+    old, n = vllm.version, 160  # long enough that a pause reliably catches requests mid-generation
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
 
     async def scenario():
