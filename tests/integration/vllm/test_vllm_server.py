@@ -120,7 +120,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
 
 
 def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
-    n = 160  # long enough that a pause reliably catches requests mid-generation on a loaded CPU
+    n = 640  # long enough that a pause lands mid-generation even when the loaded CPU delays it by seconds
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
     uninterrupted = generate(vllm, reqs)
 
@@ -142,8 +142,11 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
 def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> None:
     base, other = vllm.server.model_path, vllm_tiny_model(seed=1)
     path, new = vllm.publish(other)
-    old, n = vllm.version, 160  # long enough that a pause reliably catches requests mid-generation
+    old, n = vllm.version, 640  # a pause lands mid-generation even when the loaded CPU delays it by seconds
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
+    # the first generation after the fixture's weight load is slow on vLLM's CPU build (warm-up):
+    # run it once so the pauses below land while the requests are generating
+    generate(vllm, [ModelRequest(r.input_ids, r.sampling) for r in reqs])
 
     async def scenario():
         from areal_tasks.api.weight_update import WeightUpdateMeta
