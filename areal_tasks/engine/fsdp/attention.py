@@ -1,21 +1,40 @@
-"""Causal attention over packed sequences (block-diagonal), as Ulysses sequence parallelism needs it.
+"""Causal attention over packed sequences (block-diagonal): the engine's varlen attention and the
+attention under Ulysses sequence parallelism.
 
 ``packed_attention`` takes ``[1, H, T, D]`` query/key/value of several sequences laid end to end
-(``cu_seqlens`` bounds them) and attends within each sequence only:
+(``cu_seqlens`` bounds them) and attends within each sequence only, with the first kernel that
+applies:
 
 * CUDA with flash-attn installed: ``flash_attn_varlen_func`` (one kernel, no mask);
-* otherwise: one SDPA call with a ``T x T`` block-diagonal causal mask.
+* CUDA, fp16/bf16, no dropout: torch's own flash kernel through ``torch.nn.attention.varlen``
+  (:func:`varlen_packed`; torch >= 2.10, no extra package);
+* otherwise (CPU, fp32, dropout, or a torch without the varlen API): one SDPA call with a
+  ``T x T`` block-diagonal causal mask.
 
-Measured on one H200 (Qwen2.5-0.5B shape, 16K-token micro-batches, long-tail lengths, torch 2.11):
-the block-mask SDPA step took 2.0 s, a loop of one fused causal SDPA call per sequence 3.7 s, so
-the loop was dropped. Without sequence parallelism the engine uses transformers' own attention
-(which builds the same block mask from the position ids, or runs flash-attention varlen).
+Without sequence parallelism the engine registers :func:`varlen_attention_forward` with transformers
+as ``attn_implementation="areal_varlen"`` (the default on CUDA when flash-attn is absent, see
+``build.py``): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
+(``cu_seq_lens_q``, ``max_length_q``, ``areal_seq_bounds``) and calls ``packed_attention``.
+transformers' own ``sdpa`` would build the same ``T x T`` mask from the position ids; measured on one
+H200 (Qwen2.5-0.5B shape, 16K-token micro-batches, long-tail lengths, torch 2.11) the block-mask
+SDPA step took 2.0 s and dominated the step. The engine's attentions register no mask builder, so
+transformers skips its mask preparation (and the packed-sequence check that reads a device value
+back to the host) entirely.
+
+The varlen API changed between torch releases (2.10: ``is_causal``; later: ``window_size``,
+``scale``, ``enable_gqa``), so :func:`varlen_packed` inspects the signature once and adapts:
+without ``scale`` the query is pre-scaled, without ``enable_gqa`` the key/value heads are repeated,
+and without ``window_size`` sliding-window layers use the block mask.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 import logging
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import EngineError
@@ -26,6 +45,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BOUNDS_KWARG = "areal_seq_bounds"
+VARLEN_ATTN = "areal_varlen"
+
+#: largest head dimension the flash kernels take.
+_MAX_FLASH_HEAD_DIM = 256
+
+_registered: set[str] = set()
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, total: int, sliding_window: int | None = None) -> torch.Tensor:
@@ -46,6 +71,90 @@ def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
+@functools.cache
+def flash_attn_installed() -> bool:
+    """Whether the flash-attn package is importable (looked up once)."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+@functools.cache
+def _varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
+    """torch's ``varlen_attn`` and the names of its parameters, or None when this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    try:
+        params = frozenset(inspect.signature(varlen_attn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if not params & {"window_size", "is_causal"}:
+        logger.warning("torch.nn.attention.varlen.varlen_attn takes neither window_size nor is_causal; not used")
+        return None
+    return varlen_attn, params
+
+
+def varlen_api_available() -> bool:
+    """Whether this torch ships ``torch.nn.attention.varlen.varlen_attn`` in a form the engine can call."""
+    return _varlen_api() is not None
+
+
+def varlen_supported(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | None = None) -> bool:
+    """Whether :func:`varlen_packed` can run on ``q`` (CUDA, fp16/bf16, no dropout, head dim <= 256,
+    and a sliding window only if this torch's API takes ``window_size``)."""
+    import torch
+
+    api = _varlen_api()
+    if api is None or not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or dropout > 0.0:
+        return False
+    if q.shape[-1] > _MAX_FLASH_HEAD_DIM:
+        return False
+    return sliding_window is None or "window_size" in api[1]
+
+
+def varlen_packed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal varlen attention of token-major ``[T, H, D]`` tensors (``k``/``v``: ``[T, Hkv, D]``)
+    with torch's flash kernel; returns ``[T, H, D]``. Check :func:`varlen_supported` first."""
+    import torch
+
+    api = _varlen_api()
+    if api is None:
+        raise EngineError("torch.nn.attention.varlen is not available in this torch (needs torch >= 2.10)")
+    fn, params = api
+    kwargs: dict[str, Any] = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
+    else:
+        if sliding_window is not None:
+            raise EngineError("this torch's varlen_attn has no window_size: sliding-window layers need the block mask")
+        kwargs["is_causal"] = True
+    head_dim = q.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        if "scale" in params:
+            kwargs["scale"] = float(scaling)
+        else:  # the kernel applies 1/sqrt(D): fold the rest into the query
+            q = q * (scaling * math.sqrt(head_dim))
+    if k.shape[1] != q.shape[1]:
+        if q.shape[1] % k.shape[1] != 0:
+            raise EngineError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, int(max_len), int(max_len), **kwargs)
+
+
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
                   scaling: float | None, dropout: float, sliding_window: int | None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
@@ -58,6 +167,23 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
     return out.transpose(0, 1).unsqueeze(0)
 
 
+def _max_len(cu_seqlens: torch.Tensor, bounds: tuple[int, ...] | None, max_len: int | None) -> int:
+    if max_len is not None:
+        return int(max_len)
+    if bounds is not None:
+        return max(b - a for a, b in zip(bounds, bounds[1:]))
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())  # reads a device value back: pass bounds instead
+
+
+def packed_kernel(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | None = None) -> str:
+    """Which kernel :func:`packed_attention` uses for ``q``: ``flash_attn``, ``varlen`` or ``block_mask``."""
+    if q.is_cuda and flash_attn_installed():
+        return "flash_attn"
+    if varlen_supported(q, dropout, sliding_window):
+        return "varlen"
+    return "block_mask"
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -65,35 +191,95 @@ def packed_attention(
     cu_seqlens: torch.Tensor,
     *,
     bounds: tuple[int, ...] | None = None,
+    max_len: int | None = None,
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Block-diagonal causal attention of ``[1, H, T, D]`` tensors (``k``/``v`` may have fewer heads)."""
+    """Block-diagonal causal attention of ``[1, H, T, D]`` tensors (``k``/``v`` may have fewer heads).
+
+    ``bounds`` (the host copy of ``cu_seqlens``) or ``max_len`` spare a device-to-host read.
+    """
     import torch
 
     if q.shape[0] != 1:
         raise EngineError(f"packed attention expects one packed row, got batch size {q.shape[0]}")
-    if q.is_cuda and importlib.util.find_spec("flash_attn") is not None:
-        max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if bounds is None else max(
-            b - a for a, b in zip(bounds, bounds[1:]))
-        return _flash_varlen(q, k, v, cu_seqlens.to(torch.int32), max_len, scaling, dropout, sliding_window)
+    kernel = packed_kernel(q, dropout, sliding_window)
+    if kernel == "flash_attn":
+        return _flash_varlen(q, k, v, cu_seqlens.to(torch.int32), _max_len(cu_seqlens, bounds, max_len),
+                             scaling, dropout, sliding_window)
+    if kernel == "varlen":
+        out = varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens,
+                            _max_len(cu_seqlens, bounds, max_len), scaling=scaling, sliding_window=sliding_window)
+        return out.transpose(0, 1).unsqueeze(0)
     rep = q.shape[1] // k.shape[1]
     k, v = repeat_heads(k, rep), repeat_heads(v, rep)
     mask = block_causal_mask(cu_seqlens, q.shape[2], sliding_window)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
-def no_mask(*args: Any, **kwargs: Any) -> None:
-    """Mask builder for the engine's attentions: they bound sequences with cu_seqlens themselves."""
-    return None
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface of ``areal_varlen``: ``[B, H, S, D]`` in, ``[B, S, H, D]`` out.
+
+    With ``cu_seq_lens_q`` in the kwargs (the engine's packed micro-batches, one row) it runs
+    :func:`packed_attention`. Without it (a plain call of the model) every row is one causal
+    sequence; a padding mask is not supported then (the engine never passes one).
+    """
+    import torch
+
+    drop = dropout if module.training else 0.0
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        if attention_mask is not None:
+            raise EngineError(f"{VARLEN_ATTN} attention takes packed sequences (cu_seq_lens_q), not an attention "
+                              "mask; use attn_implementation='sdpa' for padded batches")
+        rep = query.shape[1] // key.shape[1]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, repeat_heads(key, rep), repeat_heads(value, rep), dropout_p=drop, scale=scaling,
+            is_causal=sliding_window is None,
+            attn_mask=None if sliding_window is None else _window_mask(query.shape[2], sliding_window, query.device),
+        )
+        return out.transpose(1, 2), None
+    out = packed_attention(
+        query, key, value, cu, bounds=kwargs.get(BOUNDS_KWARG), max_len=kwargs.get("max_length_q"),
+        scaling=scaling, dropout=drop, sliding_window=sliding_window,
+    )
+    return out.transpose(1, 2), None
+
+
+def _window_mask(n: int, window: int, device: torch.device) -> torch.Tensor:
+    import torch
+
+    idx = torch.arange(n, device=device)
+    diff = idx[:, None] - idx[None, :]
+    return (diff >= 0) & (diff < window)
 
 
 def register_attention(name: str, forward: Any) -> str:
-    """Register an attention forward (and the no-op mask builder) with transformers under ``name``."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    """Register an attention forward with transformers under ``name`` (idempotent).
 
-    AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, no_mask)
+    No mask builder is registered: transformers then passes ``attention_mask`` through untouched
+    (``None`` for the engine's packed micro-batches) and skips its mask preparation, whose
+    packed-sequence check would read a device value back to the host on every forward.
+    """
+    from transformers import AttentionInterface
+
+    if name not in _registered:
+        AttentionInterface.register(name, forward)
+        _registered.add(name)
     return name
+
+
+def register_varlen_attention() -> str:
+    """Register :func:`varlen_attention_forward` as ``areal_varlen``; returns the name."""
+    return register_attention(VARLEN_ATTN, varlen_attention_forward)

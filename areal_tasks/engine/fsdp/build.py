@@ -3,6 +3,7 @@
 Master weights are fp32 on every device; the compute dtype comes from the mixed-precision policy
 (``dtype="auto"``: bf16 parameters with fp32 gradient reduction on GPU, plain fp32 on CPU).
 ``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head).
+Attention: see :func:`_attn_implementation` (packed micro-batches need a varlen-capable kernel).
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.engine.fsdp.attention import (
+    VARLEN_ATTN,
+    flash_attn_installed,
+    register_varlen_attention,
+    varlen_api_available,
+)
 from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
 from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
 from areal_tasks.errors import EngineError
@@ -47,17 +54,26 @@ def compute_dtype_name(dtype: str, device: torch.device) -> str:
 
 
 def _attn_implementation(requested: str | None, sp: int, device: torch.device) -> str:
-    import importlib.util
+    """The attention the model is loaded with.
 
+    ``sp > 1``: the Ulysses attention. Otherwise the requested one, or by default: flash-attn's
+    ``flash_attention_2`` on CUDA when installed, else on CUDA the engine's ``areal_varlen`` (torch's
+    varlen flash kernel, see ``attention.py``), else (CPU, or a torch without the varlen API)
+    transformers' ``sdpa``, which builds the block-diagonal mask from the packed position ids.
+    """
     if sp > 1:
-        if requested not in (None, "sdpa", "flash_attention_2"):
+        if requested not in (None, "sdpa", "flash_attention_2", VARLEN_ATTN):
             raise EngineError(f"sequence parallelism brings its own attention; attn_implementation={requested!r}")
         return register_ulysses_attention()
+    if requested == VARLEN_ATTN:
+        return register_varlen_attention()
     if requested is not None:
         return requested
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    if device.type == "cuda" and flash_attn_installed():
         return "flash_attention_2"
-    return "sdpa"  # transformers builds the block-diagonal mask from the packed position ids
+    if device.type == "cuda" and varlen_api_available():
+        return register_varlen_attention()
+    return "sdpa"
 
 
 def _load(path: str, role: str, attn: str) -> torch.nn.Module:

@@ -148,7 +148,7 @@ def ulysses_attention_forward(
         key, value = repeat_heads(key, n_q // n_kv), repeat_heads(value, n_q // n_kv)
     q, k, v = _seq_to_heads([query, key, value], group, sp)
     out = packed_attention(
-        q, k, v, cu, bounds=kwargs.get(BOUNDS_KWARG), scaling=scaling,
+        q, k, v, cu, bounds=kwargs.get(BOUNDS_KWARG), max_len=kwargs.get("max_length_q"), scaling=scaling,
         dropout=dropout if module.training else 0.0, sliding_window=sliding_window,
     )
     out = _heads_to_seq(out, group, sp)
@@ -156,7 +156,7 @@ def ulysses_attention_forward(
 
 
 def register_ulysses_attention() -> str:
-    """Register the Ulysses attention (and a no-op mask builder) with transformers; returns its name."""
+    """Register the Ulysses attention with transformers (no mask builder); returns its name."""
     global _registered
     if not _registered:
         register_attention(ULYSSES_ATTN, ulysses_attention_forward)
