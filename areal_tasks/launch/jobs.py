@@ -1,0 +1,424 @@
+"""Detached, named jobs for the local scheduler: submit, look up, cancel, read the log.
+
+A job is one command (normally ``python -m areal_tasks.cli train ...``) that must outlive the
+process that submitted it: an Airflow task submits it, defers, and a later task try (possibly in
+another worker process) looks it up by name again. :class:`LocalJobs` keeps one folder per name
+under its root::
+
+    <root>/<name>/attempt_<k>/job.json     argv, run dir, pid and the pid's start time
+                              job.log      stdout and stderr of the job
+                              exit_code    written by the wrapper when the command ends
+                              cancelled    written by cancel() before it signals the job
+
+Every submission of a name is a new attempt (a resubmission after a failure keeps the old log).
+
+How the job is started: ``python -m areal_tasks.launch.jobs --exit-file F -- ARGV...`` in a new
+session (``start_new_session``), so the wrapper leads a new process group that holds the job and
+every server or worker the job starts (they stay in that group unless they call ``setsid``). The
+wrapper runs ARGV, waits, and writes ARGV's exit code to ``exit_code`` atomically (128+N for death
+by signal N). It catches SIGTERM/SIGINT/SIGHUP without dying (the handlers reset on exec, so the
+command itself gets the default behaviour), which lets it record the command's exit code after a
+graceful cancel.
+
+How the state is read (``status``): an ``exit_code`` file decides (0 = succeeded; else cancelled if
+cancel() marked it, else failed). Without one, the job runs while the wrapper's pid is alive *and*
+has the start time recorded at submission (so a pid reused by an unrelated process is not taken for
+the job); a wrapper that is gone without an exit code was killed (SIGKILL, OOM killer, reboot), and
+the job counts as failed (or cancelled, when cancel() did it).
+
+``cancel`` marks the attempt, SIGTERMs the whole process group, waits ``grace_s`` for the group to
+empty (zombies count as gone), then SIGKILLs what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from areal_tasks.errors import SchedulerError
+from areal_tasks.launch.process import read_log_tail
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["JobState", "JobStatus", "LocalJobs", "TERMINAL_STATES", "validate_job_name"]
+
+JobState = Literal["running", "succeeded", "failed", "cancelled", "missing"]
+#: states after which a job never changes again.
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+RECORD_FILE = "job.json"
+LOG_FILE = "job.log"
+EXIT_FILE = "exit_code"
+CANCEL_FILE = "cancelled"
+ATTEMPT_PREFIX = "attempt_"
+#: longest job name accepted (it is a directory name).
+MAX_NAME_LENGTH = 200
+#: seconds cancel() waits for the group to die after SIGKILL before it gives up.
+KILL_WAIT_S = 10.0
+#: log lines quoted in the reason of a failed job.
+REASON_TAIL_LINES = 5
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PROC = Path("/proc")
+_ATTEMPT_RE = re.compile(rf"^{ATTEMPT_PREFIX}(\d+)$")
+# Wrapper processes this process started: polled so that they do not stay zombies here.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """What is known about a job: its state, why, and where it runs.
+
+    ``pid`` is the wrapper's pid, which is also the job's process group id. ``attempt`` counts
+    submissions of the name (1 for the first; 0 when the job is missing).
+    """
+
+    name: str
+    state: JobState
+    reason: str
+    run_dir: str | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    attempt: int = 0
+    log_path: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the job has ended (succeeded, failed or cancelled)."""
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def validate_job_name(name: str) -> str:
+    """``name`` if it is usable as a job name (a directory name), else SchedulerError saying why."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > MAX_NAME_LENGTH:
+        raise SchedulerError(
+            f"job name {name!r} is not usable: use 1-{MAX_NAME_LENGTH} characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+class LocalJobs:
+    """Named detached jobs on this machine, recorded under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().absolute()
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> JobStatus:
+        """Start ``argv`` as job ``name`` and return its (running) status.
+
+        ``env`` is added to this process's environment; ``run_dir`` is recorded (and created) for
+        whoever looks the job up later; ``cwd`` is the working directory (default: this process's).
+        Refuses (SchedulerError) a name whose latest attempt is still running. Leftover processes of
+        an earlier attempt whose wrapper was killed are stopped first.
+        """
+        validate_job_name(name)
+        if not argv:
+            raise SchedulerError(f"job {name}: argv is empty; give the command to run")
+        with self._locked(name):
+            current = self._latest_attempt(name)
+            if current is not None:
+                status = self._status_of(name, current)
+                if status.state == "running":
+                    raise SchedulerError(
+                        f"job {name} is already running (pid {status.pid}, attempt {status.attempt}); "
+                        "look it up and wait for it, or cancel it before submitting again"
+                    )
+                self._stop_leftovers(name, current)
+            attempt = 1 if current is None else _attempt_number(current) + 1
+            folder = self._job_dir(name) / f"{ATTEMPT_PREFIX}{attempt}"
+            folder.mkdir(parents=True)
+            if run_dir is not None:
+                Path(run_dir).mkdir(parents=True, exist_ok=True)
+            log_path = folder / LOG_FILE
+            wrapper = [sys.executable, "-m", "areal_tasks.launch.jobs", "--exit-file", str(folder / EXIT_FILE), "--"]
+            full_env = {**os.environ, **dict(env or {}), "PYTHONUNBUFFERED": "1"}
+            with open(log_path, "ab") as log:
+                popen = subprocess.Popen(
+                    wrapper + list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=full_env, cwd=None if cwd is None else str(cwd), start_new_session=True, close_fds=True,
+                )  # fmt: skip
+            _CHILDREN[popen.pid] = popen
+            stat = _stat(popen.pid)
+            record = {
+                "name": name,
+                "attempt": attempt,
+                "argv": list(argv),
+                "env_keys": sorted((env or {}).keys()),
+                "run_dir": None if run_dir is None else str(run_dir),
+                "cwd": str(cwd) if cwd is not None else os.getcwd(),
+                "pid": popen.pid,
+                "start_ticks": None if stat is None else stat[2],
+                "submitted_at": time.time(),
+            }
+            _write_json_atomic(folder / RECORD_FILE, record)
+        logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(argv))
+        return self._status_of(name, folder)
+
+    def status(self, name: str) -> JobStatus:
+        """The state of the latest attempt of ``name`` (``missing`` when it was never submitted)."""
+        validate_job_name(name)
+        folder = self._latest_attempt(name)
+        if folder is None:
+            return JobStatus(name, "missing", f"no job named {name} under {self.root}")
+        return self._status_of(name, folder)
+
+    def cancel(self, name: str, grace_s: float = 30.0) -> JobStatus:
+        """Stop job ``name``: SIGTERM its process group, SIGKILL after ``grace_s``; return its status.
+
+        A job that is not running is left as it is (its status is returned). Raises SchedulerError
+        when processes survive SIGKILL (uninterruptible I/O).
+        """
+        validate_job_name(name)
+        with self._locked(name):
+            folder = self._latest_attempt(name)
+            if folder is None:
+                return JobStatus(name, "missing", f"no job named {name} under {self.root}")
+            status = self._status_of(name, folder)
+            if status.state != "running":
+                logger.info("job %s is %s; nothing to cancel", name, status.state)
+                return status
+            (folder / CANCEL_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+            assert status.pid is not None
+            _stop_group(name, status.pid, grace_s)
+            self._reap(status.pid)
+        return self._status_of(name, folder)
+
+    def log_tail(self, name: str, n: int = 40) -> str:
+        """The last ``n`` lines of the latest attempt's log ('' when there is none)."""
+        validate_job_name(name)
+        folder = self._latest_attempt(name)
+        return "" if folder is None else read_log_tail(folder / LOG_FILE, n)
+
+    # ------------------------------------------------------------------ internals
+
+    def _job_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def _latest_attempt(self, name: str) -> Path | None:
+        folder = self._job_dir(name)
+        if not folder.is_dir():
+            return None
+        attempts = [p for p in folder.iterdir() if _ATTEMPT_RE.match(p.name) and (p / RECORD_FILE).is_file()]
+        return max(attempts, key=lambda p: _attempt_number(p)) if attempts else None
+
+    def _status_of(self, name: str, folder: Path) -> JobStatus:
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        pid = int(record["pid"])
+        self._reap(pid)
+        base = {"name": name, "run_dir": record.get("run_dir"), "pid": pid, "attempt": int(record["attempt"]),
+                "log_path": str(folder / LOG_FILE)}  # fmt: skip
+        cancelled = (folder / CANCEL_FILE).is_file()
+        code = _read_exit_code(folder)
+        if code is None:
+            if _same_process(pid, record.get("start_ticks")):
+                return JobStatus(state="running", reason=f"running as process group {pid}", **base)
+            code = _read_exit_code(folder)  # the wrapper may have written it and exited just now
+        if code is None:
+            if cancelled:
+                return JobStatus(state="cancelled", reason="cancelled; the job was killed before it recorded an exit code", **base)  # fmt: skip
+            return JobStatus(
+                state="failed",
+                reason=f"the job's wrapper (pid {pid}) is gone without recording an exit code: it was killed "
+                "(SIGKILL, the OOM killer or a reboot?); see the log " + str(folder / LOG_FILE),
+                **base,
+            )  # fmt: skip
+        if code == 0:
+            return JobStatus(state="succeeded", reason="exited with code 0", exit_code=0, **base)
+        if cancelled:
+            return JobStatus(state="cancelled", reason=f"cancelled (exit code {code})", exit_code=code, **base)
+        tail = read_log_tail(folder / LOG_FILE, REASON_TAIL_LINES).strip()
+        reason = f"exited with code {code}{_describe_code(code)}"
+        if tail:
+            reason += "; last log lines:\n" + tail
+        return JobStatus(state="failed", reason=reason, exit_code=code, **base)
+
+    def _stop_leftovers(self, name: str, folder: Path) -> None:
+        """Kill what is left of an ended attempt's process group (servers orphaned by a killed wrapper)."""
+        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        pgid = int(record["pid"])
+        stat = _stat(pgid)
+        if stat is not None and stat[0] not in ("Z", "X") and stat[2] != record.get("start_ticks"):
+            return  # the pid now belongs to another process: its group is not ours
+        if _group_members(pgid):
+            logger.warning("job %s: processes of the ended attempt %s are still alive; stopping them", name, folder.name)
+            _stop_group(name, pgid, grace_s=10.0)
+
+    @staticmethod
+    def _reap(pid: int) -> None:
+        popen = _CHILDREN.get(pid)
+        if popen is not None and popen.poll() is not None:
+            del _CHILDREN[pid]
+
+    @contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        """Serialise submit/cancel of one name across processes (an flock on ``<root>/<name>/.lock``)."""
+        folder = self._job_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------- process helpers
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, pgrp, start time in clock ticks)`` of ``pid`` from /proc, or None if it is gone."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces or ')'
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _same_process(pid: int, start_ticks: int | None) -> bool:
+    """Whether ``pid`` is alive (not a zombie) and is the process that started at ``start_ticks``."""
+    stat = _stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_ticks is None or stat[2] == start_ticks
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids of process group ``pgid``."""
+    members = []
+    for entry in os.listdir(_PROC):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                members.append(int(entry))
+    return members
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # the group emptied between the look and the signal
+
+
+def _wait_group_empty(pgid: int, deadline: float) -> list[int]:
+    """Poll until group ``pgid`` has no live member or ``deadline``; return the members left."""
+    while True:
+        members = _group_members(pgid)
+        if not members or time.monotonic() >= deadline:
+            return members
+        LocalJobs._reap(pgid)
+        time.sleep(0.05)
+
+
+def _stop_group(name: str, pgid: int, grace_s: float) -> None:
+    """SIGTERM group ``pgid``, wait ``grace_s``, SIGKILL what is left; SchedulerError if it survives."""
+    logger.info("job %s: SIGTERM to process group %d", name, pgid)
+    _signal_group(pgid, signal.SIGTERM)
+    left = _wait_group_empty(pgid, time.monotonic() + grace_s)
+    if left:
+        logger.warning("job %s: %d process(es) still alive %.1fs after SIGTERM: SIGKILL", name, len(left), grace_s)
+        _signal_group(pgid, signal.SIGKILL)
+        left = _wait_group_empty(pgid, time.monotonic() + KILL_WAIT_S)
+    if left:
+        raise SchedulerError(
+            f"job {name}: processes {left} of group {pgid} survived SIGKILL for {KILL_WAIT_S:.0f}s "
+            "(uninterruptible I/O?); inspect them with `ps -o pid,stat,wchan -g "
+            f"{pgid}` and free what they wait on"
+        )
+
+
+def _read_exit_code(folder: Path) -> int | None:
+    try:
+        text = (folder / EXIT_FILE).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return int(text)
+
+
+def _describe_code(code: int) -> str:
+    if code > 128:
+        try:
+            return f" (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
+def _attempt_number(folder: Path) -> int:
+    match = _ATTEMPT_RE.match(folder.name)
+    assert match is not None, folder
+    return int(match.group(1))
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- the wrapper
+
+
+def _wrap(exit_file: Path, argv: list[str]) -> int:
+    """Run ``argv``, write its exit code to ``exit_file`` (atomically), return it."""
+
+    def note(signum: int, frame: object) -> None:  # a handler (not SIG_IGN): reset to default on exec
+        sys.stderr.write(f"[areal job wrapper] received {signal.Signals(signum).name}; waiting for the job to end\n")
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, note)
+    try:
+        code = subprocess.call(argv)
+    except OSError as exc:
+        sys.stderr.write(f"[areal job wrapper] cannot start {argv[0]!r}: {exc}\n")
+        code = 127
+    if code < 0:
+        code = 128 - code
+    tmp = exit_file.with_name(exit_file.name + ".tmp")
+    tmp.write_text(f"{code}\n", encoding="utf-8")
+    os.replace(tmp, exit_file)
+    return code
+
+
+def main(args: list[str] | None = None) -> int:
+    """``python -m areal_tasks.launch.jobs --exit-file F -- ARGV...`` (what :meth:`LocalJobs.submit` runs)."""
+    parser = argparse.ArgumentParser(prog="python -m areal_tasks.launch.jobs", description=__doc__.splitlines()[0])
+    parser.add_argument("--exit-file", required=True, type=Path)
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(args)
+    argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+    if not argv:
+        parser.error("give the command after --")
+    return _wrap(ns.exit_file, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
