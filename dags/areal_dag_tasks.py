@@ -1,0 +1,344 @@
+"""The task graph the areal-tasks DAGs share (:func:`training_pipeline`) and its small Python tasks:
+resolve the job, open and close the MLflow run, pick the checkpoints to evaluate, write the summary.
+
+Like ``areal_dag_common`` this is a helper module, not a DAG file (``.airflowignore``). The heavy
+lifting is in ``operators/``; these tasks only move values between them. Everything beyond the
+standard library and ``airflow.sdk`` is imported inside the task bodies, so parsing stays fast and
+torch-free: ``areal_tasks.config`` (torch-free) to resolve and validate the job, the MLflow hook to
+open and close the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import TriggerRule, XComArg, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+from areal_dag_common import default_run_dir, job_overrides, resolve_config_path, train_timeout
+
+from operators.operators.cluster import ProvisionClusterOperator
+from operators.operators.evaluation import EvaluateCheckpointOperator
+from operators.operators.model import DetectModelOperator
+from operators.operators.registry import RegisterModelOperator
+from operators.operators.storage import ValidateStorageOperator
+from operators.operators.training import AReaLTrainingOperator
+
+logger = logging.getLogger("areal.dags")
+
+#: the pipeline's figures added to ``<run dir>/summary.json`` (next to the trainer's own).
+SUMMARY_FILE = "summary.json"
+
+
+@task(multiple_outputs=True, retries=0, execution_timeout=timedelta(minutes=2))
+def resolve_job(overrides_from: str | None = None) -> dict[str, Any]:
+    """Load the config with the Params as overrides, validate it, write ``<run dir>/config.yaml``.
+
+    ``overrides_from`` names an upstream task whose ``overrides`` XCom (a list) is applied after the
+    Params (the retraining DAG uses it to start from the champion). A config with problems fails
+    the task at once, without retries: every problem is listed in the error.
+    """
+    from areal_tasks.config import load_config, write_resolved
+    from areal_tasks.errors import ConfigError
+
+    context = get_current_context()
+    params = context["params"]
+    dag_id, run_id = context["dag"].dag_id, context["run_id"]
+    try:
+        config = resolve_config_path(params["config"])
+        run_dir = params.get("run_dir") or default_run_dir(dag_id, run_id)
+        run_dir = str(Path(run_dir).expanduser().resolve())
+        overrides = job_overrides(params)
+    except (FileNotFoundError, ValueError) as exc:
+        raise AirflowFailException(str(exc)) from exc
+    if overrides_from:
+        extra = context["ti"].xcom_pull(task_ids=overrides_from, key="overrides") or []
+        overrides += list(extra)
+    overrides.append(f"experiment.run_dir={run_dir}")
+    try:
+        cfg = load_config(config, overrides)
+        resolved = write_resolved(cfg)
+    except ConfigError as exc:
+        raise AirflowFailException(
+            f"the job config is invalid: {config} with overrides {overrides}:\n{exc}\n"
+            "Fix the Params (or the config file) and trigger again."
+        ) from exc
+    logger.info("job: %s + %s -> %s (run dir %s, storage %s)", config, overrides, resolved, run_dir, cfg.storage.url)
+    return {
+        "config": config,
+        "overrides": overrides,
+        "resolved_config": str(resolved),
+        "run_dir": run_dir,
+        "storage_url": cfg.storage.url,
+        "storage_options": dict(cfg.storage.options),
+        "model": cfg.model.path,
+        "allocation": cfg.allocation,
+        "scheduler": cfg.cluster.scheduler,
+        "n_gpus": int(params.get("n_gpus") or 0),
+        "experiment": cfg.tracking.mlflow_experiment or cfg.experiment.name,
+        "trial": cfg.experiment.trial,
+        "algorithm": cfg.algorithm.name,
+        "dataset": cfg.dataset.path,
+    }
+
+
+def _mlflow_hook(uri: str | None) -> Any:
+    from operators.hooks.mlflow import MlflowHook
+
+    return MlflowHook(tracking_uri=uri or None)
+
+
+def local_artifact_location(tracking_uri: str) -> str | None:
+    """For a ``sqlite:///`` store: ``file://<db folder>/mlartifacts``, so artifacts stay beside the database
+    (MLflow's default, ``./mlruns``, would depend on the worker's working directory). None otherwise:
+    a tracking server chooses its own artifact store."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
+    return (database.expanduser().resolve().parent / "mlartifacts").as_uri()
+
+
+@task(multiple_outputs=True, execution_timeout=timedelta(minutes=5))
+def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the MLflow run this DAG run logs into; the job's overrides that point its callback there."""
+    context = get_current_context()
+    params = context["params"]
+    hook = _mlflow_hook(params.get("mlflow_tracking_uri"))
+    tags = {"airflow.dag_id": context["dag"].dag_id, "airflow.run_id": context["run_id"],
+            "areal.run_dir": job["run_dir"], "areal.config": job["config"]}  # fmt: skip
+    run_id = hook.start_run(job["experiment"], run_name=f"{job['trial']} {context['run_id']}", tags=tags,
+                            artifact_location=local_artifact_location(hook.tracking_uri))  # fmt: skip
+    pipeline_params = {f"airflow.{key}": value for key, value in params.items() if value not in (None, "", [])}
+    hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})
+    uri = hook.tracking_uri
+    logger.info("MLflow run %s in experiment %s at %s", run_id, job["experiment"], uri)
+    return {
+        "mlflow_run_id": run_id,
+        "tracking_uri": uri,
+        "overrides": [f"tracking.mlflow_uri={uri}", f"tracking.mlflow_experiment={job['experiment']}"],
+    }
+
+
+@task
+def checkpoints_to_evaluate(train_result: Mapping[str, Any]) -> list[str]:
+    """The final checkpoint, or (Param ``evaluate=all``) every checkpoint the job kept, oldest first."""
+    params = get_current_context()["params"]
+    final = train_result.get("final_checkpoint")
+    if params.get("evaluate") == "all":
+        chosen = [str(url) for url in train_result.get("checkpoints") or []]
+        if final and final not in chosen:
+            chosen.append(final)
+    else:
+        chosen = [final] if final else []
+    if not chosen:
+        raise AirflowFailException(
+            f"the training job {train_result.get('job_name')} reported no checkpoint "
+            f"(run dir {train_result.get('run_dir')}); set saver.freq_steps or check the job's log"
+        )
+    return chosen
+
+
+def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(dict(data), handle, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def format_pipeline_summary(summary: Mapping[str, Any]) -> str:
+    """A few lines for the log: the rewards, the checkpoint, the MLflow run, the registered version."""
+
+    def number(key: str) -> str:
+        value = summary.get(key)
+        return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
+
+    lines = [
+        f"eval reward before RL -> after RL: {number('reward_before')} -> {number('reward_after')}",
+        f"checkpoint:       {summary.get('checkpoint')}",
+        f"MLflow run:       {summary.get('mlflow_run_id')} ({summary.get('mlflow_tracking_uri')})",
+        f"registered model: {summary.get('registered_model_name')} version {summary.get('registered_model_version')} "
+        f"aliases {summary.get('registered_model_aliases')}",
+    ]
+    for evaluation in summary.get("evaluations") or []:
+        metrics = {k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        shown = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())[:6])
+        lines.append(f"evaluation of {evaluation.get('checkpoint')}: {shown}")
+    return "\n".join(lines)
+
+
+@task(execution_timeout=timedelta(minutes=5))
+def finish_pipeline(
+    job: Mapping[str, Any],
+    mlflow: Mapping[str, Any],
+    train_result: Mapping[str, Any],
+    evaluations: Sequence[Mapping[str, Any]],
+    registered: Mapping[str, Any],
+) -> dict[str, Any]:
+    """End the MLflow run FINISHED and add the pipeline's figures to ``<run dir>/summary.json``."""
+    context = get_current_context()
+    params = context["params"]
+    evaluations = [dict(item) for item in evaluations]
+    summary = {
+        "reward_before": train_result.get("reward_before"),
+        "reward_after": train_result.get("reward_after"),
+        "checkpoint": registered.get("checkpoint") or train_result.get("final_checkpoint"),
+        "checkpoints": list(train_result.get("checkpoints") or []),
+        "mlflow_run_id": mlflow["mlflow_run_id"],
+        "mlflow_tracking_uri": mlflow["tracking_uri"],
+        "registered_model_name": params.get("registered_model_name"),
+        "registered_model_version": registered.get("version"),
+        "registered_model_aliases": list(registered.get("aliases") or []),
+        "champion_changed": registered.get("champion_changed"),
+        "evaluations": evaluations,
+        "airflow_dag_id": context["dag"].dag_id,
+        "airflow_run_id": context["run_id"],
+        "job_name": train_result.get("job_name"),
+    }
+    path = Path(job["run_dir"]) / SUMMARY_FILE
+    trainer_summary: dict[str, Any] = dict(train_result.get("summary") or {})
+    if path.is_file():
+        trainer_summary = {**trainer_summary, **json.loads(path.read_text(encoding="utf-8"))}
+    merged = {**trainer_summary, **summary}
+    _write_json_atomic(path, merged)
+    _mlflow_hook(mlflow["tracking_uri"]).end_run(mlflow["mlflow_run_id"], status="FINISHED")
+    logger.info("pipeline summary (also in %s):\n%s", path, format_pipeline_summary(merged))
+    return summary
+
+
+@task(trigger_rule=TriggerRule.ONE_FAILED, execution_timeout=timedelta(minutes=5))
+def fail_mlflow_run() -> None:
+    """When a task after ``start_mlflow_run`` failed: end the MLflow run FAILED, naming the failed tasks."""
+    context = get_current_context()
+    ti = context["ti"]
+    mlflow = ti.xcom_pull(task_ids="start_mlflow_run") or {}
+    run_id = mlflow.get("mlflow_run_id")
+    if not run_id:
+        logger.info("no MLflow run was started for this DAG run: nothing to end")
+        return
+    _mlflow_hook(mlflow.get("tracking_uri")).end_run(run_id, status="FAILED")
+    logger.warning("MLflow run %s ended FAILED (a task of DAG run %s failed)", run_id, context["run_id"])
+
+
+def training_pipeline(job: XComArg) -> dict[str, Any]:
+    """Wire pre-flight checks -> MLflow run -> training -> evaluation -> registry into the current DAG.
+
+    ``job`` is the output of :func:`resolve_job`. Returns the tasks by name (for the DAG files that
+    add more around them).
+    """
+    storage = ValidateStorageOperator(task_id="validate_storage", storage_url=job["storage_url"],
+                                      options=job["storage_options"], execution_timeout=timedelta(minutes=5))  # fmt: skip
+    model = DetectModelOperator(task_id="detect_model", model=job["model"], n_gpus=job["n_gpus"],
+                                execution_timeout=timedelta(minutes=15))  # fmt: skip
+    cluster = ProvisionClusterOperator(
+        task_id="provision_cluster", scheduler=job["scheduler"], allocation_mode=job["allocation"],
+        n_gpus=job["n_gpus"], execution_timeout=timedelta(minutes=30),
+    )  # fmt: skip
+    mlflow = start_mlflow_run(job)
+    train = AReaLTrainingOperator(
+        task_id="train", config=job["resolved_config"], overrides=mlflow["overrides"], run_dir=job["run_dir"],
+        scheduler=job["scheduler"], mlflow_run_id=mlflow["mlflow_run_id"], execution_timeout=train_timeout(),
+    )  # fmt: skip
+    evaluate = EvaluateCheckpointOperator.partial(
+        task_id="evaluate_checkpoint", config=job["resolved_config"], mlflow_run_id=mlflow["mlflow_run_id"],
+        execution_timeout=timedelta(hours=2),
+    ).expand(checkpoint=checkpoints_to_evaluate(train.output))  # fmt: skip
+    register = RegisterModelOperator(
+        task_id="register_model", evaluations=evaluate.output, model_name="{{ params.registered_model_name }}",
+        gate_metric="{{ params.gate_metric }}", mlflow_run_id=mlflow["mlflow_run_id"],
+        execution_timeout=timedelta(minutes=10),
+    )  # fmt: skip
+    finish = finish_pipeline(job, mlflow, train.output, evaluate.output, register.output)
+    cleanup = fail_mlflow_run()
+    job >> storage >> model >> cluster >> mlflow
+    [train, evaluate, register, finish] >> cleanup
+    return {"validate_storage": storage, "detect_model": model, "provision_cluster": cluster,
+            "start_mlflow_run": mlflow, "train": train, "evaluate_checkpoint": evaluate,
+            "register_model": register, "finish": finish, "fail_mlflow_run": cleanup}  # fmt: skip
+
+
+@task(execution_timeout=timedelta(minutes=10))
+def finish_evaluation(mlflow: Mapping[str, Any], evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """End the evaluation's MLflow run FINISHED; log and return the metrics (and the registered version)."""
+    context = get_current_context()
+    registered = context["ti"].xcom_pull(task_ids="register_model") or {}
+    summary = {
+        "checkpoint": evaluation.get("checkpoint"),
+        "evaluations": [dict(evaluation)],
+        "mlflow_run_id": mlflow["mlflow_run_id"],
+        "mlflow_tracking_uri": mlflow["tracking_uri"],
+        "registered_model_name": context["params"].get("registered_model_name") if registered else None,
+        "registered_model_version": registered.get("version"),
+        "registered_model_aliases": list(registered.get("aliases") or []),
+    }
+    _mlflow_hook(mlflow["tracking_uri"]).end_run(mlflow["mlflow_run_id"], status="FINISHED")
+    logger.info("evaluation summary:\n%s", format_pipeline_summary(summary))
+    return summary
+
+
+def _latest_asset_extra(context: Mapping[str, Any], asset_name: str) -> dict[str, Any]:
+    """The ``extra`` of the newest triggering event of the Asset ``asset_name`` (empty when none)."""
+    events = context.get("triggering_asset_events") or {}
+    found = [event for asset, batch in events.items() if getattr(asset, "name", None) == asset_name for event in batch]
+    if not found:
+        return {}
+    return dict(max(found, key=lambda event: event.timestamp).extra or {})
+
+
+def _export_champion(checkpoint_url: str, out_dir: Path) -> Path:
+    """An HF model directory of ``checkpoint_url`` (reused when already exported), by ``areal checkpoint export``."""
+    import subprocess
+    import sys
+
+    if (out_dir / "config.json").is_file():
+        logger.info("champion already exported in %s", out_dir)
+        return out_dir
+    command = [sys.executable, "-m", "areal_tasks.cli", "checkpoint", "export", checkpoint_url, "--hf", str(out_dir)]
+    logger.info("exporting the champion checkpoint: %s", " ".join(command))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"could not export the champion checkpoint {checkpoint_url} to {out_dir} "
+            f"(exit {done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
+        )
+    return out_dir
+
+
+@task(multiple_outputs=True, execution_timeout=timedelta(minutes=40))
+def start_from_champion(asset_name: str) -> dict[str, Any]:
+    """Overrides that start the job from the registry's champion (and the new data an Asset event names)."""
+    from areal_dag_common import runs_dir
+
+    context = get_current_context()
+    params = context["params"]
+    name = params["registered_model_name"]
+    champion = _mlflow_hook(params.get("mlflow_tracking_uri")).get_champion(name)
+    overrides: list[str] = []
+    if champion:
+        version = champion.get("version")
+        model_dir = champion.get("model_dir")
+        if not model_dir or not Path(model_dir, "config.json").is_file():
+            url = champion.get("checkpoint_url") or champion.get("checkpoint")
+            if not url:
+                raise AirflowFailException(f"the champion of {name!r} (version {version}) names no checkpoint URL")
+            model_dir = str(_export_champion(str(url), runs_dir() / "champions" / name / f"v{version}"))
+        overrides += [f"model.path={model_dir}", "train.sft_warmup_steps=0"]
+        logger.info("starting from the champion of %s: version %s (%s)", name, version, model_dir)
+    elif params.get("if_no_champion") == "train_from_config":
+        logger.warning("registered model %r has no champion yet: training from the config's model", name)
+    else:
+        raise AirflowFailException(
+            f"registered model {name!r} has no 'champion' alias yet: run areal_rl_training first (its first "
+            "registered version becomes champion), or trigger with if_no_champion=train_from_config"
+        )
+    extra = _latest_asset_extra(context, asset_name)
+    if extra.get("dataset"):
+        overrides.append(f"dataset.path={extra['dataset']}")
+        logger.info("new training data from the Asset event: %s", extra["dataset"])
+    return {"overrides": overrides, "champion_version": (champion or {}).get("version"), "asset_extra": extra}
