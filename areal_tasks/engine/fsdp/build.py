@@ -4,6 +4,7 @@ Master weights are fp32 on every device; the compute dtype comes from the mixed-
 (``dtype="auto"``: bf16 parameters with fp32 gradient reduction on GPU, plain fp32 on CPU).
 ``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head).
 Attention: see :func:`_attn_implementation` (packed micro-batches need a varlen-capable kernel).
+An actor's LM head becomes the chunked fused head before any wrapping (``lm_head.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
     from areal_tasks.engine.fsdp.parallel_dims import EngineMesh
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class BuiltModel:
     hf_config: Any
     #: the compute (parameter) dtype name of the mixed-precision policy.
     param_dtype_name: str
+    #: the chunked fused LM head (log-probs without full logits), or None: plain logits.
+    lm_head: ChunkedLMHead | None = None
 
 
 def compute_dtype_name(dtype: str, device: torch.device) -> str:
@@ -97,15 +101,26 @@ def build_model(
     role: str,
     trainable: bool,
     attn_implementation: str | None = None,
+    chunked_lm_head: bool = True,
     seed: int = 1,
 ) -> BuiltModel:
-    """Load ``model_path`` and return it sharded over ``mesh`` (see the module docstring)."""
+    """Load ``model_path`` and return it sharded over ``mesh`` (see the module docstring).
+
+    ``chunked_lm_head``: for an actor, swap the LM head for the chunked fused one
+    (:mod:`areal_tasks.engine.fsdp.lm_head`) when the model qualifies.
+    """
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     dims = mesh.dims
     model = _load(model_path, role, _attn_implementation(attn_implementation, dims.sp, device))
     hf_config = model.config
+    lm_head = None
+    if chunked_lm_head and role == "actor":
+        from areal_tasks.engine.fsdp.lm_head import install_chunked_head
+
+        lora_targets = config.lora.target_modules if config.lora.enabled else None
+        lm_head = install_chunked_head(model, lora_targets=lora_targets)
     if config.gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora.enabled:
@@ -133,4 +148,5 @@ def build_model(
     fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("model %s: %d parameters (sharded view), compute dtype %s", type(model).__name__, n_params, dtype_name)
-    return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name)
+    return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
+                      lm_head=lm_head)

@@ -9,6 +9,12 @@ Loss normalisation (see ``api/train_engine.py``): every micro-batch's loss is sc
 ``weight / total_weight`` (``total_weight`` all-reduced over dp) and by the FSDP group size, which
 cancels FSDP's mean over ``dp x sp`` -- gradients become a sum of exactly-weighted terms, the same
 however the batch is split over micro-batches and ranks.
+
+Host/device traffic: a batch is split into micro-batches on the host (the split reads lengths),
+the loss weights are computed there, and the micro-batches go to the device in one batch of
+non-blocking copies; per-micro-batch losses and stats stay on the device until one read-back at
+the end of the step. The per-micro-batch hot path (forward, loss, backward) never waits for the
+device, so the host can queue the next micro-batch's kernels while the device runs.
 """
 
 from __future__ import annotations
@@ -52,8 +58,11 @@ class FSDPEngine(TrainEngine):
         temperature: float = 1.0,
         grad_entropy: bool = False,
         attn_implementation: str | None = None,
+        chunked_lm_head: bool = True,
         seed: int = 1,
     ) -> None:
+        """``chunked_lm_head``: score log-probs with the chunked fused LM head (``lm_head.py``) where the
+        model qualifies, instead of materialising the logits of a whole micro-batch."""
         if config.backend != "fsdp":
             raise EngineError(f"FSDPEngine needs backend='fsdp', got {config.backend!r}")
         if temperature <= 0:
@@ -66,6 +75,7 @@ class FSDPEngine(TrainEngine):
         self._forward_spec = ForwardSpec(role=self.role, temperature=temperature, grad_entropy=grad_entropy)
         self._requested_dims = parallel
         self._attn_implementation = attn_implementation
+        self._chunked_lm_head = chunked_lm_head
         self.seed = seed
         self._version = 0
         self.weight_groups: dict[tuple[str, int, str], Any] = {}
@@ -84,19 +94,35 @@ class FSDPEngine(TrainEngine):
         torch.manual_seed(self.seed)
         built: BuiltModel = build_model(
             self.config, self.model_path, self.mesh, self.device,
-            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation, seed=self.seed,
+            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation,
+            chunked_lm_head=self._chunked_lm_head, seed=self.seed,
         )
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
+        self.lm_head = built.lm_head
         self.mb_spec = _micro_batch_spec(self.config, built, dims)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
-        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group)
+        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
         if self.trainable:
-            self.optimizer = build_optimizer(self.params, self.config.optimizer)
+            fused = self.device.type == "cuda" and not self.config.cpu_offload
+            self.optimizer = build_optimizer(self.params, self.config.optimizer, fused=fused)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, self.config.lr_schedule, self.total_steps)
         self._initialized = True
         logger.info("FSDP engine ready: %s role=%s on %s", self.parallel, self.role, self.device)
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """Which attention and LM-head paths the engine runs (for logs and benchmarks)."""
+        self._require_init()
+        attn = getattr(_hf_config_of(self.model), "_attn_implementation", None) or "default"
+        if self.role == "critic":
+            head = "value head"
+        elif self.lm_head is not None:
+            head = f"chunked fused (chunk {self.lm_head.chunk})"
+        else:
+            head = "full logits"
+        return {"attention": str(attn), "lm_head": head}
 
     @property
     def parallel(self) -> ParallelInfo:
@@ -113,15 +139,19 @@ class FSDPEngine(TrainEngine):
             raise EngineError("this engine was built forward-only (trainable=False)")
 
     # ------------------------------------------------------------- batches
-    def _plan(self, batch: Batch) -> MicroBatchPlan:
+    def _plan(self, batch: Batch) -> tuple[MicroBatchPlan, list[Batch], list[tuple[int, ...]]]:
+        """(the plan, split on the host; its micro-batches on the device; their host sequence bounds)."""
+        from areal_tasks.api.batch import CU_SEQLENS
         from areal_tasks.engine.microbatch import agree_on_n_mbs, split_into_micro_batches
 
-        batch = {k: v.to(self.device) for k, v in batch.items()}
-        plan = split_into_micro_batches(batch, self.mb_spec)
+        host = {k: v if v.device.type == "cpu" else v.cpu() for k, v in batch.items()}
+        plan = split_into_micro_batches(host, self.mb_spec)
         n = agree_on_n_mbs(plan.n_micro_batches, self.mesh.dp_group)
         if n != plan.n_micro_batches:
-            plan = split_into_micro_batches(batch, self.mb_spec, n_mbs_override=n)
-        return plan
+            plan = split_into_micro_batches(host, self.mb_spec, n_mbs_override=n)
+        on_device = [_to_device(mb, self.device) for mb in plan.micro_batches]
+        bounds = [tuple(mb[CU_SEQLENS].tolist()) for mb in plan.micro_batches]
+        return plan, on_device, bounds
 
     def _all_reduce_dp(self, values: list[float]) -> list[float]:
         import torch
@@ -134,8 +164,8 @@ class FSDPEngine(TrainEngine):
     def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> TrainStats:
         import torch
 
-        plan = self._plan(batch)
-        weights = [float(loss_weight_fn(mb)) for mb in plan.micro_batches]
+        plan, device_mbs, bounds = self._plan(batch)
+        weights = [float(loss_weight_fn(mb)) for mb in plan.micro_batches]  # host copies: no device sync
         if any(w < 0 or not math.isfinite(w) for w in weights):
             raise EngineError(f"loss_weight_fn returned an invalid weight in {weights}")
         total_weight, n_tokens = self._all_reduce_dp([sum(weights), float(plan.n_tokens)])
@@ -143,10 +173,10 @@ class FSDPEngine(TrainEngine):
             raise EngineError("the loss weights of the whole batch sum to 0 on every rank: nothing to train on")
         # FSDP averages gradients over dp x sp; each rank's term is already exactly weighted.
         grad_scale = float(self.mesh.fsdp_mesh.size())
-        sums: dict[str, float] = {}
-        for mb, weight in zip(plan.micro_batches, weights):
+        sums = _WeightedSums()
+        for mb, mb_bounds, weight in zip(device_mbs, bounds, weights):
             with torch.set_grad_enabled(backward):
-                outputs = self.forward_mb(mb, with_entropy=True)
+                outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
                 loss, stats = loss_fn(outputs, mb)
                 if backward:
                     if weight > 0:
@@ -154,10 +184,10 @@ class FSDPEngine(TrainEngine):
                     else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
                         (sum(v.sum() for v in outputs.values()) * 0.0).backward()
             if weight > 0:
-                for key, value in {"loss": loss, **stats}.items():
-                    sums[key] = sums.get(key, 0.0) + _scalar(value) * weight
-        keys = sorted(sums)
-        reduced = self._all_reduce_dp([sums[k] for k in keys]) if keys else []
+                sums.add({"loss": loss, **stats}, weight)
+        totals = sums.totals()  # the step's one read-back of device values
+        keys = sorted(totals)
+        reduced = self._all_reduce_dp([totals[k] for k in keys]) if keys else []
         result: TrainStats = {k: v / total_weight for k, v in zip(keys, reduced)}
         result["n_tokens"] = n_tokens
         return result
@@ -183,14 +213,14 @@ class FSDPEngine(TrainEngine):
 
         self.zero_grad()
         stats = self.accumulate_gradients(batch, loss_fn, loss_weight_fn)
-        grad_norm = clip_grad_norm(self.params, self.config.optimizer.grad_clip)
+        grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))  # one read-back
         stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        stats["grad_norm"] = float(grad_norm)
-        if torch.isfinite(grad_norm):
+        stats["grad_norm"] = grad_norm
+        if math.isfinite(grad_norm):
             self.optimizer.step()
             stats["update_skipped"] = 0.0
         else:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", float(grad_norm))
+            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
             stats["update_skipped"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
         return stats
@@ -217,9 +247,9 @@ class FSDPEngine(TrainEngine):
 
         self._require_init()
         self.model.eval()
-        plan = self._plan(batch)
+        plan, device_mbs, bounds = self._plan(batch)
         with torch.no_grad():
-            outs = [self.forward_mb(mb, with_entropy=with_entropy) for mb in plan.micro_batches]
+            outs = [self.forward_mb(mb, with_entropy=with_entropy, bounds=b) for mb, b in zip(device_mbs, bounds)]
         return {key: plan.merge([o[key] for o in outs]) for key in outs[0]}
 
     def step_lr_scheduler(self) -> float:
@@ -286,9 +316,51 @@ class FSDPEngine(TrainEngine):
         self._initialized = False
 
 
-def _scalar(value: Any) -> float:
-    """A loss or stat (float or 0-dim tensor) as a Python float."""
-    return float(value.detach()) if hasattr(value, "detach") else float(value)
+class _WeightedSums:
+    """Weighted sums of per-micro-batch losses/stats: tensors stay on their device (no read-back per
+    micro-batch), Python numbers on the host; :meth:`totals` reads everything back once."""
+
+    def __init__(self) -> None:
+        self.host: dict[str, float] = {}
+        self.device: dict[str, Any] = {}
+
+    def add(self, values: dict[str, Any], weight: float) -> None:
+        import torch
+
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise EngineError(f"loss/stat {key!r} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+                term = value.detach().reshape(()).to(torch.float64) * weight
+                self.device[key] = term if key not in self.device else self.device[key] + term
+            else:
+                self.host[key] = self.host.get(key, 0.0) + float(value) * weight
+
+    def totals(self) -> dict[str, float]:
+        import torch
+
+        out = dict(self.host)
+        if self.device:
+            keys = list(self.device)
+            first = self.device[keys[0]].device
+            values = torch.stack([self.device[k].to(first) for k in keys]).tolist()
+            for key, value in zip(keys, values):
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+
+def _to_device(mb: Batch, device: torch.device) -> Batch:
+    """A host micro-batch on ``device``: pinned, non-blocking copies on CUDA (no wait for queued work)."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in mb.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in mb.items()}
+
+
+def _hf_config_of(model: torch.nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "get_base_model"):  # peft
+        config = getattr(model.get_base_model(), "config", None)
+    return config
 
 
 def _init_default_group() -> None:
@@ -328,6 +400,7 @@ def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDim
             built.hf_config, param_dtype=built.param_dtype_name, dp=dims.dp, tp=dims.tp, sp=dims.sp,
             gradient_checkpointing=config.gradient_checkpointing,
             lora_rank=config.lora.rank if config.lora.enabled else None,
+            ce_chunk_tokens=built.lm_head.chunk if built.lm_head is not None else None,
         )
         cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)
     return dataclasses.replace(spec, pad_to_multiple_of=multiple, max_tokens_per_mb=cap)

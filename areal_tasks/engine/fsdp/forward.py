@@ -7,6 +7,11 @@ build a block-diagonal causal mask; flash-attention varlen uses the bounds.
 With Ulysses (``sp > 1``), each rank feeds its contiguous ``T/sp`` slice and passes the global
 ``cu_seqlens`` to the ``areal_ulysses`` attention; per-position scores are gathered back to ``[T]``
 before they are aligned to tokens.
+
+Actor scores come from the chunked fused LM head when the engine installed one
+(:mod:`areal_tasks.engine.fsdp.lm_head`: the model's forward returns per-position log-prob/entropy
+instead of logits), else from the full logits (:func:`next_token_stats`). Nothing here reads a
+device value back to the host when the caller passes the host copy of the sequence bounds.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
+
 logger = logging.getLogger(__name__)
 
 
@@ -44,24 +51,32 @@ class ForwardSpec:
 class MicroBatchForward:
     """Runs the model on packed micro-batches for one rank (optionally one of ``sp`` Ulysses ranks)."""
 
-    def __init__(self, model: torch.nn.Module, spec: ForwardSpec, sp_group: ProcessGroup | None) -> None:
+    def __init__(self, model: torch.nn.Module, spec: ForwardSpec, sp_group: ProcessGroup | None,
+                 lm_head: ChunkedLMHead | None = None) -> None:
         import torch.distributed as dist
 
         self.model = model
+        #: the chunked fused head installed in ``model`` (actor only), or None for the full logits.
+        self.lm_head = lm_head if spec.role == "actor" else None
         self.spec = spec
         self.sp_group = sp_group
         self.sp = 1 if sp_group is None else dist.get_world_size(sp_group)
         self.sp_rank = 0 if sp_group is None else dist.get_rank(sp_group)
 
-    def __call__(self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """``{"logprobs", "entropy"?}`` or ``{"values"}``, each ``[T]`` aligned to the tokens of ``mb``."""
+    def __call__(self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False,
+                 bounds: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
+        """``{"logprobs", "entropy"?}`` or ``{"values"}``, each ``[T]`` aligned to the tokens of ``mb``.
+
+        ``bounds``: ``mb``'s ``cu_seqlens`` as host integers (read from the device when omitted).
+        """
         import torch
 
         ids, cu = mb[INPUT_IDS], mb[CU_SEQLENS]
         positions = mb[POSITION_IDS]
         total = ids.shape[0]
         labels = next_token_labels(ids)
-        bounds = tuple(int(b) for b in cu.tolist())
+        if bounds is None:
+            bounds = tuple(int(b) for b in cu.tolist())
         max_len = max(b - a for a, b in zip(bounds, bounds[1:]))
         cu32 = cu.to(torch.int32)
         # the global sequence bounds, for the engine's attentions (and flash-attention varlen)
@@ -75,9 +90,13 @@ class MicroBatchForward:
             part = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
             ids, positions, labels = ids[part], positions[part], labels[part]
             kwargs[SP_GROUP_KWARG] = self.sp_group
-        out = self.model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False, **kwargs)
+        inputs = {"input_ids": ids.unsqueeze(0), "position_ids": positions.unsqueeze(0), "use_cache": False, **kwargs}
         if self.spec.role == "critic":
+            out = self.model(**inputs)
             return {"values": align_to_tokens(self._gather(values_per_position(out.logits)), cu)}
+        if self.lm_head is not None:
+            return self._fused(inputs, labels, cu, with_entropy)
+        out = self.model(**inputs)
         logits = out.logits[0]
         want_entropy = with_entropy and self.spec.grad_entropy
         logprob, entropy = next_token_stats(
@@ -90,6 +109,18 @@ class MicroBatchForward:
                     _, entropy = next_token_stats(
                         logits.detach(), labels, temperature=self.spec.temperature, with_entropy=True
                     )
+            result["entropy"] = align_to_tokens(self._gather(entropy), cu)
+        return result
+
+    def _fused(self, inputs: dict[str, Any], labels: torch.Tensor, cu: torch.Tensor,
+               with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Scores from the chunked head: the model's ``logits`` output is ``[1, N, 1 or 2]`` stats."""
+        with self.lm_head.scoring(labels, temperature=self.spec.temperature, with_entropy=with_entropy,
+                                  entropy_grad=self.spec.grad_entropy):
+            stats = self.model(**inputs).logits[0]
+        result = {"logprobs": align_to_tokens(self._gather(stats[:, 0]), cu)}
+        if with_entropy:
+            entropy = stats[:, 1] if self.spec.grad_entropy else stats[:, 1].detach()
             result["entropy"] = align_to_tokens(self._gather(entropy), cu)
         return result
 

@@ -62,3 +62,32 @@ def test_next_token_stats_chunks_agree_with_a_direct_log_softmax(monkeypatch):
     ref = torch.log_softmax(logits, -1)
     torch.testing.assert_close(lp, ref.gather(-1, labels[:, None]).squeeze(-1))
     torch.testing.assert_close(ent, -(ref.exp() * ref).sum(-1))
+
+
+@pytest.mark.parametrize("grad_entropy", [False, True])
+def test_chunked_head_forward_equals_full_logits_forward(grad_entropy, tiny_model_factory):
+    """MicroBatchForward with the chunked fused head installed: same log-probs, entropies and
+    parameter gradients as the full-logits path (temperature != 1, several chunks)."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.engine.fsdp.lm_head import install_chunked_head
+
+    path = str(tiny_model_factory("qwen2"))
+    plain = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    fused = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    head = install_chunked_head(fused, chunk=7)
+    spec = ForwardSpec(role="actor", temperature=0.7, grad_entropy=grad_entropy)
+    mb = _packed(seed=3)
+    adv = torch.randn(mb["input_ids"].shape[0], generator=torch.Generator().manual_seed(4))
+    outs = []
+    for model, lm_head in ((plain, None), (fused, head)):
+        out = MicroBatchForward(model, spec, None, lm_head=lm_head)(mb, with_entropy=True,
+                                                                       bounds=tuple(mb["cu_seqlens"].tolist()))
+        loss = -(out["logprobs"] * adv).sum() - (0.1 * out["entropy"].sum() if grad_entropy else 0.0)
+        loss.backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1]["logprobs"], outs[0]["logprobs"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[1]["entropy"], outs[0]["entropy"], atol=1e-5, rtol=1e-5)
+    assert outs[1]["entropy"].requires_grad == grad_entropy
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -1,0 +1,261 @@
+"""Chunked fused LM head: per-token log-probs (and entropies) without the logits of a micro-batch.
+
+The plain path computes ``logits = hidden @ W^T`` for the whole micro-batch (bf16 ``[16384, 151936]``
+is 5 GB for Qwen2.5) and then scores it; autograd keeps the logits and fp32 chunks of them for the
+backward. :func:`chunked_next_token_stats` instead runs, for ``chunk`` positions at a time, the
+matmul, the fp32 log-sum-exp, the gather of the label's logit and the entropy, and keeps only
+``[N]`` vectors (log-sum-exp, entropy) for the backward, which recomputes each chunk's logits
+(:class:`_ChunkedStats`, a custom autograd function). Peak extra memory is about
+``chunk x vocab x 12`` bytes (bf16 logits, fp32 scores and probabilities); the weight gradient is
+accumulated in fp32 and rounded once, like the single matmul of the plain path.
+
+FSDP2: the head's weight is a parameter of the root FSDP module (with the embeddings and the final
+norm; tied to the input embeddings for Qwen2.5-0.5B), which is unsharded only inside the root's
+forward. So the scoring happens *inside* the model's forward: :func:`install_chunked_head`
+replaces the model's ``lm_head`` ``nn.Linear`` by :class:`ChunkedLMHead`, which holds the very same
+parameter objects (ties, state-dict keys, checkpoints and weight export are unchanged) and behaves
+as the plain linear layer unless :meth:`ChunkedLMHead.scoring` is active; then the model's
+``logits`` output is ``[B, S, 2]`` (log-prob, entropy) or ``[B, S, 1]`` (log-prob only) in fp32.
+
+Where it applies: the causal LMs whose forward is exactly ``logits = lm_head(hidden)`` (the families
+in :data:`PLAIN_HEAD_FAMILIES`; others may scale or soft-cap logits after the head, and keep the
+plain path). Tensor parallelism keeps the LM head replicated (``tensor_parallel.py``), so the
+chunked head works with ``tp > 1`` unchanged. Not for the critic (its head has one output), nor
+when LoRA targets the LM head (peft would have to wrap it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal_tasks.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+#: model types whose causal-LM forward is ``logits = self.lm_head(hidden_states)`` with nothing after.
+PLAIN_HEAD_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+#: target size of one chunk's ``[chunk, vocab]`` score matrix (elements); 2**27 fp32 is 512 MiB.
+CHUNK_ELEMENTS = 2**27
+#: chunk sizes are rounded down to a multiple of this (and never below it).
+_CHUNK_ALIGN = 64
+
+
+def default_chunk_size(vocab_size: int, total_elements: int = CHUNK_ELEMENTS) -> int:
+    """Positions per chunk so that ``chunk x vocab`` stays near ``total_elements``."""
+    rows = max(_CHUNK_ALIGN, total_elements // max(vocab_size, 1))
+    return rows // _CHUNK_ALIGN * _CHUNK_ALIGN
+
+
+def _chunk_scores(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  temperature: float) -> torch.Tensor:
+    """fp32 ``(hidden @ W^T + b) / temperature`` of one chunk (a fresh tensor, safe to modify)."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    scores = logits.float() if logits.dtype != torch.float32 else logits
+    if temperature != 1.0:
+        scores.div_(temperature)
+    return scores
+
+
+class _ChunkedStats(torch.autograd.Function):
+    """``(logprob [N], entropy [N] or empty)`` of ``hidden [N, H]`` against ``labels [N]``."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                labels: torch.Tensor, temperature: float, chunk: int, with_entropy: bool,
+                entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        log_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        logprob = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            scores = _chunk_scores(hidden[start:end], weight, bias, temperature)
+            torch.logsumexp(scores, dim=-1, out=log_z[start:end])
+            picked = scores.gather(-1, labels[start:end, None]).squeeze(-1)
+            torch.sub(picked, log_z[start:end], out=logprob[start:end])
+            if with_entropy:
+                probs = torch.exp(scores - log_z[start:end, None])
+                # H = log Z - sum_j p_j z_j
+                entropy[start:end] = log_z[start:end] - torch.linalg.vecdot(probs, scores)
+        ctx.save_for_backward(hidden, weight, bias, labels, log_z, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.entropy_grad = with_entropy and entropy_grad
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_logprob: torch.Tensor | None,
+                 g_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, labels, log_z, entropy = ctx.saved_tensors
+        if not ctx.entropy_grad:
+            g_entropy = None
+        nones = (None,) * 5
+        if g_logprob is None and g_entropy is None:
+            return None, None, None, *nones
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        temperature = ctx.temperature
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            end = min(start + ctx.chunk, hidden.shape[0])
+            h = hidden[start:end]
+            scores = _chunk_scores(h, weight, bias, temperature)
+            lz = log_z[start:end, None]
+            probs = torch.exp(scores - lz)
+            # d logprob / dz = onehot(label) - p;  d entropy / dz = -p * (z - log Z + H)
+            if g_entropy is not None:
+                grad = scores.sub_(lz - entropy[start:end, None]).mul_(probs).mul_(-g_entropy[start:end, None])
+                if g_logprob is not None:
+                    grad.sub_(probs.mul_(g_logprob[start:end, None]))
+            else:
+                grad = probs.mul_(-g_logprob[start:end, None])
+                del scores
+            if g_logprob is not None:
+                grad.scatter_add_(1, labels[start:end, None], g_logprob[start:end, None])
+            if temperature != 1.0:
+                grad.div_(temperature)
+            grad = grad.to(weight.dtype)
+            if grad_h is not None:
+                torch.matmul(grad, weight, out=grad_h[start:end])
+            if grad_w is not None:
+                if grad_w.dtype == grad.dtype:
+                    grad_w.addmm_(grad.t(), h)
+                else:
+                    grad_w += torch.matmul(grad.t(), h).float()
+            if grad_b is not None:
+                grad_b += grad.float().sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), *nones)
+
+
+def chunked_next_token_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log p(labels[t] | hidden[t] @ W^T / temperature)`` and optionally the entropy at each position.
+
+    ``hidden`` ``[N, H]``, ``weight`` ``[V, H]`` (the LM head), ``labels`` ``[N]``; results are fp32
+    ``[N]``. Equal to :func:`areal_tasks.engine.fsdp.logprobs.next_token_stats` of the full logits,
+    gradients included (the entropy's only with ``entropy_grad``; it is detached otherwise), with
+    ``chunk`` positions' logits alive at a time (default :func:`default_chunk_size`).
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise EngineError(f"chunked LM head expects hidden [N, H] and weight [V, H], got "
+                          f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise EngineError(f"chunked LM head: {labels.shape[0]} labels for {hidden.shape[0]} positions")
+    if temperature <= 0:
+        raise EngineError(f"temperature must be > 0, got {temperature}")
+    chunk = default_chunk_size(weight.shape[0]) if chunk is None else int(chunk)
+    if chunk < 1:
+        raise EngineError(f"chunk must be >= 1, got {chunk}")
+    logprob, entropy = _ChunkedStats.apply(
+        hidden, weight, bias, labels.to(torch.long), float(temperature), chunk, bool(with_entropy),
+        bool(entropy_grad),
+    )
+    return logprob, (entropy if with_entropy else None)
+
+
+@dataclass
+class _Request:
+    labels: torch.Tensor
+    temperature: float
+    with_entropy: bool
+    entropy_grad: bool
+
+
+class ChunkedLMHead(torch.nn.Module):
+    """An LM head ``nn.Linear`` replacement sharing its parameters; scores labels while
+    :meth:`scoring` is active (see the module docstring)."""
+
+    def __init__(self, linear: torch.nn.Linear, chunk: int | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        if linear.bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = linear.bias
+        self.chunk = default_chunk_size(self.out_features) if chunk is None else int(chunk)
+        self._request: _Request | None = None
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, chunk={self.chunk}"
+
+    @contextlib.contextmanager
+    def scoring(self, labels: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+                entropy_grad: bool = False) -> Iterator[None]:
+        """Within the block, the next forward returns fp32 ``[..., 2]`` (log-prob of ``labels``,
+        entropy) or ``[..., 1]`` (log-prob) instead of logits; ``labels`` has one entry per position."""
+        if self._request is not None:
+            raise EngineError("ChunkedLMHead.scoring is already active (nested scoring is not supported)")
+        self._request = _Request(labels, temperature, with_entropy, entropy_grad)
+        try:
+            yield
+        finally:
+            self._request = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        request = self._request
+        if request is None:
+            return torch.nn.functional.linear(hidden, self.weight, self.bias)
+        self._request = None  # one forward per request
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        logprob, entropy = chunked_next_token_stats(
+            flat, self.weight, request.labels.reshape(-1), bias=self.bias, temperature=request.temperature,
+            with_entropy=request.with_entropy, entropy_grad=request.entropy_grad, chunk=self.chunk,
+        )
+        stats = torch.stack([logprob, entropy], dim=-1) if entropy is not None else logprob[:, None]
+        return stats.view(*hidden.shape[:-1], stats.shape[-1])
+
+
+def chunked_head_unsupported_reason(model: torch.nn.Module, lora_targets: Any = None) -> str | None:
+    """Why :func:`install_chunked_head` would not apply to ``model`` (None when it would)."""
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in PLAIN_HEAD_FAMILIES:
+        return f"model_type {family!r} is not one of {', '.join(PLAIN_HEAD_FAMILIES)} (logits may be post-processed)"
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, ChunkedLMHead):
+        return None
+    if type(head) is not torch.nn.Linear:
+        return f"lm_head is {type(head).__name__}, not nn.Linear"
+    if lora_targets is not None:
+        names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
+        if any("lm_head" in str(name) for name in names):
+            return "LoRA targets the LM head"
+    return None
+
+
+def install_chunked_head(model: torch.nn.Module, *, lora_targets: Any = None,
+                         chunk: int | None = None) -> ChunkedLMHead | None:
+    """Swap ``model.lm_head`` for a :class:`ChunkedLMHead` (before LoRA/TP/FSDP wrapping); returns it,
+    or None (with the reason logged) when the model does not qualify."""
+    reason = chunked_head_unsupported_reason(model, lora_targets)
+    if reason is not None:
+        logger.info("chunked LM head not used: %s; the full logits are computed", reason)
+        return None
+    if isinstance(model.lm_head, ChunkedLMHead):
+        return model.lm_head
+    tied = model.lm_head.weight is model.get_input_embeddings().weight
+    head = ChunkedLMHead(model.lm_head, chunk=chunk)
+    model.lm_head = head
+    if tied and head.weight is not model.get_input_embeddings().weight:
+        raise EngineError("installing the chunked LM head broke the tie with the input embeddings")
+    return head
