@@ -172,11 +172,12 @@ def split_into_micro_batches(
 def agree_on_n_mbs(local_n: int, group: Any = None) -> int:
     """The maximum of ``local_n`` over the process ``group`` (all_reduce MAX).
 
-    Returns ``local_n`` unchanged when torch.distributed is not initialised (one process).
+    Returns ``local_n`` unchanged when torch.distributed is not initialised or the group has one
+    rank (no collective, no device read-back).
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return local_n
     backend = str(dist.get_backend(group))
     on_cuda = "nccl" in backend and torch.cuda.is_available()

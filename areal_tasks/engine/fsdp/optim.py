@@ -8,7 +8,9 @@ The LR multiplier at step ``s`` (0-based, the number of schedule steps taken so 
 
 Gradient clipping works on FSDP2/TP DTensor gradients whose shards live on different meshes: each
 gradient's local squared norm is summed over exactly the mesh dimensions it is sharded on (never
-over replicated ones), so the global norm is exact however the model is split.
+over replicated ones), so the global norm is exact however the model is split. Norms and scaling
+use the multi-tensor (``_foreach``) kernels, and clipping never reads the norm back to the host:
+a non-finite norm scales by 1 on the device (the engine then skips the step).
 """
 
 from __future__ import annotations
@@ -55,8 +57,13 @@ def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: int) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW over ``params`` that require grad (weight decay on every trainable tensor)."""
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, *,
+                    fused: bool = False) -> torch.optim.AdamW:
+    """AdamW over ``params`` that require grad (weight decay on every trainable tensor).
+
+    ``fused``: torch's fused AdamW kernel (one launch per parameter group and dtype; CUDA
+    parameters, DTensors included); otherwise torch's default (``foreach`` on CUDA).
+    """
     import torch
 
     if cfg.type != "adamw":
@@ -70,6 +77,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig) 
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
+        **({"fused": True} if fused else {}),
     )
 
 
@@ -123,17 +131,31 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
         mesh_key = "" if mesh is None else f"{mesh.mesh_dim_names}{tuple(mesh.mesh.shape)}"
         key = (mesh_key, dims)
         meshes[mesh_key] = mesh
-        groups.setdefault(key, []).append(torch.linalg.vector_norm(local.detach(), dtype=torch.float32).pow(2))
+        groups.setdefault(key, []).append(local.detach())
     if device is None:
         raise EngineError("no gradients to clip: was backward run on a loss that depends on the parameters?")
     total = torch.zeros((), dtype=torch.float32, device=device)
-    for (mesh_key, dims), squares in sorted(groups.items()):
-        partial = torch.stack(squares).sum()
+    for (mesh_key, dims), tensors in sorted(groups.items()):
+        partial = _sum_of_squares(tensors)
         mesh = meshes[mesh_key]
         for dim in dims:
             dist.all_reduce(partial, group=mesh.get_group(dim))
         total = total + partial
     return total.sqrt()
+
+
+def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """fp32 sum of the squared L2 norms of ``tensors`` (multi-tensor kernels per device and dtype)."""
+    import torch
+
+    by_kind: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((str(t.device), t.dtype), []).append(t)
+    parts = []
+    for group in by_kind.values():
+        norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in group], 2)
+        parts.append(torch.stack(norms).pow(2).sum().to(tensors[0].device))
+    return torch.stack(parts).sum()
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
@@ -146,12 +168,15 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     from torch.distributed.tensor import DTensor
 
     norm = global_grad_norm(params)
-    if max_norm > 0 and torch.isfinite(norm):
+    if max_norm > 0:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in params:
-                if p.grad is None:
-                    continue
+        coef = torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))  # no read-back to decide
+        by_kind: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        for p in params:
+            if p.grad is not None:
                 local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                local.mul_(coef.to(local.device, local.dtype))
+                by_kind.setdefault((str(local.device), local.dtype), []).append(local)
+        with torch.no_grad():
+            for group in by_kind.values():
+                torch._foreach_mul_(group, coef.to(group[0].device, group[0].dtype))
     return norm
