@@ -46,6 +46,8 @@ POINTER_MODEL_TYPE = "checkpoint-pointer"
 POINTER_FILE = "pointer.json"
 CHECKPOINT_TAG = "areal.checkpoint_url"
 MODEL_URI_TAG = "areal.model_uri"
+#: version tag holding the local HF directory the checkpoint was exported to for evaluation.
+MODEL_DIR_TAG = "areal.model_dir"
 GATE_TAG = "areal.gate_metric"
 METRIC_TAG_PREFIX = "areal.metric."
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -216,11 +218,13 @@ class MlflowHook(BaseHook):
 
     def register(
         self, model_uri: str, name: str, metrics: Mapping[str, float], gate_metric: str, higher_is_better: bool = True,
+        *, tags: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Register ``model_uri`` (``models:/<model id>``) as a version of ``name``.
 
         The version gets the alias ``candidate``; ``champion`` moves to it only when there is no
         champion, the champion has no value for ``gate_metric``, or its value is strictly beaten.
+        ``tags`` go on a new version (e.g. ``areal.model_dir``: the exported HF directory).
         Registering the same ``model_uri`` again (a task retry) reuses its version. Returns
         ``{"name", "version", "aliases", "champion_changed", "previous_champion", "gate_metric",
         "gate_value", "champion_value"}``.
@@ -250,7 +254,8 @@ class MlflowHook(BaseHook):
         if version is None:
             tags = {MODEL_URI_TAG: model_uri, GATE_TAG: gate_metric,
                     CHECKPOINT_TAG: logged.tags.get(CHECKPOINT_TAG, ""),
-                    **{f"{METRIC_TAG_PREFIX}{k}": repr(v) for k, v in metrics.items()}}  # fmt: skip
+                    **{f"{METRIC_TAG_PREFIX}{k}": repr(v) for k, v in metrics.items()},
+                    **{k: str(v) for k, v in (tags or {}).items()}}  # fmt: skip
             # source = the logged model's artifact location: a ``models:/`` source makes some stores
             # resolve the model through the process-wide tracking URI instead of this client's.
             version = self._call(
@@ -295,7 +300,8 @@ class MlflowHook(BaseHook):
     def get_champion(self, name: str) -> dict[str, Any] | None:
         """The version of ``name`` holding the ``champion`` alias, or None (also when ``name`` is unregistered).
 
-        Returns ``{"version", "source", "run_id", "model_uri", "checkpoint_url", "metrics", "tags"}``.
+        Returns ``{"version", "source", "run_id", "model_uri", "checkpoint_url", "model_dir", "metrics",
+        "tags"}`` (``model_dir``: the ``areal.model_dir`` tag, the HF export evaluated, or None).
         """
         from mlflow.exceptions import MlflowException
 
@@ -348,6 +354,7 @@ def _describe_version(version: ModelVersion) -> dict[str, Any]:
         "run_id": version.run_id,
         "model_uri": tags.get(MODEL_URI_TAG),
         "checkpoint_url": tags.get(CHECKPOINT_TAG),
+        "model_dir": tags.get(MODEL_DIR_TAG),
         "metrics": metrics,
         "tags": tags,
     }

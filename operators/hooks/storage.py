@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from operators.exceptions import ArealAirflowError
+from operators.exceptions import ArealAirflowError, ArealConfigError
 
 __all__ = ["StorageHook"]
 
@@ -40,10 +40,14 @@ class StorageHook(BaseHook):
         try:
             return Storage.from_url(self.url, self.options)
         except StorageError as exc:
-            raise ArealAirflowError(f"storage {self.url!r} is misconfigured: {exc}") from exc
+            raise ArealConfigError(f"storage {self.url!r} is misconfigured: {exc}") from exc
 
     def validate(self, *, min_free_gb: float | None = 1.0, nodes: int = 1) -> dict[str, Any]:
-        """Run the pre-flight checks; return the report as a dict, or raise with every failure and its fix."""
+        """Run the pre-flight checks; return the report as a dict, or raise with every failure and its fix.
+
+        Failures raise :class:`ArealConfigError` (no Airflow retries: a wrong path, bucket or
+        credential does not fix itself; rerun the task once it is fixed).
+        """
         from storage import StorageError
         from storage.validate import Thresholds, validate_storage
 
@@ -51,12 +55,12 @@ class StorageHook(BaseHook):
             report = validate_storage(self.url, self.options, thresholds=Thresholds(min_free_gb=min_free_gb),
                                       nodes=nodes)  # fmt: skip
         except (StorageError, ValueError) as exc:
-            raise ArealAirflowError(f"storage {self.url!r} is misconfigured: {exc}") from exc
+            raise ArealConfigError(f"storage {self.url!r} is misconfigured: {exc}") from exc
         for result in report.warnings():
             self.log.warning("storage check %s: %s (%s)", result.check, result.message, result.fix)
         if not report.ok:
             lines = [f"- {r.check} at {r.path}: {r.message}; fix: {r.fix or 'see the message'}" for r in report.failures()]
-            raise ArealAirflowError(f"storage {self.url!r} failed its pre-flight checks:\n" + "\n".join(lines))
+            raise ArealConfigError(f"storage {self.url!r} failed its pre-flight checks:\n" + "\n".join(lines))
         self.log.info("storage %s passed %d check(s)", report.url, len(report.results))
         return report.to_dict()
 

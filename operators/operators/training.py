@@ -115,7 +115,9 @@ class AReaLTrainingOperator(BaseOperator):
     :param mlflow_run_id: MLflow run the trainer logs into (normally an upstream task's XCom).
     :param mlflow_tracking_uri: MLflow tracking URI; when None and ``mlflow_run_id`` is set, the
         :class:`~operators.hooks.mlflow.MlflowHook` resolution (connection ``areal_mlflow``, env).
-    :param run_dir: the job's run directory (default: see the module docstring).
+    :param run_dir: the job's run directory (default: see the module docstring); an
+        ``experiment.run_dir=`` among ``overrides`` takes precedence (as does ``tracking.mlflow_uri=``
+        over ``mlflow_tracking_uri``).
     :param jobs_root: where job records live (default: see the module docstring).
     :param poll_interval: seconds between two looks at the job.
     :param deferrable: wait in the triggerer (True) or poll in the worker (False).
@@ -239,7 +241,15 @@ class AReaLTrainingOperator(BaseOperator):
 
         return get_cluster_hook(self.scheduler, jobs_root=resolve_jobs_root(self.jobs_root))
 
+    def _given(self, key: str) -> str | None:
+        """The value the task's own overrides give ``key`` (the last one wins), or None."""
+        values = [o.split("=", 1)[1] for o in self.overrides if o.split("=", 1)[0].strip() == key and "=" in o]
+        return values[-1] if values else None
+
     def _run_dir(self, name: str) -> str:
+        given = self._given("experiment.run_dir")
+        if given:
+            return str(Path(given).expanduser().absolute())
         if self.run_dir:
             return str(Path(self.run_dir).expanduser().absolute())
         if os.environ.get(RUNS_ROOT_ENV):
@@ -249,16 +259,19 @@ class AReaLTrainingOperator(BaseOperator):
     def _tracking_uri(self) -> str | None:
         if self.mlflow_tracking_uri:
             return self.mlflow_tracking_uri
-        if self._mlflow_run_id() and not any(o.startswith("tracking.mlflow_uri=") for o in self.overrides):
+        if self._mlflow_run_id():
             from operators.hooks.mlflow import MlflowHook
 
             return MlflowHook().tracking_uri
         return None
 
     def _job_overrides(self, name: str, *, recover: bool) -> list[str]:
-        """The overrides the job runs with: the task's, then the run dir, tracking URI and recovery."""
-        overrides = [*self.overrides, f"experiment.run_dir={self._run_dir(name)}"]
-        uri = self._tracking_uri()
+        """The overrides the job runs with: the task's, then the run dir and tracking URI unless the
+        task's own overrides set them, then ``recover.mode=auto`` for a resubmission (it must win)."""
+        overrides = list(self.overrides)
+        if self._given("experiment.run_dir") is None:
+            overrides.append(f"experiment.run_dir={self._run_dir(name)}")
+        uri = None if self._given("tracking.mlflow_uri") is not None else self._tracking_uri()
         if uri:
             overrides.append(f"tracking.mlflow_uri={uri}")
         if recover:

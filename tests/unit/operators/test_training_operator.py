@@ -189,3 +189,12 @@ def test_templated_absent_run_id_means_none(op_factory, tmp_path: Path, monkeypa
     assert result["mlflow_run_id"] is None
     assert calls(tmp_path / "run")[0]["mlflow_run_id"] is None
     assert not any(a.startswith("tracking.mlflow_uri=") for a in calls(tmp_path / "run")[0]["argv"])
+
+
+def test_run_dir_and_tracking_uri_given_as_overrides_are_not_repeated(op_factory, tmp_path: Path) -> None:
+    run_dir = tmp_path / "given_run"
+    op = op_factory(overrides=[f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"],
+                    run_dir=None, mlflow_run_id="r1", mlflow_tracking_uri="sqlite:////tmp/b.db", deferrable=False)
+    assert op.execute(make_context())["run_dir"] == str(run_dir)
+    argv = calls(run_dir)[0]["argv"]
+    assert argv[2:] == [f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"]

@@ -1,0 +1,101 @@
+"""The storage and cluster hooks on this machine: storage pre-flight passing on a writable path and
+failing in seconds (without retries) on a bad URL or an unusable path, checkpoint listing, the
+local resource check and the refusal of scheduler kinds that do not exist yet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from areal_tasks.launch.jobs import LocalJobs
+from operators.exceptions import ArealAirflowError, ArealConfigError
+from operators.hooks.cluster import LocalClusterHook, get_cluster_hook
+from operators.hooks.storage import StorageHook
+
+
+def test_storage_validate_passes_on_a_writable_dir(tmp_path: Path) -> None:
+    report = StorageHook(str(tmp_path / "store")).validate(min_free_gb=None)
+    assert report["ok"] and report["kind"] == "file"
+    assert {c["check"] for c in report["checks"]} >= {"local.path", "storage.round_trip"}
+    assert (tmp_path / "store").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("ftp://example.com/x", "misconfigured"),  # a scheme storage does not support
+        ("FILE_IS_HERE/sub", "failed its pre-flight checks:\n- local.path"),  # a path below a regular file
+    ],
+)
+def test_storage_validate_fails_fast_and_clearly(tmp_path: Path, url: str, match: str) -> None:
+    blocker = tmp_path / "FILE_IS_HERE"
+    blocker.write_text("not a directory")
+    started = time.monotonic()
+    with pytest.raises(ArealConfigError, match=match) as info:
+        StorageHook(url.replace("FILE_IS_HERE", str(blocker))).validate()
+    assert time.monotonic() - started < 10
+    assert isinstance(info.value, AirflowFailException)  # a misconfiguration is not retried
+    if "pre-flight" in match:
+        assert "fix:" in str(info.value)
+
+
+def test_storage_hook_needs_a_url() -> None:
+    with pytest.raises(ArealAirflowError, match="needs a storage URL"):
+        StorageHook("")
+
+
+def test_list_checkpoints_lists_complete_ones_in_step_order(tmp_path: Path) -> None:
+    folder = tmp_path / "exp" / "t0" / "checkpoints"
+    for step, complete in ((20, True), (3, True), (40, False)):
+        (folder / f"step_{step}").mkdir(parents=True)
+        (folder / f"step_{step}" / "metadata.json").write_text("{}")
+        if complete:
+            (folder / f"step_{step}" / "_COMPLETE").write_text("{}")
+    expected = [(folder / "step_3").as_uri(), (folder / "step_20").as_uri()]
+    assert StorageHook(str(tmp_path)).list_checkpoints("exp", "t0") == expected
+    assert StorageHook(folder.as_uri()).list_checkpoints() == expected
+    assert StorageHook(str(tmp_path)).list_checkpoints("other", "t0") == []
+    with pytest.raises(ArealAirflowError, match="both experiment and trial"):
+        StorageHook(str(tmp_path)).list_checkpoints("exp")
+
+
+def test_local_resources_fit_a_cpu_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    report = LocalClusterHook(tmp_path).check_resources("embedded:d1+fsdp:d2", n_gpus=0, min_memory_gb=0.01)
+    assert report["ok"] and report["processes"] == 3 and report["gpus_needed"] == 0
+    assert report["ports_checked"] == 2 and report["cpus"] >= 1 and report["memory_available_gb"] > 0
+
+
+def test_local_resources_report_every_shortage(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ArealAirflowError) as info:
+        LocalClusterHook(tmp_path).check_resources("sglang:d2+fsdp:d4", n_gpus=4, min_memory_gb=1e9)
+    message = str(info.value)
+    assert "needs 6 GPUs but n_gpus=4" in message
+    assert "this machine shows 0" in message
+    assert "GB of memory available, 1000000000.0 GB required" in message
+
+
+def test_bad_allocation_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ArealAirflowError, match="allocation_mode 'fsdp:d2x' is not valid"):
+        LocalClusterHook(tmp_path).check_resources("fsdp:d2x")
+
+
+@pytest.mark.parametrize(("kind", "match"), [("ray", "planned"), ("slurm", "planned"), ("skypilot", "planned"),
+                                             ("k8s", "unknown")])  # fmt: skip
+def test_other_schedulers_are_refused_with_the_supported_list(kind: str, match: str) -> None:
+    with pytest.raises(ArealAirflowError, match=rf"scheduler '{kind}' .*{match}.*supported schedulers: local"):
+        get_cluster_hook(kind, jobs_root="/tmp/x")
+
+
+def test_local_hook_wraps_job_errors(tmp_path: Path) -> None:
+    hook = get_cluster_hook("local", jobs_root=str(tmp_path / "jobs"))
+    assert isinstance(hook, LocalClusterHook) and isinstance(hook.get_conn(), LocalJobs)
+    assert hook.get_job("absent").state == "missing"
+    with pytest.raises(ArealAirflowError, match="cannot look up job bad/name"):
+        hook.get_job("bad/name")
+    with pytest.raises(ArealAirflowError, match="cannot submit job x: .*argv is empty"):
+        hook.submit_job("x", [])
