@@ -11,10 +11,11 @@ TORCH_VERSION ?= 2.13.0
 EXTRAS ?= train,serve,storage,tracking,airflow,dev
 PYTEST_ARGS ?=
 
-.PHONY: setup test run lock clean help
+.PHONY: setup test run ui lock clean help
 
 help:
-	@echo "make run    - run the main job on the embedded default"
+	@echo "make run    - run the training DAG end to end on the embedded default (airflow dags test)"
+	@echo "make ui     - the Airflow and MLflow UIs on 127.0.0.1 over the last run's data"
 	@echo "make test   - run the whole test suite"
 	@echo "make setup  - create $(VENV) and install the project (idempotent)"
 	@echo "make lock   - refresh constraints.txt from the current venv"
@@ -37,8 +38,13 @@ $(STAMP): pyproject.toml constraints.txt
 test: setup vllm-env
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# `airflow dags test areal_rl_training` under runs/demo (Airflow and MLflow on SQLite); runs/latest links to it
 run: setup
 	@bash scripts/run_demo.sh
+
+# `airflow standalone` + the MLflow UI over runs/latest; prints the URLs and where the admin password is
+ui: setup
+	@bash scripts/ui.sh
 
 lock:
 	$(PIP) freeze --exclude-editable | grep -v -E '^(torch|areal-tasks)==' > constraints.txt

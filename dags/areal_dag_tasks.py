@@ -106,7 +106,7 @@ def local_artifact_location(tracking_uri: str) -> str | None:
 
 @task(multiple_outputs=True, execution_timeout=timedelta(minutes=5))
 def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Create the MLflow run this DAG run logs into; the job's overrides that point its callback there."""
+    """Create the MLflow run this DAG run logs into (the training job's callback attaches to it)."""
     context = get_current_context()
     params = context["params"]
     hook = _mlflow_hook(params.get("mlflow_tracking_uri"))
@@ -118,11 +118,7 @@ def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
     hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})
     uri = hook.tracking_uri
     logger.info("MLflow run %s in experiment %s at %s", run_id, job["experiment"], uri)
-    return {
-        "mlflow_run_id": run_id,
-        "tracking_uri": uri,
-        "overrides": [f"tracking.mlflow_uri={uri}", f"tracking.mlflow_experiment={job['experiment']}"],
-    }
+    return {"mlflow_run_id": run_id, "tracking_uri": uri}
 
 
 @task
@@ -184,7 +180,8 @@ def finish_pipeline(
     """End the MLflow run FINISHED and add the pipeline's figures to ``<run dir>/summary.json``."""
     context = get_current_context()
     params = context["params"]
-    evaluations = [dict(item) for item in evaluations]
+    # by index: iterating a mapped task's lazy output probes one past the end (Airflow logs an error)
+    evaluations = [dict(evaluations[i]) for i in range(len(evaluations))]
     summary = {
         "reward_before": train_result.get("reward_before"),
         "reward_after": train_result.get("reward_after"),
@@ -242,8 +239,9 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     )  # fmt: skip
     mlflow = start_mlflow_run(job)
     train = AReaLTrainingOperator(
-        task_id="train", config=job["resolved_config"], overrides=mlflow["overrides"], run_dir=job["run_dir"],
-        scheduler=job["scheduler"], mlflow_run_id=mlflow["mlflow_run_id"], execution_timeout=train_timeout(),
+        task_id="train", config=job["resolved_config"], run_dir=job["run_dir"], scheduler=job["scheduler"],
+        mlflow_run_id=mlflow["mlflow_run_id"], mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=train_timeout(),
     )  # fmt: skip
     evaluate = EvaluateCheckpointOperator.partial(
         task_id="evaluate_checkpoint", config=job["resolved_config"], mlflow_run_id=mlflow["mlflow_run_id"],
