@@ -222,8 +222,9 @@ class ChunkedLMHead(torch.nn.Module):
             flat, self.weight, request.labels.reshape(-1), bias=self.bias, temperature=request.temperature,
             with_entropy=request.with_entropy, entropy_grad=request.entropy_grad, chunk=self.chunk,
         )
-        stats = torch.stack([logprob, entropy], dim=-1) if entropy is not None else logprob[:, None]
-        return stats.view(*hidden.shape[:-1], stats.shape[-1])
+        shape = hidden.shape[:-1]
+        parts = [logprob.view(shape)] + ([] if entropy is None else [entropy.view(shape)])
+        return torch.stack(parts, dim=-1)  # a fresh tensor, not a view: FSDP hooks the root's outputs
 
 
 def chunked_head_unsupported_reason(model: torch.nn.Module, lora_targets: Any = None) -> str | None:
