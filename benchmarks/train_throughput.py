@@ -14,7 +14,11 @@ forward, half of the full square, three times for the backward). Recomputation u
 checkpointing is not counted (that would be hardware FLOPs utilisation).
 
 Prints a table and writes JSON (``benchmarks/results/train_throughput_<preset>_dp<d>sp<s>tp<t>.json``
-by default). ``--profile`` prints the costliest operators of one extra step.
+by default), both naming the attention and LM-head paths the engine ran (``engine.kernels``: e.g.
+``areal_varlen`` attention, the chunked fused LM head). ``--attn-implementation sdpa`` and
+``--no-chunked-head`` select the previous paths for comparison. ``--profile`` profiles one extra
+step: the costliest operators by device and by host time, and the GPU-busy fraction (union of the
+device kernels' intervals over the step's wall time; the rest is the device waiting for the host).
 
 Measured on H200 (torch 2.11, transformers 5.17, SDPA with the block mask, no flash-attn): one GPU
 2.03 s/step, 16.3K tokens/s, MFU 6.6 %; two GPUs dp=2 25.0K tokens/s, MFU 5.3 % (JSON in
@@ -113,18 +117,47 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
     return 6.0 * n_params * float(lengths.sum()) + attn
 
 
-def _profile_step(engine: FSDPEngine, batch: dict) -> None:
-    """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators."""
+def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Share of ``[start, end]`` covered by the union of ``intervals`` (overlaps counted once)."""
+    covered, reach = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return covered / (end - start) if end > start else 0.0
+
+
+def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
+    """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators and
+    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction"}`` (None on CPU)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    _sync()
     with profile(activities=activities) as prof:
         engine.train_batch(batch, pg_loss, token_weight)
         _sync()
-    if dist.get_rank() == 0:
-        key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+    if dist.get_rank() != 0:
+        return None
+    averages = prof.key_averages()
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    print(averages.table(sort_by=key, row_limit=20, max_name_column_width=60))
+    print(averages.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+    if not on_gpu:
+        return None
+    events = prof.events()
+    start = min(e.time_range.start for e in events)
+    end = max(e.time_range.end for e in events)
+    kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    fraction = busy_fraction(kernels, start, end)
+    summary = {"step_s": (end - start) / 1e6, "gpu_busy_s": fraction * (end - start) / 1e6,
+               "gpu_busy_fraction": fraction}
+    print(f"profiled step {summary['step_s']:.3f} s, GPU busy {summary['gpu_busy_s']:.3f} s "
+          f"({100 * fraction:.1f} %)")
+    return summary
 
 
 def _sync() -> None:
@@ -156,21 +189,24 @@ def run(args: argparse.Namespace) -> dict:
         dtype=args.dtype,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
-                        total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation)
+                        total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
+                        chunked_lm_head=not args.no_chunked_head)
     engine.initialize()
     info = engine.parallel
+    kernels = engine.kernels
     n_params = sum(p.numel() for p in engine.model.parameters())  # DTensor numel is the global size
     batches = [long_tail_batch(args.mbs_per_step * tokens_per_mb, tokens_per_mb, shape["vocab_size"],
                                seed=1000 * step + info.dp_rank) for step in range(args.warmup + args.steps)]
     times, tokens, flops = [], [], []
+    profile_summary = None
     for step, batch in enumerate(batches):
         _sync()
         start = time.perf_counter()
         stats = engine.train_batch(batch, pg_loss, token_weight)
         _sync()
         elapsed = time.perf_counter() - start
-        if args.profile and step == args.warmup - 1:
-            _profile_step(engine, batch)
+        if args.profile and step == max(args.warmup, 1) - 1:
+            profile_summary = _profile_step(engine, batch)
         if step >= args.warmup:
             times.append(elapsed)
             tokens.append(stats["n_tokens"])
@@ -191,7 +227,8 @@ def run(args: argparse.Namespace) -> dict:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "attn_implementation": engine.model.config._attn_implementation,
+        "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"],
+        "profile": profile_summary,
     }
     engine.destroy()
     return result
@@ -208,7 +245,10 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--attn-implementation", default=None, help="override the engine's choice (e.g. sdpa)")
+    parser.add_argument("--attn-implementation", default=None,
+                        help="override the engine's choice (e.g. sdpa, the block-mask path; areal_varlen)")
+    parser.add_argument("--no-chunked-head", action="store_true",
+                        help="materialise the full logits instead of the chunked fused LM head")
     parser.add_argument("--profile", action="store_true", help="profile one extra step and print the top operators")
     parser.add_argument("--peak-flops", type=float, default=795e12, help="peak FLOP/s of one device")
     parser.add_argument("--model-root", default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
@@ -221,10 +261,13 @@ def main() -> None:
     if dist.get_rank() == 0:
         rows = [("preset", result["preset"]), ("device", result["device"]), ("world (dp/sp/tp)",
                 f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
-                ("params", f"{result['params'] / 1e6:.1f} M"), ("tokens/step", f"{result['tokens_per_step']:.0f}"),
+                ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
+                ("LM head", result["lm_head"]), ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
                 ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]
+        if result["profile"]:
+            rows.append(("GPU busy (profiled)", f"{100 * result['profile']['gpu_busy_fraction']:.1f} %"))
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
             print(f"{key:<{width}}  {value}")
