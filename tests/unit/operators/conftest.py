@@ -1,8 +1,10 @@
 """Fixtures for the operator tests: a jobs root whose jobs are all cancelled (by process group) at
-teardown, the fake trainer's command line, and a task-instance context like Airflow's."""
+teardown, the fake trainer's command line, a task-instance context like Airflow's, and a fresh
+local MLflow store (sqlite + file artifacts) per test with a pipeline run in it."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,3 +42,28 @@ def make_context(dag_id: str = "areal_rl_training", run_id: str = "manual__2026-
     """The part of an Airflow task context the operators read: ``ti`` with its ids."""
     ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, try_number=1)
     return {"ti": ti, "run_id": run_id}
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty, migrated MLflow sqlite database (creating the tables takes seconds; copying is instant)."""
+    mlflow = pytest.importorskip("mlflow")
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def store(mlflow_template_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """``uri``, ``hook`` (an MlflowHook), ``run_id`` (a run in experiment areal-test), ``client``, ``tmp``."""
+    import mlflow
+
+    from operators.hooks.mlflow import MlflowHook
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(mlflow_template_db, db)
+    monkeypatch.chdir(tmp_path)  # MLflow's fallback artifact root is ./mlruns
+    uri = f"sqlite:///{db}"
+    hook = MlflowHook(uri)
+    run_id = hook.start_run("areal-test", "pipeline", {"areal.dag_id": "d"}, artifact_location=(tmp_path / "art").as_uri())
+    return SimpleNamespace(uri=uri, hook=hook, run_id=run_id, client=mlflow.MlflowClient(uri), tmp=tmp_path)

@@ -6,7 +6,6 @@ and registration: ``candidate`` always, ``champion`` only on a strict improvemen
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,25 +15,6 @@ mlflow = pytest.importorskip("mlflow")
 
 from operators.exceptions import ArealAirflowError  # noqa: E402
 from operators.hooks.mlflow import MlflowHook  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty, migrated MLflow sqlite database (creating the tables takes seconds; copying is instant)."""
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
-
-
-@pytest.fixture
-def store(template_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
-    db = tmp_path / "mlflow.db"
-    shutil.copy(template_db, db)
-    monkeypatch.chdir(tmp_path)  # MLflow's fallback artifact root is ./mlruns
-    uri = f"sqlite:///{db}"
-    hook = MlflowHook(uri)
-    run_id = hook.start_run("areal-test", "pipeline", {"areal.dag_id": "d"}, artifact_location=(tmp_path / "art").as_uri())
-    return SimpleNamespace(uri=uri, hook=hook, run_id=run_id, client=mlflow.MlflowClient(uri), tmp=tmp_path)
 
 
 def test_tracking_uri_precedence(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,165 @@
+"""``EvaluateCheckpointOperator``: evaluate one checkpoint on the eval split and record it in MLflow.
+
+Mapped over the training task's checkpoints (``.partial(config=...).expand(checkpoint=...)``). For
+one checkpoint URL (``.../checkpoints/step_<N>``, or a checkpoints folder: its newest complete one):
+
+1. the checkpoint must be complete (``_COMPLETE`` marker), else a clear error;
+2. it is exported once to an HF model directory (``<run_dir>/hf_exports/step_<N>_<hash of URL>``,
+   reused on a retry) -- the inference server loads HF directories, not DCP shards;
+3. :func:`areal_tasks.trainer.evaluate.evaluate` runs the first ``n_prompts`` eval prompts through
+   one embedded inference server and scores them;
+4. with an MLflow run, the metrics are logged and a logged model is made that holds the checkpoint
+   URL as a pointer (no weights; :meth:`~operators.hooks.mlflow.MlflowHook.log_checkpoint_model`).
+
+XCom: ``{"checkpoint", "step", "model_dir", "model_uri" (None without an MLflow run), "metrics"
+{"eval/reward", "eval/accuracy", "eval/answer_rate"}, "n_prompts", "samples"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from operators.exceptions import ArealAirflowError, ArealConfigError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["EvaluateCheckpointOperator", "split_checkpoint_url"]
+
+#: default number of eval prompts when neither ``n_prompts`` nor ``evaluation.max_eval_prompts`` is set.
+DEFAULT_EVAL_PROMPTS = 100
+EXPORTS_DIR = "hf_exports"
+#: sample completions kept in the XCom.
+XCOM_SAMPLES = 2
+
+
+def split_checkpoint_url(url: str) -> tuple[str, int | None]:
+    """``(checkpoints folder URL, step)`` of ``.../checkpoints/step_<N>``; ``(url, None)`` for a folder."""
+    trimmed = str(url).rstrip("/")
+    head, _, last = trimmed.rpartition("/")
+    if last.startswith("step_") and last[5:].isdigit() and head:
+        return head, int(last[5:])
+    return trimmed, None
+
+
+class EvaluateCheckpointOperator(BaseOperator):
+    """Evaluate ``checkpoint`` with the job ``config`` (+ ``overrides``); see the module docstring.
+
+    :param config: the training job's YAML (its dataset, rollout and evaluation settings are used).
+    :param overrides: the training task's overrides (same run dir and storage options).
+    :param mlflow_run_id: MLflow run to log into (none: nothing is logged, ``model_uri`` is None).
+    :param n_prompts: eval prompts (default: ``evaluation.max_eval_prompts``, else 100).
+    :param export_dir: where the HF export goes (default: ``<run_dir>/hf_exports/<step>_<hash>``).
+    """
+
+    template_fields = ("config", "overrides", "checkpoint", "mlflow_run_id", "mlflow_tracking_uri", "n_prompts",
+                       "export_dir")  # fmt: skip
+    ui_color = "#f0d8d8"
+
+    def __init__(
+        self, *, config: str, checkpoint: str, overrides: list[str] | None = None, mlflow_run_id: str | None = None,
+        mlflow_tracking_uri: str | None = None, n_prompts: int | str | None = None, export_dir: str | None = None,
+        engine: str = "actor", **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.config = config
+        self.checkpoint = checkpoint
+        self.overrides = list(overrides or [])
+        self.mlflow_run_id = mlflow_run_id
+        self.mlflow_tracking_uri = mlflow_tracking_uri
+        self.n_prompts = n_prompts
+        self.export_dir = export_dir
+        self.engine = engine
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from areal_tasks.trainer.evaluate import evaluate
+
+        cfg = self._config()
+        url, step, layout = self._locate(cfg)
+        model_dir = self._export(cfg, url, step, layout)
+        n_prompts = self._n_prompts(cfg)
+        self.log.info("evaluating %s (%s) on %d eval prompts", url, model_dir, n_prompts)
+        result = evaluate(cfg, str(model_dir), n_prompts, name=f"eval_step_{step}")
+        metrics = {"eval/reward": result["mean_reward"], "eval/accuracy": result["accuracy"],
+                   "eval/answer_rate": result["answer_rate"]}  # fmt: skip
+        model_uri = self._record(url, step, metrics)
+        self.log.info("checkpoint step %d: %s", step, metrics)
+        return {"checkpoint": url, "step": step, "model_dir": str(model_dir), "model_uri": model_uri,
+                "metrics": metrics, "n_prompts": result["n_prompts"],
+                "samples": result["samples"][:XCOM_SAMPLES]}  # fmt: skip
+
+    # ------------------------------------------------------------------ steps
+
+    def _config(self) -> Any:
+        from areal_tasks.config import load_config
+        from areal_tasks.errors import ConfigError
+        from operators.operators.training import resolve_config_path
+
+        path = resolve_config_path(self.config)
+        try:
+            return load_config(path, self.overrides)
+        except ConfigError as exc:
+            raise ArealConfigError(f"config {path} with overrides {self.overrides} is not valid: {exc}") from exc
+
+    def _locate(self, cfg: Any) -> tuple[str, int, Any]:
+        """The step URL, its step and the CheckpointLayout; ArealAirflowError if it is missing or incomplete."""
+        from areal_tasks.checkpoint.layout import CheckpointLayout
+        from storage import Storage, StorageError
+
+        if not self.checkpoint or str(self.checkpoint) == "None":
+            raise ArealConfigError("checkpoint is empty: map this task over the training task's 'checkpoints' XCom "
+                                   "or give a checkpoint URL (.../checkpoints/step_<N>)")  # fmt: skip
+        folder, step = split_checkpoint_url(str(self.checkpoint))
+        try:
+            layout = CheckpointLayout(Storage.from_url(folder, cfg.storage.options))
+            if step is None:
+                step = layout.latest()
+                if step is None:
+                    raise ArealAirflowError(f"{folder} holds no complete checkpoint; give a step_<N> URL of one")
+            if not layout.is_complete(step):
+                state = "is incomplete (no _COMPLETE marker: its save was interrupted)" if layout.files(step) else "does not exist"
+                complete = layout.complete_steps()
+                raise ArealAirflowError(f"checkpoint {layout.url(f'step_{step}')} {state}; complete ones in {folder}: "
+                                        f"{['step_%d' % s for s in complete] or 'none'}")  # fmt: skip
+        except StorageError as exc:
+            raise ArealAirflowError(f"cannot read checkpoint {self.checkpoint!r}: {exc}") from exc
+        return layout.url(f"step_{step}"), step, layout
+
+    def _export(self, cfg: Any, url: str, step: int, layout: Any) -> Path:
+        """The HF directory of the checkpoint (exported now, or reused from an earlier try)."""
+        from areal_tasks.checkpoint.export import export_hf
+        from areal_tasks.errors import CheckpointError
+
+        if self.export_dir:
+            out = Path(self.export_dir).expanduser().absolute()
+        else:
+            digest = hashlib.sha1(url.encode("utf-8")).hexdigest()[:8]
+            out = Path(cfg.experiment.run_dir) / EXPORTS_DIR / f"step_{step}_{digest}"
+        if (out / "config.json").is_file():
+            self.log.info("reusing the HF export %s", out)  # export_hf writes atomically: it is complete
+            return out
+        try:
+            return Path(export_hf(layout.storage, step, out, engine=self.engine))
+        except CheckpointError as exc:
+            raise ArealAirflowError(f"cannot export {url} to an HF directory: {exc}") from exc
+
+    def _n_prompts(self, cfg: Any) -> int:
+        value = self.n_prompts if self.n_prompts not in (None, "", "None") else None
+        n = int(value) if value is not None else (cfg.evaluation.max_eval_prompts or DEFAULT_EVAL_PROMPTS)
+        if n < 1:
+            raise ArealConfigError(f"n_prompts={n} must be >= 1")
+        return n
+
+    def _record(self, url: str, step: int, metrics: dict[str, float]) -> str | None:
+        """Log ``metrics`` and a pointer model to the MLflow run; its ``models:/`` URI (None without a run)."""
+        from operators.hooks.mlflow import MlflowHook
+
+        run_id = None if self.mlflow_run_id in (None, "", "None") else str(self.mlflow_run_id)
+        if run_id is None:
+            self.log.warning("no mlflow_run_id: the evaluation of %s is not recorded in MLflow", url)
+            return None
+        return MlflowHook(self.mlflow_tracking_uri).log_checkpoint_model(run_id, url, metrics, step=step)

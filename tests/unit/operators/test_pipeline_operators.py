@@ -1,0 +1,148 @@
+"""The pre-flight and registry operators: storage validation (passing, failing fast without
+retries), model detection from a real config.json with a layout recommendation, the local resource
+check, the evaluation operator's checkpoint handling and MLflow record, and registration of the best
+evaluation with champion gating against a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from operators.exceptions import ArealAirflowError, ArealConfigError
+from operators.operators import (
+    DetectModelOperator,
+    EvaluateCheckpointOperator,
+    ProvisionClusterOperator,
+    RegisterModelOperator,
+    ValidateStorageOperator,
+)
+from operators.operators.evaluation import split_checkpoint_url
+from operators.operators.registry import pick_best
+from tests.unit.operators.conftest import make_context
+
+QWEN2_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+}  # fmt: skip
+
+
+def test_validate_storage_operator(tmp_path: Path) -> None:
+    report = ValidateStorageOperator(task_id="v", storage_url=(tmp_path / "s").as_uri(), min_free_gb=None).execute(make_context())
+    assert report["ok"] and report["summary"]["fail"] == 0
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ArealConfigError, match="local.path"):
+        ValidateStorageOperator(task_id="v", storage_url=str(tmp_path / "file" / "sub")).execute(make_context())
+
+
+def test_detect_model_operator(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_7B))
+    out = DetectModelOperator(task_id="d", model=str(tmp_path), n_gpus="8").execute(make_context())
+    assert out["architecture"] == "Qwen2ForCausalLM" and out["family"] == "qwen2"
+    assert 7e9 < out["params"] < 8e9 and out["params"] == out["num_parameters"]
+    assert out["allocation"] == out["recommended_layout"]["allocation"]
+    assert out["recommended_layout"]["n_train_gpus"] + out["recommended_layout"]["n_inference_gpus"] == 8
+    json.dumps(out)  # XCom-serialisable
+    with pytest.raises(ArealAirflowError, match="cannot detect model"):
+        DetectModelOperator(task_id="d", model=str(tmp_path / "missing")).execute(make_context())
+
+
+def test_provision_cluster_operator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    op = ProvisionClusterOperator(task_id="p", allocation_mode="embedded:d1+fsdp:d2", n_gpus="0",
+                                  min_memory_gb="0.01", jobs_root=str(tmp_path))  # fmt: skip
+    assert op.execute(make_context())["ok"]
+    with pytest.raises(ArealAirflowError, match="needs 3 GPUs"):
+        ProvisionClusterOperator(task_id="p", allocation_mode="sglang:d1+fsdp:d2", n_gpus=3,
+                                 jobs_root=str(tmp_path)).execute(make_context())  # fmt: skip
+    with pytest.raises(ArealAirflowError, match="supported schedulers: local"):
+        ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", scheduler="slurm").execute(make_context())
+    with pytest.raises(ArealAirflowError, match="must be numbers"):
+        ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", n_gpus="two").execute(make_context())
+
+
+def test_split_checkpoint_url() -> None:
+    assert split_checkpoint_url("s3://b/r/exp/t/checkpoints/step_40/") == ("s3://b/r/exp/t/checkpoints", 40)
+    assert split_checkpoint_url("/runs/exp/t/checkpoints") == ("/runs/exp/t/checkpoints", None)
+    assert split_checkpoint_url("/runs/step_x") == ("/runs/step_x", None)
+
+
+@pytest.fixture
+def checkpoints(tmp_path: Path) -> Path:
+    """A checkpoints folder with a complete step_3 and an interrupted step_6 (no _COMPLETE marker)."""
+    folder = tmp_path / "ckpt" / "exp" / "t0" / "checkpoints"
+    for step in (3, 6):
+        (folder / f"step_{step}").mkdir(parents=True)
+        (folder / f"step_{step}" / "metadata.json").write_text("{}")
+    (folder / "step_3" / "_COMPLETE").write_text("{}")
+    return folder
+
+
+def evaluate_op(tmp_path: Path, checkpoint: str, **kwargs) -> EvaluateCheckpointOperator:
+    return EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=checkpoint,
+                                      overrides=[f"experiment.run_dir={tmp_path / 'run'}"], **kwargs)  # fmt: skip
+
+
+def test_evaluation_refuses_incomplete_missing_and_empty_checkpoints(tmp_path: Path, checkpoints: Path) -> None:
+    with pytest.raises(ArealAirflowError, match=r"step_6 is incomplete .*complete ones in .*\['step_3'\]"):
+        evaluate_op(tmp_path, (checkpoints / "step_6").as_uri()).execute(make_context())
+    with pytest.raises(ArealAirflowError, match="step_9 does not exist"):
+        evaluate_op(tmp_path, str(checkpoints / "step_9")).execute(make_context())
+    with pytest.raises(ArealAirflowError, match="holds no complete checkpoint"):
+        evaluate_op(tmp_path, str(tmp_path / "empty")).execute(make_context())
+    with pytest.raises(ArealConfigError, match="checkpoint is empty"):
+        evaluate_op(tmp_path, "None").execute(make_context())
+    with pytest.raises(ArealConfigError, match="not valid"):
+        EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=str(checkpoints),
+                                   overrides=["train.batch_size=-1"]).execute(make_context())  # fmt: skip
+
+
+def test_evaluation_locates_the_newest_complete_checkpoint(tmp_path: Path, checkpoints: Path) -> None:
+    op = evaluate_op(tmp_path, str(checkpoints), n_prompts="5")
+    url, step, layout = op._locate(op._config())
+    assert (url, step) == ((checkpoints / "step_3").as_uri(), 3) and layout.is_complete(3)
+    assert op._n_prompts(op._config()) == 5
+    assert evaluate_op(tmp_path, str(checkpoints))._n_prompts(op._config()) == 100
+    with pytest.raises(ArealConfigError, match="n_prompts=0"):
+        evaluate_op(tmp_path, str(checkpoints), n_prompts=0)._n_prompts(op._config())
+
+
+def test_evaluation_record_logs_a_pointer_model(tmp_path: Path, store: SimpleNamespace) -> None:
+    op = evaluate_op(tmp_path, "unused", mlflow_run_id=store.run_id, mlflow_tracking_uri=store.uri)
+    uri = op._record("file:///c/step_3", 3, {"eval/reward": 0.5})
+    assert store.hook.get_conn().get_logged_model(uri.removeprefix("models:/")).params["checkpoint_url"] == "file:///c/step_3"
+    assert evaluate_op(tmp_path, "unused", mlflow_run_id="None")._record("file:///c/step_3", 3, {}) is None
+
+
+def test_pick_best() -> None:
+    evals = [None, {"step": 1, "metrics": {"eval/reward": 0.5}}, {"step": 2, "metrics": {"eval/reward": 0.5}},
+             {"step": 3, "metrics": {"eval/reward": 0.25}}, {"step": 4, "metrics": {}}]  # fmt: skip
+    assert pick_best(evals, "eval/reward")["step"] == 2  # a tie goes to the later checkpoint
+    assert pick_best(evals, "eval/reward", higher_is_better=False)["step"] == 3
+    with pytest.raises(ArealAirflowError, match="no evaluation carries the gate metric 'eval/x'"):
+        pick_best(evals, "eval/x")
+
+
+def test_register_model_operator(store: SimpleNamespace) -> None:
+    def evaluation(step: int, reward: float) -> dict:
+        url = f"file:///c/step_{step}"
+        return {"checkpoint": url, "step": step, "model_dir": f"/hf/step_{step}", "metrics": {"eval/reward": reward},
+                "model_uri": store.hook.log_checkpoint_model(store.run_id, url, {"eval/reward": reward})}  # fmt: skip
+
+    def register(evaluations) -> dict:
+        return RegisterModelOperator(task_id="r", evaluations=evaluations, model_name="policy", mlflow_run_id=store.run_id,
+                                     mlflow_tracking_uri=store.uri).execute(make_context())  # fmt: skip
+
+    first = register([evaluation(3, 0.25), evaluation(6, 0.5)])
+    assert first["version"] == "1" and first["champion_changed"] and first["checkpoint"] == "file:///c/step_6"
+    assert store.hook.get_champion("policy")["model_dir"] == "/hf/step_6"
+    second = register(evaluation(9, 0.4))  # one unmapped evaluation, worse than the champion
+    assert second["version"] == "2" and not second["champion_changed"] and second["aliases"] == ["candidate"]
+    params = store.hook.get_conn().get_run(store.run_id).data.params
+    assert params["registered_model"] == "policy" and params["registered_model_version"] == "1"  # write-once
+    with pytest.raises(ArealAirflowError, match="has no MLflow model_uri"):
+        register([{"checkpoint": "x", "metrics": {"eval/reward": 1.0}, "model_uri": None}])
+    with pytest.raises(ArealAirflowError, match="must be the evaluate task's XCom"):
+        register("not a list")
