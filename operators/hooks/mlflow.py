@@ -174,9 +174,10 @@ class MlflowHook(BaseHook):
         """A logged model of ``run_id`` pointing at ``checkpoint_url`` (no weights); returns ``models:/<id>``.
 
         ``metrics`` are logged to the run linked to the model; ``name`` defaults to the checkpoint's
-        last path component (``step_40``), ``step`` to the number in it.
+        last path component (``step_40``), ``step`` to the number in it. A READY pointer model of the
+        same run and URL (from an earlier try of the task) is reused: only the metrics are logged again.
         """
-        from mlflow.entities import LoggedModelOutput
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 
         leaf = checkpoint_url.rstrip("/").rsplit("/", 1)[-1]
         name = name or leaf
@@ -186,6 +187,16 @@ class MlflowHook(BaseHook):
         metrics = _numeric(metrics or {})
         client = self.get_conn()
         run = self._call(f"read run {run_id}", lambda c: c.get_run(run_id))
+        earlier = self._call(
+            "search logged models",
+            lambda c: c.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                             filter_string=f"source_run_id = '{run_id}'"),
+        )  # fmt: skip
+        for found in earlier:
+            if found.tags.get(CHECKPOINT_TAG) == checkpoint_url and found.status == LoggedModelStatus.READY:
+                self.log.info("reusing the logged model %s that already points at %s", found.model_id, checkpoint_url)
+                self.log_metrics(run_id, metrics, step, model_id=found.model_id)
+                return f"models:/{found.model_id}"
         model = self._call(
             f"create the logged model {name}",
             lambda c: c.create_logged_model(

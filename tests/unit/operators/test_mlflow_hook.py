@@ -59,6 +59,10 @@ def test_checkpoint_model_is_a_pointer(store: SimpleNamespace) -> None:
     assert pointer["checkpoint_url"] == url and pointer["step"] == 40 and pointer["metrics"]["eval/reward"] == 0.75
     history = store.client.get_metric_history(store.run_id, "eval/reward")
     assert [(m.step, m.value) for m in history] == [(40, 0.75)]
+    # a retry of the evaluation reuses the pointer model; another checkpoint gets its own
+    assert store.hook.log_checkpoint_model(store.run_id, url, {"eval/reward": 0.75}) == uri
+    assert store.hook.log_checkpoint_model(store.run_id, url + "0", {"eval/reward": 0.5}) != uri
+    assert len(store.client.search_logged_models(experiment_ids=[model.experiment_id])) == 2
 
 
 def test_register_candidate_and_champion_gating(store: SimpleNamespace) -> None:
