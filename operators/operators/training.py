@@ -56,6 +56,8 @@ RUNS_ROOT_ENV = "AREAL_RUNS_ROOT"
 DEFAULT_EXECUTION_TIMEOUT = timedelta(hours=24)
 #: longest job name made by :func:`job_name_for` (longer ones are cut and get a hash suffix).
 MAX_JOB_NAME = 150
+#: longest SIGTERM grace the trigger's on_kill uses (it must finish within the triggerer's bound).
+TRIGGER_CANCEL_GRACE_S = 15.0
 #: log lines quoted when a job fails.
 FAILURE_TAIL_LINES = 30
 
@@ -304,8 +306,9 @@ class AReaLTrainingOperator(BaseOperator):
                       name, status.attempt, status.pid, status.run_dir, status.log_path)  # fmt: skip
 
     def _wait(self, context: Context, hook: ClusterHook, name: str) -> dict[str, Any]:
+        # the triggerer gives on_kill() a bounded time ([triggerer] on_kill_timeout, 30 s by default)
         trigger = TrainingJobTrigger(name, resolve_jobs_root(self.jobs_root), self.scheduler, self.poll_interval,
-                                     self.cancel_grace_s)  # fmt: skip
+                                     min(self.cancel_grace_s, TRIGGER_CANCEL_GRACE_S))  # fmt: skip
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete", timeout=self.execution_timeout)
         while True:  # not deferrable: poll here, in the worker

@@ -63,13 +63,14 @@ def test_job_name_is_deterministic_and_safe() -> None:
 def test_missing_job_is_submitted_then_deferred(op_factory, jobs: LocalJobs, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("FAKE_TRAIN_MODE", "sleep")
-    op = op_factory(mlflow_run_id="abc123", mlflow_tracking_uri="sqlite:////tmp/never-used.db")
+    op = op_factory(mlflow_run_id="abc123", mlflow_tracking_uri="sqlite:////tmp/never-used.db", cancel_grace_s=60)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(make_context())
     trigger = deferred.value.trigger
     assert isinstance(trigger, TrainingJobTrigger) and deferred.value.method_name == "execute_complete"
     assert trigger.job_name == NAME and trigger.jobs_root == str(jobs.root)
     assert deferred.value.timeout == op.execution_timeout
+    assert trigger.cancel_grace_s == 15.0  # capped: the triggerer bounds on_kill()
     wait_until(lambda: calls(tmp_path / "run"))
     call = calls(tmp_path / "run")[0]
     assert call["mlflow_run_id"] == "abc123"
