@@ -131,8 +131,10 @@ def varlen_packed(
         raise EngineError("torch.nn.attention.varlen is not available in this torch (needs torch >= 2.10)")
     fn, params = api
     kwargs: dict[str, Any] = {}
-    if "window_size" in params:
+    if "window_size" in params:  # (-1, 0): causal; (w - 1, 0): causal within the last w keys
         kwargs["window_size"] = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
+        if "is_causal" in params and sliding_window is None:
+            kwargs["is_causal"] = True
     else:
         if sliding_window is not None:
             raise EngineError("this torch's varlen_attn has no window_size: sliding-window layers need the block mask")
