@@ -39,11 +39,12 @@ CONFIG = ROOT / "configs" / "demo_grpo.yaml"
 WORKFLOW = "benchmarks.long_tail_workflow:LongTailWorkflow"
 
 
-def warm_start(work: Path, sft_steps: int) -> str:
+def warm_start(work: Path, sft_steps: int, extra: list[str]) -> str:
+    """SFT from random weights under the same overrides as the RL runs (model shape, devices...)."""
     from areal_tasks.config import load_config
     from areal_tasks.trainer.sft import run_sft
 
-    cfg = load_config(CONFIG, [f"experiment.run_dir={work / 'sft'}", f"train.sft_warmup_steps={sft_steps}",
+    cfg = load_config(CONFIG, [*extra, f"experiment.run_dir={work / 'sft'}", f"train.sft_warmup_steps={sft_steps}",
                                f"train.total_steps={sft_steps + 1}"])  # fmt: skip
     return str(run_sft(cfg))
 
@@ -117,25 +118,29 @@ def main() -> None:
     device = "gpu" if torch.cuda.is_available() else "cpu"
     work = args.work or Path(tempfile.mkdtemp(prefix="async_vs_sync-"))
     started = time.perf_counter()
-    model = args.model or warm_start(work, args.sft_steps)
-    results = [run_one(work, model, eta, args.steps, list(args.overrides)) for eta in args.etas]
-    table = format_table(results)
-    print(table)
+    model = args.model or warm_start(work, args.sft_steps, list(args.overrides))
     out = args.out or ROOT / "benchmarks" / "results" / f"async_vs_sync_{device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "async_vs_sync",
-        "device": device,
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "settings": {"steps": args.steps, "etas": args.etas, "sft_steps": None if args.model else args.sft_steps,
-                     "workflow": WORKFLOW, "config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides,
-                     "tail": {k: os.environ.get(k) for k in ("AREAL_BENCH_TAIL_ALPHA", "AREAL_BENCH_TAIL_MIN",
-                                                             "AREAL_BENCH_TAIL_MAX")}},  # fmt: skip
-        "results": results,
-        "table": table,
-        "total_s": time.perf_counter() - started,
-    }
-    out.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    results: list[dict[str, Any]] = []
+    for eta in args.etas:  # the JSON is rewritten after every run, so a cut-short session keeps what ran
+        results.append(run_one(work, model, eta, args.steps, list(args.overrides)))
+        table = format_table(results)
+        payload = {
+            "benchmark": "async_vs_sync",
+            "device": device,
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                     "gpus": torch.cuda.device_count(),
+                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+            "settings": {"steps": args.steps, "etas": args.etas, "sft_steps": None if args.model else args.sft_steps,
+                         "workflow": WORKFLOW, "config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides,
+                         "tail": {k: os.environ.get(k) for k in ("AREAL_BENCH_TAIL_ALPHA", "AREAL_BENCH_TAIL_MIN",
+                                                                 "AREAL_BENCH_TAIL_MAX")}},  # fmt: skip
+            "results": results,
+            "table": table,
+            "total_s": time.perf_counter() - started,
+        }
+        out.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    print(format_table(results))
     print(f"written to {out}")
 
 

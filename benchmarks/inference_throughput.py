@@ -150,12 +150,14 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
             "--context-length", str(args.prompt_len + args.new_tokens + 8)]
     if args.num_threads:
         argv += ["--num-threads", str(args.num_threads)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tempfile.NamedTemporaryFile(prefix="areal_serve_", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"areal serve exited with {proc.returncode}")
+                tail = Path(log.name).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"areal serve exited with {proc.returncode}; its log ({log.name}) ends:\n{tail}")
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -164,8 +166,10 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
         asyncio.run(_http_run(url, prompts[:2], 4))
         return asyncio.run(_http_run(url, prompts, args.new_tokens))
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        log.close()
 
 
 def main() -> None:
@@ -196,6 +200,11 @@ def main() -> None:
 
     device = resolve_device(args.device)
     rows: list[dict] = []
+
+    def add(row: dict) -> None:  # printed as soon as measured, so a later failure keeps the figure
+        rows.append(row)
+        print(f"measured: {row['system']}, batch {row['batch']}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(args.preset, Path(tmp))
         prompts = make_prompts(args.concurrency, args.prompt_len)
@@ -210,12 +219,12 @@ def main() -> None:
             run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})  # warm-up
             seconds, outputs = min(run_engine(engine, prompts, args.new_tokens, {"temperature": 0.0})
                                    for _ in range(args.repeats))
-            rows.append({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
+            add({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
                          "tokens_per_s": args.concurrency * args.new_tokens / seconds})
             if args.sampling:
                 seconds = min(run_engine(engine, prompts, args.new_tokens, {"temperature": 1.0, "top_p": 0.9})[0]
                               for _ in range(args.repeats))
-                rows.append({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency,
+                add({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency,
                              "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds})
         finally:
             engine.shutdown()
@@ -224,7 +233,7 @@ def main() -> None:
             torch.cuda.empty_cache()
         if args.http:
             seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))
-            rows.append({"system": "areal serve over HTTP, greedy", "batch": args.concurrency, "seconds": seconds,
+            add({"system": "areal serve over HTTP, greedy", "batch": args.concurrency, "seconds": seconds,
                          "tokens_per_s": args.concurrency * args.new_tokens / seconds})
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         checked = min(args.check, len(prompts))
@@ -233,7 +242,7 @@ def main() -> None:
         for batch in (int(b) for b in args.hf_batches.split(",") if b):
             hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
             seconds = min(hf_generate(model, prompts[:batch], args.new_tokens)[0] for _ in range(args.repeats))
-            rows.append({"system": "transformers generate", "batch": batch, "seconds": seconds,
+            add({"system": "transformers generate", "batch": batch, "seconds": seconds,
                          "tokens_per_s": batch * args.new_tokens / seconds})
     report = {
         "preset": args.preset, "device": str(device), "dtype": str(dtype).removeprefix("torch."),

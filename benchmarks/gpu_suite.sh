@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU benchmarks and GPU tests, in one call on a lent GPU machine (see docs/benchmarks.md).
+#
+#   bash benchmarks/gpu_suite.sh PART [PART ...]
+#
+# Parts: infer (inference throughput, Qwen2.5-0.5B shape), graphs (CUDA-graph decode test),
+# async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
+# train (train throughput: 1 GPU, dp=2, tp=2), gputests (every test marked gpu).
+# Each part runs under its own time limit and a failure does not stop the next one. Results go to
+# benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
+# logs to $OUT. The machine needs torch, transformers and the pure-Python wheels in .whl/ (lark).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-}
+LOGS=$(mktemp -d)
+SITE=/tmp/areal_site
+mkdir -p "$SITE"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python -m pip install -q --no-index --no-deps --upgrade --target "$SITE" .whl/*.whl 2>&1 | grep -v -i "warning" || true
+fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python - <<'PY'
+import importlib, sys
+import torch, transformers
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
+      "gpus", torch.cuda.device_count())
+for name in ("fastapi", "uvicorn", "httpx", "pydantic", "safetensors", "tokenizers", "yaml", "tqdm", "lark", "peft"):
+    try:
+        print(f"  {name} {getattr(importlib.import_module(name), '__version__', '?')}")
+    except ImportError as exc:
+        print(f"  {name} MISSING ({exc})")
+PY
+
+# 0.5B-shaped Qwen2 (24 layers, hidden 896, GQA 14/2) with the model kit's own small vocabulary
+QWEN05_TINY='tiny:qwen2?hidden_size=896&num_hidden_layers=24&intermediate_size=4864&num_attention_heads=14&num_key_value_heads=2'
+
+part() {  # part NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local started=$SECONDS
+    echo "=== $name (limit ${limit}s): $*"
+    timeout --kill-after=15 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$LOGS/$name.log"
+    echo "=== $name: rc=$rc in $((SECONDS - started))s"
+}
+
+for p in "$@"; do
+    case $p in
+        infer) part infer 230 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --sampling --http ;;
+        graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
+        async) part async 360 python benchmarks/async_vs_sync.py --sft-steps 200 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
+            cluster.gpus_per_node=2 allocation=embedded:d1+fsdp:d1 rollout.weight_update=collective \
+            "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]" \
+            rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5 \
+            evaluation.max_eval_prompts=32 evaluation.n_samples=2 ;;
+        train) part train1 200 python benchmarks/train_throughput.py --preset qwen2.5-0.5b
+               part train_dp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+               part train_tp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
+        gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
+        *) echo "unknown part $p" ;;
+    esac
+done
+
+if [[ -n $OUT ]]; then
+    # logs and metrics only: no weights, checkpoints or tokenizers
+    tar -czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*.distcp' --exclude='*.pt' --exclude='*.bin' \
+        --exclude='tokenizer*' -C "$LOGS" .
+    tar -czf "$OUT/results.tgz" benchmarks/results
+fi
