@@ -131,7 +131,7 @@ class _ChunkedStats(torch.autograd.Function):
                 if grad_w.dtype == grad.dtype:
                     grad_w.addmm_(grad.t(), h)
                 else:
-                    grad_w += torch.matmul(grad.t(), h).float()
+                    grad_w.add_(torch.matmul(grad.t(), h))  # promotes into the fp32 accumulator
             if grad_b is not None:
                 grad_b += grad.float().sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
