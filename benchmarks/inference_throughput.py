@@ -21,6 +21,7 @@ Usage::
 
     python benchmarks/inference_throughput.py --preset tiny                    # CPU, about a minute
     python benchmarks/inference_throughput.py --preset qwen2.5-0.5b            # one GPU
+    python benchmarks/inference_throughput.py --preset tiny --profile 32       # where a step's time goes
 """
 
 from __future__ import annotations
@@ -96,6 +97,57 @@ def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, [s.output_ids for s in done]
+
+
+def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int) -> dict:
+    """One untimed greedy run on a fresh engine under two profilers: ``cProfile`` inside the engine's
+    loop thread (where the host time of a decode step goes) and the torch profiler's device
+    activity (which kernels run, and the GPU-busy fraction: the union of kernel intervals over the
+    run's wall time). Prints both; returns ``{"wall_s", "gpu_busy_fraction", "host_top"}``."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from areal_tasks.inference.server.engine import Engine
+
+    engine = Engine(runner, max_prefill_tokens=max_prefill_tokens)
+    host = cProfile.Profile()
+    loop = engine._loop  # the thread's target is looked up at start(): profile the loop from inside
+    engine._loop = lambda: host.runcall(loop)  # type: ignore[method-assign]
+    on_gpu = runner.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    engine.start()
+    try:
+        run_engine(engine, prompts[:8], 4, {"temperature": 0.0})  # warm-up
+        with profile(activities=activities) as prof:
+            wall, _ = run_engine(engine, prompts, new_tokens, {"temperature": 0.0})
+    finally:
+        engine.shutdown()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(18)
+    host_top = text.getvalue()
+    print("host time in the engine loop (cProfile, by own time):")
+    print(host_top)
+    result: dict = {"wall_s": wall, "gpu_busy_fraction": None, "host_top": host_top}
+    if on_gpu:
+        events = prof.events()
+        kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+        if kernels:
+            start = min(a for a, _ in kernels)
+            end = start + wall * 1e6
+            covered, reach = 0.0, start
+            for a, b in sorted(kernels):
+                a, b = max(a, reach), min(b, end)
+                if b > a:
+                    covered += b - a
+                    reach = b
+            result["gpu_busy_fraction"] = covered / (end - start)
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
+        print(f"profiled run {wall:.2f} s, GPU busy {100 * (result['gpu_busy_fraction'] or 0):.1f} %")
+    return result
 
 
 def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -186,6 +238,8 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -228,6 +282,7 @@ def main() -> None:
                              "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds})
         finally:
             engine.shutdown()
+        profiled = profile_engine(runner, prompts, args.profile, max(8192, 32 * args.prompt_len)) if args.profile else None
         del engine, runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -252,6 +307,7 @@ def main() -> None:
         "repeats": args.repeats, "cuda_graphs": cuda_graphs,
         "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix},
         "rows": rows,
+        "profile": profiled,
     }
     print(f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
           f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)")
