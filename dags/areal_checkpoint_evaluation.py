@@ -69,12 +69,13 @@ with DAG(
     mlflow = start_mlflow_run(job)
     evaluation = EvaluateCheckpointOperator(
         task_id="evaluate_checkpoint", config=job["resolved_config"], checkpoint="{{ params.checkpoint_url }}",
-        mlflow_run_id=mlflow["mlflow_run_id"], execution_timeout=timedelta(hours=2),
+        mlflow_run_id=mlflow["mlflow_run_id"], mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=timedelta(hours=2),
     )  # fmt: skip
     register = RegisterModelOperator(
-        task_id="register_model", evaluations=[evaluation.output], model_name="{{ params.registered_model_name }}",
+        task_id="register_model", evaluations=evaluation.output, model_name="{{ params.registered_model_name }}",
         gate_metric="{{ params.gate_metric }}", mlflow_run_id=mlflow["mlflow_run_id"],
-        execution_timeout=timedelta(minutes=10),
+        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(minutes=10),
     )  # fmt: skip
     finish = finish_evaluation.override(trigger_rule=TriggerRule.NONE_FAILED)(mlflow, evaluation.output)
     evaluation >> register_requested() >> register >> finish

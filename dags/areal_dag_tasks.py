@@ -163,8 +163,8 @@ def format_pipeline_summary(summary: Mapping[str, Any]) -> str:
         f"aliases {summary.get('registered_model_aliases')}",
     ]
     for evaluation in summary.get("evaluations") or []:
-        metrics = {k: v for k, v in evaluation.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        shown = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())[:6])
+        metrics = evaluation.get("metrics") or {}
+        shown = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if isinstance(v, (int, float)))
         lines.append(f"evaluation of {evaluation.get('checkpoint')}: {shown}")
     return "\n".join(lines)
 
@@ -245,12 +245,12 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     )  # fmt: skip
     evaluate = EvaluateCheckpointOperator.partial(
         task_id="evaluate_checkpoint", config=job["resolved_config"], mlflow_run_id=mlflow["mlflow_run_id"],
-        execution_timeout=timedelta(hours=2),
+        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(hours=2),
     ).expand(checkpoint=checkpoints_to_evaluate(train.output))  # fmt: skip
     register = RegisterModelOperator(
         task_id="register_model", evaluations=evaluate.output, model_name="{{ params.registered_model_name }}",
         gate_metric="{{ params.gate_metric }}", mlflow_run_id=mlflow["mlflow_run_id"],
-        execution_timeout=timedelta(minutes=10),
+        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(minutes=10),
     )  # fmt: skip
     finish = finish_pipeline(job, mlflow, train.output, evaluate.output, register.output)
     cleanup = fail_mlflow_run()
@@ -320,7 +320,7 @@ def start_from_champion(asset_name: str) -> dict[str, Any]:
     overrides: list[str] = []
     if champion:
         version = champion.get("version")
-        model_dir = champion.get("model_dir")
+        model_dir = (champion.get("tags") or {}).get("areal.model_dir")  # the HF export it was evaluated from
         if not model_dir or not Path(model_dir, "config.json").is_file():
             url = champion.get("checkpoint_url") or champion.get("checkpoint")
             if not url:
