@@ -17,10 +17,10 @@ from typing import Any
 
 from areal_tasks.errors import ModelError
 from areal_tasks.models.info import ModelInfo, model_info_from_config
+from areal_tasks.models.tiny.spec import TINY_PREFIX
 
 logger = logging.getLogger(__name__)
 
-TINY_PREFIX = "tiny:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 

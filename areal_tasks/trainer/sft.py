@@ -20,6 +20,7 @@ from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
 from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.models.tiny.spec import TINY_PREFIX
 from areal_tasks.trainer.sft_loop import SFTPaths
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SFT_GROUP = "sft"
-TINY_PREFIX = "tiny:"
 
 
 def resolve_model_dir(cfg: JobConfig) -> str:
