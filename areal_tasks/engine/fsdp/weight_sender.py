@@ -10,17 +10,27 @@ mesh; LoRA merged, tied head dropped); only rank 0 writes or broadcasts them.
   ``plan_weight_buckets(weight_specs(engine), meta.bucket_bytes)``. The controller hands the client
   the same plan, so every server receives each bucket as ``/update_weights_from_distributed``
   describes it.
+
+**Wire dtype.** Both paths publish every floating-point tensor in the engine's *compute* dtype
+(:func:`publish_dtype`: ``compute_dtype_name(config.dtype, device)``, bf16 on GPU by default, fp32
+on CPU), not in the dtype of the fp32 master weights FSDP keeps: the servers run the compute dtype
+anyway, and fp32 would send twice the bytes. :func:`weight_specs` (the plan the client hands the
+servers) applies the same cast, so the plan and the bytes on the wire agree. Integer tensors pass
+unchanged.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
+    import torch
+
     from areal_tasks.api.inference import ParamSpec
     from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.engine.fsdp.engine import FSDPEngine
@@ -29,40 +39,70 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def publish_dtype(engine: FSDPEngine) -> torch.dtype:
+    """The dtype floating-point weights are published in: the engine's compute dtype."""
+    import torch
+
+    from areal_tasks.engine.fsdp.build import compute_dtype_name
+
+    return getattr(torch, compute_dtype_name(engine.config.dtype, engine.device))
+
+
+def cast_floating(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named_tensors`` with every floating-point tensor cast to ``dtype`` (lazily, one at a time;
+    integer and bool tensors unchanged). Works on ``meta`` tensors, so specs and bytes share it."""
+    for name, tensor in named_tensors:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        yield name, tensor
+
+
 def weight_specs(engine: FSDPEngine) -> list[ParamSpec]:
-    """Name, dtype and full shape of every tensor :func:`send_weights` publishes, in sending order.
+    """Name, dtype and full shape of every tensor :func:`send_weights` publishes, in sending order
+    (floating-point ones in :func:`publish_dtype`).
 
     Local (no gather): any rank may call it, at any time.
     """
     from areal_tasks.engine.fsdp.export import iter_hf_meta
     from areal_tasks.engine.weights.collective import spec_of
 
-    return [spec_of(name, tensor) for name, tensor in iter_hf_meta(engine.model)]
+    return [spec_of(name, tensor) for name, tensor in cast_floating(iter_hf_meta(engine.model), publish_dtype(engine))]
 
 
 def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
     """Publish ``engine``'s weights as ``meta`` says; every rank of the engine must call it."""
     import torch.distributed as dist
 
-    from areal_tasks.engine.fsdp import checkpoint
     from areal_tasks.engine.fsdp.export import iter_hf_tensors
 
     if engine.role != "actor":
         raise EngineError(f"only an actor publishes weights to inference servers, this engine is a {engine.role}")
-    if meta.type == "disk":
-        checkpoint.save_hf(meta.path, engine.model, engine.device, source_dir=engine.model_path)
-        logger.info("weights version %d written to %s", meta.version, meta.path)
-        return
     stream = iter_hf_tensors(engine.model, engine.device)
-    if dist.get_rank() == 0:
+    is_rank0 = dist.get_rank() == 0
+    if not is_rank0:  # take part in every gather; rank 0 does the writing or sending
+        collections.deque(stream, maxlen=0)
+    elif meta.type == "disk":
+        _write_hf(engine, meta.path, cast_floating(stream, publish_dtype(engine)))
+        logger.info("weights version %d written to %s", meta.version, meta.path)
+    else:
         from areal_tasks.engine.weights.collective import BucketedBroadcastSender
 
         sender = BucketedBroadcastSender(_group(engine, meta), meta.bucket_bytes)
-        sent = sender.send(stream, weight_specs(engine))
+        sent = sender.send(cast_floating(stream, publish_dtype(engine)), weight_specs(engine))
         logger.info("weights version %d broadcast to %s: %d bytes", meta.version, meta.group_name, sent)
-    else:  # take part in every gather; rank 0 does the sending
-        collections.deque(stream, maxlen=0)
     dist.barrier()
+
+
+def _write_hf(engine: FSDPEngine, path: str | None, stream: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Rank 0: write ``stream`` as an HF directory at ``path`` (atomically, with config and tokenizer)."""
+    from areal_tasks.engine.fsdp.export import hf_config_of, write_hf_dir
+
+    if path is None:
+        raise EngineError("a disk weight update needs meta.path")
+    tensors = {name: tensor.cpu() for name, tensor in stream}
+    write_hf_dir(path, tensors, hf_config_of(engine.model), source_dir=engine.model_path)
 
 
 def _group(engine: FSDPEngine, meta: WeightUpdateMeta) -> WeightGroup:
