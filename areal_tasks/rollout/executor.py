@@ -260,6 +260,29 @@ class RolloutExecutor:
         """
         self._run(self._engine.update_weights, meta, buckets)
 
+    def destroy_weight_groups(self) -> list[str]:
+        """Make the servers leave the collective weight-update groups the engine joined; returns their names.
+
+        A passthrough to the engine's ``destroy_weight_groups()`` (``RemoteInferenceEngine``; an
+        engine without one has no groups: returns ``[]``). Call it while the trainer destroys its
+        side of the group. Works in every state: on the executor's loop while it runs, else on a
+        fresh event loop in the calling thread (the RL loop tears the group down after
+        :meth:`stop`, once the final evaluation is done); that loop's connections are closed after.
+        """
+        destroy: Callable[[], Coroutine[Any, Any, list[str]]] | None = getattr(self._engine, "destroy_weight_groups", None)
+        if destroy is None:
+            return []
+        if self._state != "stopped":
+            return self._run(destroy)
+
+        async def on_own_loop() -> list[str]:
+            try:
+                return await destroy()
+            finally:
+                await self._engine.aclose()
+
+        return asyncio.run(on_own_loop())
+
     def set_version(self, version: int) -> None:
         """Record the trainer's new version (after its weight update); raises the admission budget.
 

@@ -15,6 +15,10 @@ Per step ``k`` (policy version ``k - 1`` before it, ``k`` after it):
 4. evaluation every ``evaluation.freq_steps``, a checkpoint every ``saver.freq_steps`` (engines +
    the executor's position and counters), metrics to the callbacks (rank 0).
 
+At the end (and on a failure) :meth:`WeightPublisher.close` tears the collective group down before
+the engines are destroyed: the servers leave it (``/destroy_weights_update_group``) while rank 0
+destroys its side, both bounded, so neither waits forever for a peer that never leaves.
+
 Before the first step it recovers from the latest checkpoint (``recover.mode``) and, when it did,
 pushes the recovered weights to the servers. It evaluates the starting policy (``reward_before``)
 and the final one (``reward_after``) and writes ``<run_dir>/rl_summary.json``.
@@ -103,6 +107,7 @@ class WeightPublisher:
         self.cfg, self.actor, self.side = cfg, actor, side
         self.root = run_dir / "weights"
         self._collective_port: int | None = None
+        self._closed = False
 
     def publish(self, version: int) -> dict[str, float]:
         """Push the actor's weights as ``version``; returns timings (rank 0 has the server side)."""
@@ -140,6 +145,36 @@ class WeightPublisher:
         self.actor.set_version(version)
         return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s}
 
+    def close(self) -> None:
+        """Tear the collective weight-update group down (every rank calls it; idempotent; never raises).
+
+        Rank 0 runs the servers' leave (``side.executor.destroy_weight_groups()``, in a helper
+        thread) concurrently with its own destroy of the group (``close_weight_groups``): as with
+        the join, both sides must enter the teardown together, or with NCCL the first one waits
+        for the other. Both are bounded: a server that cannot be reached is logged, and a local
+        destroy that does not return in time is aborted (``engine/weights/collective.py``). Call
+        it before ``engine.destroy()``. Nothing to do for disk updates or before the first join.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._collective_port is None:
+            return
+        from areal_tasks.engine.fsdp.weight_sender import close_weight_groups
+
+        leave = None
+        if self.side is not None:
+            leave = _Background(self.side.executor.destroy_weight_groups, name="weight-group-leave")
+        try:
+            close_weight_groups(self.actor)
+        except Exception as exc:  # noqa: BLE001 - teardown goes on; the bounded destroy logs its own failures
+            logger.warning("destroying the trainer's side of the weight-update group failed: %r", exc)
+        if leave is not None:
+            try:
+                leave.join()
+            except Exception as exc:  # noqa: BLE001 - a server that cannot be reached must not fail the run's end
+                logger.warning("the inference servers did not all leave the weight-update group: %s", exc)
+
     def _collective_meta(self, version: int) -> WeightUpdateMeta:
         import torch
 
@@ -170,7 +205,7 @@ class WeightPublisher:
 class _Background:
     """Run ``fn`` in a thread; :meth:`join` waits and re-raises its exception."""
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, name: str = "weight-receive") -> None:
         self._error: BaseException | None = None
 
         def target() -> None:
@@ -179,7 +214,7 @@ class _Background:
             except BaseException as exc:  # re-raised in join()
                 self._error = exc
 
-        self._thread = threading.Thread(target=target, name="weight-receive", daemon=True)
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
         self._thread.start()
 
     def join(self) -> None:
@@ -322,10 +357,13 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
         _notify(callbacks, "fail", f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        if side is not None:
-            side.close()
-        for engine in engines.values():
-            engine.destroy()
+        try:
+            publisher.close()  # the servers leave the weight-update group while rank 0 destroys it
+        finally:
+            if side is not None:
+                side.close()
+            for engine in engines.values():
+                engine.destroy()
     return summary
 
 

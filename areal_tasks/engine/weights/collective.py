@@ -17,11 +17,18 @@ servers and to the embedded server alike:
   bytes back to back in the bucket's order (what a server allocates for
   ``/update_weights_from_distributed`` with ``load_format="flattened_bucket"``). No header, no end
   marker, no version on the wire: the version travels over HTTP (``weight_version``).
+* **Teardown.** Every member leaves together, as they joined: the trainer destroys its side
+  (:meth:`WeightGroup.destroy`) while the client's ``/destroy_weights_update_group`` makes every
+  server destroy its own. With NCCL a member's destroy can wait for its peers, so both sides use
+  :func:`leave_process_group`: ``destroy_process_group`` bounded by a timeout
+  (:data:`GROUP_DESTROY_TIMEOUT_S`), after which the group is aborted locally
+  (:func:`abort_process_group`) and a warning names it, instead of hanging when a peer is gone.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,11 +47,19 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BucketedBroadcastSender",
     "WeightGroup",
+    "GROUP_DESTROY_TIMEOUT_S",
+    "abort_process_group",
     "flatten_bucket",
     "init_custom_process_group",
     "join_weight_group",
+    "leave_process_group",
     "spec_of",
 ]
+
+#: seconds a member waits for ``destroy_process_group`` of a weight-update group before aborting it.
+GROUP_DESTROY_TIMEOUT_S = 30.0
+#: seconds an abort may take before the group is left to the process's exit.
+_ABORT_TIMEOUT_S = 10.0
 
 
 def init_custom_process_group(
@@ -87,11 +102,73 @@ class WeightGroup:
 
         dist.broadcast(flat, src=0, group=self.process_group)
 
-    def destroy(self) -> None:
-        """Leave the group (local: the servers leave through ``/destroy_weights_update_group``)."""
-        import torch.distributed as dist
+    def destroy(self, timeout_s: float = GROUP_DESTROY_TIMEOUT_S) -> bool:
+        """Leave the group, bounded (:func:`leave_process_group`); True when it was destroyed cleanly.
 
-        dist.destroy_process_group(self.process_group)
+        Only this side: run it while the servers leave through ``/destroy_weights_update_group``
+        (the client's ``destroy_weight_groups``), or with NCCL it waits for them until the bound.
+        """
+        return leave_process_group(self.process_group, self.name, timeout_s)
+
+
+def abort_process_group(process_group: Any) -> None:
+    """Abort ``process_group`` locally, without waiting for its other members.
+
+    torch (2.13) has no public API for this: ``torch.distributed.distributed_c10d._abort_process_group``
+    is the private one (``ProcessGroup.abort()`` plus the book-keeping ``destroy_process_group``
+    does). This wrapper is the one place that names it. Raises ``ValueError`` when the group is
+    not registered any more (destroyed or aborted already).
+    """
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d._abort_process_group(process_group)
+
+
+def _in_thread(fn: Any, name: str, timeout_s: float) -> tuple[bool, BaseException | None]:
+    """Run ``fn()`` in a daemon thread; ``(finished within timeout_s, its exception or None)``."""
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            error.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    finished = done.wait(timeout_s)
+    return finished, (error[0] if error else None)
+
+
+def leave_process_group(process_group: Any, group_name: str, timeout_s: float = GROUP_DESTROY_TIMEOUT_S) -> bool:
+    """``destroy_process_group(process_group)``, but never forever; True when it returned cleanly.
+
+    The destroy runs in a daemon thread. When it has not returned after ``timeout_s`` (a member
+    that never leaves: a server that is gone or was never told to leave) or it failed, a warning
+    names ``group_name`` and the group is aborted locally (:func:`abort_process_group`, itself
+    bounded); a destroy still stuck then is left to end with the process. Never raises.
+    """
+    import torch.distributed as dist
+
+    finished, error = _in_thread(lambda: dist.destroy_process_group(process_group), f"destroy-{group_name}", timeout_s)
+    if finished and error is None:
+        logger.info("left weight-update group %s", group_name)
+        return True
+    if finished:
+        logger.warning("destroying weight-update group %s failed (%r); aborting it", group_name, error)
+    else:
+        logger.warning("weight-update group %s: destroy did not return within %.0f s (a member did not leave); "
+                       "aborting the group locally", group_name, timeout_s)  # fmt: skip
+    aborted, abort_error = _in_thread(lambda: abort_process_group(process_group), f"abort-{group_name}",
+                                      _ABORT_TIMEOUT_S)  # fmt: skip
+    if not aborted:
+        logger.warning("weight-update group %s: abort did not return within %.0f s either; it ends with the process",
+                       group_name, _ABORT_TIMEOUT_S)  # fmt: skip
+    elif abort_error is not None and not isinstance(abort_error, ValueError):  # ValueError: gone already
+        logger.warning("weight-update group %s: abort failed: %r", group_name, abort_error)
+    return False
 
 
 def join_weight_group(meta: WeightUpdateMeta) -> WeightGroup:

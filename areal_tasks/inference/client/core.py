@@ -218,6 +218,23 @@ class RemoteInferenceEngine(InferenceEngine):
         self._timeline.updated(meta.version, paused=self._paused)
         logger.info("weights of version %d loaded on %d servers (%s)", meta.version, len(self.addresses), meta.type)
 
+    @property
+    def weight_groups(self) -> list[str]:
+        """Names of the collective weight-update groups the servers joined (and have not left)."""
+        return self._weights.group_names
+
+    async def destroy_weight_groups(self, group_name: str | None = None, *, timeout_s: float | None = None) -> list[str]:
+        """Make every server leave the collective weight-update groups it joined (all, or ``group_name``).
+
+        Call it while the trainer destroys its side of the group (with NCCL both must enter the
+        teardown together). The groups are forgotten even when a server fails; a later collective
+        update joins afresh. ``timeout_s`` bounds each server's answer (default
+        ``control_timeout_s``). Returns the names of the groups left; raises InferenceControlError
+        naming the servers that failed.
+        """
+        timeout = self.config.control_timeout_s if timeout_s is None else timeout_s
+        return await self._weights.destroy_groups(timeout, group_name)
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 

@@ -7,8 +7,9 @@ its own, that
 
 * turns a :class:`GenerateInput` into the :class:`HttpCall` of one generate request, and the
   decoded JSON answer into a :class:`GenerateOutput` (tokens, logprobs, stop reason, versions);
-* names the calls (and their bodies) of health, pause, resume, weight update from disk, joining the
-  collective weight-update group, receiving one broadcast bucket, and the model-info/version query;
+* names the calls (and their bodies) of health, pause, resume, weight update from disk, joining and
+  leaving the collective weight-update group, receiving one broadcast bucket, and the
+  model-info/version query;
 * judges the answer of a control call (:meth:`ProtocolAdapter.control_error`).
 
 Adapters: ``sglang`` (:mod:`.sglang`), ``embedded`` (:mod:`.embedded`; speaks SGLang's protocol)
@@ -137,6 +138,14 @@ class ProtocolAdapter(ABC):
     ) -> HttpCall:
         """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it
         (``flush_cache`` as in :meth:`update_weights_from_disk`)."""
+
+    @abstractmethod
+    def destroy_weight_group(self, group_name: str) -> HttpCall | None:
+        """Leave the collective group ``group_name`` joined by :meth:`init_weight_group`, or None
+        when the backend has no such call (its group then lives until the server stops).
+
+        Sent to every server while the trainer destroys its side of the group: with NCCL each
+        member's destroy may wait for the others, so all of them must enter it together."""
 
     def begin_weight_update(self, meta: WeightUpdateMeta) -> HttpCall | None:
         """A call sent to every server before the load call(s) of one update (after joining the

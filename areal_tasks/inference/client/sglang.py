@@ -6,7 +6,7 @@
 "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version",
 "weight_versions": [{"version", "start", "end"}], ...}}``. Control endpoints:
 ``/pause_generation`` (``mode``), ``/continue_generation``, ``/update_weights_from_disk``,
-``/init_weights_update_group``, then per update ``/begin_weight_update``, one
+``/init_weights_update_group`` (left with ``/destroy_weights_update_group``), then per update ``/begin_weight_update``, one
 ``/update_weights_from_distributed`` per bucket and ``/end_weight_update`` (0.5.23 refuses a
 distributed update outside that session), ``/get_model_info``, ``/health``.
 
@@ -158,6 +158,9 @@ class SGLangAdapter(ProtocolAdapter):
             "backend": meta.backend,
         }
         return HttpCall("POST", "/init_weights_update_group", json=body)
+
+    def destroy_weight_group(self, group_name: str) -> HttpCall | None:
+        return HttpCall("POST", "/destroy_weights_update_group", json={"group_name": group_name})
 
     def update_weights_from_distributed(
         self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True

@@ -14,7 +14,13 @@ update as ``/start_weight_update`` -> ``/update_weights`` (one call per bucket) 
 ``/finish_weight_update`` (``{"weight_version": "<v>"}``), through the weight-transfer engine the
 server was started with (``--weight-transfer-config '{"backend": "areal_disk"}'`` or
 ``"areal_gloo"``: our plugin, :mod:`areal_tasks.inference.vllm_plugin`). A collective group is
-joined once with ``/init_weight_transfer_engine``.
+joined once with ``/init_weight_transfer_engine``. vLLM has no call to leave it: its RL router
+(``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
+``finish_weight_update``, ``update_weight_version``, ``weight_info``, ``weight_checker``,
+``get_world_size``, pause/resume/abort) has no teardown endpoint; the engine's ``shutdown()`` runs
+only when the server stops (and our plugin's engine also leaves its old group on a second
+``/init_weight_transfer_engine``). So :meth:`VLLMAdapter.destroy_weight_group` is a no-op, and the
+trainer's side of the group ends by its bounded destroy (then a local abort).
 
 vLLM reports no per-token policy version, so the core tags tokens with its version at submission;
 with the default ``abort`` pause every request in flight during an update is cut at the update and
@@ -164,6 +170,12 @@ class VLLMAdapter(ProtocolAdapter):
             "timeout_s": meta.timeout_s,
         }
         return HttpCall("POST", "/init_weight_transfer_engine", json={"init_info": init_info})
+
+    def destroy_weight_group(self, group_name: str) -> HttpCall | None:
+        """None: vLLM's RL endpoints have no call that leaves a weight-transfer group (see the
+        module doc); the server's group ends when the server stops, the trainer's by its bounded
+        destroy followed by a local abort."""
+        return None
 
     def update_weights_from_distributed(
         self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True

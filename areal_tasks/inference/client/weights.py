@@ -7,12 +7,18 @@ bucket's one broadcast (``/update_weights_from_distributed``) while the trainer 
 adapter may bracket the load calls of one update with a begin and an end call (SGLang:
 ``/begin_weight_update`` ... ``/end_weight_update`` around a collective update). See
 docs/inference.md for the exact bytes the trainer broadcasts.
+
+Teardown: :meth:`WeightSync.destroy_groups` makes every server of each joined group leave it (the
+adapter's ``destroy_weight_group``; SGLang ``/destroy_weights_update_group``) and forgets the
+group, so a later update with the same name joins afresh. The trainer destroys its side at the
+same time (``engine/weights/collective.py``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from areal_tasks.api.inference import ParamSpec
@@ -29,6 +35,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["WeightSync"]
 
 
+@dataclass(frozen=True)
+class _JoinedGroup:
+    """One collective group the servers joined: its name, rendezvous, size and member servers."""
+
+    name: str
+    master_addr: str | None
+    master_port: int | None
+    world_size: int | None
+    addresses: tuple[str, ...]
+
+
 class WeightSync:
     """Drives one weight update on every server; remembers which collective groups exist."""
 
@@ -37,7 +54,41 @@ class WeightSync:
         self._adapter = adapter
         self._ranks_per_server = ranks_per_server
         self._update_timeout_s = update_timeout_s
-        self._groups: set[tuple[object, ...]] = set()
+        self._groups: set[_JoinedGroup] = set()
+
+    @property
+    def group_names(self) -> list[str]:
+        """Names of the collective groups the servers were made to join (and not yet to leave)."""
+        return sorted({group.name for group in self._groups})
+
+    async def destroy_groups(self, timeout_s: float, group_name: str | None = None) -> list[str]:
+        """Make every server leave each joined group (or only ``group_name``); returns the names left.
+
+        Each group is forgotten whatever its servers answer (the trainer's side is gone with it),
+        so the next update of that name joins again. Groups of a backend without a leave call
+        (vLLM) are only forgotten. Raises InferenceControlError naming every server that failed,
+        after trying all groups.
+        """
+        groups = sorted((g for g in self._groups if group_name is None or g.name == group_name), key=repr)
+        failures: list[str] = []
+        for group in groups:
+            self._groups.discard(group)
+            name, addresses = group.name, list(group.addresses)
+            call = self._adapter.destroy_weight_group(name)
+            if call is None:
+                logger.info("%s servers have no call to leave weight-update group %s; forgetting it",
+                            self._adapter.name, name)  # fmt: skip
+                continue
+            try:
+                await fan_out(self._transport, self._adapter, addresses, lambda i, a, call=call: call, timeout_s,
+                              f"destroy_weights_update_group({name})")  # fmt: skip
+            except InferenceControlError as exc:
+                failures.append(str(exc))
+            else:
+                logger.info("%d servers left weight-update group %s", len(addresses), name)
+        if failures:
+            raise InferenceControlError("; ".join(failures))
+        return [group.name for group in groups]
 
     async def update(
         self,
@@ -86,7 +137,7 @@ class WeightSync:
             )
 
     async def _ensure_group(self, addresses: Sequence[str], meta: WeightUpdateMeta) -> None:
-        key = (meta.group_name, meta.master_addr, meta.master_port, meta.world_size, tuple(addresses))
+        key = _JoinedGroup(meta.group_name, meta.master_addr, meta.master_port, meta.world_size, tuple(addresses))
         if key in self._groups:
             return
         expected = 1 + len(addresses) * self._ranks_per_server

@@ -88,6 +88,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "dtype": str(server.runner.dtype).removeprefix("torch."),
             "cuda_graphs": bool(getattr(server.runner, "capture", False)),
             "paused": stats.paused,
+            "weight_update_groups": sorted(server.weights.groups),
             "version": "areal-embedded",
         }
 

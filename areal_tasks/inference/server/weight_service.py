@@ -9,6 +9,9 @@
   The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
 * **Sessions.** ``/update_weights_from_distributed`` runs only inside
   ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
+* **Groups.** ``/destroy_weights_update_group`` leaves a group; the client sends it while the
+  trainer destroys its side. The destroy is bounded (then the group is aborted locally), so a
+  trainer that is already gone cannot hang the server.
 * **Versions.** SGLang's ``weight_version`` string is the policy version. An update that names a
   ``weight_version`` sets it; a disk update without one bumps it (``int + 1`` while it is an
   integer, else the number of updates so far); a collective session without one bumps it once,
@@ -134,10 +137,13 @@ class WeightService:
         group = self.groups.pop(group_name, None)
         if group is None:
             return False, "The group to be destroyed does not exist."
-        await asyncio.to_thread(group.destroy)
+        clean = await asyncio.to_thread(group.destroy)
+        if not clean:  # the group is gone either way: aborted locally after the bound (logged)
+            return True, "Destroyed custom process group (aborted: the destroy did not complete in time)."
         return True, "Succeeded to destroy custom process group."
 
     def destroy_all_groups(self) -> None:
+        """Leave every group (server shutdown); each leave is bounded, so a gone trainer cannot hang it."""
         for name in list(self.groups):
             self.groups.pop(name).destroy()
 

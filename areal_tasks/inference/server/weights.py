@@ -98,10 +98,13 @@ class WeightUpdateGroup:
     device: torch.device
     process_group: Any
 
-    def destroy(self) -> None:
-        import torch.distributed as dist
+    def destroy(self, timeout_s: float | None = None) -> bool:
+        """Leave the group; bounded, so a trainer that is gone cannot hang the server: after
+        ``timeout_s`` (default ``GROUP_DESTROY_TIMEOUT_S``) the group is aborted locally. True when
+        it was destroyed cleanly (see ``engine/weights/collective.py``, ``leave_process_group``)."""
+        from areal_tasks.engine.weights.collective import GROUP_DESTROY_TIMEOUT_S, leave_process_group
 
-        dist.destroy_process_group(self.process_group)
+        return leave_process_group(self.process_group, self.name, GROUP_DESTROY_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
 def init_weights_update_group(

@@ -63,6 +63,8 @@ class FakeSGLangServer:
         #: an update that asks to flush the cache)
         self.kv_held = False
         self.session = False
+        #: names of the weight-update groups this server is in (joined and not yet left)
+        self.groups: set[str] = set()
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._abort = asyncio.Event()
@@ -85,6 +87,7 @@ class FakeSGLangServer:
             "/continue_generation": self._continue,
             "/update_weights_from_disk": self._update_disk,
             "/init_weights_update_group": self._init_group,
+            "/destroy_weights_update_group": self._destroy_group,
             "/update_weights_from_distributed": self._update_dist,
             "/begin_weight_update": self._begin,
             "/end_weight_update": self._end,
@@ -199,7 +202,15 @@ class FakeSGLangServer:
         return self._result(ok)
 
     async def _init_group(self, body: dict[str, Any]) -> httpx.Response:
-        return self._result(set(body) == GROUP_KEYS)
+        ok = set(body) == GROUP_KEYS and body["group_name"] not in self.groups  # as SGLang: no second join
+        if ok:
+            self.groups.add(body["group_name"])
+        return self._result(ok)
+
+    async def _destroy_group(self, body: dict[str, Any]) -> httpx.Response:
+        ok = set(body) == {"group_name"} and body["group_name"] in self.groups
+        self.groups.discard(body.get("group_name"))
+        return self._result(ok)
 
     async def _begin(self, body: dict[str, Any]) -> httpx.Response:
         ok = not self.session and set(body) <= {"selector"}
