@@ -31,6 +31,7 @@ for port in "$AIRFLOW_UI_PORT" "$MLFLOW_UI_PORT"; do
     fi
 done
 
+export PATH="$VENV/bin:$PATH"   # airflow standalone starts its components as `airflow ...`
 export AIRFLOW_HOME="$RUN_DIR/airflow"
 export AIRFLOW__CORE__DAGS_FOLDER="$PROJECT/dags"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
@@ -40,6 +41,11 @@ export AIRFLOW__API__HOST="$HOST"
 export AIRFLOW__API__PORT="$AIRFLOW_UI_PORT"
 export AIRFLOW__API__BASE_URL="http://$HOST:$AIRFLOW_UI_PORT"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://$HOST:$AIRFLOW_UI_PORT/execution/"
+# Airflow's task-log servers: their defaults unless taken (another Airflow on this machine), else free ports
+free_port() { "$VENV/bin/python" -c "import socket; s=socket.socket(); s.bind(('$HOST', 0)); print(s.getsockname()[1])"; }
+port_free 8793 && AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=8793 || AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$(free_port)
+port_free 8794 && AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=8794 || AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=$(free_port)
+export AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT
 export AIRFLOW_CONN_AREAL_MLFLOW="{\"conn_type\": \"generic\", \"host\": \"http://$HOST:$MLFLOW_UI_PORT\"}"
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
 export AREAL_PROJECT_DIR="$PROJECT"
