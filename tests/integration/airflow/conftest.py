@@ -125,7 +125,7 @@ def airflow(airflow_server: AirflowStandalone) -> Iterator[AirflowClient]:
 # ------------------------------------------------------------------ the shared DAG run
 
 SFT_STEPS = 4
-RL_STEPS = 30
+RL_STEPS = 20
 SAVE_EVERY = 4
 RUN_TIMEOUT_S = 900.0
 
@@ -169,10 +169,10 @@ def rest_run(
 ) -> RestRun:
     """ONE tiny ``areal_rl_training`` run triggered over REST, whose training worker is killed once.
 
-    Two test files read it (one run of ~3 min serves both, instead of two): test_rest_trigger.py
+    Two test files read it (one run of 2.5-4 min serves both, instead of two): test_rest_trigger.py
     checks what the REST trigger produced (XCom, MLflow run, registry, summary), test_retry.py how
-    the kill was survived. The conf: the demo recipe with 4 SFT warm-start steps and 30 RL steps of
-    ~0.3 s at batch 16 (2 prompts x 8 samples), a checkpoint every 4 RL steps, 8 eval prompts
+    the kill was survived. The conf: the demo recipe with 4 SFT warm-start steps and 20 RL steps of
+    0.3-1 s at batch 16 (2 prompts x 8 samples), a checkpoint every 4 RL steps, 8 eval prompts
     sampled once, checkpoints in a tmp ``storage_url``, a fresh experiment and registered model.
 
     As soon as the job has a complete checkpoint, the process group of one of its RL train workers

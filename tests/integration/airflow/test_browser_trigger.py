@@ -1,14 +1,13 @@
 """The Airflow UI's trigger form (built from ``areal_rl_training``'s Params) in a real headless browser.
 
-Debian's Chromium (``/usr/bin/chromium``, driven by Playwright; no browser is downloaded) opens the
+Debian's Chromium (``chromium`` on PATH, driven by Playwright; no browser is downloaded) opens the
 session's live standalone, is sent to the simple auth manager's login page, signs in as admin,
 opens the DAG's trigger dialog, changes the Param ``experiment_name`` in the form's "Job" section,
 sets the run id under "Advanced Options" and triggers. The test then reads the DAG run back through
 the REST API: it exists, with the changed value in its conf next to the Params' defaults. The run is
 marked failed as soon as it exists (so it does not train on the shared machine) and the test waits
-until none of its tasks is active. Screenshots of the filled
-form and of the page after the trigger go to the test's tmp dir and are copied to
-``runs/test-artifacts/airflow-ui/`` (ignored by git).
+until none of its tasks is active. Screenshots of the filled form and of the page after the trigger
+go to the test's tmp dir and are copied to ``runs/test-artifacts/airflow-ui/`` (ignored by git).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tests.fixtures.airflow_server import AirflowClient, AirflowServerError, Air
 pytestmark = [pytest.mark.airflow, pytest.mark.integration]
 
 DAG_ID = "areal_rl_training"
-CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = REPO_ROOT / "runs" / "test-artifacts" / "airflow-ui"
 UI_TIMEOUT_MS = 60_000
@@ -46,7 +45,7 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
 ) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
     if not CHROMIUM.is_file():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (Playwright drives the system browser)")
+        pytest.skip("no chromium on PATH: apt-get install chromium (or `make browser`); Playwright drives it")
     tag = uuid.uuid4().hex[:8]
     experiment, run_id = f"it-browser-{tag}", f"browser_{tag}"
     shots = [tmp_path / "trigger-form.png", tmp_path / "after-trigger.png"]

@@ -1,6 +1,6 @@
 """A training worker killed mid-run: Airflow retries the ``train`` task and the job resumes, not restarts.
 
-The session's ``rest_run`` (conftest.py) is the run: 4 SFT + 30 RL steps, a checkpoint every 4 RL
+The session's ``rest_run`` (conftest.py) is the run: 4 SFT + 20 RL steps, a checkpoint every 4 RL
 steps; once the job had a complete checkpoint, one of its RL train worker process groups got
 SIGKILL (found from the job record; nothing else was touched). Then:
 
