@@ -1,8 +1,8 @@
 """The whole ``areal_rl_training`` DAG with ``dag.test()`` on a tiny run: every task, for real.
 
-One DAG run of the demo task at a tiny size (20 SFT steps, 3 GRPO steps, 8 eval prompts) goes
-through every task: the job is resolved and validated, the storage checked, the model detected, the
-resources checked, the MLflow run created, the training job submitted as a detached local job and
+One DAG run of the demo task at a tiny size (10 SFT steps, 3 GRPO steps of 16 samples, 4 eval
+prompts) goes through every task: the job is resolved and validated, the storage checked, the model
+detected, the resources checked, the MLflow run created, the training job submitted as a detached local job and
 waited for by the trigger (run inline by ``dag.test()``), the final checkpoint evaluated and
 registered, the summary written. Then the test reads what the run left behind: the task states in
 Airflow's database, the checkpoint on disk, the MLflow run (params, metrics, FINISHED) and the
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
 DAG_ID = "areal_rl_training"
 MODEL_NAME = "areal-e2e-policy"
-SFT_STEPS = 20
+SFT_STEPS = 10
 RL_STEPS = 3
 
 # Runs in the child: migrate the database, parse dags/ as Airflow does, dag.test(), report states.
@@ -84,8 +84,10 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "sft_steps": SFT_STEPS,
         "max_steps": SFT_STEPS + RL_STEPS,
-        "eval_prompts": 8,
+        "eval_prompts": 4,
         "registered_model_name": MODEL_NAME,
+        # 2 prompts x 8 samples a step (and 16 demonstrations a SFT step): the pipeline, not learning
+        "extra_overrides": ["train.batch_size=16"],
     }
     home.mkdir()
     started = time.perf_counter()
