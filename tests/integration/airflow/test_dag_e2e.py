@@ -2,9 +2,9 @@
 
 One DAG run of the demo task at a tiny size (10 SFT steps, 3 GRPO steps of 16 samples, 4 eval
 prompts) goes through every task: the job is resolved and validated, the storage checked, the model
-detected, the resources checked, the MLflow run created, the training job submitted as a detached local job and
-waited for by the trigger (run inline by ``dag.test()``), the final checkpoint evaluated and
-registered, the summary written. Then the test reads what the run left behind: the task states in
+detected, the resources checked, the MLflow run created, the training job submitted as a detached
+local job and waited for by the trigger (run inline by ``dag.test()``), the final checkpoint
+evaluated and registered, the summary written. Then the test reads what the run left behind: the task states in
 Airflow's database, the checkpoint on disk, the MLflow run (params, metrics, FINISHED) and the
 registered model version with its aliases (``candidate`` and, being the first, ``champion``).
 
