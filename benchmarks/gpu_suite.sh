@@ -57,20 +57,20 @@ save() {  # results and logs go to $OUT after every part, so a call cut short ke
 
 for p in "$@"; do
     case $p in
-        infer) part infer 170 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --sampling --http \
+        infer) part infer 150 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
             --check 2 --repeats 1 --profile 64 ;;
         graphs) part graphs 120 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
-        varlen) part varlen 120 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
-        async) part async 280 python benchmarks/async_vs_sync.py --sft-steps 100 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
+        varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
+        async) part async 210 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
             cluster.gpus_per_node=2 allocation=embedded:d1+fsdp:d1 rollout.weight_update=collective \
             "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]" \
             rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5 \
             evaluation.max_eval_prompts=32 evaluation.n_samples=2 ;;
-        train) part train1 150 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile
+        train) part train1 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile
                save
-               part train_dp2 100 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+               part train_dp2 90 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
                save
-               part train_tp2 100 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
+               part train_tp2 90 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
         *) echo "unknown part $p" ;;
