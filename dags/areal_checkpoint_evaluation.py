@@ -22,7 +22,13 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, task
 from areal_dag_common import default_args, job_params, log_dag_failure, tracking_params
-from areal_dag_tasks import fail_mlflow_run, finish_evaluation, resolve_job, start_mlflow_run
+from areal_dag_tasks import (
+    fail_mlflow_run,
+    fail_run_on_any_failure,
+    finish_evaluation,
+    resolve_job,
+    start_mlflow_run,
+)
 
 from operators.operators.evaluation import EvaluateCheckpointOperator
 from operators.operators.registry import RegisterModelOperator
@@ -78,5 +84,8 @@ with DAG(
         mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(minutes=10),
     )  # fmt: skip
     finish = finish_evaluation.override(trigger_rule=TriggerRule.NONE_FAILED)(mlflow, evaluation.output)
-    evaluation >> register_requested() >> register >> finish
-    [evaluation, register, finish] >> fail_mlflow_run()
+    requested = register_requested()
+    evaluation >> requested >> register >> finish
+    cleanup = fail_mlflow_run()
+    [evaluation, register, finish] >> cleanup
+    fail_run_on_any_failure([job, mlflow, evaluation, requested, register, finish, cleanup])

@@ -223,6 +223,29 @@ def fail_mlflow_run() -> None:
     logger.warning("MLflow run %s ended FAILED (a task of DAG run %s failed)", run_id, context["run_id"])
 
 
+@task(trigger_rule=TriggerRule.ONE_FAILED, retries=0, execution_timeout=timedelta(minutes=1))
+def pipeline_failed() -> None:
+    """Leaf that fails the DAG run when any task of it failed.
+
+    Airflow derives a run's state from its leaf tasks. The clean-up task ``fail_mlflow_run`` runs
+    (and succeeds) exactly when something failed, so without this leaf a failed pipeline would end
+    as a green run, and sensors or schedules downstream would take it as done. Skipped when nothing
+    failed."""
+    context = get_current_context()
+    raise AirflowFailException(
+        f"DAG run {context['run_id']} failed: a task of it failed (see the task marked failed; its "
+        "downstream tasks are upstream_failed). fail_mlflow_run ended the MLflow run FAILED."
+    )
+
+
+def fail_run_on_any_failure(tasks: Sequence[Any]) -> Any:
+    """Put :func:`pipeline_failed` downstream of every task in ``tasks``; returns it."""
+    watcher = pipeline_failed()
+    for upstream in tasks:
+        upstream >> watcher
+    return watcher
+
+
 def training_pipeline(job: XComArg) -> dict[str, Any]:
     """Wire pre-flight checks -> MLflow run -> training -> evaluation -> registry into the current DAG.
 
@@ -256,9 +279,11 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     cleanup = fail_mlflow_run()
     job >> storage >> model >> cluster >> mlflow
     [train, evaluate, register, finish] >> cleanup
+    watcher = fail_run_on_any_failure([job, storage, model, cluster, mlflow, train, evaluate, register, finish, cleanup])
     return {"validate_storage": storage, "detect_model": model, "provision_cluster": cluster,
             "start_mlflow_run": mlflow, "train": train, "evaluate_checkpoint": evaluate,
-            "register_model": register, "finish": finish, "fail_mlflow_run": cleanup}  # fmt: skip
+            "register_model": register, "finish": finish, "fail_mlflow_run": cleanup,
+            "pipeline_failed": watcher}  # fmt: skip
 
 
 @task(execution_timeout=timedelta(minutes=10))

@@ -158,10 +158,27 @@ def test_tasks_retry_with_backoff_time_out_and_report_failures(parsed: dict[str,
             if task_id == "resolve_job":
                 assert t["retries"] == 0, "a bad config does not heal: resolve_job must not retry"
                 continue
+            if task_id == "pipeline_failed":
+                assert t["retries"] == 0, "pipeline_failed always raises: retrying it only delays the failed state"
+                continue
             assert t["retries"] == 3 and t["retry_delay_s"] == 7, f"{where}: AREAL_DAG_RETRIES/_DELAY_S not applied"
             assert t["retry_exponential_backoff"] > 1, f"{where}: no exponential backoff"
     train = parsed["dags"]["areal_rl_training"]["tasks"]["train"]
     assert train["execution_timeout_s"] >= 24 * 3600
+
+
+def test_a_failed_task_fails_the_run(parsed: dict[str, Any]) -> None:
+    """The clean-up task runs (and succeeds) only when something failed; were it the only leaf, a
+    failed pipeline would end as a successful run. ``pipeline_failed`` is a leaf downstream of every
+    task that may fail first, with the ONE_FAILED rule, so a failure always fails the run."""
+    for dag_id, dag in parsed["dags"].items():
+        tasks = dag["tasks"]
+        assert "pipeline_failed" in tasks, f"{dag_id}: no pipeline_failed leaf"
+        watched = set(tasks["pipeline_failed"]["upstream"])
+        for must in ("resolve_job", "start_mlflow_run", "evaluate_checkpoint", "register_model", "fail_mlflow_run"):
+            assert must in watched, f"{dag_id}: pipeline_failed does not watch {must}"
+        downstream_of = {u for t in tasks.values() for u in t["upstream"]}
+        assert "pipeline_failed" not in downstream_of, f"{dag_id}: pipeline_failed must be a leaf"
 
 
 def test_training_graph_order(parsed: dict[str, Any]) -> None:
