@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 test: setup vllm-env browser
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 
 # `airflow dags test areal_rl_training` under runs/demo (Airflow and MLflow on SQLite); runs/latest links to it
 run: setup
