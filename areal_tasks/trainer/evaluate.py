@@ -1,30 +1,46 @@
-"""Evaluate a model on the eval split through ONE embedded inference server.
+"""Evaluate a model on the eval split through ONE embedded inference server, as the trainer does.
 
 ``evaluate(cfg, model_dir, n_prompts)`` starts a server for ``model_dir`` (the job's
-``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler), renders the first
-``n_prompts`` eval prompts with the chat template, generates with the client
-(``RemoteInferenceEngine``; temperature ``evaluation.temperature``, 0 = greedy; at most
-``rollout.sampling.max_new_tokens`` tokens), scores each completion with the verifiable reward
-(exact integer match of ``Answer: N``) and stops the server. It returns accuracy, mean reward,
-the fraction of completions that state an answer at all, and a few sample completions.
+``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler) and measures exactly
+what the RL loop's own evaluation (:meth:`areal_tasks.trainer.rl_rollout.RolloutSide.evaluate`,
+``reward_before`` / ``reward_after``) measures, so that a checkpoint's number here can be compared
+with -- and gated against -- the trainer's:
+
+- the same episodes: the job's ``rollout.workflow`` (chat template with the system prompt,
+  ``dataset.max_prompt_len``; a rejected prompt or an empty output scores 0) scored by the job's
+  ``rollout.reward.fn`` in a :class:`~areal_tasks.rollout.rewards.RewardRunner`;
+- the same sampling (:func:`eval_sampling`): ``rollout.sampling`` (``max_new_tokens``, ``top_p``,
+  ``top_k``, stops) at ``evaluation.temperature`` (0 = greedy), and **no shared seed**. Giving every
+  request ``seed=experiment.seed`` (what this module did before) makes the server draw the same
+  uniform numbers for every prompt: the 100 prompts then share one random draw, and the score is a
+  single sample of a very wide distribution (on the demo's final checkpoint: 0.15 to 0.78 across
+  seeds, 0.43 for seed 1, against 0.61-0.66 with independent draws and the trainer's 0.60);
+- the same prompts and count: the first ``n_prompts`` eval prompts (None: ``evaluation.max_eval_prompts``,
+  else all of them, as the trainer), each sampled ``evaluation.n_samples`` times when sampling, once
+  when greedy (:func:`samples_per_prompt`).
+
+It returns the mean reward, the accuracy (share of episodes with reward >= 1), the share of
+completions that state an ``Answer: N`` at all, and a few sample completions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.inference import ModelRequest, SamplingParams
+from areal_tasks.api.inference import SamplingParams
 from areal_tasks.datasets.answers import extract_answer
-from areal_tasks.datasets.prompts import render_prompt
 from areal_tasks.datasets.registry import load_split
-from areal_tasks.datasets.reward import arithmetic_reward
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal_tasks.api.scheduler import Scheduler
+    from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
     from areal_tasks.config.job import JobConfig
+    from areal_tasks.inference.client import RemoteInferenceEngine
 
 logger = logging.getLogger(__name__)
 
@@ -32,28 +48,59 @@ logger = logging.getLogger(__name__)
 N_SAMPLES = 4
 
 
-def _requests(cfg: JobConfig, tokenizer: Any, prompts: list[str]) -> list[ModelRequest]:
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.sampling.max_new_tokens,
-        temperature=cfg.evaluation.temperature,
-        seed=cfg.experiment.seed,
-    )
-    return [ModelRequest(input_ids=render_prompt(tokenizer, p), sampling=sampling) for p in prompts]
+def eval_sampling(cfg: JobConfig) -> SamplingParams:
+    """``rollout.sampling`` at ``evaluation.temperature`` with no seed: every request draws independently."""
+    return replace(SamplingParams.from_config(cfg.rollout.sampling), temperature=cfg.evaluation.temperature, seed=None)
+
+
+def samples_per_prompt(cfg: JobConfig) -> int:
+    """``evaluation.n_samples`` (at least 1) when sampling; 1 for greedy decoding (temperature 0)."""
+    return max(1, cfg.evaluation.n_samples) if cfg.evaluation.temperature > 0 else 1
+
+
+async def _episodes(
+    engine: RemoteInferenceEngine, workflow: RolloutWorkflow, records: list[Any], concurrency: int
+) -> list[Trajectory | None]:
+    limit = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(record: Any) -> Trajectory | None:
+        async with limit:
+            return await workflow.arun_episode(engine, record)
+
+    try:
+        return list(await asyncio.gather(*(one(r) for r in records)))
+    finally:
+        await engine.aclose()
 
 
 def evaluate(
-    cfg: JobConfig, model_dir: str, n_prompts: int, *, scheduler: Scheduler | None = None, name: str = "eval"
-) -> dict[str, Any]:
-    """Accuracy of ``model_dir`` on the first ``n_prompts`` eval prompts (see the module docstring)."""
+    cfg: JobConfig, model_dir: str, n_prompts: int | None = None, *, scheduler: Scheduler | None = None, name: str = "eval",
+    n_samples: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Reward and accuracy of ``model_dir`` on the first ``n_prompts`` eval prompts (see the module docstring).
+
+    ``n_samples`` overrides :func:`samples_per_prompt` (samples of each prompt).
+    """
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.inference.launch import ServerFleet, build_server_command
     from areal_tasks.models.tokenizer import load_tokenizer
+    from areal_tasks.rollout.rewards import RewardRunner
+    from areal_tasks.trainer.rl_rollout import workflow_of
 
-    if n_prompts < 1:
+    if n_prompts is None:
+        n_prompts = cfg.evaluation.max_eval_prompts
+    if n_prompts is not None and n_prompts < 1:
         raise ConfigError(f"n_prompts={n_prompts} must be >= 1")
+    per_prompt = samples_per_prompt(cfg) if n_samples is None else n_samples
+    if per_prompt < 1:
+        raise ConfigError(f"n_samples={n_samples} must be >= 1")
     records = load_split(cfg.dataset, "eval")[:n_prompts]
+    if not records:
+        raise ConfigError(f"dataset {cfg.dataset.path!r} has no eval prompts to evaluate on")
+    episodes_in = [r for r in records for _ in range(per_prompt)]
     tokenizer = load_tokenizer(model_dir)
-    requests = _requests(cfg, tokenizer, [r.prompt for r in records])
+    reward = cfg.rollout.reward
+    runner = RewardRunner(reward.fn, max_workers=reward.workers, timeout_s=reward.timeout_s)
     owned = scheduler is None
     if scheduler is None:
         from areal_tasks.launch import LocalScheduler
@@ -64,30 +111,38 @@ def evaluate(
         scheduler, build_server_command(cfg, model_dir), 1, name=name,
         devices_per_server=1 if on_gpus else 0, hide_devices=not on_gpus,
         startup_timeout_s=cfg.rollout.server.startup_timeout_s, max_restarts=0,
-    )
+    )  # fmt: skip
     started = time.perf_counter()
     try:
+        workflow = workflow_of(cfg, tokenizer, eval_sampling(cfg), runner.score)
         addresses = fleet.start()
         engine = RemoteInferenceEngine.from_rollout(cfg.rollout, addresses)
-        responses = engine.generate_batch(requests)
+        trajectories = asyncio.run(_episodes(engine, workflow, episodes_in, cfg.rollout.max_concurrent_rollouts))
     finally:
-        fleet.stop()
-        if owned:
-            scheduler.stop_all()
-    completions = [tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in responses]
-    rewards = [arithmetic_reward(c, rec.answer) for c, rec in zip(completions, records)]
+        try:
+            fleet.stop()
+            if owned:
+                scheduler.stop_all()
+        finally:
+            runner.close()
+    rewards = [0.0 if t is None else float(t.reward) for t in trajectories]
+    completions = [("" if t is None else str(t.metadata.get("completion", ""))) for t in trajectories]
     answered = sum(extract_answer(c) is not None for c in completions)
     result = {
         "model_dir": str(model_dir),
         "n_prompts": len(records),
-        "accuracy": sum(r == 1.0 for r in rewards) / len(rewards),
+        "n_samples": per_prompt,
+        "n_episodes": len(rewards),
+        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
         "mean_reward": sum(rewards) / len(rewards),
         "answer_rate": answered / len(completions),
         "wall_s": time.perf_counter() - started,
         "samples": [
-            {"prompt": rec.prompt, "answer": rec.answer, "completion": c, "reward": r}
-            for rec, c, r in list(zip(records, completions, rewards))[:N_SAMPLES]
-        ],
+            {"prompt": rec.prompt, "answer": rec.answer, "completion": completions[i * per_prompt],
+             "reward": rewards[i * per_prompt]}
+            for i, rec in enumerate(records[:N_SAMPLES])
+        ],  # fmt: skip
     }
-    logger.info("eval %s: accuracy %.3f on %d prompts", model_dir, result["accuracy"], len(records))
+    logger.info("eval %s: reward %.3f, accuracy %.3f over %d prompts x %d samples", model_dir, result["mean_reward"],
+                result["accuracy"], len(records), per_prompt)  # fmt: skip
     return result

@@ -7,12 +7,14 @@ one checkpoint URL (``.../checkpoints/step_<N>``, or a checkpoints folder: its n
 2. it is exported once to an HF model directory (``<run_dir>/hf_exports/step_<N>_<hash of URL>``,
    reused on a retry) -- the inference server loads HF directories, not DCP shards;
 3. :func:`areal_tasks.trainer.evaluate.evaluate` runs the first ``n_prompts`` eval prompts through
-   one embedded inference server and scores them;
+   one embedded inference server and scores them the way the trainer's own evaluation does (same
+   workflow, reward, sampling and samples per prompt), so ``eval/reward`` of the final checkpoint is
+   the trainer's ``reward_after`` up to sampling noise;
 4. with an MLflow run, the metrics are logged and a logged model is made that holds the checkpoint
    URL as a pointer (no weights; :meth:`~operators.hooks.mlflow.MlflowHook.log_checkpoint_model`).
 
 XCom: ``{"checkpoint", "step", "model_dir", "model_uri" (None without an MLflow run), "metrics"
-{"eval/reward", "eval/accuracy", "eval/answer_rate"}, "n_prompts", "samples"}``.
+{"eval/reward", "eval/accuracy", "eval/answer_rate"}, "n_prompts", "n_samples" (per prompt), "samples"}``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EvaluateCheckpointOperator", "split_checkpoint_url"]
 
-#: default number of eval prompts when neither ``n_prompts`` nor ``evaluation.max_eval_prompts`` is set.
-DEFAULT_EVAL_PROMPTS = 100
 EXPORTS_DIR = "hf_exports"
 #: sample completions kept in the XCom.
 XCOM_SAMPLES = 2
@@ -52,7 +52,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param config: the training job's YAML (its dataset, rollout and evaluation settings are used).
     :param overrides: the training task's overrides (same run dir and storage options).
     :param mlflow_run_id: MLflow run to log into (none: nothing is logged, ``model_uri`` is None).
-    :param n_prompts: eval prompts (default: ``evaluation.max_eval_prompts``, else 100).
+    :param n_prompts: eval prompts (default: ``evaluation.max_eval_prompts``, else all, as the trainer).
     :param export_dir: where the HF export goes (default: ``<run_dir>/hf_exports/<step>_<hash>``).
     """
 
@@ -82,7 +82,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         url, step, layout = self._locate(cfg)
         model_dir = self._export(cfg, url, step, layout)
         n_prompts = self._n_prompts(cfg)
-        self.log.info("evaluating %s (%s) on %d eval prompts", url, model_dir, n_prompts)
+        self.log.info("evaluating %s (%s) on %s eval prompts", url, model_dir, n_prompts or "all")
         result = evaluate(cfg, str(model_dir), n_prompts, name=f"eval_step_{step}")
         metrics = {"eval/reward": result["mean_reward"], "eval/accuracy": result["accuracy"],
                    "eval/answer_rate": result["answer_rate"]}  # fmt: skip
@@ -90,7 +90,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         self.log.info("checkpoint step %d: %s", step, metrics)
         return {"checkpoint": url, "step": step, "model_dir": str(model_dir), "model_uri": model_uri,
                 "metrics": metrics, "n_prompts": result["n_prompts"],
-                "samples": result["samples"][:XCOM_SAMPLES]}  # fmt: skip
+                "n_samples": result["n_samples"], "samples": result["samples"][:XCOM_SAMPLES]}  # fmt: skip
 
     # ------------------------------------------------------------------ steps
 
@@ -147,10 +147,14 @@ class EvaluateCheckpointOperator(BaseOperator):
         except CheckpointError as exc:
             raise ArealAirflowError(f"cannot export {url} to an HF directory: {exc}") from exc
 
-    def _n_prompts(self, cfg: Any) -> int:
+    def _n_prompts(self, cfg: Any) -> int | None:
+        """The explicit ``n_prompts``, else ``evaluation.max_eval_prompts``; None = every eval prompt."""
         value = self.n_prompts if self.n_prompts not in (None, "", "None") else None
-        n = int(value) if value is not None else (cfg.evaluation.max_eval_prompts or DEFAULT_EVAL_PROMPTS)
-        if n < 1:
+        try:
+            n = int(value) if value is not None else cfg.evaluation.max_eval_prompts
+        except ValueError as exc:
+            raise ArealConfigError(f"n_prompts={value!r} must be an integer >= 1 (or empty: the config's)") from exc
+        if n is not None and n < 1:
             raise ArealConfigError(f"n_prompts={n} must be >= 1")
         return n
 

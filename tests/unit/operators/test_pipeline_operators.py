@@ -104,7 +104,10 @@ def test_evaluation_locates_the_newest_complete_checkpoint(tmp_path: Path, check
     url, step, layout = op._locate(op._config())
     assert (url, step) == ((checkpoints / "step_3").as_uri(), 3) and layout.is_complete(3)
     assert op._n_prompts(op._config()) == 5
-    assert evaluate_op(tmp_path, str(checkpoints))._n_prompts(op._config()) == 100
+    assert evaluate_op(tmp_path, str(checkpoints))._n_prompts(op._config()) is None  # every eval prompt, as the trainer
+    with_limit = EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=str(checkpoints),
+                                            overrides=["evaluation.max_eval_prompts=7"])  # fmt: skip
+    assert with_limit._n_prompts(with_limit._config()) == 7
     with pytest.raises(ArealConfigError, match="n_prompts=0"):
         evaluate_op(tmp_path, str(checkpoints), n_prompts=0)._n_prompts(op._config())
 
