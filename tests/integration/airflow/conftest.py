@@ -198,8 +198,9 @@ def rest_run(
 
     def first_attempt() -> dict[str, Any] | None:
         records = [r for r in job_records(airflow_runs_dir) if run_id in r["name"] and r["attempt"] == 1]
-        if not records and airflow.dag_run(DAG_ID, run_id)["state"] == "failed":
-            raise AssertionError(f"the run failed before training started\n{airflow.run_report(DAG_ID, run_id)}")
+        if not records and (state := airflow.dag_run(DAG_ID, run_id)["state"]) in ("success", "failed"):
+            report = airflow.run_report(DAG_ID, run_id)
+            raise AssertionError(f"the run ended ({state}) before its training job was submitted\n{report}")
         return records[0] if records else None
 
     record = wait_for(first_attempt, 600, f"the training job of {run_id} to be submitted", poll_s=1.0)

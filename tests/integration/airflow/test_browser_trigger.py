@@ -45,7 +45,7 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
 ) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
     if not CHROMIUM.is_file():
-        pytest.skip("no chromium on PATH: apt-get install chromium (or `make browser`); Playwright drives it")
+        pytest.skip(f"no Chromium (not on PATH, no {CHROMIUM}): apt-get install chromium, or `make browser` as root")
     tag = uuid.uuid4().hex[:8]
     experiment, run_id = f"it-browser-{tag}", f"browser_{tag}"
     shots = [tmp_path / "trigger-form.png", tmp_path / "after-trigger.png"]

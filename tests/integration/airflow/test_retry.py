@@ -36,7 +36,7 @@ def test_killed_training_worker_is_retried_and_resumes_from_checkpoint(
 
     tries = airflow.tries(DAG_ID, run_id, "train")
     assert [t["try_number"] for t in tries] == [1, 2], tries
-    assert [t["state"] for t in tries] == ["failed", "success"], tries
+    assert [t["state"] for t in tries] == ["failed", "success"], airflow.run_report(DAG_ID, run_id)
 
     # the same job name was submitted twice: the first attempt failed, the retry's succeeded
     attempts = [r for r in job_records(airflow_runs_dir) if r["name"] == rest_run.job_name]
