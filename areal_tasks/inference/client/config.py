@@ -33,6 +33,8 @@ class ClientConfig:
     max_concurrent: int = 32
     #: seconds to open a connection.
     connect_timeout_s: float = 10.0
+    #: seconds the abort of an abandoned generate attempt may take (sent in the background).
+    abort_timeout_s: float = 5.0
     #: seconds a pause/resume/health/info call may take.
     control_timeout_s: float = 60.0
     #: seconds a disk weight update may take on a server.

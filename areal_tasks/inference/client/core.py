@@ -11,7 +11,17 @@ One request (:meth:`RemoteInferenceEngine.agenerate`) is a loop of *attempts*:
    version in effect when the answer arrived (see ``versions.py``);
 5. stop on ``stop``/``length``; on an ``abort`` (a pause) resubmit, which waits for resume.
 
-Attempt ids are ``<rid>-<NNNN>``, so no attempt id is a prefix of another (SGLang aborts by prefix).
+An attempt the client abandons while it may be running on its server (its timeout fired, the
+caller cancelled the request, or a broken connection sends it elsewhere) is stopped there: a
+background task sends the adapter's :meth:`~.protocol.ProtocolAdapter.abort` call, bounded by
+``abort_timeout_s``, and logs its outcome instead of raising; :meth:`RemoteInferenceEngine.aclose`
+waits for the ones still running. So an abandoned request stops burning decode steps and a retried
+one does not run twice. An attempt the server itself cut short (stop reason ``abort``, e.g. a pause
+for a weight update) was answered, so it is resubmitted and never aborted by the client.
+
+Attempt ids are ``<rid>-<NNNN>``, so no attempt id is a prefix of another (SGLang aborts by prefix);
+rids that are prefixes of one another (``a`` and ``a-0000``) would defeat this, the default uuid
+rids never are.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from areal_tasks.inference.client.config import ClientConfig
 from areal_tasks.inference.client.control import fan_out, probe_all
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, ProtocolAdapter
 from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status
-from areal_tasks.inference.client.transport import HttpTransport
+from areal_tasks.inference.client.transport import HttpTransport, may_have_reached_server
 from areal_tasks.inference.client.versions import VersionTimeline
 from areal_tasks.inference.client.weights import WeightSync
 
@@ -134,6 +144,8 @@ class RemoteInferenceEngine(InferenceEngine):
         self._pause_mode: PauseMode | None = None
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._inflight: dict[str, InflightRequest] = {}
+        #: background aborts of abandoned attempts (see :meth:`_abandon`), over all event loops.
+        self._aborts: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_rollout(
@@ -236,6 +248,12 @@ class RemoteInferenceEngine(InferenceEngine):
         return await self._weights.destroy_groups(timeout, group_name)
 
     async def aclose(self) -> None:
+        """Wait for the aborts of abandoned attempts still running (each bounded by
+        ``abort_timeout_s``), then close the connections of the running event loop."""
+        loop = asyncio.get_running_loop()
+        pending = [t for t in self._aborts if t.get_loop() is loop and not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.config.abort_timeout_s + 1.0)
         await self._transport.aclose()
 
     async def __aenter__(self) -> RemoteInferenceEngine:
@@ -355,6 +373,13 @@ class RemoteInferenceEngine(InferenceEngine):
             sent_at = time.monotonic()
             try:
                 status, payload = await self._transport.send(server, call, self.config.request_timeout_s)
+            except asyncio.CancelledError:
+                self._abandon(server, inp.rid, "cancelled by the caller")
+                raise
+            except InferenceConnectionError as exc:  # a timeout too
+                if may_have_reached_server(exc):
+                    self._abandon(server, inp.rid, str(exc))
+                raise
             finally:
                 self._pool.release(server)
         answered_at = time.monotonic()
@@ -372,6 +397,40 @@ class RemoteInferenceEngine(InferenceEngine):
         fallback = self._timeline.at(answered_at)
         versions = [fallback if v is None else v for v in reported]
         return _Piece(output, server, versions, sent_at, answered_at)
+
+
+    # -- aborting abandoned attempts ------------------------------------------------------------
+
+    def _abandon(self, server: str, rid: str, why: str) -> None:
+        """Stop attempt ``rid`` on ``server`` in the background: the caller moves on at once (a
+        cancellation is not delayed, a retry does not wait for the abort)."""
+        logger.debug("attempt %s on %s abandoned (%s); aborting it there", rid, server, why)
+        task = asyncio.get_running_loop().create_task(self._abort(server, rid), name=f"abort {rid}")
+        self._aborts.add(task)
+        task.add_done_callback(self._abort_done)
+
+    async def _abort(self, server: str, rid: str) -> None:
+        call = self.adapter.abort(rid)
+        if call is None:
+            logger.debug("attempt %s: %s stops it when its connection closes; no abort call", rid, self.adapter.name)
+            return
+        try:
+            status, payload = await self._transport.send(server, call, self.config.abort_timeout_s)
+        except InferenceConnectionError as exc:
+            logger.warning("attempt %s: abort on %s failed, it may still run there: %s", rid, server, exc)
+            return
+        error = self.adapter.control_error(call, status, payload)
+        if error is not None:
+            logger.warning("attempt %s: abort on %s failed, it may still run there: %s", rid, server, error)
+        else:
+            logger.debug("attempt %s aborted on %s", rid, server)
+
+    def _abort_done(self, task: asyncio.Task[None]) -> None:
+        """Forget a finished abort; an unexpected error becomes a warning (it never reaches a caller)."""
+        self._aborts.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            logger.warning("%s failed unexpectedly", task.get_name(), exc_info=(type(exc), exc, exc.__traceback__))
 
 
 class _RetryableStatus(InferenceError):

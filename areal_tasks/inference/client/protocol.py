@@ -10,6 +10,8 @@ its own, that
 * names the calls (and their bodies) of health, pause, resume, weight update from disk, joining and
   leaving the collective weight-update group, receiving one broadcast bucket, and the
   model-info/version query;
+* names the call that stops one generate attempt the client gave up on
+  (:meth:`ProtocolAdapter.abort`), or says that closing its connection already does;
 * judges the answer of a control call (:meth:`ProtocolAdapter.control_error`).
 
 Adapters: ``sglang`` (:mod:`.sglang`), ``embedded`` (:mod:`.embedded`; speaks SGLang's protocol)
@@ -92,6 +94,17 @@ class ProtocolAdapter(ABC):
     @abstractmethod
     def parse_generate(self, payload: Any, inp: GenerateInput) -> GenerateOutput:
         """Decode a 200 answer of :meth:`generate`; raise InferenceRequestError if it is malformed."""
+
+    @abstractmethod
+    def abort(self, rid: str) -> HttpCall | None:
+        """The call that stops the generate attempt ``rid`` (a :attr:`GenerateInput.rid`) on the
+        server it was sent to, or None when the server stops it by itself once the client closes
+        the attempt's connection.
+
+        The core sends it, best effort, when it abandons an attempt (its timeout fired, the caller
+        cancelled it, or it is retried elsewhere), never for a partial rollout that the server cut
+        short with ``abort`` (the server already stopped that one). Aborting an attempt that
+        already finished must be harmless."""
 
     # -- health and identity -------------------------------------------------------------------
 

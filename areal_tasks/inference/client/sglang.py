@@ -5,6 +5,7 @@
 {"type": "stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens",
 "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version",
 "weight_versions": [{"version", "start", "end"}], ...}}``. Control endpoints:
+``/abort_request`` (``{"rid", "abort_all"}``: stops every request whose rid *starts with* ``rid``),
 ``/pause_generation`` (``mode``), ``/continue_generation``, ``/update_weights_from_disk``,
 ``/init_weights_update_group`` (left with ``/destroy_weights_update_group``), then per update ``/begin_weight_update``, one
 ``/update_weights_from_distributed`` per bucket and ``/end_weight_update`` (0.5.23 refuses a
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import ParamSpec, PauseMode, SamplingParams
-from areal_tasks.errors import InferenceRequestError
+from areal_tasks.errors import InferenceError, InferenceRequestError
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter
 
 if TYPE_CHECKING:
@@ -123,6 +124,15 @@ class SGLangAdapter(ProtocolAdapter):
             error=error,
             first_token_latency_s=float(latency) if isinstance(latency, (int, float)) else None,
         )
+
+    def abort(self, rid: str) -> HttpCall | None:
+        """``/abort_request`` for ``rid``. SGLang does not stop a non-streaming request when its
+        client disconnects, so an abandoned attempt needs this call. SGLang matches by prefix (which
+        also stops the ``<rid>_<j>`` samples of an ``n > 1`` request); an empty rid would match
+        every request, so it is refused here."""
+        if not isinstance(rid, str) or not rid:
+            raise InferenceError(f"abort: rid must be a non-empty string (an empty one aborts every request), got {rid!r}")
+        return HttpCall("POST", "/abort_request", json={"rid": rid, "abort_all": False})
 
     def health(self) -> HttpCall:
         return HttpCall("GET", "/health")

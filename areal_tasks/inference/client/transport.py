@@ -22,7 +22,7 @@ from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HttpTransport"]
+__all__ = ["HttpTransport", "may_have_reached_server"]
 
 #: seconds an idle pooled connection is kept: below the servers' keep-alive timeouts (uvicorn's
 #: default is 5 s; the embedded server keeps 75 s).
@@ -36,6 +36,16 @@ def _decode(response: httpx.Response) -> Any:
         except ValueError:
             logger.warning("%s answered invalid JSON; keeping the text", response.request.url)
     return response.text
+
+
+#: httpx failures that happen before a request's bytes leave the client.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def may_have_reached_server(exc: InferenceConnectionError) -> bool:
+    """Whether the call that failed with ``exc`` (raised by :meth:`HttpTransport.send`) may be
+    running on the server: False only when the connection was never opened."""
+    return not isinstance(exc.__cause__, _NOT_SENT)
 
 
 class HttpTransport:

@@ -22,6 +22,12 @@ only when the server stops (and our plugin's engine also leaves its old group on
 ``/init_weight_transfer_engine``). So :meth:`VLLMAdapter.destroy_weight_group` is a no-op, and the
 trainer's side of the group ends by its bounded destroy (then a local abort).
 
+An attempt the client gives up on needs no call: vLLM's ``/v1/completions`` handler is wrapped in
+``with_cancellation`` (``vllm/entrypoints/serve/utils/api_utils.py``), which cancels it when the
+HTTP connection closes, and ``AsyncLLM.generate`` aborts its request on that cancellation
+(``vllm/v1/engine/async_llm.py``); the client closes the connection of an attempt it abandons. So
+:meth:`VLLMAdapter.abort` is a no-op (``/abort_requests`` exists but would only repeat it).
+
 vLLM reports no per-token policy version, so the core tags tokens with its version at submission;
 with the default ``abort`` pause every request in flight during an update is cut at the update and
 resubmitted afterwards, so those tags are exact.
@@ -130,6 +136,10 @@ class VLLMAdapter(ProtocolAdapter):
         if any(v is None for v in values):
             raise InferenceRequestError(f"request {inp.rid}: an output token has no logprob")
         return GenerateOutput(output_ids=output_ids, output_logprobs=[float(v) for v in values], stop_reason=reason)
+
+    def abort(self, rid: str) -> HttpCall | None:
+        """None: vLLM aborts a request when its client closes the connection (see the module doc)."""
+        return None
 
     # -- health and identity -------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ keys are refused with 400, as SGLang does), generates a predictable sequence (ea
 previous token + 1, so a stitched partial rollout can be checked token by token), honours pause
 modes and weight updates, and lets a test inject failures: a dead server (connection refused),
 error statuses, a hang, holding every request after N tokens until a pause aborts it, or keeping
-requests in transit (not yet arrived) until the test lets them through.
+requests in transit (not yet arrived) until the test lets them through. ``/abort_request`` records
+the rid it was given in ``aborts`` and stops a generating request whose rid starts with it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class FakeSGLangServer:
     fail_updates: bool = False
     abort_with: dict[str, Any] | None = None
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    #: rids of the /abort_request calls received, in order
+    aborts: list[str] = field(default_factory=list)
     running: int = 0
     max_running: int = 0
     cluster: FakeCluster | None = None
@@ -81,6 +84,7 @@ class FakeSGLangServer:
         self.calls.append((request.url.path, body))
         route = {
             "/generate": self._generate,
+            "/abort_request": self._abort_request,
             "/health": self._health,
             "/get_model_info": self._model_info,
             "/pause_generation": self._pause,
@@ -133,7 +137,7 @@ class FakeSGLangServer:
             if self.abort_with is not None:
                 finish = dict(self.abort_with)
                 break
-            if self._abort.is_set():
+            if self._abort.is_set() or any(body["rid"].startswith(r) for r in self.aborts):
                 finish = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
                 break
             if self.hold_after is not None and len(out) == self.hold_after and not self.release.is_set():
@@ -161,6 +165,11 @@ class FakeSGLangServer:
         if self.report_version:
             meta["weight_version"] = self.weight_version
         return httpx.Response(200, json={"text": "", "output_ids": out, "meta_info": meta})
+
+    async def _abort_request(self, body: dict[str, Any]) -> httpx.Response:
+        assert set(body) <= {"rid", "abort_all"} and body["rid"] and not body.get("abort_all"), body
+        self.aborts.append(body["rid"])
+        return httpx.Response(200)
 
     async def _pause(self, body: dict[str, Any]) -> httpx.Response:
         assert set(body) <= {"mode"} and body.get("mode", "abort") in ("abort", "retract", "in_place"), body
