@@ -1,0 +1,94 @@
+"""The client stops what it abandons on the real embedded server.
+
+A long greedy request under a short client timeout (or cancelled by its caller) leaves the server
+with nothing running or queued soon after (the client's ``/abort_request``, without which the
+server would decode to ``max_new_tokens``), and the next request is served normally.
+
+The session server of ``conftest.py`` guards ``/abort_request`` with an admin key and the client
+sends no keys, so this module runs its own keyless server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from embedded_server import running_server
+
+from areal_tasks.api.inference import ModelRequest, SamplingParams
+from areal_tasks.errors import InferenceRetriesExhaustedError
+from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [5, 6, 7, 8, 9]
+#: far more decode steps than the few seconds this test waits (1 CPU thread)
+LONG = SamplingParams(max_new_tokens=2000, temperature=0, ignore_eos=True)
+#: the server must be idle this soon after the client gave up (a bound, not a measurement)
+IDLE_WITHIN_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def keyless_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("embedded-server-abort") / "server.log"
+    with running_server(tiny_qwen2, log, "--context-length", "2048", "--max-running-requests", "4") as url:
+        yield url
+
+
+def _gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10.0).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} missing")
+
+
+def _busy(url: str) -> float:
+    return _gauge(url, "sglang:num_running_reqs") + _gauge(url, "sglang:num_queue_reqs")
+
+
+async def _until(predicate, limit_s: float, what: str) -> None:
+    deadline = time.monotonic() + limit_s
+    while not await asyncio.to_thread(predicate):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {limit_s} s")
+        await asyncio.sleep(0.05)
+
+
+def _engine(url: str, **config: float) -> RemoteInferenceEngine:
+    return RemoteInferenceEngine([url], make_adapter("embedded"), ClientConfig(**config))
+
+
+def test_a_timed_out_request_stops_on_the_server(keyless_url: str) -> None:
+    async def scenario() -> None:
+        async with _engine(keyless_url, request_timeout_s=1.0, max_retries=0) as engine:
+            task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
+            await _until(lambda: _gauge(keyless_url, "sglang:num_running_reqs") >= 1, 30.0, "the request running")
+            with pytest.raises(InferenceRetriesExhaustedError, match="no answer within"):
+                await task
+            await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
+        async with _engine(keyless_url, request_timeout_s=60.0) as engine:
+            resp = await engine.agenerate(ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0,
+                                                                              ignore_eos=True)))
+        assert resp.stop_reason == "length" and resp.output_len == 4
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_request_stops_on_the_server(keyless_url: str) -> None:
+    async def scenario() -> None:
+        async with _engine(keyless_url, request_timeout_s=60.0) as engine:
+            task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
+            await _until(lambda: _gauge(keyless_url, "sglang:num_running_reqs") >= 1, 30.0, "the request running")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the cancellation")
+            resp = await engine.agenerate(ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0,
+                                                                              ignore_eos=True)))
+        assert resp.stop_reason == "length" and resp.output_len == 4
+
+    asyncio.run(scenario())
