@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from areal_tasks.config.engine import EngineConfig
-from areal_tasks.config.rollout import RolloutConfig
+from areal_tasks.config.rollout import ENV_NAME, RolloutConfig
 from areal_tasks.config.sections import (
     ClusterConfig,
     DatasetConfig,
@@ -153,6 +153,14 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     p.number("rollout.server.context_length", srv.context_length, low=1, optional=True)
     p.number("rollout.server.startup_timeout_s", srv.startup_timeout_s, low=0, low_open=True)
     p.number("rollout.server.max_restarts", srv.max_restarts, low=0)
+    for name in ("api_key_env", "admin_api_key_env"):
+        value = getattr(srv, name)
+        if value is not None and (not isinstance(value, str) or not ENV_NAME.fullmatch(value)):
+            p.add(f"rollout.server.{name}", "must name an environment variable (letters, digits, '_'; not "
+                  f"starting with a digit), not hold the key itself; got a value of {len(str(value))} characters")
+    if srv.admin_api_key_env is not None and rollout.backend == "vllm":
+        p.add("rollout.server.admin_api_key_env", "vLLM has no admin key (its --api-key guards only the /v1 "
+              "routes); leave it null and use rollout.server.api_key_env")
     wf = rollout.workflow
     if wf.name not in ("rlvr", "multi_turn") and ":" not in wf.name:
         p.add("rollout.workflow.name", f"must be rlvr, multi_turn or an import path package.module:factory, got {wf.name!r}")

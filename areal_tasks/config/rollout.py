@@ -6,10 +6,13 @@ Torch-free. Sampling parameters map onto the SGLang ``sampling_params`` of ``/ge
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from areal_tasks.config.sections import DType
+from areal_tasks.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,38 @@ class InferenceServerConfig:
     startup_timeout_s: float = 600.0
     #: restarts allowed per server before the job fails.
     max_restarts: int = 2
+    #: name of the environment variable holding the servers' API key (every endpoint needs it);
+    #: None = no key. The key itself never goes into a config file.
+    api_key_env: str | None = None
+    #: name of the environment variable holding the admin API key (pause/resume, weight updates,
+    #: aborts); None = no admin key (the API key, if any, then opens those endpoints). Not for vLLM.
+    admin_api_key_env: str | None = None
+
+    def read_keys(self, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+        """``(api_key, admin_api_key)`` read from ``environ`` (e.g. ``os.environ``) at job start.
+
+        Raises ConfigError naming the variable when a named variable is unset or empty. Never
+        called while a config is loaded: loading stays pure.
+        """
+        keys: list[str | None] = []
+        for field_name in ("api_key_env", "admin_api_key_env"):
+            name = getattr(self, field_name)
+            if name is None:
+                keys.append(None)
+                continue
+            value = environ.get(name, "")
+            if not value:
+                raise ConfigError(
+                    f"rollout.server.{field_name}={name!r}: the environment variable {name} is "
+                    f"{'empty' if name in environ else 'not set'}; export the key as {name} where the job "
+                    f"starts (or set rollout.server.{field_name}: null for a server without that key)"
+                )
+            keys.append(value)
+        return keys[0], keys[1]
+
+
+#: what an environment variable name may look like (POSIX portable names).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
