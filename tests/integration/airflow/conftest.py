@@ -34,8 +34,11 @@ from tests.fixtures.airflow_server import (
     AirflowStandalone,
     RestRun,
     cancel_running_jobs,
+    cmdline,
     complete_checkpoints,
+    descendants,
     job_records,
+    pid_alive,
     wait_for,
 )
 from tests.fixtures.mlflow_server import MlflowServer
@@ -130,39 +133,6 @@ SAVE_EVERY = 4
 RUN_TIMEOUT_S = 900.0
 
 
-def _proc_fields(pid: int) -> list[str] | None:
-    """The /proc/<pid>/stat fields after the command name (state, ppid, pgrp, ...), None when gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _proc_fields(int(entry.name))) is not None:
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        out += children
-        todo += children
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    fields = _proc_fields(pid)
-    return fields is not None and fields[0] != "Z"
-
-
 @pytest.fixture(scope="session")
 def rest_run(
     airflow: AirflowClient, airflow_runs_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -207,13 +177,13 @@ def rest_run(
     wrapper = int(record["pid"])
 
     def checkpoint_while_running() -> list[int] | None:
-        if not _alive(wrapper):
+        if not pid_alive(wrapper):
             log = (Path(record["attempt_dir"]) / "job.log").read_text(errors="replace")[-3000:]
             raise AssertionError(f"job {record['name']} ended before it wrote a checkpoint to kill after:\n{log}")
         return complete_checkpoints(storage) or None
 
     saved = wait_for(checkpoint_while_running, 600, f"a checkpoint of job {record['name']}", poll_s=0.2)
-    workers = [pid for pid in _descendants(wrapper) if "areal_tasks.trainer.rl_worker" in _cmdline(pid)]
+    workers = [pid for pid in descendants(wrapper) if "areal_tasks.trainer.rl_worker" in cmdline(pid)]
     assert workers, f"no RL train worker among the descendants of job pid {wrapper}"
     victim = min(workers)
     os.killpg(os.getpgid(victim), signal.SIGKILL)
