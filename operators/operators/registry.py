@@ -10,7 +10,7 @@ gets the params ``registered_model`` and ``registered_model_version``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -20,7 +20,7 @@ from operators.exceptions import ArealAirflowError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["RegisterModelOperator", "pick_best"]
+__all__ = ["RegisterModelOperator", "pick_best", "resolve_evaluations"]
 
 
 def pick_best(evaluations: Iterable[dict[str, Any] | None], gate_metric: str, higher_is_better: bool = True) -> dict[str, Any]:
@@ -33,6 +33,24 @@ def pick_best(evaluations: Iterable[dict[str, Any] | None], gate_metric: str, hi
         )
     sign = 1.0 if higher_is_better else -1.0
     return max(usable, key=lambda e: (sign * float(e["metrics"][gate_metric]), e.get("step") or 0))
+
+
+def resolve_evaluations(evaluations: Any) -> list[Any]:
+    """The evaluate task's XCom as a list: one dict (unmapped), or a sequence/iterable of them (mapped).
+
+    A mapped task's XCom arrives as Airflow's lazy XCom sequence. Iterating it (``list(seq)``, a
+    ``for`` loop) fetches items by offset until one is missing, and that last probe makes Airflow log
+    an alarming (harmless) ``[error] XCom not found ... offset=<n>``. Indexing within ``len(seq)``
+    (one count request, then one request per item) never asks past the end.
+    """
+    if isinstance(evaluations, Mapping):  # a single (unmapped) evaluation
+        return [evaluations]
+    if isinstance(evaluations, Sequence) and not isinstance(evaluations, (str, bytes)):
+        return [evaluations[i] for i in range(len(evaluations))]
+    if isinstance(evaluations, Iterable) and not isinstance(evaluations, (str, bytes)):
+        return list(evaluations)
+    raise ArealAirflowError(f"evaluations must be the evaluate task's XCom (a list of dicts), got "
+                            f"{type(evaluations).__name__}: {str(evaluations)[:200]!r}")  # fmt: skip
 
 
 class RegisterModelOperator(BaseOperator):
@@ -60,13 +78,7 @@ class RegisterModelOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from operators.hooks.mlflow import MlflowHook
 
-        evaluations = self.evaluations
-        if isinstance(evaluations, dict):  # a single (unmapped) evaluation
-            evaluations = [evaluations]
-        if isinstance(evaluations, (str, bytes)) or not isinstance(evaluations, Iterable):
-            raise ArealAirflowError(f"evaluations must be the evaluate task's XCom (a list of dicts), got "
-                                    f"{type(evaluations).__name__}: {str(evaluations)[:200]!r}")  # fmt: skip
-        best = pick_best(list(evaluations), self.gate_metric, self.higher_is_better)
+        best = pick_best(resolve_evaluations(self.evaluations), self.gate_metric, self.higher_is_better)
         if not best.get("model_uri"):
             raise ArealAirflowError(
                 f"the best evaluation ({best.get('checkpoint')}) has no MLflow model_uri: give the evaluate task "

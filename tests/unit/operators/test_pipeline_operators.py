@@ -6,8 +6,10 @@ evaluation with champion gating against a real sqlite MLflow store."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,7 +22,7 @@ from operators.operators import (
     ValidateStorageOperator,
 )
 from operators.operators.evaluation import split_checkpoint_url
-from operators.operators.registry import pick_best
+from operators.operators.registry import pick_best, resolve_evaluations
 from tests.unit.operators.conftest import make_context
 
 QWEN2_7B = {
@@ -128,6 +130,37 @@ def test_pick_best() -> None:
         pick_best(evals, "eval/x")
 
 
+class ProbingSequence(Sequence):
+    """Like Airflow's lazy XCom sequence of a mapped task: an index past the end is a failed request
+    (Airflow logs it as ``[error] XCom not found``); iterating probes one past the end to stop."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items, self.probes = items, []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if not isinstance(index, int):
+            raise TypeError("only int indices")
+        if not 0 <= index < len(self.items):
+            self.probes.append(index)
+            raise IndexError(index)
+        return self.items[index]
+
+
+def test_resolve_evaluations_never_reads_past_the_end() -> None:
+    lazy = ProbingSequence([{"step": 1}, None, {"step": 3}])
+    assert list(lazy) == [{"step": 1}, None, {"step": 3}] and lazy.probes == [3]  # what iteration does
+    lazy.probes.clear()
+    assert resolve_evaluations(lazy) == [{"step": 1}, None, {"step": 3}] and lazy.probes == []
+    assert resolve_evaluations({"step": 2}) == [{"step": 2}]
+    assert resolve_evaluations(e for e in [{"step": 4}]) == [{"step": 4}]
+    for wrong in ("not a list", b"bytes", 3):
+        with pytest.raises(ArealAirflowError, match="must be the evaluate task's XCom"):
+            resolve_evaluations(wrong)
+
+
 def test_register_model_operator(store: SimpleNamespace) -> None:
     def evaluation(step: int, reward: float) -> dict:
         url = f"file:///c/step_{step}"
@@ -138,7 +171,9 @@ def test_register_model_operator(store: SimpleNamespace) -> None:
         return RegisterModelOperator(task_id="r", evaluations=evaluations, model_name="policy", mlflow_run_id=store.run_id,
                                      mlflow_tracking_uri=store.uri).execute(make_context())  # fmt: skip
 
-    first = register([evaluation(3, 0.25), evaluation(6, 0.5)])
+    mapped = ProbingSequence([evaluation(3, 0.25), evaluation(6, 0.5)])  # the mapped evaluate task's XCom
+    first = register(mapped)
+    assert mapped.probes == []  # no lookup past the last evaluation: no "XCom not found" in the task log
     assert first["version"] == "1" and first["champion_changed"] and first["checkpoint"] == "file:///c/step_6"
     assert store.hook.get_champion("policy")["model_dir"] == "/hf/step_6"
     second = register(evaluation(9, 0.4))  # one unmapped evaluation, worse than the champion
