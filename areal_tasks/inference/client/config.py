@@ -1,9 +1,16 @@
-"""``ClientConfig``: the knobs of the shared client core (timeouts, retries, balancing, caps)."""
+"""``ClientConfig``: the knobs of the shared client core (timeouts, retries, balancing, caps, keys).
+
+The API keys are secrets: they are kept out of ``repr`` and out of every error message.
+:meth:`ClientConfig.from_rollout` reads them from the environment variables that
+``rollout.server.api_key_env``/``admin_api_key_env`` name.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from areal_tasks.errors import ConfigError
@@ -45,10 +52,16 @@ class ClientConfig:
     max_resubmits: int = 64
     #: collective-group ranks each server holds (its tensor-parallel size).
     ranks_per_server: int = 1
+    #: sent as ``Authorization: Bearer <api_key>`` on every call (None = no header).
+    api_key: str | None = field(default=None, repr=False)
+    #: sent instead of ``api_key`` on admin calls: pause/resume, weight updates, aborts (None = use ``api_key``).
+    admin_api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [problem for name in _KEY_FIELDS if (problem := _key_problem(name, getattr(self, name)))]
         for f in fields(self):
+            if f.name in _KEY_FIELDS:
+                continue
             value = getattr(self, f.name)
             if f.name in ("max_retries", "retry_jitter"):
                 ok = value >= 0
@@ -62,11 +75,36 @@ class ClientConfig:
             raise ConfigError("invalid ClientConfig: " + "; ".join(problems))
 
     @classmethod
-    def from_rollout(cls, cfg: RolloutConfig, ranks_per_server: int = 1) -> ClientConfig:
-        """The client settings of a ``rollout`` config section (``ranks_per_server`` = inference TP)."""
+    def from_rollout(
+        cls, cfg: RolloutConfig, ranks_per_server: int = 1, environ: Mapping[str, str] | None = None
+    ) -> ClientConfig:
+        """The client settings of a ``rollout`` config section (``ranks_per_server`` = inference TP).
+
+        The keys come from the variables ``rollout.server.api_key_env``/``admin_api_key_env`` name,
+        looked up in ``environ`` (default ``os.environ``); ConfigError names a variable that is unset.
+        """
+        api_key, admin_api_key = cfg.server.read_keys(os.environ if environ is None else environ)
         return cls(
             request_timeout_s=cfg.request_timeout_s,
             max_retries=cfg.max_retries,
             max_concurrent=cfg.max_concurrent_rollouts,
             ranks_per_server=ranks_per_server,
+            api_key=api_key,
+            admin_api_key=admin_api_key,
         )
+
+
+#: the fields that hold secrets (validated apart, never printed).
+_KEY_FIELDS = ("api_key", "admin_api_key")
+
+
+def _key_problem(name: str, value: object) -> str | None:
+    """Why ``value`` cannot be sent as a bearer token, described without showing it (it is a secret)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"{name} must be a string or None, got a {type(value).__name__}"
+    if not value or not all(33 <= ord(c) <= 126 for c in value):
+        return (f"{name} must be a non-empty string of printable ASCII without spaces (a bearer token); "
+                f"got {len(value)} characters (a trailing newline from a file or `echo`?)")
+    return None

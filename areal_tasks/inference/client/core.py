@@ -129,6 +129,8 @@ class RemoteInferenceEngine(InferenceEngine):
             connect_timeout_s=self.config.connect_timeout_s,
             max_connections=self.config.max_concurrent + 2 * len(addresses) + 4,
             transport_factory=transport_factory,
+            api_key=self.config.api_key,
+            admin_api_key=self.config.admin_api_key,
         )
         self._weights = WeightSync(self._transport, adapter, self.config.ranks_per_server, self.config.update_timeout_s)
         self._retry = RetryPolicy(

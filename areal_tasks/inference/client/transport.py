@@ -5,6 +5,12 @@ work), a total deadline per call, and transport failures turned into the client'
 :class:`~areal_tasks.errors.InferenceTimeoutError` and
 :class:`~areal_tasks.errors.InferenceConnectionError`. HTTP error statuses are returned, not raised:
 what they mean is for the core and the adapter to judge.
+
+API keys: every call carries ``Authorization: Bearer <key>`` when the transport has a key; calls
+to :data:`ADMIN_PATHS` (pause/resume, weight updates, aborts) carry the admin key when one is set,
+else the API key (the rule of SGLang and the embedded server, see ``server/auth.py``). A 401/403
+answer comes back with a payload that says which key was sent (or that none was) and which setting
+to fix; the keys themselves are never logged nor put in a message.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -22,7 +28,7 @@ from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HttpTransport", "may_have_reached_server"]
+__all__ = ["ADMIN_PATHS", "HttpTransport", "choose_key", "may_have_reached_server", "refusal_message"]
 
 #: seconds an idle pooled connection is kept: below the servers' keep-alive timeouts (uvicorn's
 #: default is 5 s; the embedded server keeps 75 s).
@@ -36,6 +42,64 @@ def _decode(response: httpx.Response) -> Any:
         except ValueError:
             logger.warning("%s answered invalid JSON; keeping the text", response.request.url)
     return response.text
+
+
+#: paths of admin calls: SGLang's ``ADMIN_OPTIONAL`` endpoints (the embedded server's
+#: ``server/auth.py`` guards the same ones) and vLLM's dev-mode control and weight endpoints.
+ADMIN_PATHS: frozenset[str] = frozenset(
+    {
+        # SGLang / embedded
+        "/pause_generation",
+        "/continue_generation",
+        "/update_weights_from_disk",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/update_weights_from_distributed",
+        "/update_weight_version",
+        "/flush_cache",
+        "/abort_request",
+        # vLLM (its --api-key guards only /v1 routes, so these go unguarded there)
+        "/pause",
+        "/resume",
+        "/start_weight_update",
+        "/update_weights",
+        "/init_weight_transfer_engine",
+        "/finish_weight_update",
+    }
+)
+
+KeyKind = Literal["api", "admin"]
+
+
+def choose_key(path: str, api_key: str | None, admin_api_key: str | None) -> tuple[KeyKind | None, str | None]:
+    """Which key a call to ``path`` carries: ``("admin", key)`` for an admin call when an admin key
+    is set, else ``("api", key)`` when an API key is set, else ``(None, None)``."""
+    if path in ADMIN_PATHS and admin_api_key:
+        return "admin", admin_api_key
+    if api_key:
+        return "api", api_key
+    return None, None
+
+
+def refusal_message(path: str, sent: KeyKind | None) -> str:
+    """What a 401/403 answer to a call to ``path`` means, given which key was sent (never the key
+    itself). The caller's error already names the status, the server and the call."""
+    admin = path in ADMIN_PATHS
+    if sent is None:
+        if admin:
+            return ("no key was sent; the server requires its admin API key (ClientConfig.admin_api_key, from "
+                    "rollout.server.admin_api_key_env), or its API key when it has no admin key")
+        return "no key was sent; the server requires an API key (ClientConfig.api_key, from rollout.server.api_key_env)"
+    if sent == "admin":
+        return ("the server refused the admin API key (ClientConfig.admin_api_key, from "
+                "rollout.server.admin_api_key_env): it is not the server's --admin-api-key")
+    if admin:
+        return (f"{path} is an admin endpoint and the server refused the API key: it needs its admin key "
+                "(set ClientConfig.admin_api_key via rollout.server.admin_api_key_env), or the API key is wrong")
+    return ("the server refused the API key (ClientConfig.api_key, from "
+            "rollout.server.api_key_env): it is not the server's --api-key")
 
 
 #: httpx failures that happen before a request's bytes leave the client.
@@ -57,8 +121,13 @@ class HttpTransport:
         connect_timeout_s: float = 10.0,
         max_connections: int = 64,
         transport_factory: Callable[[], httpx.AsyncBaseTransport] | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        # secrets: private, never logged (the class keeps object's repr)
+        self._api_key = api_key
+        self._admin_api_key = admin_api_key
         # idle connections are dropped before servers drop them (uvicorn closes after 5 s by default):
         # reusing one the server is closing at that instant fails the request with a ReadError
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
@@ -80,8 +149,10 @@ class HttpTransport:
     async def send(self, address: str, call: HttpCall, timeout_s: float) -> tuple[int, Any]:
         """Execute ``call`` on the server at ``address`` (a base URL); returns ``(status, payload)``."""
         timeout = httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s))
+        sent, key = choose_key(call.path, self._api_key, self._admin_api_key)
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else None
         request = self._client().request(
-            call.method, address + call.path, json=call.json, params=call.params, timeout=timeout
+            call.method, address + call.path, json=call.json, params=call.params, headers=headers, timeout=timeout
         )
         try:
             response = await asyncio.wait_for(request, timeout_s)
@@ -89,6 +160,9 @@ class HttpTransport:
             raise InferenceTimeoutError(f"{address}{call.path}: no answer within {timeout_s:.1f}s") from exc
         except httpx.TransportError as exc:
             raise InferenceConnectionError(f"{address}{call.path}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code in (401, 403):
+            # the caller turns the status into its error; this says which key to fix
+            return response.status_code, refusal_message(call.path, sent)
         return response.status_code, _decode(response)
 
     async def aclose(self) -> None:
