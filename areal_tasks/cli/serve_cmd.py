@@ -5,11 +5,17 @@
 causal LM) and serves SGLang's native endpoints plus OpenAI's ``/v1`` routes until interrupted.
 Flag names follow SGLang's where they exist (``--model-path``, ``--tokenizer-path`` are accepted
 too). Heavy imports happen inside the handler, so ``areal --help`` stays torch-free.
+
+Keys: ``--api-key-env NAME`` / ``--admin-api-key-env NAME`` read the key from the environment
+variable NAME, which keeps it off the command line (visible in ``ps`` and in launch logs); the job
+launcher uses these. ``--api-key``/``--admin-api-key`` take the key itself (SGLang's flags).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every endpoint")
     parser.add_argument("--admin-api-key", default=None,
                         help="require 'Authorization: Bearer KEY' on admin and weight-update endpoints")
+    parser.add_argument("--api-key-env", default=None, metavar="NAME",
+                        help="like --api-key, with the key read from the environment variable NAME")
+    parser.add_argument("--admin-api-key-env", default=None, metavar="NAME",
+                        help="like --admin-api-key, with the key read from the environment variable NAME")
     parser.add_argument("--tool-call-parser", default=None, choices=("qwen25",),
                         help="parse <tool_call> blocks of chat answers into tool_calls")
     parser.add_argument("--seed", "--random-seed", dest="seed", type=int, default=None,
@@ -49,10 +59,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_serve)
 
 
+def resolve_key(key: str | None, env_name: str | None, flag: str, environ: Mapping[str, str]) -> str | None:
+    """The key of ``--<flag>`` or of ``--<flag>-env NAME`` (ConfigError when both are given or NAME
+    is unset/empty; the messages never show a key)."""
+    from areal_tasks.errors import ConfigError
+
+    if env_name is None:
+        return key
+    if key is not None:
+        raise ConfigError(f"give --{flag} or --{flag}-env, not both")
+    value = environ.get(env_name, "")
+    if not value:
+        state = "empty" if env_name in environ else "not set"
+        raise ConfigError(f"--{flag}-env {env_name}: the environment variable {env_name} is {state}")
+    return value
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Build the server from ``args`` and serve until interrupted."""
     from areal_tasks.inference.server import ServerConfig, run_server
 
+    api_key = resolve_key(args.api_key, args.api_key_env, "api-key", os.environ)
+    admin_api_key = resolve_key(args.admin_api_key, args.admin_api_key_env, "admin-api-key", os.environ)
     cfg = ServerConfig(
         model_path=args.model,
         tokenizer_path=args.tokenizer,
@@ -65,8 +93,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_prefill_tokens=args.max_prefill_tokens,
         served_model_name=args.served_model_name,
         weight_version=args.weight_version,
-        api_key=args.api_key,
-        admin_api_key=args.admin_api_key,
+        api_key=api_key,
+        admin_api_key=admin_api_key,
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
         cuda_graphs=not args.disable_cuda_graph,

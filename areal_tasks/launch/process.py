@@ -8,12 +8,16 @@ what is left: grandchildren that ignore SIGTERM die too.
 Liveness is read from ``/proc`` on Linux so that zombies count as dead: an orphaned grandchild that
 was killed stays a zombie until its new parent reaps it, and a container's PID 1 may never do so.
 Elsewhere ``killpg(pgid, 0)`` is used, which counts zombies as alive.
+
+The logged command line is :func:`redact_argv`'s: the values of secret-looking flags
+(``--api-key KEY``, ``--admin-api-key=KEY``, ``--hf-token ...``) are masked.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -23,7 +27,7 @@ from areal_tasks.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerProcess", "pid_alive", "read_log_tail", "stop_processes"]
+__all__ = ["WorkerProcess", "pid_alive", "read_log_tail", "redact_argv", "stop_processes"]
 
 _PROC = Path("/proc")
 _TAIL_BYTES = 64 * 1024
@@ -63,6 +67,33 @@ def _live_groups() -> set[int] | None:
             if stat is not None and stat[0] not in ("Z", "X"):
                 groups.add(stat[1])
     return groups
+
+
+#: flags whose value is a secret (``--api-key``, ``--admin-api-key``, ``--hf-token``, ``--password``...);
+#: ``--api-key-env NAME`` names a variable and stays readable.
+_SECRET_FLAG = re.compile(r"--?[\w-]*(api[-_]?key|token|password|passwd|secret)", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every secret-looking flag replaced by ``***`` (for logs)."""
+    out: list[str] = []
+    mask_next = False
+    for part in argv:
+        if mask_next:
+            out.append(REDACTED)
+            mask_next = False
+            continue
+        flag, eq, _ = part.partition("=")
+        if _SECRET_FLAG.fullmatch(flag):
+            if eq:
+                out.append(f"{flag}={REDACTED}")
+            else:
+                out.append(part)
+                mask_next = True
+            continue
+        out.append(part)
+    return out
 
 
 def read_log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:
@@ -108,7 +139,7 @@ class WorkerProcess:
                     f"could not start worker {name}: {argv[0]!r}: {exc}; check that the command exists and "
                     f"is executable, and that cwd={cwd!r} exists"
                 ) from exc
-        logger.info("started %s (pid %s): %s; log %s", name, popen.pid, " ".join(argv), log_path)
+        logger.info("started %s (pid %s): %s; log %s", name, popen.pid, " ".join(redact_argv(argv)), log_path)
         return cls(name, popen, log_path)
 
     @property

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,13 +60,16 @@ def starting_policy(cfg: JobConfig, scheduler: Scheduler) -> tuple[str, dict[str
 
 
 def check_before_start(cfg: JobConfig) -> None:
-    """Fail in a second, before any process starts: RL steps, the reward, the workflow."""
+    """Fail in a second, before any process starts: RL steps, the reward, the workflow, and the
+    servers' API keys (each variable ``rollout.server.*_key_env`` names must be set: the servers and
+    the train workers inherit this environment)."""
     from areal_tasks.rollout.rewards import resolve_reward
     from areal_tasks.rollout.workflows import resolve_workflow
 
     rl_steps(cfg)
     resolve_reward(cfg.rollout.reward.fn)
     resolve_workflow(cfg.rollout.workflow.name)
+    cfg.rollout.server.read_keys(os.environ)
 
 
 def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str]) -> WorkerGroupSpec:

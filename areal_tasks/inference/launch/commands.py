@@ -5,6 +5,12 @@ of tensor-parallel size 4); :func:`build_server_command` turns ``rollout.server`
 into the argv of one server, with the Scheduler's ``{host}``/``{port}`` placeholders left in.
 The interpreter is ``rollout.server.python`` (e.g. a separate vLLM venv) or the current one.
 
+API keys (``rollout.server.api_key_env``/``admin_api_key_env`` name environment variables) never
+appear on a command line: the embedded server gets ``--api-key-env NAME``; SGLang and vLLM, which
+take a key only as ``--api-key KEY`` (vLLM also as ``$VLLM_API_KEY``), run under
+:mod:`.with_keys`, which adds the key inside the server process. The variables reach the servers
+because the Scheduler passes its environment on (the LocalScheduler does).
+
 Torch-free.
 """
 
@@ -60,6 +66,9 @@ class ServerArgs:
     #: policy version of the weights at ``model_path`` (reported by the server until the first update).
     weight_version: int = 0
     extra_args: tuple[str, ...] = ()
+    #: names of the environment variables holding the API key and the admin API key (None = none).
+    api_key_env: str | None = None
+    admin_api_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,8 @@ def server_args(
         layout=layout or server_layout(cfg),
         weight_version=weight_version,
         extra_args=tuple(server.extra_args),
+        api_key_env=server.api_key_env,
+        admin_api_key_env=server.admin_api_key_env,
     )
 
 
@@ -117,6 +128,16 @@ def _common(flags: dict[str, object]) -> list[str]:
             continue
         argv += [flag] if value is True else [flag, str(value)]
     return argv
+
+
+def _with_keys(module: str, *, flags: dict[str, str | None] | None = None, envs: dict[str, str | None] | None = None) -> list[str]:
+    """What follows ``python -m`` to run ``module`` with the keys of the named environment variables
+    added as ``--FLAG KEY`` (``flags``: FLAG -> NAME) or as variables (``envs``: TARGET -> NAME), by
+    :mod:`.with_keys`; just ``[module]`` when no variable is named."""
+    options: list[str] = []
+    for option, pairs in (("--flag", flags or {}), ("--env", envs or {})):
+        options += [part for target, name in pairs.items() if name is not None for part in (option, f"{target}={name}")]
+    return ["areal_tasks.inference.launch.with_keys", *options, module] if options else [module]
 
 
 def sglang_command(a: ServerArgs) -> ServerCommand:
@@ -136,7 +157,9 @@ def sglang_command(a: ServerArgs) -> ServerCommand:
         "--trust-remote-code": a.trust_remote_code,
         "--weight-version": a.weight_version,
     }
-    return ServerCommand("sglang", [a.python, "-m", "sglang.launch_server", *_common(flags), *a.extra_args])
+    keys = {"api-key": a.api_key_env, "admin-api-key": a.admin_api_key_env}
+    argv = [a.python, "-m", *_with_keys("sglang.launch_server", flags=keys), *_common(flags), *a.extra_args]
+    return ServerCommand("sglang", argv)
 
 
 def vllm_command(a: ServerArgs) -> ServerCommand:
@@ -159,7 +182,13 @@ def vllm_command(a: ServerArgs) -> ServerCommand:
         # logprobs after temperature/top-p, as SGLang and the embedded server report them
         "--logprobs-mode": "processed_logprobs",
     }
-    argv = [a.python, "-m", "vllm.entrypoints.openai.api_server", *_common(flags), *a.extra_args]
+    if a.admin_api_key_env is not None:
+        raise ConfigError(
+            f"rollout.server.admin_api_key_env={a.admin_api_key_env!r}: vLLM has no admin key (its --api-key "
+            "guards only the /v1 routes); leave it null"
+        )
+    module = _with_keys("vllm.entrypoints.openai.api_server", envs={"VLLM_API_KEY": a.api_key_env})
+    argv = [a.python, "-m", *module, *_common(flags), *a.extra_args]
     env = {
         # dev-mode endpoints (pause/resume, weight updates) are what RL needs
         "VLLM_SERVER_DEV_MODE": "1",
@@ -185,6 +214,9 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
         "--context-length": a.context_length,
         "--seed": a.seed,
         "--weight-version": a.weight_version,
+        # the server reads the keys from these variables: only the names are on the command line
+        "--api-key-env": a.api_key_env,
+        "--admin-api-key-env": a.admin_api_key_env,
     }
     return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
 
