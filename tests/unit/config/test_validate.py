@@ -64,6 +64,10 @@ CASES: list[tuple[list[str], str]] = [
     (["rollout.server.python=' '"], "rollout.server.python: must be a non-empty string"),
     (["rollout.server.startup_timeout_s=0"], "rollout.server.startup_timeout_s: must be > 0"),
     (["rollout.server.max_restarts=-1"], "rollout.server.max_restarts: must be >= 0"),
+    (["rollout.server.api_key_env=sk-123"], "rollout.server.api_key_env: must name an environment variable"),
+    (["rollout.server.admin_api_key_env='9LIVES'"], "rollout.server.admin_api_key_env: must name an environment"),
+    (["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.server.admin_api_key_env=ADMIN"],
+     "rollout.server.admin_api_key_env: vLLM has no admin key"),
     # engines
     (["actor.optimizer.lr=0"], "actor.optimizer.lr: must be > 0"),
     (["actor.optimizer.beta2=1"], "actor.optimizer.beta2: must be >= 0 and < 1"),
