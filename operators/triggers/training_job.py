@@ -1,9 +1,9 @@
 """``TrainingJobTrigger``: waits in the triggerer for an RL job to end, without holding a worker slot.
 
 It polls the job through the scheduler's cluster hook (in a thread: the hook reads files and
-``/proc``, which must not block the triggerer's event loop) every ``poll_interval`` seconds, logs a
-progress line when the run directory's ``rl_metrics.jsonl`` grows, and yields exactly one
-:class:`TriggerEvent`::
+``/proc``, which must not block the triggerer's event loop) every ``poll_interval`` seconds, logs
+short progress lines from the run directory's per-step metrics -- ``sft_metrics.jsonl`` during the
+SFT warm start, ``rl_metrics.jsonl`` during RL -- and yields exactly one :class:`TriggerEvent`::
 
     {"status": "succeeded" | "failed" | "cancelled" | "error", "reason": str,
      "job_name": str, "run_dir": str | None, "exit_code": int | None}
@@ -11,13 +11,22 @@ progress line when the run directory's ``rl_metrics.jsonl`` grows, and yields ex
 ``error`` means the job could not be polled (the exception's type and message are the reason); the
 job itself may still be running, and the operator's next try reattaches to it. When a user kills
 the deferred task (mark failed, clear), :meth:`on_kill` cancels the job.
+
+Progress: at most one line per poll and per phase, for the newest step written since the last
+poll (the poll that sees the job ended included), saying how many steps it covers when several
+arrived, e.g. ``sft step 120/300 loss 0.412 (12 new steps)`` or
+``rl step 12/40 reward 0.531 eval 0.600 stale 0 1.94 s/step``.
+The totals come from the config the job wrote into its run directory (``sft_config.yaml``,
+``rl_config.yaml``, else ``config.yaml``); without one the line reads ``step 120``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +34,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 __all__ = ["TrainingJobTrigger"]
 
-#: file in the run directory holding one JSON line of metrics per RL step.
+#: file in the run directory holding one JSON line of metrics per RL step (steps 1..N).
 METRICS_FILE = "rl_metrics.jsonl"
-#: metrics quoted in a progress line, when present.
-PROGRESS_KEYS = ("reward/mean", "eval/reward", "actor/loss", "staleness/mean", "perf/step_s")
+#: file in the run directory holding one JSON line per SFT warm-start step (steps 0..N-1).
+SFT_METRICS_FILE = "sft_metrics.jsonl"
+#: the resolved config the whole job was started with (a fallback for the phases' own copies).
+RESOLVED_CONFIG_FILE = "config.yaml"
 
 
 class TrainingJobTrigger(BaseTrigger):
@@ -74,12 +85,11 @@ class TrainingJobTrigger(BaseTrigger):
                     yield self._event("error", f"job {self.job_name} has no record under {self.jobs_root}: "
                                       f"it was removed while the task waited ({status.reason})", run_dir)  # fmt: skip
                     return
+                for line in await asyncio.to_thread(progress.read, run_dir):  # also the last steps of an ended job
+                    self.log.info("%s", line)
                 if status.state != "running":
                     yield self._event(status.state, status.reason, run_dir, status.exit_code)
                     return
-                line = await asyncio.to_thread(progress.read, run_dir)
-                if line:
-                    self.log.info("job %s: %s", self.job_name, line)
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # a process boundary: a polling failure becomes the one terminal event
             self.log.exception("polling job %s failed", self.job_name)
@@ -97,32 +107,96 @@ class TrainingJobTrigger(BaseTrigger):
         )
 
 
-class _Progress:
-    """Reads the lines appended to ``<run_dir>/rl_metrics.jsonl`` since the last look."""
+@dataclass(frozen=True)
+class _Phase:
+    """One phase's metrics file and how to show it."""
 
-    def __init__(self) -> None:
+    name: str
+    metrics_file: str
+    config_file: str
+    #: added to a row's ``step`` to count the steps done (the SFT loop counts from 0).
+    step_offset: int
+    #: ``(metric key, label, format)`` quoted in the line, when present and finite.
+    shown: tuple[tuple[str, str, str], ...]
+
+
+SFT_PHASE = _Phase("sft", SFT_METRICS_FILE, "sft_config.yaml", 1, (("loss", "loss", "{:.3f}"),))
+RL_PHASE = _Phase(
+    "rl", METRICS_FILE, "rl_config.yaml", 0,
+    (("reward/mean", "reward", "{:.3f}"), ("eval/reward", "eval", "{:.3f}"), ("staleness/mean", "stale", "{:.2g}"),
+     ("perf/step_s", "", "{:.2f} s/step")),
+)  # fmt: skip
+
+
+def _phase_total(phase: _Phase, run_dir: Path) -> int | None:
+    """Steps of ``phase`` from the config the job wrote (None when none is there yet or it is unreadable)."""
+    import yaml
+
+    for name in (phase.config_file, RESOLVED_CONFIG_FILE):
+        try:
+            train = (yaml.safe_load((run_dir / name).read_text(encoding="utf-8")) or {}).get("train") or {}
+            sft, total = int(train.get("sft_warmup_steps") or 0), int(train["total_steps"])
+        except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+            continue  # progress lines are best effort: a missing total only shortens them
+        return sft if phase.name == SFT_PHASE.name else total - sft
+    return None
+
+
+class _Tail:
+    """The complete lines appended to one phase's metrics file since the last look."""
+
+    def __init__(self, phase: _Phase) -> None:
+        self.phase = phase
         self.offset = 0
+        self.total: int | None = None
 
-    def read(self, run_dir: str | None) -> str | None:
-        """A one-line summary of the newest complete metrics line, or None when nothing new was written."""
-        if not run_dir:
-            return None
-        path = Path(run_dir) / METRICS_FILE
+    def read(self, run_dir: Path) -> str | None:
+        """A line for the newest step written since the last call, or None when nothing new is complete."""
+        path = run_dir / self.phase.metrics_file
         try:
             with open(path, "rb") as handle:
+                if handle.seek(0, 2) < self.offset:  # rewritten (a resubmitted job restarted the phase)
+                    self.offset, self.total = 0, None
                 handle.seek(self.offset)
                 data = handle.read()
         except FileNotFoundError:
             return None
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        lines = [line for line in complete.decode("utf-8", errors="replace").splitlines() if line.strip()]
-        if not lines:
+        rows = [line for line in complete.decode("utf-8", errors="replace").splitlines() if line.strip()]
+        if not rows:
             return None
+        if self.total is None:
+            self.total = _phase_total(self.phase, run_dir)
         try:
-            last = json.loads(lines[-1])
+            last = json.loads(rows[-1])
         except json.JSONDecodeError:
-            return f"{len(lines)} new metrics line(s) (the last is not JSON)"
-        step = last.get("step", "?")
-        shown = ", ".join(f"{k}={last[k]:.4g}" for k in PROGRESS_KEYS if isinstance(last.get(k), (int, float)))
-        return f"step {step}" + (f": {shown}" if shown else "")
+            last = None
+        if not isinstance(last, dict):
+            return f"{self.phase.name}: {len(rows)} new metrics line(s), the last is not a JSON object"
+        return self._format(last, len(rows))
+
+    def _format(self, row: dict[str, Any], new_rows: int) -> str:
+        step = row.get("step")
+        done = step + self.phase.step_offset if isinstance(step, int) else "?"
+        parts = [f"{self.phase.name} step {done}" + (f"/{self.total}" if self.total else "")]
+        for key, label, fmt in self.phase.shown:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                parts.append(f"{label} {fmt.format(value)}".strip())
+        if new_rows > 1:
+            parts.append(f"({new_rows} new steps)")
+        return " ".join(parts)
+
+
+class _Progress:
+    """Progress lines of both phases: at most one per phase per call."""
+
+    def __init__(self) -> None:
+        self.tails = (_Tail(SFT_PHASE), _Tail(RL_PHASE))
+
+    def read(self, run_dir: str | None) -> list[str]:
+        """New progress lines (SFT first), empty when nothing new was written."""
+        if not run_dir:
+            return []
+        return [line for tail in self.tails if (line := tail.read(Path(run_dir)))]
