@@ -130,7 +130,9 @@ def _common(flags: dict[str, object]) -> list[str]:
     return argv
 
 
-def _with_keys(module: str, *, flags: dict[str, str | None] | None = None, envs: dict[str, str | None] | None = None) -> list[str]:
+def _with_keys(
+    module: str, *, flags: dict[str, str | None] | None = None, envs: dict[str, str | None] | None = None
+) -> list[str]:
     """What follows ``python -m`` to run ``module`` with the keys of the named environment variables
     added as ``--FLAG KEY`` (``flags``: FLAG -> NAME) or as variables (``envs``: TARGET -> NAME), by
     :mod:`.with_keys`; just ``[module]`` when no variable is named."""

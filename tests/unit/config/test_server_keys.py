@@ -22,7 +22,8 @@ def test_read_keys() -> None:
     assert server.read_keys({}) == (None, None)
     server.api_key_env, server.admin_api_key_env = "API", "ADMIN"
     assert server.read_keys({"API": "a", "ADMIN": "b"}) == ("a", "b")
-    with pytest.raises(ConfigError, match=r"rollout.server.admin_api_key_env='ADMIN': the environment variable ADMIN is not set"):
+    unset = r"rollout.server.admin_api_key_env='ADMIN': the environment variable ADMIN is not set"
+    with pytest.raises(ConfigError, match=unset):
         server.read_keys({"API": "a"})
     with pytest.raises(ConfigError, match="API is empty"):
         server.read_keys({"API": "", "ADMIN": "b"})
