@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import ConfigError, RolloutError
+from areal_tasks.trainer.evaluate import samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -340,7 +341,7 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
                 "greedy_accuracy_before": before["eval_greedy/accuracy"],
                 "greedy_accuracy_after": after["eval_greedy/accuracy"],
                 "eval_temperature": cfg.evaluation.temperature,
-                "eval_samples_per_prompt": max(1, cfg.evaluation.n_samples) if cfg.evaluation.temperature > 0 else 1,
+                "eval_samples_per_prompt": samples_per_prompt(cfg),
                 "eval_prompts": int(after["eval_greedy/n"]),
                 "steps": n_steps,
                 "first_step": first_step,

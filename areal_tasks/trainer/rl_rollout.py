@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
+from areal_tasks.trainer.evaluate import eval_sampling, samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
@@ -81,9 +82,6 @@ class RolloutSide:
         reward = RewardRunner(cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers,
                               timeout_s=cfg.rollout.reward.timeout_s)  # fmt: skip
         train_sampling = SamplingParams.from_config(cfg.rollout.sampling)
-        # no shared seed: one seed for every request would give every prompt the same random
-        # draws (a correlated, high-variance estimate); greedy evaluation needs none
-        eval_sampling = replace(train_sampling, temperature=cfg.evaluation.temperature, seed=None)
         workflow = workflow_of(cfg, tokenizer, train_sampling, reward.score)
         executor = RolloutExecutor.from_config(
             cfg.rollout, engine=client, workflow=workflow, dataset=load_split(cfg.dataset, "train"),
@@ -91,7 +89,9 @@ class RolloutSide:
             group_filter=group_filter_of(cfg), version=version,
         )  # fmt: skip
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
-        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling, reward.score),
+        # the one evaluation rule (also evaluate_checkpoint's): rollout.sampling at
+        # evaluation.temperature, no shared seed, evaluation.n_samples samples of each prompt
+        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling(cfg), reward.score),
                    workflow_of(cfg, tokenizer, greedy_sampling, reward.score))  # fmt: skip
 
     def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
@@ -106,10 +106,9 @@ class RolloutSide:
         records = load_split(self.cfg.dataset, "eval")
         limit = n_prompts or self.cfg.evaluation.max_eval_prompts
         records = records[:limit] if limit else records
-        workflow, prefix, n_samples = self.eval_workflow, "eval", max(1, self.cfg.evaluation.n_samples)
-        if greedy or self.cfg.evaluation.temperature == 0:
-            n_samples = 1
+        workflow, prefix, n_samples = self.eval_workflow, "eval", samples_per_prompt(self.cfg)
         if greedy:
+            n_samples = 1
             workflow, prefix = self.greedy_workflow, "eval_greedy"
         started = time.perf_counter()
         rewards = asyncio.run(self._episodes(workflow, [r for r in records for _ in range(n_samples)]))
