@@ -7,7 +7,8 @@ sets the run id under "Advanced Options" and triggers. The test then reads the D
 the REST API: it exists, with the changed value in its conf next to the Params' defaults. The run is
 marked failed as soon as it exists (so it does not train on the shared machine) and the test waits
 until none of its tasks is active. Screenshots of the filled form and of the page after the trigger
-go to the test's tmp dir and are copied to ``runs/test-artifacts/airflow-ui/`` (ignored by git).
+go to the test's tmp dir and are copied to ``runs/test-artifacts/airflow-ui/`` (the latest run's;
+ignored by git).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 for shot in shots:
                     if shot.is_file():
-                        shutil.copy(shot, ARTIFACTS / f"{tag}-{shot.name}")
+                        shutil.copy(shot, ARTIFACTS / shot.name)  # the latest run's
         finally:
             browser.close()
     ui_s = time.monotonic() - started
