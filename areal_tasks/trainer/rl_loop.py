@@ -318,6 +318,11 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
                 evaluated = side.evaluate()
                 metrics.update(evaluated)
                 _notify(callbacks, "on_eval", step, evaluated, None)
+            # metrics first: a job killed after the save would resume past this step and never
+            # log it (killed before the save, it redoes the step and logs it again)
+            for cb in callbacks:
+                cb.on_step(step, metrics)
+            last_metrics = metrics
             if manager.should_save(step, last=step == n_steps):
                 executor_state = side.executor.state_dict() if side is not None else {}
                 ticket = manager.save(step, engines, TrainerState(step=step, version=version, executor=executor_state),
@@ -326,9 +331,6 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
                 if ticket.done():
                     url = manager.layout.url(step_dir(step))
                     _notify(callbacks, "on_checkpoint", step, url, ticket.wait().to_dict())
-            for cb in callbacks:
-                cb.on_step(step, metrics)
-            last_metrics = metrics
         if side is not None:
             side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
             after = {**side.evaluate(), **side.evaluate(greedy=True)}
