@@ -88,4 +88,4 @@ with DAG(
     evaluation >> requested >> register >> finish
     cleanup = fail_mlflow_run()
     [evaluation, register, finish] >> cleanup
-    fail_run_on_any_failure([job, mlflow, evaluation, requested, register, finish, cleanup])
+    fail_run_on_any_failure([job, mlflow, evaluation, requested, register, finish])
