@@ -17,11 +17,11 @@ current one).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, task
-from areal_dag_common import default_args, job_params, log_dag_failure, tracking_params
+from areal_dag_common import common_dag_kwargs, job_params, tracking_params
 from areal_dag_tasks import (
     fail_mlflow_run,
     fail_run_on_any_failure,
@@ -56,14 +56,11 @@ with DAG(
     dag_id=DAG_ID,
     description="Evaluate one checkpoint URL on the eval split; log it to MLflow, optionally register it",
     schedule=None,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
     max_active_runs=4,
-    default_args=default_args(),
-    on_failure_callback=log_dag_failure,
     params=PARAMS,
     tags=["areal", "evaluation"],
     doc_md=__doc__,
+    **common_dag_kwargs(),
 ) as dag:
 
     @task.short_circuit(ignore_downstream_trigger_rules=False)

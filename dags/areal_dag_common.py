@@ -23,7 +23,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,13 @@ def log_task_retry(context: Mapping[str, Any]) -> None:
 def log_task_failure(context: Mapping[str, Any]) -> None:
     """``on_failure_callback``: one error block saying what failed for good and what to do."""
     logger.error("%s", failure_summary(context, final=True))
+
+
+def common_dag_kwargs() -> dict[str, Any]:
+    """What every areal DAG shares: a fixed start date without catch-up, the task defaults of
+    :func:`default_args` (retries with backoff, timeouts, callbacks) and the DAG-level failure log."""
+    return {"start_date": datetime(2025, 1, 1), "catchup": False, "default_args": default_args(),
+            "on_failure_callback": log_dag_failure}
 
 
 def log_dag_failure(context: Mapping[str, Any]) -> None:

@@ -29,11 +29,10 @@ Trigger it from the UI (the form is built from the Params), the REST API, or the
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG
-from areal_dag_common import default_args, evaluate_param, job_params, log_dag_failure, tracking_params
+from areal_dag_common import common_dag_kwargs, evaluate_param, job_params, tracking_params
 from areal_dag_tasks import resolve_job, training_pipeline
 
 DAG_ID = "areal_rl_training"
@@ -48,13 +47,10 @@ with DAG(
     dag_id=DAG_ID,
     description="RL post-training: pre-flight checks, the RL job, checkpoint evaluation, model registry",
     schedule=None,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
     max_active_runs=4,
-    default_args=default_args(),
-    on_failure_callback=log_dag_failure,
     params=PARAMS,
     tags=["areal", "training"],
     doc_md=__doc__,
+    **common_dag_kwargs(),
 ) as dag:
     training_pipeline(resolve_job())

@@ -25,11 +25,10 @@ beats the current champion's gate metric. Without a champion the run fails with 
 from __future__ import annotations
 
 import os
-from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param
-from areal_dag_common import default_args, evaluate_param, job_params, log_dag_failure, tracking_params
+from areal_dag_common import common_dag_kwargs, evaluate_param, job_params, tracking_params
 from areal_dag_tasks import resolve_job, start_from_champion, training_pipeline
 
 DAG_ID = "areal_scheduled_retraining"
@@ -65,14 +64,11 @@ with DAG(
     dag_id=DAG_ID,
     description="Retrain the registry's champion on new data (Asset events) or on a cron schedule",
     schedule=SCHEDULE,
-    start_date=datetime(2025, 1, 1),
-    catchup=False,
     max_active_runs=1,
-    default_args=default_args(),
-    on_failure_callback=log_dag_failure,
     params=PARAMS,
     tags=["areal", "training", "scheduled"],
     doc_md=__doc__,
+    **common_dag_kwargs(),
 ) as dag:
     champion = start_from_champion(TRAINING_DATA.name)
     job = resolve_job(overrides_from="start_from_champion")

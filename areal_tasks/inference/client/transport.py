@@ -24,6 +24,7 @@ from typing import Any, Literal
 import httpx
 
 from areal_tasks.errors import InferenceConnectionError, InferenceTimeoutError
+from areal_tasks.inference.admin_paths import SGLANG_ADMIN_PATHS
 from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
@@ -46,20 +47,8 @@ def _decode(response: httpx.Response) -> Any:
 
 #: paths of admin calls: SGLang's ``ADMIN_OPTIONAL`` endpoints (the embedded server's
 #: ``server/auth.py`` guards the same ones) and vLLM's dev-mode control and weight endpoints.
-ADMIN_PATHS: frozenset[str] = frozenset(
+ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS | frozenset(
     {
-        # SGLang / embedded
-        "/pause_generation",
-        "/continue_generation",
-        "/update_weights_from_disk",
-        "/init_weights_update_group",
-        "/destroy_weights_update_group",
-        "/begin_weight_update",
-        "/end_weight_update",
-        "/update_weights_from_distributed",
-        "/update_weight_version",
-        "/flush_cache",
-        "/abort_request",
         # vLLM (its --api-key guards only /v1 routes, so these go unguarded there)
         "/pause",
         "/resume",

@@ -17,24 +17,12 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from areal_tasks.inference.admin_paths import SGLANG_ADMIN_PATHS
+
 logger = logging.getLogger(__name__)
 
-#: endpoints SGLang marks ``ADMIN_OPTIONAL``.
-ADMIN_PATHS: frozenset[str] = frozenset(
-    {
-        "/pause_generation",
-        "/continue_generation",
-        "/update_weights_from_disk",
-        "/init_weights_update_group",
-        "/destroy_weights_update_group",
-        "/begin_weight_update",
-        "/end_weight_update",
-        "/update_weights_from_distributed",
-        "/update_weight_version",
-        "/flush_cache",
-        "/abort_request",
-    }
-)
+#: endpoints SGLang marks ``ADMIN_OPTIONAL`` (shared with the client).
+ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS
 _OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 
