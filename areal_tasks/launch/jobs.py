@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_tasks.errors import SchedulerError
-from areal_tasks.launch.process import read_log_tail
+from areal_tasks.launch.process import read_log_tail, redact_argv
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class LocalJobs:
             record = {
                 "name": name,
                 "attempt": attempt,
-                "argv": list(argv),
+                "argv": redact_argv(list(argv)),  # the record is for people: no secrets in it
                 "env_keys": sorted((env or {}).keys()),
                 "run_dir": None if run_dir is None else str(run_dir),
                 "cwd": str(cwd) if cwd is not None else os.getcwd(),
@@ -178,7 +178,7 @@ class LocalJobs:
                 "submitted_at": time.time(),
             }
             _write_json_atomic(folder / RECORD_FILE, record)
-        logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(argv))
+        logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(redact_argv(list(argv))))
         return self._status_of(name, folder)
 
     def status(self, name: str) -> JobStatus:

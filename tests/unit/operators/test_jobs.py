@@ -169,3 +169,15 @@ def test_reused_pid_is_not_taken_for_the_job(jobs: LocalJobs) -> None:
     (folder / "job.json").write_text(json.dumps(record))
     assert status.pid != os.getpid()
     assert jobs.status("reuse").state == "failed"
+
+
+def test_the_job_record_and_log_hide_secret_flags(jobs: LocalJobs, tmp_path: Path, caplog) -> None:
+    """A key passed on a job's command line runs as given but stays out of the record and the log."""
+    with caplog.at_level("INFO", logger="areal_tasks.launch.jobs"):
+        jobs.submit("secret", [PY, "-c", "import sys; sys.exit(0 if sys.argv[2][::-1] == '2retnuh' else 4)",
+                               "--api-key", "hunter2"])
+    assert wait_state(jobs, "secret") == "succeeded", "the job did not get its real arguments"
+    records = list(jobs.root.rglob("job.json"))
+    text = "".join(r.read_text() for r in records)
+    assert records and "hunter2" not in text and "--api-key" in text
+    assert "hunter2" not in caplog.text
