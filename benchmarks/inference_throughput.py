@@ -108,6 +108,7 @@ def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefil
     import io
     import pstats
 
+    from profiling import busy_fraction  # benchmarks/, the script's directory
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -137,14 +138,7 @@ def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefil
         kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
         if kernels:
             start = min(a for a, _ in kernels)
-            end = start + wall * 1e6
-            covered, reach = 0.0, start
-            for a, b in sorted(kernels):
-                a, b = max(a, reach), min(b, end)
-                if b > a:
-                    covered += b - a
-                    reach = b
-            result["gpu_busy_fraction"] = covered / (end - start)
+            result["gpu_busy_fraction"] = busy_fraction(kernels, start, start + wall * 1e6)
         print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
         print(f"profiled run {wall:.2f} s, GPU busy {100 * (result['gpu_busy_fraction'] or 0):.1f} %")
     return result

@@ -50,6 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from profiling import busy_fraction  # benchmarks/ is the script's directory, first on sys.path
+
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
@@ -117,17 +119,6 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     attn = 6 * shape["num_hidden_layers"] * shape["num_attention_heads"] * head_dim * float((lengths**2).sum())
     return 6.0 * n_params * float(lengths.sum()) + attn
-
-
-def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
-    """Share of ``[start, end]`` covered by the union of ``intervals`` (overlaps counted once)."""
-    covered, reach = 0.0, start
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, end)
-        if b > a:
-            covered += b - a
-            reach = b
-    return covered / (end - start) if end > start else 0.0
 
 
 def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
