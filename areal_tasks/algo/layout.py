@@ -47,7 +47,8 @@ def packed_to_padded(x: Tensor, cu_seqlens: Tensor, pad_value: float = 0.0) -> t
     padded = x.new_full((lens.numel(), width, *x.shape[1:]), pad_value)
     padded = padded.index_put((seq_idx, pos), x)
     valid = torch.zeros(lens.numel(), width, dtype=torch.bool, device=x.device)
-    valid[seq_idx, pos] = True
+    # a device-side True: ``valid[...] = True`` would copy a host scalar and synchronise the GPU stream
+    valid.index_put_((seq_idx, pos), torch.ones((), dtype=torch.bool, device=x.device))
     return padded, valid
 
 

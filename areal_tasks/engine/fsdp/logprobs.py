@@ -65,6 +65,7 @@ def align_to_tokens(next_stats: torch.Tensor, cu_seqlens: torch.Tensor) -> torch
     import torch
 
     shifted = torch.roll(next_stats, shifts=1, dims=0)
-    keep = torch.ones_like(shifted, dtype=torch.bool)
-    keep[cu_seqlens[:-1].long()] = False
+    # index_fill_ takes the value as a kernel argument; ``keep[idx] = False`` would copy a host scalar
+    # to the device and so synchronise with the GPU stream on every call
+    keep = torch.ones_like(shifted, dtype=torch.bool).index_fill_(0, cu_seqlens[:-1].long(), False)
     return torch.where(keep, shifted, torch.zeros_like(shifted))
