@@ -82,6 +82,8 @@ class EngineConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     #: recompute activations in the backward pass to save memory.
     gradient_checkpointing: bool = False
+    #: ``torch.compile`` the element-wise work (norms, MLP, LM-head chunks); ``auto`` = on CUDA only.
+    compile: Literal["auto", "on", "off"] = "auto"
     #: keep parameters and optimizer state in CPU memory between uses.
     cpu_offload: bool = False
     #: compute dtype of this engine; ``auto`` = ``model.dtype``.

@@ -1,0 +1,53 @@
+"""``torch.compile`` of a decoder's element-wise modules, shared by the train engine and the server.
+
+In every decoder block of an HF causal LM, each child module except the attention (the MLP and the
+norms), and the decoder's final norm, are compiled in place with ``nn.Module.compile`` (parameter
+names, ties and checkpoints are untouched). Inductor fuses RMSNorm's fp32 round trip and SiLU x up
+into one or two kernels each. ``dynamic=True``: packed training micro-batches and decode batches
+change size every call, and one compiled graph serves them all.
+
+The attention modules stay eager: their kernels read host-side sequence bounds (training) or run
+inside the server's own cache plumbing, which a compiled graph would specialise on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def is_attention(module: torch.nn.Module) -> bool:
+    """A block's attention module (``Qwen2Attention``, ``LlamaAttention``...), left eager."""
+    return "attention" in type(module).__name__.lower()
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks (the first non-empty ``ModuleList`` named ``...layers``), or [] when none."""
+    import torch
+
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
+
+
+def compile_pointwise_modules(model: torch.nn.Module, blocks: list[torch.nn.Module] | None = None) -> list[str]:
+    """Compile ``blocks``' (default: :func:`decoder_blocks`) non-attention children and the final
+    norm in place; returns their names relative to ``model``."""
+    blocks = decoder_blocks(model) if blocks is None else blocks
+    names = {id(module): name for name, module in model.named_modules()}
+    targets = [child for block in blocks for child in block.children() if not is_attention(child)]
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    final_norm = getattr(decoder, "norm", None)
+    if final_norm is not None:
+        targets.append(final_norm)
+    for module in targets:
+        module.compile(dynamic=True)
+    compiled = [names.get(id(module), type(module).__name__) for module in targets]
+    logger.info("torch.compile: %d modules (%s, ...)", len(compiled), ", ".join(compiled[:3]))
+    return compiled
