@@ -56,7 +56,8 @@ Checked on an H200 (tests/gpu/test_memory_estimate_gpu.py; torch 2.11, transform
 peak of a one-GPU Qwen2 training step (bf16 and fp32, with and without checkpointing, 32K and 152K
 vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet checked on GPUs.
 
-Fixed overhead: with FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
+Fixed overhead: unsharded (``S = 1``) with a compute dtype narrower than the parameters, the
+compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
 two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
 copy for the reduce-scatter; plus the chunked-CE buffer. Late transients come after the activations
 are freed: the optimizer step (foreach AdamW) needs one temporary the size of one moment,
@@ -285,6 +286,10 @@ def estimate_memory(
 
     fixed = 0
     late = -(-n_train * step_per_param // per_gpu)
+    if shard == 1 and c < p:
+        # one rank per shard group: the root's compute-dtype copy of every parameter lives from the
+        # forward to the end of the backward (``build.py``)
+        fixed += n_params * c // tp
     if shard > 1:
         biggest_layer = max(dims.layer_params(False), dims.layer_params(True) if dims.num_experts else 0)
         fixed += ((dims.root_params + 2 * biggest_layer) * c + biggest_layer * (c + 4)) // tp

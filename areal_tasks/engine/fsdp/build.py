@@ -5,12 +5,15 @@ Master weights are fp32 on every device; the compute dtype comes from the mixed-
 ``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head).
 Attention: see :func:`_attn_implementation` (packed micro-batches need a varlen-capable kernel).
 An actor's LM head becomes the chunked fused head before any wrapping (``lm_head.py``).
+On CUDA the element-wise pieces are compiled before sharding (``compile.py``). With a single rank per
+shard group (one GPU, or tp only) only the root is wrapped: there is nothing to shard, and per-block
+hooks cost host time that a 0.5B model's step cannot hide.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.engine.fsdp.attention import (
@@ -19,6 +22,7 @@ from areal_tasks.engine.fsdp.attention import (
     register_varlen_attention,
     varlen_api_available,
 )
+from areal_tasks.engine.fsdp.compile import compile_model, should_compile
 from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
 from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
 from areal_tasks.errors import EngineError
@@ -46,6 +50,10 @@ class BuiltModel:
     param_dtype_name: str
     #: the chunked fused LM head (log-probs without full logits), or None: plain logits.
     lm_head: ChunkedLMHead | None = None
+    #: modules run through ``torch.compile`` (``compile.py``); empty when eager.
+    compiled: list[str] = field(default_factory=list)
+    #: why compilation is on or off.
+    compile_reason: str = ""
 
 
 def compute_dtype_name(dtype: str, device: torch.device) -> str:
@@ -142,11 +150,20 @@ def build_model(
     )
     # pinned host memory needs CUDA; on CPU the policy still keeps shards and optimizer state on the host
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.cpu_offload else OffloadPolicy()
-    shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload}
-    for block in find_decoder_blocks(model):
-        fully_shard(block, **shard_kwargs)
+    # One rank per shard group: nothing is sharded, so per-block wrapping would only add hooks, copies
+    # and a reshard that the backward undoes again; the root alone casts every parameter once per
+    # forward and keeps the compute-dtype copy for the backward.
+    single_rank = mesh.fsdp_mesh.size() == 1
+    shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload,
+                    "reshard_after_forward": not single_rank}
+    blocks = find_decoder_blocks(model)
+    do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
+    compiled = compile_model(model, blocks, chunked_head=lm_head is not None) if do_compile else []
+    if not single_rank:
+        for block in blocks:
+            fully_shard(block, **shard_kwargs)
     fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("model %s: %d parameters (sharded view), compute dtype %s", type(model).__name__, n_params, dtype_name)
     return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
-                      lm_head=lm_head)
+                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason)

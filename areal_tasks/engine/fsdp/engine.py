@@ -99,6 +99,7 @@ class FSDPEngine(TrainEngine):
         )
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
         self.lm_head = built.lm_head
+        self._compiled, self._compile_reason = built.compiled, built.compile_reason
         self.mb_spec = _micro_batch_spec(self.config, built, dims)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head)
@@ -122,7 +123,8 @@ class FSDPEngine(TrainEngine):
             head = f"chunked fused (chunk {self.lm_head.chunk})"
         else:
             head = "full logits"
-        return {"attention": str(attn), "lm_head": head}
+        compiled = f"{len(self._compiled)} modules" if self._compiled else f"off ({self._compile_reason})"
+        return {"attention": str(attn), "lm_head": head, "compile": compiled}
 
     @property
     def parallel(self) -> ParallelInfo:
@@ -157,6 +159,8 @@ class FSDPEngine(TrainEngine):
         import torch
         import torch.distributed as dist
 
+        if dist.get_world_size(self.mesh.dp_group) == 1:
+            return list(values)  # nothing to reduce, and no device round trip (two synchronisations)
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, group=self.mesh.dp_group)
         return tensor.tolist()
