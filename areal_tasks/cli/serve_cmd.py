@@ -54,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seed of the shared sampling stream (requests may carry their own sampling_seed)")
     parser.add_argument("--disable-cuda-graph", action="store_true",
                         help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
+    parser.add_argument("--disable-torch-compile", action="store_true",
+                        help="on CUDA, keep the norms and MLPs eager instead of torch.compile-fused")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run_serve)
@@ -98,6 +100,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
         cuda_graphs=not args.disable_cuda_graph,
+        torch_compile=not args.disable_torch_compile,
         num_threads=args.num_threads,
         log_level=args.log_level,
     )

@@ -87,6 +87,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "device": str(server.runner.device),
             "dtype": str(server.runner.dtype).removeprefix("torch."),
             "cuda_graphs": bool(getattr(server.runner, "capture", False)),
+            "torch_compile": bool(server.runner.compiled),
             "paused": stats.paused,
             "weight_update_groups": sorted(server.weights.groups),
             "version": "areal-embedded",

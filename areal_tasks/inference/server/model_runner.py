@@ -4,7 +4,7 @@ Any ``AutoModelForCausalLM`` whose attention layers go through ``Cache.update`` 
 hands the model a :class:`~areal_tasks.inference.server.kv_cache.BatchCacheView` and a prepared
 attention mask per layer type (full and sliding-window attention), plus explicit position ids.
 
-Two kinds of forward:
+Attention is transformers' SDPA with grouped-query decode (``attention.py``). Two kinds of forward:
 
 * :meth:`ModelRunner.prefill` runs one sequence's new tokens (a prompt, or a prompt plus the
   output kept over a ``retract`` pause) into its slot. Starting at position 0 it passes no mask, so
@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceError, ModelError
+from areal_tasks.inference.server.attention import register_serve_attention
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
+from areal_tasks.models.compile import compile_pointwise_modules
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class RunnerConfig:
     tokenizer_path: str | None = None
     #: on CUDA, capture decode steps as CUDA graphs per batch-size bucket (``cuda_graph.py``).
     cuda_graphs: bool = True
+    #: on CUDA, ``torch.compile`` the norms and MLPs (fused element-wise work; captured into the graphs).
+    torch_compile: bool = True
 
 
 def resolve_device(name: str) -> torch.device:
@@ -97,8 +101,11 @@ class ModelRunner:
         hf_config = AutoConfig.from_pretrained(path)
         self.dtype = resolve_dtype(cfg.dtype, self.device, hf_config)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation="sdpa")
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype,
+                                                          attn_implementation=register_serve_attention())
         self.model.to(self.device).eval()
+        #: names of the modules run through torch.compile (CUDA only; empty otherwise).
+        self.compiled = compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
         self.config = self.model.config
         self._window = getattr(self.config, "sliding_window", None)
         self._use_mapping = bool(getattr(self.config, "layer_types", None))

@@ -40,6 +40,8 @@ class ServerConfig:
     tool_call_parser: str | None = None
     #: on CUDA, replay decode steps from CUDA graphs (SGLang's --disable-cuda-graph turns it off).
     cuda_graphs: bool = True
+    #: on CUDA, torch.compile the norms and MLPs (``areal_tasks.models.compile``).
+    torch_compile: bool = True
     #: seed of the shared sampling stream (unseeded requests); None = nondeterministic.
     seed: int | None = None
     #: CPU intra-op threads for torch; None keeps torch's default.
@@ -75,6 +77,7 @@ def build_app(cfg: ServerConfig) -> Any:
         model_path=cfg.model_path, dtype=cfg.dtype, device=cfg.device,
         max_running_requests=cfg.max_running_requests, context_length=cfg.context_length,
         tokenizer_path=cfg.tokenizer_path, cuda_graphs=cfg.cuda_graphs,
+        torch_compile=cfg.torch_compile,
     ))
     engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens)
     name = cfg.served_model_name or Path(cfg.model_path).name
