@@ -5,7 +5,8 @@
 #
 # Parts: infer (inference throughput, Qwen2.5-0.5B shape), graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
-# train (train throughput: 1 GPU, dp=2, tp=2), gputests (every test marked gpu).
+# train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
+# train2 (dp=2 and tp=2 on two GPUs), gputests (every test marked gpu).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
 # logs to $OUT. The machine needs torch, transformers and the pure-Python wheels in .whl/ (lark).
@@ -66,11 +67,12 @@ for p in "$@"; do
             "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]" \
             rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5 \
             evaluation.max_eval_prompts=32 evaluation.n_samples=2 ;;
-        train) part train1 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile
-               save
-               part train_dp2 90 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
-               save
-               part train_tp2 90 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
+        train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
+        train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
+            --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;
+        train2) part train_dp2 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+                save
+                part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
         *) echo "unknown part $p" ;;

@@ -13,7 +13,9 @@ Every timed run is repeated ``--repeats`` times and the fastest kept (shared mac
 
 Greedy parity: the engine's outputs for the first ``--check`` prompts are compared with ``generate``
 at batch 1; the table reports how many are token-identical and the mean fraction of matching
-leading tokens (bf16 batched kernels may flip near-ties of a random model; fp32 on CPU matches).
+leading tokens (bf16 batched kernels may flip near-ties of a random model; fp32 on CPU matches),
+and, for each output that differs, the reference's logit gap between its token and the engine's at
+the first difference: a gap near the dtype's rounding is a near-tie, a large one a real error.
 
 Prints a table and writes JSON (``benchmarks/results/inference_throughput_<device>.json`` by default).
 
@@ -157,6 +159,23 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[float
     return time.perf_counter() - start, out[:, ids.shape[1]:].tolist()
 
 
+@torch.inference_mode()
+def divergence_gaps(model, prompts: list[list[int]], got: list[list[int]], want: list[list[int]]) -> list[float]:
+    """For each output that differs from ``generate``'s: at the first differing position, the
+    reference model's logit of its own token minus its logit of the engine's token, given the shared
+    prefix. A gap within the dtype's rounding (bf16: about 1e-2 at these logit sizes) is a near-tie
+    that batched kernels may break either way, not a wrong token."""
+    gaps = []
+    for prompt, a, b in zip(prompts, got, want):
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is None:
+            continue
+        ids = torch.tensor([prompt + b[:first]], device=model.device)
+        logits = model(input_ids=ids).logits[0, -1].float()
+        gaps.append(float(logits[b[first]] - logits[a[first]]))
+    return gaps
+
+
 def parity(got: list[list[int]], want: list[list[int]]) -> tuple[int, float]:
     """(token-identical outputs, mean fraction of matching leading tokens)."""
     fractions = []
@@ -196,6 +215,8 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
             "--context-length", str(args.prompt_len + args.new_tokens + 8)]
     if args.num_threads:
         argv += ["--num-threads", str(args.num_threads)]
+    if args.disable_torch_compile:
+        argv.append("--disable-torch-compile")
     log = tempfile.NamedTemporaryFile(prefix="areal_serve_", suffix=".log", delete=False)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -231,6 +252,8 @@ def main() -> None:
     parser.add_argument("--sampling", action="store_true", help="also run temperature 1, top_p 0.9")
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
     parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--disable-torch-compile", action="store_true",
+                        help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
@@ -258,9 +281,11 @@ def main() -> None:
         prompts = make_prompts(args.concurrency, args.prompt_len)
         runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
                                            max_running_requests=args.concurrency,
-                                           context_length=args.prompt_len + args.new_tokens + 8))
+                                           context_length=args.prompt_len + args.new_tokens + 8,
+                                           torch_compile=not args.disable_torch_compile))
         dtype = runner.dtype
         cuda_graphs = bool(getattr(runner, "capture", False))
+        compiled = bool(runner.compiled)
         engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
         engine.start()
         try:
@@ -288,6 +313,7 @@ def main() -> None:
         checked = min(args.check, len(prompts))
         references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]
         identical, prefix = parity(outputs[:checked], references)
+        gaps = divergence_gaps(model, prompts[:checked], outputs[:checked], references)
         for batch in (int(b) for b in args.hf_batches.split(",") if b):
             hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
             seconds = min(hf_generate(model, prompts[:batch], args.new_tokens)[0] for _ in range(args.repeats))
@@ -298,8 +324,9 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
         "concurrency": args.concurrency, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "repeats": args.repeats, "cuda_graphs": cuda_graphs,
-        "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix},
+        "repeats": args.repeats, "cuda_graphs": cuda_graphs, "torch_compile": compiled,
+        "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix,
+                          "divergence_logit_gaps": gaps},
         "rows": rows,
         "profile": profiled,
     }
@@ -310,6 +337,9 @@ def main() -> None:
         print(f"{row['system']:<34} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f}")
     print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, "
           f"mean matching prefix {prefix:.1%}")
+    if gaps:
+        print("  at each first divergence, generate's logit gap to the engine's token: "
+              + ", ".join(f"{g:.4f}" for g in gaps))
     out = args.out or RESULTS / f"inference_throughput_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -37,6 +37,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +46,8 @@ import platform
 import statistics
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -130,9 +134,9 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     _sync()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities) as prof, _synchronisations() as syncs:
         engine.train_batch(batch, pg_loss, token_weight)
-        _sync()
+    _sync()
     if dist.get_rank() != 0:
         return None
     averages = prof.key_averages()
@@ -141,6 +145,8 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     print(averages.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
     if not on_gpu:
         return None
+    for where, count in syncs.most_common():
+        print(f"synchronisation x{count}: {where}")
     events = prof.events()
     start = min(e.time_range.start for e in events)
     end = max(e.time_range.end for e in events)
@@ -151,6 +157,27 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     print(f"profiled step {summary['step_s']:.3f} s, GPU busy {summary['gpu_busy_s']:.3f} s "
           f"({100 * fraction:.1f} %)")
     return summary
+
+
+@contextlib.contextmanager
+def _synchronisations() -> Iterator[collections.Counter]:
+    """Count the host-device synchronisations inside the block by the Python line that caused them
+    (torch's CUDA sync debug mode warns on each; a no-op without CUDA)."""
+    found: collections.Counter = collections.Counter()
+    if not torch.cuda.is_available():
+        yield found
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    for warning in caught:
+        if "synchroniz" in str(warning.message).lower():
+            found[f"{warning.filename}:{warning.lineno}"] += 1
 
 
 def _sync() -> None:
@@ -180,6 +207,7 @@ def run(args: argparse.Namespace) -> dict:
         micro_batch=MicroBatchSpec(n_mbs=1, max_tokens_per_mb=tokens_per_mb),
         gradient_checkpointing=args.gradient_checkpointing,
         dtype=args.dtype,
+        compile=args.compile,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
                         total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
@@ -220,7 +248,7 @@ def run(args: argparse.Namespace) -> dict:
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"],
+        "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
         "profile": profile_summary,
     }
     engine.destroy()
@@ -242,7 +270,11 @@ def main() -> None:
                         help="override the engine's choice (e.g. sdpa, the block-mask path; areal_varlen)")
     parser.add_argument("--no-chunked-head", action="store_true",
                         help="materialise the full logits instead of the chunked fused LM head")
-    parser.add_argument("--profile", action="store_true", help="profile one extra step and print the top operators")
+    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                        help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one extra step: the top operators, the GPU-busy fraction and every "
+                             "host-device synchronisation with the Python line that caused it")
     parser.add_argument("--peak-flops", type=float, default=795e12, help="peak FLOP/s of one device")
     parser.add_argument("--model-root", default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
                         help="where rank 0 writes the random model (a folder every rank can read)")
@@ -255,7 +287,7 @@ def main() -> None:
         rows = [("preset", result["preset"]), ("device", result["device"]), ("world (dp/sp/tp)",
                 f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
                 ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
-                ("LM head", result["lm_head"]), ("tokens/step", f"{result['tokens_per_step']:.0f}"),
+                ("LM head", result["lm_head"]), ("compile", result["compile"]), ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
                 ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]
