@@ -47,6 +47,8 @@ def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
                                       "flattened_bucket")
                 update.update({n: t.cpu() for n, t in got.items()})
             received.append(update)
+            # leave the group as a server does, so the engine's own teardown (a bounded destroy) completes
+            group.destroy(timeout_s=120)
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
             raise
