@@ -186,16 +186,22 @@ def parity(got: list[list[int]], want: list[list[int]]) -> tuple[int, float]:
 
 
 async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> float:
-    import httpx
+    """Every prompt as a concurrent ``/generate`` call through the RL client's own transport
+    (sharded ``httpx`` pools, see ``areal_tasks/inference/client/transport.py``)."""
+    from areal_tasks.inference.client.protocol import HttpCall
+    from areal_tasks.inference.client.transport import HttpTransport
 
     body = {"sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
-    limits = httpx.Limits(max_connections=len(prompts))
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+    transport = HttpTransport(max_connections=len(prompts))
+    try:
         start = time.perf_counter()
-        answers = await asyncio.gather(*(client.post("/generate", json={**body, "input_ids": p}) for p in prompts))
+        answers = await asyncio.gather(*(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}),
+                                                        3600.0) for p in prompts))
         elapsed = time.perf_counter() - start
-    if any(a.status_code != 200 for a in answers):
-        raise RuntimeError(f"/generate failed: {next(a.text for a in answers if a.status_code != 200)}")
+    finally:
+        await transport.aclose()
+    if any(status != 200 for status, _ in answers):
+        raise RuntimeError(f"/generate failed: {next(text for status, text in answers if status != 200)}")
     return elapsed
 
 
