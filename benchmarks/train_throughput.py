@@ -20,12 +20,9 @@ by default), both naming the attention and LM-head paths the engine ran (``engin
 step: the costliest operators by device and by host time, and the GPU-busy fraction (union of the
 device kernels' intervals over the step's wall time; the rest is the device waiting for the host).
 
-Measured before the varlen attention and the chunked LM head (``--attn-implementation sdpa
---no-chunked-head`` selects those paths again) on H200 (torch 2.11, transformers 5.17, SDPA with the
-block mask, no flash-attn): one GPU
-2.03 s/step, 16.3K tokens/s, MFU 6.6 %; two GPUs dp=2 25.0K tokens/s, MFU 5.3 % (JSON in
-``benchmarks/results``). The profile shows about 1.5 s of GPU kernels per 2.9 s step, most of it in
-masked attention: flash-attn varlen and the host-side gaps are the next things to look at.
+``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
+on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
+("Train throughput (H200)"); one GPU now runs 59,000 tokens/s, 24.5% MFU.
 
 Usage::
 
