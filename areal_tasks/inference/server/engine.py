@@ -294,14 +294,15 @@ class Engine:
         """Move running sequences into slots ``0..B-1`` (highest first into the lowest holes), so a
         decode step reads one contiguous block of the cache; rows are then ordered by slot."""
         cache, count = self.runner.cache, len(self._running)
-        for seq in sorted((s for s in self._running if s.slot >= count), key=lambda s: -s.slot):
-            hole = cache.lowest_free()
-            if hole is None or hole >= seq.slot:
-                break
+        movers = sorted((s for s in self._running if s.slot >= count), key=lambda s: -s.slot)
+        holes = sorted(slot for slot in cache.free_slot_ids() if slot < count)
+        moves = []
+        for seq, hole in zip(movers, holes):
             if seq.group.source_slot == seq.slot:
                 seq.group.source_slot = hole
-            cache.move(seq.slot, hole)
+            moves.append((seq.slot, hole))
             seq.slot = hole
+        cache.move_many(moves)  # all of a step's moves in one copy per layer
         self._running.sort(key=lambda s: s.slot)
 
     def _decode_step(self) -> None:

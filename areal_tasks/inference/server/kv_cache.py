@@ -4,7 +4,7 @@ Storage per attention layer is one K and one V tensor of shape ``[slots, kv_head
 head_dim]``, allocated on the first write (the warm-up forward at start-up), so any model whose
 attention goes through ``Cache.update`` works without reading head counts from its config.
 Slots are handed out lowest first and the engine keeps running sequences in slots ``0..B-1``
-(:meth:`SlotKVCache.move`), so a decode step reads one contiguous view instead of gathering.
+(:meth:`SlotKVCache.move_many`), so a decode step reads one contiguous view instead of gathering.
 
 :class:`BatchCacheView` is the ``transformers`` ``Cache`` handed to one forward pass: its
 ``update`` writes the step's new keys/values into each row's slot at that row's positions and
@@ -61,17 +61,33 @@ class SlotKVCache:
         self.lengths[slot] = 0
         heapq.heappush(self._free, slot)
 
-    def lowest_free(self) -> int | None:
-        return self._free[0] if self._free else None
+    def free_slot_ids(self) -> list[int]:
+        """The free slots (any order)."""
+        return list(self._free)
 
-    def move(self, src: int, dst: int) -> None:
-        """Move slot ``src``'s cached positions into the free slot ``dst`` and free ``src``."""
-        if dst not in self._free:
-            raise InferenceError(f"KV slot {dst} is not free")
-        self._free.remove(dst)
+    def move_many(self, moves: list[tuple[int, int]]) -> None:
+        """Move several slots at once (``(src, dst)`` pairs, every ``dst`` free and distinct, no slot
+        both a source and a destination): one indexed copy per layer and tensor for all of them,
+        instead of two slice copies per layer and move."""
+        if not moves:
+            return
+        sources, targets = [s for s, _ in moves], [d for _, d in moves]
+        free = set(self._free)
+        if len(set(targets)) != len(moves) or not set(targets) <= free:
+            raise InferenceError(f"invalid KV slot moves {moves}: the targets must be distinct free slots")
+        if len(set(sources)) != len(moves) or set(sources) & free:
+            raise InferenceError(f"invalid KV slot moves {moves}: the sources must be distinct slots in use")
+        length = max(self.lengths[s] for s in sources)
+        if length > 0:
+            src = torch.tensor(sources, device=self.device)
+            dst = torch.tensor(targets, device=self.device)
+            for store in (*self.keys.values(), *self.values.values()):
+                store[dst, :, :length] = store[src, :, :length]
+        self._free = [slot for slot in self._free if slot not in targets]
         heapq.heapify(self._free)
-        self.copy_prefix(src, dst, self.lengths[src])
-        self.release(src)
+        for source, target in moves:
+            self.lengths[target] = self.lengths[source]
+            self.release(source)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst``."""
