@@ -8,12 +8,14 @@ applies:
 * CUDA with flash-attn installed: ``flash_attn_varlen_func`` (one kernel, no mask);
 * CUDA, fp16/bf16, no dropout: torch's own flash kernel through ``torch.nn.attention.varlen``
   (:func:`varlen_packed`; torch >= 2.10, no extra package);
-* otherwise (CPU, fp32, dropout, or a torch without the varlen API): one SDPA call with a
+* off CUDA: one causal SDPA call per sequence (``sum(L^2)`` work; a ``T x T`` mask over a
+  micro-batch of many short sequences cost most of a CPU training step);
+* otherwise (CUDA with fp32, dropout, or a torch without the varlen API): one SDPA call with a
   ``T x T`` block-diagonal causal mask.
 
 Without sequence parallelism the engine registers :func:`varlen_attention_forward` with transformers
-as ``attn_implementation="areal_varlen"`` (the default on CUDA when flash-attn is absent, see
-``build.py``): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
+as ``attn_implementation="areal_varlen"`` (the default on CPU, and on CUDA when flash-attn is absent,
+see ``build.py``): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
 (``cu_seq_lens_q``, ``max_length_q``, ``areal_seq_bounds``) and calls ``packed_attention``.
 transformers' own ``sdpa`` would build the same ``T x T`` mask from the position ids; measured on one
 H200 (Qwen2.5-0.5B shape, 16K-token micro-batches, long-tail lengths, torch 2.11) the block-mask
@@ -178,12 +180,33 @@ def _max_len(cu_seqlens: torch.Tensor, bounds: tuple[int, ...] | None, max_len: 
 
 
 def packed_kernel(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | None = None) -> str:
-    """Which kernel :func:`packed_attention` uses for ``q``: ``flash_attn``, ``varlen`` or ``block_mask``."""
+    """Which kernel :func:`packed_attention` uses for ``q``: ``flash_attn``, ``varlen``,
+    ``per_sequence`` (off CUDA) or ``block_mask``."""
     if q.is_cuda and flash_attn_installed():
         return "flash_attn"
     if varlen_supported(q, dropout, sliding_window):
         return "varlen"
+    if not q.is_cuda:
+        return "per_sequence"
     return "block_mask"
+
+
+def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...], scaling: float | None,
+                  dropout: float, sliding_window: int | None) -> torch.Tensor:
+    """One causal SDPA call per packed sequence, concatenated: ``sum(L^2)`` work instead of ``T^2``."""
+    import torch
+
+    rep = q.shape[1] // k.shape[1]
+    outs = []
+    for start, end in zip(bounds, bounds[1:]):
+        if end == start:
+            continue
+        window = None if sliding_window is None else _window_mask(end - start, sliding_window, q.device)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, start:end], repeat_heads(k[:, :, start:end], rep), repeat_heads(v[:, :, start:end], rep),
+            attn_mask=window, dropout_p=dropout, scale=scaling, is_causal=window is None,
+        ))
+    return torch.cat(outs, dim=2)
 
 
 def packed_attention(
@@ -214,6 +237,10 @@ def packed_attention(
         out = varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens,
                             _max_len(cu_seqlens, bounds, max_len), scaling=scaling, sliding_window=sliding_window)
         return out.transpose(0, 1).unsqueeze(0)
+    if kernel == "per_sequence":
+        host = bounds if bounds is not None else tuple(int(b) for b in cu_seqlens.tolist())  # CPU: no device read
+        if host[0] == 0 and host[-1] == q.shape[2]:
+            return _per_sequence(q, k, v, host, scaling, dropout, sliding_window)
     rep = q.shape[1] // k.shape[1]
     k, v = repeat_heads(k, rep), repeat_heads(v, rep)
     mask = block_causal_mask(cu_seqlens, q.shape[2], sliding_window)

@@ -69,9 +69,10 @@ def _attn_implementation(requested: str | None, sp: int, device: torch.device) -
     """The attention the model is loaded with.
 
     ``sp > 1``: the Ulysses attention. Otherwise the requested one, or by default: flash-attn's
-    ``flash_attention_2`` on CUDA when installed, else on CUDA the engine's ``areal_varlen`` (torch's
-    varlen flash kernel, see ``attention.py``), else (CPU, or a torch without the varlen API)
-    transformers' ``sdpa``, which builds the block-diagonal mask from the packed position ids.
+    ``flash_attention_2`` on CUDA when installed, else the engine's ``areal_varlen`` (on CUDA torch's
+    varlen flash kernel, on CPU one SDPA call per sequence; see ``attention.py``), else (CUDA with a
+    torch without the varlen API) transformers' ``sdpa``, which builds the block-diagonal mask from
+    the packed position ids.
     """
     if sp > 1:
         if requested not in (None, "sdpa", "flash_attention_2", VARLEN_ATTN):
@@ -83,7 +84,7 @@ def _attn_implementation(requested: str | None, sp: int, device: torch.device) -
         return requested
     if device.type == "cuda" and flash_attn_installed():
         return "flash_attention_2"
-    if device.type == "cuda" and varlen_api_available():
+    if device.type != "cuda" or varlen_api_available():
         return register_varlen_attention()
     return "sdpa"
 

@@ -23,8 +23,12 @@ def _alone(q, k, v, bounds, window):
     return torch.cat(outs, dim=2)
 
 
+@pytest.mark.parametrize("kernel", ["per_sequence", "block_mask"])  # CPU's path, CUDA fp32's path
 @pytest.mark.parametrize("window", [None, 3])
-def test_packed_attention_matches_each_sequence_alone(window):
+def test_packed_attention_matches_each_sequence_alone(window, kernel, monkeypatch):
+    from areal_tasks.engine.fsdp import attention
+
+    monkeypatch.setattr(attention, "packed_kernel", lambda *args, **kwargs: kernel)
     gen = torch.Generator().manual_seed(0)
     bounds = (0, 1, 6, 15, 19)
     q = torch.randn(1, 4, 19, 16, generator=gen)
@@ -87,16 +91,16 @@ def test_varlen_adapter_matches_each_sequence_alone(api, scaling, window, monkey
     torch.testing.assert_close(out.transpose(0, 1).unsqueeze(0), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_kernel_choice_on_cpu_is_the_block_mask():
+def test_kernel_choice_on_cpu_is_per_sequence():
     from areal_tasks.engine.fsdp.attention import packed_kernel, varlen_supported
 
     q = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16)
-    assert not varlen_supported(q) and packed_kernel(q) == "block_mask"
+    assert not varlen_supported(q) and packed_kernel(q) == "per_sequence"
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_areal_varlen_model_equals_sdpa_on_packed_input(family, tiny_model_factory):
-    """The registered ``areal_varlen`` attention (block-mask fallback on CPU) gives transformers'
+    """The registered ``areal_varlen`` attention (one SDPA call per sequence on CPU) gives transformers'
     own packed-sdpa logits; a plain call without bounds is ordinary causal attention."""
     from transformers import AutoModelForCausalLM
 
