@@ -14,7 +14,8 @@ Settings read from the environment when a DAG file is parsed:
   (default ``<project>/runs``): ``<runs>/<dag_id>/<run_id>``;
 * ``AREAL_DAG_RETRIES`` (default 2) and ``AREAL_DAG_RETRY_DELAY_S`` (default 60): retries of every
   task, with exponential backoff (x2 per try) capped at ``AREAL_DAG_MAX_RETRY_DELAY_S`` (600);
-* ``AREAL_TRAIN_TIMEOUT_H`` (default 72): the training task's execution timeout.
+* ``AREAL_TRAIN_TIMEOUT_H`` (default 72): the training task's execution timeout;
+* ``AREAL_JOB_POLL_INTERVAL_S`` (default 10): how often the training task looks at its job.
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def retry_settings() -> dict[str, Any]:
 def train_timeout() -> timedelta:
     """The training task's execution timeout (``$AREAL_TRAIN_TIMEOUT_H``, default 72 h)."""
     return timedelta(hours=_env_number("AREAL_TRAIN_TIMEOUT_H", 72, minimum=0.01))
+
+
+def job_poll_interval() -> float:
+    """Seconds between two looks of the training task at its job (``$AREAL_JOB_POLL_INTERVAL_S``,
+    default 10): a finished job is noticed at most this late."""
+    return _env_number("AREAL_JOB_POLL_INTERVAL_S", 10, minimum=0.1)
 
 
 def default_args() -> dict[str, Any]:

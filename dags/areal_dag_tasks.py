@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.sdk import TriggerRule, XComArg, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
-from areal_dag_common import default_run_dir, job_overrides, resolve_config_path, train_timeout
+from areal_dag_common import default_run_dir, job_overrides, job_poll_interval, resolve_config_path, train_timeout
 
 from operators.operators.cluster import ProvisionClusterOperator
 from operators.operators.evaluation import EvaluateCheckpointOperator
@@ -268,7 +268,7 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     train = AReaLTrainingOperator(
         task_id="train", config=job["resolved_config"], run_dir=job["run_dir"], scheduler=job["scheduler"],
         mlflow_run_id=mlflow["mlflow_run_id"], mlflow_tracking_uri=mlflow["tracking_uri"],
-        execution_timeout=train_timeout(),
+        execution_timeout=train_timeout(), poll_interval=job_poll_interval(),
     )  # fmt: skip
     evaluate = EvaluateCheckpointOperator.partial(
         task_id="evaluate_checkpoint", config=job["resolved_config"], mlflow_run_id=mlflow["mlflow_run_id"],

@@ -67,6 +67,7 @@ def live_servers(
     env = {
         "AREAL_DAG_RETRIES": str(DAG_RETRIES),
         "AREAL_DAG_RETRY_DELAY_S": str(DAG_RETRY_DELAY_S),
+        "AREAL_JOB_POLL_INTERVAL_S": "2",  # a finished job is noticed within 2 s, not 10
         "AREAL_RUNS_DIR": str(airflow_runs_dir),
         "AREAL_JOBS_ROOT": str(airflow_runs_dir / "jobs"),
         "AREAL_PROJECT_DIR": str(REPO_ROOT),

@@ -75,6 +75,7 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "AREAL_RUNS_DIR": str(base / "runs"),
         "AREAL_JOBS_ROOT": str(base / "jobs"),
         "AREAL_DAG_RETRIES": "0",  # a failure shows at once, with its cause, instead of after backoffs
+        "AREAL_JOB_POLL_INTERVAL_S": "2",  # a finished job is noticed within 2 s, not 10
         "MLFLOW_TRACKING_URI": tracking_uri,
         "PYTHONPATH": str(ROOT),
     }

@@ -41,6 +41,16 @@ def test_retry_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatc
         common.retry_settings()
 
 
+def test_job_poll_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AREAL_JOB_POLL_INTERVAL_S", raising=False)
+    assert common.job_poll_interval() == 10
+    monkeypatch.setenv("AREAL_JOB_POLL_INTERVAL_S", "2")
+    assert common.job_poll_interval() == 2
+    monkeypatch.setenv("AREAL_JOB_POLL_INTERVAL_S", "0")
+    with pytest.raises(ValueError, match="AREAL_JOB_POLL_INTERVAL_S"):
+        common.job_poll_interval()
+
+
 def test_relative_config_paths_resolve_under_the_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert common.resolve_config_path("configs/demo_grpo.yaml") == str(DAGS.parent / "configs" / "demo_grpo.yaml")
     monkeypatch.setenv("AREAL_PROJECT_DIR", str(tmp_path))
