@@ -166,10 +166,11 @@ class LocalJobs:
                 )  # fmt: skip
             _CHILDREN[popen.pid] = popen
             stat = _stat(popen.pid)
+            shown = redact_argv(list(argv))  # the record and the log are for people: no secrets in them
             record = {
                 "name": name,
                 "attempt": attempt,
-                "argv": redact_argv(list(argv)),  # the record is for people: no secrets in it
+                "argv": shown,
                 "env_keys": sorted((env or {}).keys()),
                 "run_dir": None if run_dir is None else str(run_dir),
                 "cwd": str(cwd) if cwd is not None else os.getcwd(),
@@ -178,7 +179,7 @@ class LocalJobs:
                 "submitted_at": time.time(),
             }
             _write_json_atomic(folder / RECORD_FILE, record)
-        logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(redact_argv(list(argv))))
+        logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(shown))
         return self._status_of(name, folder)
 
     def status(self, name: str) -> JobStatus:

@@ -27,7 +27,8 @@ def is_attention(module: torch.nn.Module) -> bool:
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder blocks (the first non-empty ``ModuleList`` named ``...layers``), or [] when none."""
+    """The decoder blocks (the first non-empty ``ModuleList`` named ``...layers``, peft wrapping
+    included), or [] when none (the engine's ``find_decoder_blocks`` raises then)."""
     import torch
 
     for name, module in model.named_modules():

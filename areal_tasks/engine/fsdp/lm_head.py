@@ -159,7 +159,7 @@ class _ChunkedStats(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
             logits = torch.nn.functional.linear(h, weight, bias)
-            grad = logit_grad(logits, labels[rows], log_z[rows], entropy[rows] if g_entropy is not None else entropy,
+            grad = logit_grad(logits, labels[rows], log_z[rows], entropy[rows],
                               None if g_logprob is None else g_logprob[rows],
                               None if g_entropy is None else g_entropy[rows], ctx.temperature)
             del logits

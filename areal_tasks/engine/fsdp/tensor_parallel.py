@@ -108,9 +108,9 @@ class TensorParallel:
 
 def find_decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder blocks (``...layers.N``) of an HF llama-style model, possibly wrapped by peft."""
-    import torch
+    from areal_tasks.models.compile import decoder_blocks
 
-    for name, module in model.named_modules():
-        if name.endswith("layers") and isinstance(module, torch.nn.ModuleList) and len(module) > 0:
-            return list(module)
+    blocks = decoder_blocks(model)
+    if blocks:
+        return blocks
     raise EngineError(f"cannot find the decoder blocks (a ModuleList named 'layers') in {type(model).__name__}")

@@ -20,8 +20,6 @@ import torch
 
 SERVE_ATTN = "areal_serve"
 
-_registered = False
-
 
 def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0,
@@ -46,10 +44,6 @@ def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 
 def register_serve_attention() -> str:
     """Register :func:`serve_attention_forward` with transformers (once); returns its name."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
+    from areal_tasks.engine.fsdp.attention import register_attention
 
-        AttentionInterface.register(SERVE_ATTN, serve_attention_forward)
-        _registered = True
-    return SERVE_ATTN
+    return register_attention(SERVE_ATTN, serve_attention_forward)
