@@ -141,17 +141,27 @@ def test_abort_by_rid_prefix_catches_all_samples(engine) -> None:
     assert other.wait()[0].finish_reason["type"] == "length"
 
 
-def test_running_sequences_are_compacted_into_the_lowest_slots(engine) -> None:
+def test_running_sequences_are_compacted_into_the_lowest_slots(engine, monkeypatch) -> None:
     want = generate(engine, [9, 8, 7, 6], temperature=0.0, max_new_tokens=80, ignore_eos=True).output_ids
+    cache = engine.runner.cache
+    moves: list[tuple[int, int]] = []
+    move_many = cache.move_many
+
+    def recording(batch: list[tuple[int, int]]) -> None:
+        moves.extend(batch)
+        move_many(batch)
+
+    # recorded in the engine thread: b can finish (and c move) before this thread first looks at c
+    monkeypatch.setattr(cache, "move_many", recording)
     reqs = [make_request(PROMPT, rid="a", temperature=0.0, max_new_tokens=80, ignore_eos=True),
             make_request(PROMPT, rid="b", temperature=0.0, max_new_tokens=2, ignore_eos=True),
             make_request([9, 8, 7, 6], rid="c", temperature=0.0, max_new_tokens=80, ignore_eos=True)]
     engine.submit([r.seqs[0] for r in reqs])
     c = reqs[2].seqs[0]
     _wait_tokens(c, 1)
-    assert c.slot == 2
     reqs[1].wait()
     while c.slot == 2 and not c.finished:
         time.sleep(0.001)
     assert c.slot == 1
+    assert moves == [(2, 1)]  # c started in slot 2 and moved into b's freed slot 1, once
     assert reqs[2].wait()[0].output_ids == want
