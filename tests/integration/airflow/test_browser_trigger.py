@@ -5,10 +5,10 @@ session's live standalone, is sent to the simple auth manager's login page, sign
 opens the DAG's trigger dialog, changes the Param ``experiment_name`` in the form's "Job" section,
 sets the run id under "Advanced Options" and triggers. The test then reads the DAG run back through
 the REST API: it exists, with the changed value in its conf next to the Params' defaults. The run is
-marked failed as soon as it exists (so it does not train on the shared machine) and the test waits
-until none of its tasks is active. Screenshots of the filled form and of the page after the trigger
-go to the test's tmp dir and are copied to ``runs/test-artifacts/airflow-ui/`` (the latest run's;
-ignored by git).
+marked failed as soon as the scheduler has started it (so it does not train on the shared machine);
+the test waits until none of its tasks is active and checks that ``train`` never ran. Screenshots
+of the filled form and of the page after the trigger go to the test's tmp dir and are copied to
+``runs/test-artifacts/airflow-ui/`` (the latest run's; ignored by git).
 """
 
 from __future__ import annotations
@@ -73,9 +73,12 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
             page.get_by_test_id("trigger-dag-submit").click()
             try:
                 run = wait_for(lambda: _run_or_none(airflow, run_id), 60, f"DAG run {run_id} to exist", poll_s=0.5)
-                # do not train on the shared machine: fail the run before its first task gets far
-                if run["state"] not in ("success", "failed"):
-                    airflow.set_run_state(DAG_ID, run_id, "failed")
+                # do not train on the shared machine: fail the run before its first task gets far. Wait
+                # until the scheduler has started it: a run marked failed while still queued can be
+                # started afterwards by a scheduler loop that had already loaded it.
+                wait_for(lambda: _run_or_none(airflow, run_id)["state"] != "queued", 60,
+                         f"DAG run {run_id} to leave 'queued'", poll_s=0.2)
+                airflow.set_run_state(DAG_ID, run_id, "failed")
                 page.get_by_test_id("trigger-dag-submit").wait_for(state="detached")  # the dialog closed
             finally:
                 page.screenshot(path=str(shots[1]), full_page=True)
@@ -96,5 +99,9 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
         return not [ti for ti in airflow.task_instances(DAG_ID, run_id) if ti["state"] in active]
 
     wait_for(settled, 60, f"the tasks of {run_id} to stop", poll_s=1.0)
-    assert airflow.dag_run(DAG_ID, run_id)["state"] == "failed"
+    states = {ti["task_id"]: ti["state"] for ti in airflow.task_instances(DAG_ID, run_id)}
+    assert states.get("train") in (None, "failed", "skipped", "upstream_failed", "removed"), states  # never trained
+    # marking a run failed skips its pending tasks; on SQLite (no row locks) a scheduler loop that loaded
+    # the run before the mark can still settle it as all-skipped, i.e. success: either way nothing trained
+    assert airflow.dag_run(DAG_ID, run_id)["state"] in ("failed", "success"), states
     print(f"\n[test_browser_trigger] login + form + trigger in {ui_s:.1f}s; screenshots in {ARTIFACTS}")
