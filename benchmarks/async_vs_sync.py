@@ -75,6 +75,9 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
         "train_s": sum(r["perf/train_s"] for r in rows),
         "update_ms": 1000 * sum(r["perf/weight_update_s"] for r in rows) / len(rows),
         "paused_ms": 1000 * sum(r["perf/servers_paused_s"] for r in rows) / len(rows),
+        # the pause's parts: aborting in-flight requests, the transfer and load, the resume
+        **{f"{part}_ms": 1000 * sum(r.get(f"perf/weight_{part}_s", 0.0) for r in rows) / len(rows)
+           for part in ("pause", "transfer", "resume")},  # fmt: skip
         "reward_before": summary["reward_before"],
         "reward_after": summary["reward_after"],
         "greedy_accuracy_after": summary["greedy_accuracy_after"],
@@ -85,14 +88,15 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'update_ms':>9} " \
-           f"{'paused_ms':>9} {'reward':>13} {'stale':>9}"  # fmt: skip
+    head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} " \
+           f"{'update_ms':>9} {'paused_ms':>9} {'pause/xfer/resume ms':>20} {'reward':>13} {'stale':>9}"  # fmt: skip
     base = next((r for r in results if r["eta"] == 0), results[0])["samples_per_s"]
     lines = [head]
     for r in results:
+        parts = f"{r['pause_ms']:.0f}/{r['transfer_ms']:.0f}/{r['resume_ms']:.0f}"
         lines.append(
             f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} {r['samples_per_s'] / base:>7.2f}x "
-            f"{r['wait_s']:>7.1f} {r['update_ms']:>9.0f} {r['paused_ms']:>9.0f} "
+            f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r['paused_ms']:>9.0f} {parts:>20} "
             f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']}"
         )
     return "\n".join(lines)

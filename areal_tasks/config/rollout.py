@@ -144,6 +144,9 @@ class RolloutConfig:
     #: how new weights reach the servers each step: sharded safetensors on disk, or a broadcast
     #: over a collective group (gloo on CPU, NCCL on GPU).
     weight_update: Literal["disk", "collective"] = "disk"
+    #: run the rollout side (client, executor, rewards, evaluation) of train rank 0 in a child process,
+    #: so its event loop does not compete with the training step for rank 0's interpreter.
+    own_process: bool = True
     #: the episode logic.
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     #: the reward function.

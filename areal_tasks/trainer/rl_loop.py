@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
     from areal_tasks.engine.fsdp.engine import FSDPEngine
     from areal_tasks.trainer.rl_rollout import RolloutSide
+    from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
 
@@ -104,47 +105,64 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, FSD
 class WeightPublisher:
     """Step 3 of the loop: new weights from the actor to the servers, as ``rollout.weight_update`` says."""
 
-    def __init__(self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | None, run_dir: Path) -> None:
+    def __init__(self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | RolloutProcess | None,
+                 run_dir: Path) -> None:
         self.cfg, self.actor, self.side = cfg, actor, side
         self.root = run_dir / "weights"
         self._collective_port: int | None = None
         self._closed = False
 
     def publish(self, version: int) -> dict[str, float]:
-        """Push the actor's weights as ``version``; returns timings (rank 0 has the server side)."""
+        """Push the actor's weights as ``version``; returns timings (rank 0 has the server side).
+
+        ``perf/weight_update_s`` is the whole update; ``perf/servers_paused_s`` the part the servers
+        stop generating for, made of ``perf/weight_pause_s`` (the pause: in-flight requests
+        aborted), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load) and
+        ``perf/weight_resume_s``. For disk updates the write happens before the pause and counts
+        in the whole only.
+        """
         import torch.distributed as dist
 
         started = time.perf_counter()
+        marks: dict[str, float] = {}
         if self.cfg.rollout.weight_update == "disk":
             meta = WeightUpdateMeta.disk(str(self.root / f"v{version}"), version)
             self.actor.update_weights(meta)
             _barrier()
-            written = time.perf_counter()
+            marks["paused"] = time.perf_counter()
             if self.side is not None:
                 ex = self.side.executor
                 ex.pause()
+                marks["transfer"] = time.perf_counter()
                 ex.update_weights(meta)
+                marks["resume"] = time.perf_counter()
                 ex.resume()
                 ex.set_version(version)
                 self._prune(version)
-            paused_s = time.perf_counter() - written
         else:
             meta = self._collective_meta(version)
-            written = time.perf_counter()
+            marks["paused"] = time.perf_counter()
             if self.side is not None:
                 self.side.executor.pause()
+                marks["transfer"] = time.perf_counter()
                 receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
                 self.actor.update_weights(meta)
                 receive.join()
+                marks["resume"] = time.perf_counter()
                 self.side.executor.resume()
                 self.side.executor.set_version(version)
             else:
                 self.actor.update_weights(meta)
-            paused_s = time.perf_counter() - written
+        ended = time.perf_counter()
         if dist.is_initialized():
             _barrier()
         self.actor.set_version(version)
-        return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s}
+        timings = {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": ended - marks["paused"]}
+        if "transfer" in marks:
+            timings.update({"perf/weight_pause_s": marks["transfer"] - marks["paused"],
+                            "perf/weight_transfer_s": marks["resume"] - marks["transfer"],
+                            "perf/weight_resume_s": ended - marks["resume"]})  # fmt: skip
+        return timings
 
     def close(self) -> None:
         """Tear the collective weight-update group down (every rank calls it; idempotent; never raises).
@@ -183,7 +201,7 @@ class WeightPublisher:
 
         if self._collective_port is None:  # one group for the whole run (the servers keep it)
             self._collective_port = _broadcast_int(PortAllocator().allocate(1)[0] if _rank() == 0 else 0)
-        n_servers = len(self.side.client.addresses) if self.side is not None else 0
+        n_servers = self.side.n_servers if self.side is not None else 0
         n_servers = _broadcast_int(n_servers)
         return WeightUpdateMeta.collective(
             version, os.environ.get("MASTER_ADDR", "127.0.0.1"), self._collective_port, 1 + n_servers,
@@ -257,7 +275,6 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
     from areal_tasks.checkpoint.layout import step_dir
     from areal_tasks.checkpoint.manager import CheckpointManager
     from areal_tasks.checkpoint.state import TrainerState
-    from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.trainer.rl_batch import pack_trajectories
     from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rl_step import RLStep
@@ -273,7 +290,7 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
     state = manager.recover(cfg.recover.mode, engines)
     version = state.version if state is not None else 0
     first_step = state.step + 1 if state is not None else 1
-    side = RolloutSide.build(cfg, addresses, load_tokenizer(model_dir), version) if is_main else None
+    side = RolloutSide.open(cfg, addresses, model_dir, version) if is_main else None
     publisher = WeightPublisher(cfg, actor, side, run_dir)
     step_runner = RLStep(actor, build_algorithm(cfg.algorithm), cfg.rollout.group_size,
                          ref=engines.get("ref"), critic=engines.get("critic"),
@@ -378,7 +395,7 @@ def _notify(callbacks: list[Any], hook: str, *args: Any) -> None:
             method(*args)
 
 
-def _next_batch(side: RolloutSide | None, cfg: JobConfig) -> Any:
+def _next_batch(side: RolloutSide | RolloutProcess | None, cfg: JobConfig) -> Any:
     """Rank 0 takes a batch from the executor; every rank receives it (or the failure)."""
     payload: Any = None
     if side is not None:

@@ -1,7 +1,10 @@
 """The rollout side of the RL loop (train rank 0): inference client, reward runner, workflow,
 executor, and evaluation through the same servers.
 
-``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires them from the config:
+``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: by default
+(``rollout.own_process``) built in a child process (:mod:`areal_tasks.trainer.rollout_process`),
+else in rank 0's own. ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the
+config:
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
 - the reward (``rollout.reward``) in a process pool with a timeout per call;
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.rollout.executor import RolloutExecutor
     from areal_tasks.rollout.rewards import RewardRunner
+    from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,17 @@ class RolloutSide:
     greedy_workflow: RolloutWorkflow
 
     @classmethod
+    def open(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int) -> RolloutSide | RolloutProcess:
+        """The side as ``rollout.own_process`` says: in a child process (default) or in this one."""
+        if cfg.rollout.own_process:
+            from areal_tasks.trainer.rollout_process import RolloutProcess
+
+            return RolloutProcess.start(cfg, addresses, model_dir, version)
+        from areal_tasks.models.tokenizer import load_tokenizer
+
+        return cls.build(cfg, addresses, load_tokenizer(model_dir), version)
+
+    @classmethod
     def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
         from areal_tasks.datasets.registry import load_split
         from areal_tasks.inference.client import RemoteInferenceEngine
@@ -93,6 +108,11 @@ class RolloutSide:
         # evaluation.temperature, no shared seed, evaluation.n_samples samples of each prompt
         return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling(cfg), reward.score),
                    workflow_of(cfg, tokenizer, greedy_sampling, reward.score))  # fmt: skip
+
+    @property
+    def n_servers(self) -> int:
+        """Number of inference servers the client talks to."""
+        return len(self.client.addresses)
 
     def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
         """Mean reward and accuracy of the served policy on the eval split (blocking).

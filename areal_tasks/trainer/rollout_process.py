@@ -1,0 +1,317 @@
+"""Train rank 0's rollout side in a child process, so generation does not share the trainer's interpreter.
+
+The rollout side (:class:`~areal_tasks.trainer.rl_rollout.RolloutSide`: inference client, reward
+pool, workflows, the executor's event loop with up to ``rollout.max_concurrent_rollouts`` episodes
+in flight, evaluation) is Python work that never stops while the run is asynchronous. In rank 0's
+own process it competes with the training step for one interpreter lock: on two H200s, with the
+server on one GPU and the trainer on the other, an eta=2 run's training took 2.6 times as long as
+a synchronous run's (12.0 s against 4.6 s for the same ten steps), although it had a GPU to itself.
+``rollout.own_process: true`` (the default) runs the side in a child process instead:
+
+- :meth:`RolloutProcess.start` spawns it (``spawn``: rank 0 may hold CUDA state, which a fork must
+  not inherit), the child loads the tokenizer and builds the side, then answers commands over a
+  pipe: one at a time, in the order sent. A command is a name from :data:`COMMANDS`; its reply is
+  the result or the exception it raised, re-raised here with the child's traceback as a note.
+- :class:`RemoteExecutor` has the executor methods the RL loop calls, with the same signatures, so
+  the loop does not know which side it holds. Batches come back as pickled trajectories (lists of
+  ints and floats: a 64-sample batch is well under a megabyte).
+- A child that dies is noticed by the next command (or the one waiting), which raises
+  :class:`RolloutError` with its exit code; a parent that dies is noticed by the child, which
+  closes its side (servers' connections, reward workers) and exits.
+- :meth:`RolloutProcess.close` stops the side and waits for the child (bounded), then kills it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.errors import RolloutError
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from areal_tasks.api.inference import ParamSpec
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.api.workflow import Trajectory
+    from areal_tasks.config.job import JobConfig
+    from areal_tasks.trainer.rl_rollout import RolloutSide
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["COMMANDS", "RemoteExecutor", "RolloutProcess"]
+
+#: what the parent may ask for: a dotted name on the child's RolloutSide -> whether its result is sent back.
+COMMANDS: dict[str, bool] = {
+    "evaluate": True,
+    "executor.start": False,  # returns the executor itself, which stays in the child
+    "executor.stop": False,
+    "executor.prepare_batch": True,
+    "executor.last_batch_stats": True,
+    "executor.pause": False,
+    "executor.resume": False,
+    "executor.update_weights": False,
+    "executor.destroy_weight_groups": True,
+    "executor.set_version": False,
+    "executor.stats": True,
+    "executor.state_dict": True,
+    "executor.load_state_dict": False,
+}
+#: seconds the child may take to import, load the tokenizer and build the side.
+START_TIMEOUT_S = 300.0
+#: seconds :meth:`RolloutProcess.close` waits for the child to stop its side and exit before killing it.
+CLOSE_TIMEOUT_S = 60.0
+#: seconds between two looks at the other process while waiting for it.
+_POLL_S = 0.5
+
+
+class RemoteExecutor:
+    """The :class:`~areal_tasks.rollout.executor.RolloutExecutor` methods the RL loop uses, run in the child."""
+
+    def __init__(self, process: RolloutProcess) -> None:
+        self._process = process
+
+    def start(self) -> None:
+        """Start generating (idempotent)."""
+        self._process.call("executor.start")
+
+    def stop(self) -> None:
+        """Cancel in-flight episodes and stop the executor's loop (idempotent)."""
+        self._process.call("executor.stop")
+
+    def prepare_batch(self, timeout_s: float | None = None) -> list[Trajectory]:
+        """Block until ``batch_size`` samples are ready and return them."""
+        return self._process.call("executor.prepare_batch", timeout_s)
+
+    def last_batch_stats(self) -> dict[str, float]:
+        """Numbers about the last batch."""
+        return self._process.call("executor.last_batch_stats")
+
+    def pause(self, mode: str = "abort") -> None:
+        """Stop admitting groups and pause the servers."""
+        self._process.call("executor.pause", mode)
+
+    def resume(self) -> None:
+        """Resume the servers and admit groups again."""
+        self._process.call("executor.resume")
+
+    def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
+        """Have the servers load ``meta``'s weights (for a collective update, while the trainer broadcasts)."""
+        self._process.call("executor.update_weights", meta, [list(b) for b in buckets] if buckets is not None else None)
+
+    def destroy_weight_groups(self) -> list[str]:
+        """Make the servers leave the collective weight-update groups; returns their names."""
+        return self._process.call("executor.destroy_weight_groups")
+
+    def set_version(self, version: int) -> None:
+        """Record the trainer's new version."""
+        self._process.call("executor.set_version", version)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, rates and the staleness histogram."""
+        return self._process.call("executor.stats")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The executor's checkpointable state (JSON-safe)."""
+        return self._process.call("executor.state_dict")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`."""
+        self._process.call("executor.load_state_dict", state)
+
+
+class RolloutProcess:
+    """A :class:`RolloutSide` running in a child process; same surface as the in-process one."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, conn: Connection, n_servers: int) -> None:
+        self._process, self._conn = process, conn
+        self._lock = threading.Lock()
+        self._closed = False
+        #: number of inference servers the side's client talks to.
+        self.n_servers = n_servers
+        self.executor = RemoteExecutor(self)
+
+    @classmethod
+    def start(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int,
+              timeout_s: float = START_TIMEOUT_S) -> RolloutProcess:  # fmt: skip
+        """Spawn the child, build its side; raises :class:`RolloutError` when it fails or takes longer than ``timeout_s``."""
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        process = ctx.Process(target=_child_main, args=(child_conn, cfg, list(addresses), model_dir, version, os.getpid()),
+                              name="areal-rollout", daemon=False)  # fmt: skip  # a daemon may not start reward workers
+        started = time.monotonic()
+        process.start()
+        child_conn.close()
+        try:
+            status, value = _receive(parent_conn, process, timeout_s, "build the rollout side")
+        except BaseException:
+            _stop_process(process, 5.0)
+            raise
+        if status != "ready":
+            _stop_process(process, 5.0)
+            raise value
+        logger.info("rollout side in process %d (%d servers), built in %.1f s", process.pid, value,
+                    time.monotonic() - started)  # fmt: skip
+        return cls(process, parent_conn, int(value))
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id."""
+        return self._process.pid
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run command ``name`` (a key of :data:`COMMANDS`) in the child; its result, or its exception raised here."""
+        if name not in COMMANDS:
+            raise RolloutError(f"{name!r} is not a rollout-process command; known: {', '.join(sorted(COMMANDS))}")
+        with self._lock:
+            if self._closed:
+                raise RolloutError(f"the rollout process was closed; {name} cannot run")
+            try:
+                self._conn.send((name, args, kwargs))
+            except (BrokenPipeError, EOFError, OSError) as exc:
+                raise _death(self._process, name) from exc
+            status, value = _receive(self._conn, self._process, None, name)
+        if status == "error":
+            raise value
+        return value
+
+    def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
+        """Mean reward and accuracy of the served policy on the eval split (see ``RolloutSide.evaluate``)."""
+        return self.call("evaluate", n_prompts, greedy=greedy)
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the side (executor, reward pool) and the child; idempotent, never raises for a dead child.
+
+        A command still running in another thread (a weight update whose broadcast failed) gets
+        ``timeout_s`` to return; after that the child is killed, and that command raises.
+        """
+        if not self._lock.acquire(timeout=timeout_s):
+            logger.warning("rollout process %d: a command is still running %.0f s into close; killing the process",
+                           self._process.pid, timeout_s)  # fmt: skip
+            _stop_process(self._process, 5.0)
+            self._lock.acquire()
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, EOFError, OSError):
+                pass  # already gone: nothing left to stop but the process object
+            self._process.join(timeout_s)
+            if self._process.is_alive():
+                logger.warning("rollout process %d did not exit within %.0f s of close; killing it",
+                               self._process.pid, timeout_s)  # fmt: skip
+            _stop_process(self._process, 5.0)
+            self._conn.close()
+        finally:
+            self._lock.release()
+
+
+def _receive(conn: Connection, process: multiprocessing.process.BaseProcess, timeout_s: float | None,
+             what: str) -> tuple[str, Any]:  # fmt: skip
+    """The child's next message, watching that it is alive (and, with ``timeout_s``, not too slow)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not conn.poll(_POLL_S):
+        if not process.is_alive() and not conn.poll(0):
+            raise _death(process, what)
+        if deadline is not None and time.monotonic() > deadline:
+            raise RolloutError(f"the rollout process (pid {process.pid}) did not {what} within {timeout_s:.0f} s")
+    try:
+        return conn.recv()
+    except (EOFError, OSError) as exc:  # OSError: the pipe was reset by a child that died
+        raise _death(process, what) from exc
+
+
+def _death(process: multiprocessing.process.BaseProcess, what: str) -> RolloutError:
+    process.join(1.0)
+    return RolloutError(f"the rollout process (pid {process.pid}) died (exit code {process.exitcode}) before it "
+                        f"could {what}; its log lines are in this worker's log above")  # fmt: skip
+
+
+def _stop_process(process: multiprocessing.process.BaseProcess, grace_s: float) -> None:
+    if process.is_alive():
+        process.terminate()
+        process.join(grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join(grace_s)
+
+
+# ---------------------------------------------------------------------------------------------- child
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` with the child's traceback as a note, or a RolloutError naming it when it does not pickle."""
+    note = "in the rollout process:\n" + "".join(traceback.format_exception(exc)).rstrip()
+    try:
+        exc.add_note(note)
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any pickling failure: send a plain error with the same text
+        plain = RolloutError(f"{type(exc).__name__}: {exc}")
+        plain.add_note(note)
+        return plain
+
+
+def _resolve(side: RolloutSide, name: str) -> Any:
+    target: Any = side
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _watch_parent(parent_pid: int, side: RolloutSide) -> None:
+    """Close the side and exit when the parent is gone (killed before it could send close)."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    logger.warning("the RL worker (pid %d) is gone: closing the rollout side and exiting", parent_pid)
+    closer = threading.Thread(target=side.close, name="rollout-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_TIMEOUT_S / 2)
+    os._exit(1)
+
+
+def _child_main(conn: Connection, cfg: JobConfig, addresses: list[str], model_dir: str, version: int,
+                parent_pid: int) -> None:  # fmt: skip
+    """The child: build the side, say ready, serve commands until told to close or the pipe ends."""
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from areal_tasks.models.tokenizer import load_tokenizer
+    from areal_tasks.trainer.rl_rollout import RolloutSide
+
+    try:
+        side = RolloutSide.build(cfg, addresses, load_tokenizer(model_dir), version)
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
+        conn.send(("error", _portable(exc)))
+        return
+    threading.Thread(target=_watch_parent, args=(parent_pid, side), name="parent-watch", daemon=True).start()
+    try:
+        conn.send(("ready", side.n_servers))
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:
+                logger.warning("the RL worker closed the pipe without saying close: closing the rollout side")
+                break
+            if message is None:
+                break
+            name, args, kwargs = message
+            try:
+                result = _resolve(side, name)(*args, **kwargs)
+                conn.send(("ok", result if COMMANDS[name] else None))
+            except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
+                conn.send(("error", _portable(exc)))
+    finally:
+        side.close()
+        conn.close()
