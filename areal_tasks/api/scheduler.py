@@ -26,6 +26,7 @@ This module is torch-free.
 from __future__ import annotations
 
 import enum
+import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -42,7 +43,25 @@ __all__ = [
     "WorkerInfo",
     "WorkerStatus",
     "expand_placeholders",
+    "OWN_DEVICES_ENV",
+    "local_device_index",
 ]
+
+#: set by a scheduler that gave a worker accelerators: the first ``n`` ids of its
+#: ``CUDA_VISIBLE_DEVICES`` are its own; the ids after them are the host's other devices, visible
+#: only so that NCCL can reach them directly (peer-to-peer over NVLink) in weight updates.
+OWN_DEVICES_ENV = "AREAL_OWN_DEVICES"
+
+
+def local_device_index() -> int:
+    """The CUDA device index this worker computes on.
+
+    ``0`` (its first own device) under a scheduler that set :data:`OWN_DEVICES_ENV`; otherwise
+    ``LOCAL_RANK`` (torchrun's convention: every rank sees all devices and takes its own index).
+    """
+    if os.environ.get(OWN_DEVICES_ENV):
+        return 0
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 #: placeholder names a backend fills in per worker (``port_<i>`` is matched separately).
 PLACEHOLDER_NAMES = frozenset({"port", "rank", "world_size", "host", "run_dir", "group", "master_port"})
@@ -117,8 +136,11 @@ class WorkerGroupSpec:
     """A group of identical workers, one process each, ranked ``0..replicas-1``.
 
     ``devices_per_worker``: accelerators each worker gets; the LocalScheduler hands out ids from the
-    pool it owns and sets ``CUDA_VISIBLE_DEVICES``. With ``0`` the variable is left as inherited,
-    unless ``hide_devices=True``, which sets it to the empty string (a CPU-only worker on a GPU host).
+    pool it owns and sets ``CUDA_VISIBLE_DEVICES`` to the worker's own ids followed by the pool's
+    other ids, with :data:`OWN_DEVICES_ENV` saying how many are its own: ``cuda:0`` is the worker's
+    device, and NCCL can still use the direct GPU-to-GPU path to the others (hiding them keeps it
+    off that path). With ``0`` the variable is left as inherited, unless ``hide_devices=True``,
+    which sets it to the empty string (a CPU-only worker on a GPU host).
 
     ``torch_distributed=True`` adds ``MASTER_ADDR``, ``MASTER_PORT`` (one free port shared by the
     group), ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` to every worker's env.

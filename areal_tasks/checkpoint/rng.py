@@ -44,7 +44,9 @@ def capture_rng_state() -> dict[str, Any]:
         "cuda": [],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+        # the device this rank computes on only: the others may be visible (for NCCL's peer-to-peer
+        # path) but are not this rank's, and reading their state would create a context on each
+        state["cuda"] = [_b64(torch.cuda.get_rng_state().numpy().tobytes())]
     return state
 
 
@@ -66,9 +68,14 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         raise CheckpointError(f"RNG state is malformed: {exc}") from exc
     cuda = state.get("cuda") or []
     if cuda:
-        if not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda):
-            logger.warning("checkpoint holds %d CUDA RNG states but this process sees fewer GPUs: not restored", len(cuda))
-        else:
-            torch.cuda.set_rng_state_all(
-                [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in cuda]
-            )
+        if not torch.cuda.is_available():
+            logger.warning("checkpoint holds a CUDA RNG state but this process has no GPU: not restored")
+            return
+        # one state (this rank's device); a checkpoint of an older version holds one per visible
+        # device, of which this rank's is the one at its device index
+        index = torch.cuda.current_device()
+        chosen = cuda[0] if len(cuda) == 1 else cuda[index] if index < len(cuda) else None
+        if chosen is None:
+            logger.warning("checkpoint holds %d CUDA RNG states, none for device %d: not restored", len(cuda), index)
+            return
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(chosen)), dtype=torch.uint8))

@@ -1,5 +1,9 @@
 """The pool of accelerator ids a LocalScheduler hands out through ``CUDA_VISIBLE_DEVICES``.
 
+A worker's own ids come first in its ``CUDA_VISIBLE_DEVICES`` and the pool's other ids after them
+(:meth:`DevicePool.visible_to`; ``AREAL_OWN_DEVICES`` says how many are its own), so NCCL between
+two workers can use the direct GPU-to-GPU path.
+
 The pool is given explicitly, or taken from the controller's own ``CUDA_VISIBLE_DEVICES``, or, when
 that is unset, from ``nvidia-smi -L`` if it is on PATH; on a CPU machine it is empty.
 """
@@ -59,6 +63,10 @@ class DevicePool:
         with self._lock:
             returned = set(self._free) | set(devices)
             self._free = [d for d in self._all if d in returned]
+
+    def visible_to(self, own: list[str]) -> list[str]:
+        """``CUDA_VISIBLE_DEVICES`` of a worker holding ``own``: those first, then the pool's other ids."""
+        return list(own) + [d for d in self._all if d not in own]
 
     @property
     def free(self) -> list[str]:

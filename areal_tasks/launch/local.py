@@ -20,7 +20,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec, WorkerInfo, WorkerStatus, expand_placeholders
+from areal_tasks.api.scheduler import (
+    OWN_DEVICES_ENV,
+    Scheduler,
+    WorkerGroupSpec,
+    WorkerInfo,
+    WorkerStatus,
+    expand_placeholders,
+)
 from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
 from areal_tasks.launch.devices import DevicePool, detect_devices
@@ -245,8 +252,12 @@ class LocalScheduler(Scheduler):
                 WORLD_SIZE=str(spec.replicas),
                 LOCAL_WORLD_SIZE=str(spec.replicas),
             )
-        if spec.devices_per_worker > 0 or spec.hide_devices:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        if spec.devices_per_worker > 0:  # own first, then the others (for NCCL's peer-to-peer path)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self._devices.visible_to(devices))
+            env[OWN_DEVICES_ENV] = str(len(devices))
+        elif spec.hide_devices:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env.pop(OWN_DEVICES_ENV, None)
         target = expand_placeholders(spec.readiness.target, values)
         if spec.readiness.kind == "file":
             target = os.path.join(cwd or os.getcwd(), target)

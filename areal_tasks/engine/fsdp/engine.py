@@ -386,7 +386,9 @@ def _local_device() -> torch.device:
     import torch
 
     if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0"))
+        from areal_tasks.api.scheduler import local_device_index
+
+        index = local_device_index()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")

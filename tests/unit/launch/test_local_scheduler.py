@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_tasks.api.scheduler import ReadinessCheck, WorkerGroupSpec, WorkerStatus
+from areal_tasks.api.scheduler import OWN_DEVICES_ENV, ReadinessCheck, WorkerGroupSpec, WorkerStatus, local_device_index
 from areal_tasks.errors import SchedulerError
 from areal_tasks.launch import LocalScheduler
 from areal_tasks.launch.process import pid_alive
@@ -123,14 +123,24 @@ def test_devices_are_handed_out_from_the_pool(local: LocalScheduler, worker_cmd:
     infos = local.start_group(spec)
     assert [i.devices for i in infos] == [["0"], ["1"]]
     local.wait("gpu", timeout_s=WAIT_S)
-    seen = [json.loads((tmp_path / f"d{r}").read_text())["env"]["CUDA_VISIBLE_DEVICES"] for r in range(2)]
-    assert seen == ["0", "1"]
+    envs = [json.loads((tmp_path / f"d{r}").read_text())["env"] for r in range(2)]
+    # its own device first (cuda:0), the other after it: visible to NCCL's peer-to-peer path only
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "1,0"]
+    assert [e[OWN_DEVICES_ENV] for e in envs] == ["1", "1"]
 
     more = WorkerGroupSpec(name="gpu2", command=worker_cmd("sleep"), devices_per_worker=1)
     with pytest.raises(SchedulerError, match=r"gpu2/0 needs 1 device\(s\) but only 0 of 2"):
         local.start_group(more)
     local.stop_group("gpu")  # releases the devices
     assert local.start_group(more)[0].devices == ["0"]
+
+
+def test_a_worker_computes_on_its_first_own_device_else_on_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv(OWN_DEVICES_ENV, "1")
+    assert local_device_index() == 0  # a scheduler listed this worker's own device first
+    monkeypatch.delenv(OWN_DEVICES_ENV)
+    assert local_device_index() == 1  # torchrun: every rank sees every device
 
 
 def test_hide_devices_sets_an_empty_cuda_visible_devices(
