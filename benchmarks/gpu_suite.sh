@@ -6,7 +6,8 @@
 # Parts: infer (inference throughput, Qwen2.5-0.5B shape), graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
-# train2 (dp=2 and tp=2 on two GPUs), gputests (every test marked gpu).
+# train2 (dp=2 and tp=2 on two GPUs), gputests (every test marked gpu), bcast (NCCL broadcast between
+# two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
 # logs to $OUT. The machine needs torch, transformers and the pure-Python wheels in .whl/ (lark).
@@ -75,6 +76,7 @@ for p in "$@"; do
                 part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
+        bcast) part bcast 120 python benchmarks/weight_broadcast.py ;;
         *) echo "unknown part $p" ;;
     esac
     save
