@@ -156,6 +156,9 @@ class TrackingConfig:
     mlflow_uri: str | None = None
     #: MLflow experiment name; None = ``experiment.name``.
     mlflow_experiment: str | None = None
+    #: where a new MLflow experiment keeps its artifacts (a path or URI); None = the tracking
+    #: store's default (a server's artifact root; for a ``sqlite:`` URI, ``./mlruns`` of the working directory).
+    mlflow_artifact_location: str | None = None
     #: log metrics every this many steps.
     log_every: int = 1
     #: also append metrics to ``<run_dir>/rl_metrics.jsonl``.

@@ -26,7 +26,8 @@ def callbacks_from_config(cfg: JobConfig, run_dir: Path, *, console: bool = True
 
     ``run_dir`` is where ``rl_metrics.jsonl`` goes (normally ``cfg.experiment.run_dir``). The
     MLflow callback logs to experiment ``tracking.mlflow_experiment`` (default
-    ``experiment.name``), run name ``experiment.trial``, every ``tracking.log_every`` steps; it
+    ``experiment.name``; created with ``tracking.mlflow_artifact_location`` when missing), run name
+    ``experiment.trial``, every ``tracking.log_every`` steps; it
     attaches to the run in ``$AREAL_MLFLOW_RUN_ID`` when that is set.
     """
     from areal_tasks.trainer.rl_loop import RL_METRICS
@@ -46,6 +47,7 @@ def callbacks_from_config(cfg: JobConfig, run_dir: Path, *, console: bool = True
                 run_name=cfg.experiment.trial,
                 config=cfg,
                 log_every=cfg.tracking.log_every,
+                artifact_location=cfg.tracking.mlflow_artifact_location,
             )
         )
     return callbacks

@@ -72,7 +72,8 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     summary = train(tmp_path, warm_start, "train.total_steps=4", "rollout.workflow.name=multi_turn",
                     "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16",
-                    f"tracking.mlflow_uri={uri}", "saver.freq_steps=2")  # fmt: skip
+                    f"tracking.mlflow_uri={uri}", f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
+                    "saver.freq_steps=2")  # fmt: skip
     assert summary["max_head_offpolicyness"] == 2
     rows = metrics(tmp_path)
     assert len(rows) == 4
@@ -84,6 +85,7 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     assert run.data.params["rollout.workflow.name"] == "multi_turn"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3, 4]
     assert run.data.tags["areal.latest_checkpoint"].endswith("step_4")
+    assert (tmp_path / "artifacts" / run.info.run_id / "artifacts" / "summary" / "rl_summary.json").is_file()
 
 
 def test_a_reward_that_cannot_be_imported_fails_before_anything_starts(tmp_path: Path) -> None:
