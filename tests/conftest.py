@@ -1,5 +1,6 @@
-"""Shared pytest setup: GPU tests skip themselves without CUDA, the tiny-model cache is per test run
-directory unless AREAL_CACHE_DIR is set, and a few session fixtures hand out tiny models."""
+"""Shared pytest setup: GPU tests skip themselves without CUDA, the tests that need the live Airflow
+and MLflow servers run last, the tiny-model cache is per test run directory unless AREAL_CACHE_DIR
+is set, and a few session fixtures hand out tiny models."""
 
 from __future__ import annotations
 
@@ -22,7 +23,15 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+#: the session fixture that starts ``airflow standalone`` and an MLflow server (tests/integration/airflow).
+LIVE_SERVERS = "live_servers"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The live servers stay up from their first test to the end of the session, and their
+    # scheduler, DAG processor and triggerer keep polling: on a 2-core machine that slowed every
+    # later test (the RL warm start by a third). Their tests go last, in their own order.
+    items.sort(key=lambda item: LIVE_SERVERS in getattr(item, "fixturenames", ()))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs CUDA (run on a GPU machine)")
