@@ -118,8 +118,8 @@ class WeightPublisher:
         ``perf/weight_update_s`` is the whole update; ``perf/servers_paused_s`` the part the servers
         stop generating for, made of ``perf/weight_pause_s`` (the pause: in-flight requests
         aborted), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load) and
-        ``perf/weight_resume_s``. For disk updates the write happens before the pause and counts
-        in the whole only.
+        ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the
+        removal of old weight directories after the resume: both count in the whole only.
         """
         import torch.distributed as dist
 
@@ -135,10 +135,9 @@ class WeightPublisher:
                 ex.pause()
                 marks["transfer"] = time.perf_counter()
                 ex.update_weights(meta)
+                ex.set_version(version)  # while paused: the resume admits against the new version at once
                 marks["resume"] = time.perf_counter()
                 ex.resume()
-                ex.set_version(version)
-                self._prune(version)
         else:
             meta = self._collective_meta(version)
             marks["paused"] = time.perf_counter()
@@ -148,12 +147,14 @@ class WeightPublisher:
                 receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
                 self.actor.update_weights(meta)
                 receive.join()
+                self.side.executor.set_version(version)
                 marks["resume"] = time.perf_counter()
                 self.side.executor.resume()
-                self.side.executor.set_version(version)
             else:
                 self.actor.update_weights(meta)
         ended = time.perf_counter()
+        if self.side is not None and self.cfg.rollout.weight_update == "disk":
+            self._prune(version)
         if dist.is_initialized():
             _barrier()
         self.actor.set_version(version)
