@@ -83,7 +83,7 @@ def run_mode(mode: str, sizes_mb: list[int], repeats: int) -> dict:
             if p.returncode != 0:
                 raise SystemExit(f"mode {mode}: a rank failed (exit {p.returncode}):\n{log[-3000:]}")
         rows = json.loads(Path(out).read_text(encoding="utf-8"))
-    transports = sorted({m.group(1).strip() for log in logs for m in re.finditer(r"\] \d+/\d+ : .*? via (.+)$", log, re.M)})
+    transports = sorted({m.group(1).strip() for log in logs for m in re.finditer(r"Channel \d+/\d+ : .*? via (.+)$", log, re.M)})
     return {"visible": list(MODES[mode]), "rows": rows, "transports": transports}
 
 
