@@ -5,6 +5,7 @@
 #
 # Parts: infer (inference throughput, Qwen2.5-0.5B shape), graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
+# async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
 # train2 (dp=2 and tp=2 on two GPUs), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
@@ -38,6 +39,12 @@ PY
 # 0.5B-shaped Qwen2 (24 layers, hidden 896, GQA 14/2) with the model kit's own small vocabulary
 QWEN05_TINY='tiny:qwen2?hidden_size=896&num_hidden_layers=24&intermediate_size=4864&num_attention_heads=14&num_key_value_heads=2'
 
+# the two-GPU async runs: server on one GPU, trainer on the other, NCCL weight updates
+ASYNC_GPU=(cluster.gpus_per_node=2 allocation=embedded:d1+fsdp:d1 rollout.weight_update=collective
+    "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]"
+    rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5
+    evaluation.max_eval_prompts=32 evaluation.n_samples=2)
+
 part() {  # part NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
@@ -64,10 +71,12 @@ for p in "$@"; do
         graphs) part graphs 120 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
         async) part async 210 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
-            cluster.gpus_per_node=2 allocation=embedded:d1+fsdp:d1 rollout.weight_update=collective \
-            "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]" \
-            rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5 \
-            evaluation.max_eval_prompts=32 evaluation.n_samples=2 ;;
+            "${ASYNC_GPU[@]}" ;;
+        async_inplace) warm=()  # the async part's warm start when it ran first
+            [[ -d $LOGS/async_work/sft/sft ]] && warm=(--model "$LOGS/async_work/sft/sft")
+            part async_inplace 150 python benchmarks/async_vs_sync.py "${warm[@]}" --sft-steps 50 --steps 10 --etas 2 \
+            --work "$LOGS/async_inplace_work" --out benchmarks/results/async_vs_sync_gpu_in_place.json -- \
+            "${ASYNC_GPU[@]}" rollout.pause_mode=in_place ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;

@@ -144,9 +144,17 @@ class RolloutConfig:
     #: how new weights reach the servers each step: sharded safetensors on disk, or a broadcast
     #: over a collective group (gloo on CPU, NCCL on GPU).
     weight_update: Literal["disk", "collective"] = "disk"
+    #: how the servers stop for a weight update: ``abort`` returns in-flight requests' partial output,
+    #: resubmitted after it (their prefix is recomputed with the new weights); ``in_place`` keeps them
+    #: and their KV cache (no resubmission: the shortest pause; the prefix's KV stays the old policy's);
+    #: ``retract`` moves them back to the queue, keeping the KV the server can hold. SGLang and the
+    #: embedded server tag each token with its version; vLLM does not, so a request it keeps across
+    #: an update is tagged whole with the newer version.
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
     #: run the rollout side (client, executor, rewards, evaluation) of train rank 0 in a child process,
-    #: so its event loop does not compete with the training step for rank 0's interpreter.
-    own_process: bool = True
+    #: so its event loop does not compete with the training step for rank 0's interpreter; ``auto`` =
+    #: when training runs on GPUs (on CPU the cores, not the interpreter, are what both share).
+    own_process: Literal["auto", "on", "off"] = "auto"
     #: the episode logic.
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     #: the reward function.

@@ -10,8 +10,9 @@ Per step ``k`` (policy version ``k - 1`` before it, ``k`` after it):
 3. the weight update: ``rollout.weight_update=disk`` writes sharded safetensors (rank 0) *before*
    pausing, then rank 0 pauses the servers, loads, bumps the version and resumes: the servers stop
    only for the load. ``collective`` pauses, broadcasts the buckets from rank 0 while the client
-   has every server receive them, and resumes. In-flight requests are aborted by the pause and
-   resubmitted with their partial output (partial rollout);
+   has every server receive them, and resumes. With ``rollout.pause_mode=abort`` (the default)
+   in-flight requests are aborted by the pause and resubmitted with their partial output (partial
+   rollout); ``in_place`` keeps them, with their KV cache, on the servers;
 4. evaluation every ``evaluation.freq_steps``, a checkpoint every ``saver.freq_steps`` (engines +
    the executor's position and counters), metrics to the callbacks (rank 0).
 
@@ -132,7 +133,7 @@ class WeightPublisher:
             marks["paused"] = time.perf_counter()
             if self.side is not None:
                 ex = self.side.executor
-                ex.pause()
+                ex.pause(self.cfg.rollout.pause_mode)
                 marks["transfer"] = time.perf_counter()
                 ex.update_weights(meta)
                 ex.set_version(version)  # while paused: the resume admits against the new version at once
@@ -142,7 +143,7 @@ class WeightPublisher:
             meta = self._collective_meta(version)
             marks["paused"] = time.perf_counter()
             if self.side is not None:
-                self.side.executor.pause()
+                self.side.executor.pause(self.cfg.rollout.pause_mode)
                 marks["transfer"] = time.perf_counter()
                 receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
                 self.actor.update_weights(meta)

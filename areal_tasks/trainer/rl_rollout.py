@@ -1,9 +1,9 @@
 """The rollout side of the RL loop (train rank 0): inference client, reward runner, workflow,
 executor, and evaluation through the same servers.
 
-``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: by default
-(``rollout.own_process``) built in a child process (:mod:`areal_tasks.trainer.rollout_process`),
-else in rank 0's own. ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the
+``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: built in a child
+process (:mod:`areal_tasks.trainer.rollout_process`) when ``rollout.own_process`` says so (``auto``:
+when training runs on GPUs), else in rank 0's own. ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the
 config:
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
+from areal_tasks.errors import ConfigError
 from areal_tasks.trainer.evaluate import eval_sampling, samples_per_prompt
 
 if TYPE_CHECKING:
@@ -40,6 +41,17 @@ if TYPE_CHECKING:
     from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
+
+
+def own_process(setting: str) -> bool:
+    """Whether ``rollout.own_process`` puts the rollout side in a child process (``auto``: with CUDA)."""
+    if setting not in ("auto", "on", "off"):
+        raise ConfigError(f"rollout.own_process must be auto, on or off, got {setting!r}")
+    if setting == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return setting == "on"
 
 
 def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward: Any) -> RolloutWorkflow:
@@ -77,8 +89,8 @@ class RolloutSide:
 
     @classmethod
     def open(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int) -> RolloutSide | RolloutProcess:
-        """The side as ``rollout.own_process`` says: in a child process (default) or in this one."""
-        if cfg.rollout.own_process:
+        """The side as ``rollout.own_process`` says: in a child process (``auto``: on GPUs) or in this one."""
+        if own_process(cfg.rollout.own_process):
             from areal_tasks.trainer.rollout_process import RolloutProcess
 
             return RolloutProcess.start(cfg, addresses, model_dir, version)

@@ -6,7 +6,8 @@ in flight, evaluation) is Python work that never stops while the run is asynchro
 own process it competes with the training step for one interpreter lock: on two H200s, with the
 server on one GPU and the trainer on the other, an eta=2 run's training took 2.6 times as long as
 a synchronous run's (12.0 s against 4.6 s for the same ten steps), although it had a GPU to itself.
-``rollout.own_process: true`` (the default) runs the side in a child process instead:
+``rollout.own_process: on`` (``auto``, the default, is on when training runs on GPUs) runs the side
+in a child process instead:
 
 - :meth:`RolloutProcess.start` spawns it (``spawn``: rank 0 may hold CUDA state, which a fork must
   not inherit), the child loads the tokenizer and builds the side, then answers commands over a

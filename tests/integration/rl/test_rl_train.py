@@ -4,7 +4,8 @@ mechanics, not learning quality (tests/integration/rl/test_learning.py checks th
 The session's warm start (conftest.py) is the starting policy. Each run checks what a user sees: the summary and its
 keys, one metrics row per step with versions advancing, a checkpoint per ``saver.freq_steps``, and
 recovery that continues after the last checkpoint instead of starting over. Also: the multi-turn
-workflow with asynchronous rollout (eta = 2) tracked in MLflow, and a broken reward that fails the
+workflow with asynchronous rollout (eta = 2), the rollout side in its own process (what ``auto``
+picks on GPUs) and in-place pauses for weight updates, tracked in MLflow, and a broken reward that fails the
 run in a second, before anything starts. (PPO with a critic: test_learning.py.)
 """
 
@@ -72,6 +73,8 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     summary = train(tmp_path, warm_start, "train.total_steps=4", "rollout.workflow.name=multi_turn",
                     "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16",
+                    "rollout.own_process=on",  # the rollout side in a child process, as on GPUs
+                    "rollout.pause_mode=in_place",  # in-flight requests stay on the server across updates
                     f"tracking.mlflow_uri={uri}", f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
                     "saver.freq_steps=2")  # fmt: skip
     assert summary["max_head_offpolicyness"] == 2

@@ -4,7 +4,8 @@ The side is built for real (tokenizer, reward pool, executor over the demo task)
 address where nothing listens: the commands tested here do not reach a server. Checked: results
 come back; an exception in the child is raised here with its own type and the child's traceback as
 a note; a child that dies is reported by the next command with its exit code; a failed build is
-raised by ``start``; close stops the child and is idempotent.
+raised by ``start``; close stops the child and is idempotent; ``rollout.own_process=auto`` means a
+child process only when CUDA is there.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from areal_tasks.config import load_config
 from areal_tasks.errors import ConfigError, RolloutError
-from areal_tasks.trainer.rl_rollout import RolloutSide
+from areal_tasks.trainer.rl_rollout import RolloutSide, own_process
 from areal_tasks.trainer.rollout_process import RolloutProcess
 
 pytestmark = [pytest.mark.integration]
@@ -34,7 +35,7 @@ def _config(tmp_path: Path, model: Path, *overrides: str):
     return load_config("configs/demo_grpo.yaml", [
         f"experiment.run_dir={tmp_path}", f"model.path={model}", "dataset.path=demo:arithmetic?n_train=16&n_eval=4",
         "train.batch_size=8", "rollout.group_size=4", "rollout.max_concurrent_rollouts=8",
-        "rollout.reward.workers=1", "train.sft_warmup_steps=0", *overrides,
+        "rollout.reward.workers=1", "train.sft_warmup_steps=0", "rollout.own_process=on", *overrides,
     ])  # fmt: skip
 
 
@@ -96,3 +97,15 @@ def test_close_stops_the_child(tmp_path: Path, tiny_qwen2: Path) -> None:
     assert not process._process.is_alive() and process._process.exitcode == 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_own_process_auto_means_on_gpus_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert own_process("on") is True and own_process("off") is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert own_process("auto") is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert own_process("auto") is True
+    with pytest.raises(ConfigError, match="auto, on or off"):
+        own_process("yes")
