@@ -143,7 +143,11 @@ class RolloutProcess:
     @classmethod
     def start(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int,
               timeout_s: float = START_TIMEOUT_S) -> RolloutProcess:  # fmt: skip
-        """Spawn the child, build its side; raises :class:`RolloutError` when it fails or takes longer than ``timeout_s``."""
+        """Spawn the child and build its side there.
+
+        A build that fails raises its own exception here (the child's traceback as a note); a child
+        that dies, or takes longer than ``timeout_s``, raises :class:`RolloutError`.
+        """
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
         process = ctx.Process(target=_child_main, args=(child_conn, cfg, list(addresses), model_dir, version, os.getpid()),
@@ -153,12 +157,12 @@ class RolloutProcess:
         child_conn.close()
         try:
             status, value = _receive(parent_conn, process, timeout_s, "build the rollout side")
+            if status != "ready":
+                raise value
         except BaseException:
             _stop_process(process, 5.0)
+            parent_conn.close()
             raise
-        if status != "ready":
-            _stop_process(process, 5.0)
-            raise value
         logger.info("rollout side in process %d (%d servers), built in %.1f s", process.pid, value,
                     time.monotonic() - started)  # fmt: skip
         return cls(process, parent_conn, int(value))
