@@ -56,7 +56,7 @@ def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_h
         assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["status_code"] is None
         assert 0 < len(out["output_ids"]) < 2000
         assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
-        late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
+        late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}})
         _wait_metric(http, "sglang:num_queue_reqs", 1)
         assert _metric(http, "areal:paused") == 1 and not late.done()
         resumed = http.post("/continue_generation", json={}, headers=admin_headers)
