@@ -125,46 +125,47 @@ class WeightPublisher:
         import torch.distributed as dist
 
         started = time.perf_counter()
-        marks: dict[str, float] = {}
+        parts: dict[str, float] = {}
         if self.cfg.rollout.weight_update == "disk":
             meta = WeightUpdateMeta.disk(str(self.root / f"v{version}"), version)
             self.actor.update_weights(meta)
             _barrier()
-            marks["paused"] = time.perf_counter()
+            paused_at = time.perf_counter()
             if self.side is not None:
-                ex = self.side.executor
-                ex.pause(self.cfg.rollout.pause_mode)
-                marks["transfer"] = time.perf_counter()
-                ex.update_weights(meta)
-                ex.set_version(version)  # while paused: the resume admits against the new version at once
-                marks["resume"] = time.perf_counter()
-                ex.resume()
+                parts = self._swap_on_paused_servers(version, lambda: self.side.executor.update_weights(meta))
         else:
             meta = self._collective_meta(version)
-            marks["paused"] = time.perf_counter()
+            paused_at = time.perf_counter()
             if self.side is not None:
-                self.side.executor.pause(self.cfg.rollout.pause_mode)
-                marks["transfer"] = time.perf_counter()
-                receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
-                self.actor.update_weights(meta)
-                receive.join()
-                self.side.executor.set_version(version)
-                marks["resume"] = time.perf_counter()
-                self.side.executor.resume()
+
+                def broadcast() -> None:  # the servers receive while this rank sends
+                    receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
+                    self.actor.update_weights(meta)
+                    receive.join()
+
+                parts = self._swap_on_paused_servers(version, broadcast)
             else:
                 self.actor.update_weights(meta)
-        ended = time.perf_counter()
+        paused_s = time.perf_counter() - paused_at
         if self.side is not None and self.cfg.rollout.weight_update == "disk":
             self._prune(version)
         if dist.is_initialized():
             _barrier()
         self.actor.set_version(version)
-        timings = {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": ended - marks["paused"]}
-        if "transfer" in marks:
-            timings.update({"perf/weight_pause_s": marks["transfer"] - marks["paused"],
-                            "perf/weight_transfer_s": marks["resume"] - marks["transfer"],
-                            "perf/weight_resume_s": ended - marks["resume"]})  # fmt: skip
-        return timings
+        return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s, **parts}
+
+    def _swap_on_paused_servers(self, version: int, transfer: Any) -> dict[str, float]:
+        """Rank 0: pause the servers, ``transfer()`` the weights, set ``version``, resume; the three times."""
+        ex = self.side.executor
+        started = time.perf_counter()
+        ex.pause(self.cfg.rollout.pause_mode)
+        paused = time.perf_counter()
+        transfer()
+        ex.set_version(version)  # while paused: the resume admits against the new version at once
+        loaded = time.perf_counter()
+        ex.resume()
+        return {"perf/weight_pause_s": paused - started, "perf/weight_transfer_s": loaded - paused,
+                "perf/weight_resume_s": time.perf_counter() - loaded}  # fmt: skip
 
     def close(self) -> None:
         """Tear the collective weight-update group down (every rank calls it; idempotent; never raises).
