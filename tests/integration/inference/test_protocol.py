@@ -129,7 +129,7 @@ def test_weight_update_mid_generation_loses_no_request(backend) -> None:
     client, control = backend
     old, new = control.version, control.version + 1
     path = control.write_weights(new, scale=1.0)
-    n_tokens = 64
+    n_tokens = 384  # long enough that real vLLM on CPU is still decoding when the pause lands
     reqs = [ModelRequest([5 + i, 17, 29], SamplingParams(max_new_tokens=n_tokens, ignore_eos=True)) for i in range(6)]
 
     async def scenario():
