@@ -70,7 +70,7 @@ for p in "$@"; do
             --check 2 --repeats 1 --profile 64 ;;
         graphs) part graphs 120 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
-        async) part async 210 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
+        async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
             "${ASYNC_GPU[@]}" ;;
         async_inplace) warm=()  # the async part's warm start when it ran first
             [[ -d $LOGS/async_work/sft/sft ]] && warm=(--model "$LOGS/async_work/sft/sft")

@@ -28,7 +28,7 @@ WEIGHT_UPDATE_WIRE_VERSION = 1
 UpdateType = Literal["disk", "collective"]
 CollectiveBackend = Literal["gloo", "nccl"]
 
-_DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
+_DEFAULT_BUCKET_BYTES = 1024 * 1024 * 1024  # a 0.5B model in bf16 is one bucket: one HTTP round trip
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class FSDPEngine(TrainEngine):
         self.seed = seed
         self._version = 0
         self.weight_groups: dict[tuple[str, int, str], Any] = {}
+        self._weight_specs: list[ParamSpec] | None = None
         self._initialized = False
 
     # ------------------------------------------------------------------ setup
@@ -302,7 +303,9 @@ class FSDPEngine(TrainEngine):
         from areal_tasks.engine.fsdp.weight_sender import weight_specs
 
         self._require_init()
-        return weight_specs(self)
+        if self._weight_specs is None:  # names, dtypes and shapes are fixed once the model is built
+            self._weight_specs = weight_specs(self)
+        return list(self._weight_specs)
 
     def get_version(self) -> int:
         return self._version
@@ -317,6 +320,7 @@ class FSDPEngine(TrainEngine):
 
         close_weight_groups(self)
         self.model = self.optimizer = self.lr_scheduler = None
+        self._weight_specs = None
         self._initialized = False
 
 

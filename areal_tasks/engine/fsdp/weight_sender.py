@@ -63,7 +63,8 @@ def weight_specs(engine: FSDPEngine) -> list[ParamSpec]:
     """Name, dtype and full shape of every tensor :func:`send_weights` publishes, in sending order
     (floating-point ones in :func:`publish_dtype`).
 
-    Local (no gather): any rank may call it, at any time.
+    Local (no gather): any rank may call it, at any time. They never change during a run, so the
+    engine keeps them (``FSDPEngine.weight_specs``) instead of walking the state dict every update.
     """
     from areal_tasks.engine.fsdp.export import iter_hf_meta
     from areal_tasks.engine.weights.collective import spec_of
@@ -90,7 +91,7 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
         from areal_tasks.engine.weights.collective import BucketedBroadcastSender
 
         sender = BucketedBroadcastSender(_group(engine, meta), meta.bucket_bytes)
-        sent = sender.send(cast_floating(stream, publish_dtype(engine)), weight_specs(engine))
+        sent = sender.send(stream, engine.weight_specs())  # the pack casts to the specs' dtype
         logger.info("weights version %d broadcast to %s: %d bytes", meta.version, meta.group_name, sent)
     dist.barrier()
 

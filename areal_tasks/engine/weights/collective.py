@@ -206,19 +206,26 @@ def flatten_bucket(
 ) -> torch.Tensor:
     """One bucket's wire tensor: the bytes of ``tensors[spec.name]`` back to back, in ``bucket`` order.
 
-    Raises :class:`EngineError` when a tensor is missing or differs from its spec in dtype or shape.
+    The wire tensor is allocated once and every tensor is copied straight into its slice; a
+    floating-point tensor is cast to its spec's floating-point dtype by that copy (the trainer's
+    fp32 master weights go out as bf16 without a cast copy first). Raises :class:`EngineError`
+    when a tensor is missing, has another shape, or has another dtype that is not such a cast.
     """
     import torch
 
-    parts = []
+    flat = torch.empty(sum(spec.nbytes for spec in bucket), dtype=torch.uint8, device=device)
+    offset = 0
     for spec in bucket:
         tensor = tensors.get(spec.name)
         if tensor is None:
             raise EngineError(f"weight bucket names {spec.name!r}, but no such tensor was given")
-        if spec_of(spec.name, tensor) != spec:
+        wire_dtype = getattr(torch, spec.dtype)
+        castable = tensor.is_floating_point() and wire_dtype.is_floating_point
+        if tuple(tensor.shape) != spec.shape or (tensor.dtype != wire_dtype and not castable):
             raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
-        parts.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(device))
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+        flat[offset : offset + spec.nbytes].view(wire_dtype).view(spec.shape).copy_(tensor.detach())
+        offset += spec.nbytes
+    return flat
 
 
 class BucketedBroadcastSender:
@@ -237,13 +244,19 @@ class BucketedBroadcastSender:
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[ParamSpec]) -> int:
         """Broadcast ``named_tensors`` (streamed in ``specs`` order) bucket by bucket; returns bytes sent.
 
-        Holds at most one bucket's tensors at a time. Raises :class:`EngineError` when the stream
+        Holds at most one bucket's tensors at a time; floating-point tensors may come in another
+        floating-point dtype than their spec's and are cast on the way (:func:`flatten_bucket`). Raises :class:`EngineError` when the stream
         differs from ``specs`` (a name, dtype or shape, or the number of tensors).
         """
+        import time
+
+        started = time.perf_counter()
+        packing = 0.0
         stream = iter(named_tensors)
         total = 0
         buckets = self.plan(specs)
         for bucket in buckets:
+            packed_from = time.perf_counter()
             wanted = {spec.name for spec in bucket}
             held: dict[str, torch.Tensor] = {}
             for _ in bucket:  # a bucket is a run of consecutive specs, so of consecutive tensors
@@ -254,10 +267,12 @@ class BucketedBroadcastSender:
                     raise EngineError(f"weight stream gave {name!r} where the plan expects one of {sorted(wanted)}")
                 held[name] = tensor
             flat = flatten_bucket(bucket, held, self.group.device)
+            packing += time.perf_counter() - packed_from
             self.group.broadcast(flat)
             total += flat.numel()
         extra = next(stream, None)
         if extra is not None:
             raise EngineError(f"weight stream has tensor {extra[0]!r} beyond the {len(specs)} planned ones")
-        logger.info("broadcast %d buckets, %d bytes, over %s", len(buckets), total, self.group.name)
+        logger.info("broadcast %d buckets, %d bytes, over %s in %.1f ms (gather and pack %.1f ms, host time)",
+                    len(buckets), total, self.group.name, 1e3 * (time.perf_counter() - started), 1e3 * packing)
         return total

@@ -101,6 +101,8 @@ class ModelRunner:
         hf_config = AutoConfig.from_pretrained(path)
         self.dtype = resolve_dtype(cfg.dtype, self.device, hf_config)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or path)
+        self._targets: dict[str, torch.Tensor] = {}
+        self._targets_model: torch.nn.Module | None = None
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype,
                                                           attn_implementation=register_serve_attention())
         self.model.to(self.device).eval()
@@ -240,11 +242,17 @@ class ModelRunner:
 
     # ---- weights ----
     def _weight_targets(self) -> dict[str, torch.Tensor]:
-        """Every name a checkpoint may use for a served tensor (tied aliases included) -> the tensor."""
-        targets = dict(self.model.named_parameters(remove_duplicate=False))
-        persistent = self.model.state_dict().keys()
-        targets.update({n: b for n, b in self.model.named_buffers(remove_duplicate=False) if n in persistent})
-        return targets
+        """Every name a checkpoint may use for a served tensor (tied aliases included) -> the tensor.
+
+        Kept per model object: updates copy into these tensors in place, so the map stays valid,
+        and walking the state dict on every update cost milliseconds of a paused server.
+        """
+        if self._targets_model is not self.model:
+            targets = dict(self.model.named_parameters(remove_duplicate=False))
+            persistent = self.model.state_dict().keys()
+            targets.update({n: b for n, b in self.model.named_buffers(remove_duplicate=False) if n in persistent})
+            self._targets, self._targets_model = targets, self.model
+        return self._targets
 
     def weight_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Name -> (shape, dtype) of every tensor a weight update may replace (parameters and buffers)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -71,7 +72,8 @@ class WeightService:
         self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], version: str | None
     ) -> bool:
         """Stage, then apply between two steps, under SGLang's writer-lock rules. Returns whether
-        sequences still hold KV from before the update (a requested cache flush then fails)."""
+        sequences still hold KV from before the update (a requested cache flush then fails).
+        Logs how long the staging (read or receive) and the apply between two steps took."""
         drain = self.engine.paused is None
         if drain:
             self.engine.set_gate(True)
@@ -79,7 +81,9 @@ class WeightService:
             if drain:
                 while self.engine.in_flight():
                     await asyncio.sleep(_DRAIN_POLL_S)
+            staged_from = time.perf_counter()
             named = await stage()
+            applied_from = time.perf_counter()
 
             def apply() -> bool:
                 self.runner.load_weights(named.items())
@@ -87,6 +91,8 @@ class WeightService:
                 return self.engine.holds_kv()
 
             busy = bool(await self._call(apply))
+            logger.info("weight update: %d tensors staged in %.1f ms, applied in %.1f ms", len(named),
+                        1e3 * (applied_from - staged_from), 1e3 * (time.perf_counter() - applied_from))
         finally:
             if drain:
                 self.engine.set_gate(False)

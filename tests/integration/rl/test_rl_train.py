@@ -5,7 +5,7 @@ The session's warm start (conftest.py) is the starting policy. Each run checks w
 keys, one metrics row per step with versions advancing, a checkpoint per ``saver.freq_steps``, and
 recovery that continues after the last checkpoint instead of starting over. Also: the multi-turn
 workflow with asynchronous rollout (eta = 2), the rollout side in its own process (what ``auto``
-picks on GPUs) and in-place pauses for weight updates, tracked in MLflow, and a broken reward that fails the
+picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow, and a broken reward that fails the
 run in a second, before anything starts. (PPO with a critic: test_learning.py.)
 """
 
@@ -75,12 +75,15 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
                     "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16",
                     "rollout.own_process=on",  # the rollout side in a child process, as on GPUs
                     "rollout.pause_mode=in_place",  # in-flight requests stay on the server across updates
+                    "rollout.weight_update=collective",  # broadcast from train rank 0 over gloo, as NCCL on GPUs
                     f"tracking.mlflow_uri={uri}", f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
                     "saver.freq_steps=2")  # fmt: skip
     assert summary["max_head_offpolicyness"] == 2
     rows = metrics(tmp_path)
     assert len(rows) == 4
     assert max(r["staleness/max"] for r in rows) <= 2.0
+    assert [r["version"] for r in rows] == [1.0, 2.0, 3.0, 4.0]
+    assert all(r["perf/weight_transfer_s"] > 0 for r in rows)
     assert summary["executor"]["consumed_samples"] == 4 * 8
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("demo_grpo").experiment_id])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.api.inference import plan_weight_buckets
+from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.engine.weights.collective import (
     BucketedBroadcastSender,
@@ -101,13 +101,20 @@ def test_a_bucket_is_its_tensors_bytes_back_to_back() -> None:
     assert flat.tolist() == a.view(torch.uint8).tolist() + b.view(torch.uint8).tolist()
 
 
+def test_a_floating_point_tensor_is_cast_to_its_planned_dtype_in_the_bucket() -> None:
+    master = torch.tensor([1.0, -2.5, 3.1415926], dtype=torch.float32)  # an fp32 master weight, bf16 on the wire
+    flat = flatten_bucket([ParamSpec("w", "bfloat16", (3,))], {"w": master}, torch.device("cpu"))
+    assert flat.numel() == 6
+    assert torch.equal(flat.view(torch.bfloat16), master.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize(
     ("stream", "match"),
     [
         ({"a": torch.zeros(4), "x": torch.zeros(4)}, "gave 'x'"),
         ({"a": torch.zeros(4)}, "ended before"),
         ({"a": torch.zeros(4), "b": torch.zeros(4), "c": torch.zeros(1)}, "beyond"),
-        ({"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.float64)}, "plan says"),
+        ({"a": torch.zeros(4), "b": torch.zeros(4, dtype=torch.int32)}, "plan says"),
         ({"a": torch.zeros(4), "b": torch.zeros(2, 2)}, "plan says"),
     ],
 )

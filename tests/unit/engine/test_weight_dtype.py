@@ -23,8 +23,10 @@ from areal_tasks.engine.weights.collective import WeightGroup
 
 
 def _engine(model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None):
-    return SimpleNamespace(model=model, config=SimpleNamespace(dtype=dtype), device=torch.device(device),
-                           role="actor", model_path=model_path, weight_groups={})  # fmt: skip
+    engine = SimpleNamespace(model=model, config=SimpleNamespace(dtype=dtype), device=torch.device(device),
+                             role="actor", model_path=model_path, weight_groups={})  # fmt: skip
+    engine.weight_specs = lambda: weight_specs(engine)  # FSDPEngine keeps this list; here it is recomputed
+    return engine
 
 
 @pytest.fixture
@@ -89,3 +91,41 @@ def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, single_rank, tmp_
     written = read_safetensors_dir(tmp_path / "v1")
     assert written and {t.dtype for t in written.values()} == {torch.bfloat16}
     assert (tmp_path / "v1" / "config.json").is_file()
+
+
+def test_a_one_device_mesh_publishes_its_local_tensors_without_a_gather(tiny_qwen2, monkeypatch) -> None:
+    """A DTensor on a mesh of one device is taken as its local tensor: ``full_tensor`` (DTensor's
+    redistribution, most of a one-GPU update's host time) is never called, and the bytes agree."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.engine.fsdp.export import iter_full_tensors
+
+    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32)
+    owned = not dist.is_initialized()
+    if owned:
+        from areal_tasks.launch.ports import PortAllocator
+
+        monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setitem(os.environ, "MASTER_PORT", str(PortAllocator().allocate(1)[0]))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        monkeypatch.setattr(DTensor, "full_tensor", lambda self, **kw: pytest.fail("gathered a one-device DTensor"))
+        published = dict(iter_full_tensors(model, torch.device("cpu")))
+        expected = reference.state_dict()
+        assert published.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert not isinstance(published[name], DTensor) and torch.equal(published[name], tensor), name
+    finally:
+        if owned:
+            dist.destroy_process_group()
