@@ -121,6 +121,13 @@ class TrainEngine(abc.ABC):
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         """Publish the current weights to the inference servers as ``meta`` says (disk or collective)."""
 
+    def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
+        """Optionally do the part of :meth:`update_weights` that needs no server (gather and pack
+        the weights) before the servers pause; returns the seconds it took. Every rank calls it
+        right before :meth:`update_weights` with the same ``meta``. The default does nothing."""
+        del meta
+        return 0.0
+
     @abc.abstractmethod
     def weight_specs(self) -> list[ParamSpec]:
         """Name, dtype and full shape of every tensor :meth:`update_weights` publishes, in its order.

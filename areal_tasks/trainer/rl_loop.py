@@ -120,7 +120,9 @@ class WeightPublisher:
         stop generating for, made of ``perf/weight_pause_s`` (the pause: in-flight requests
         aborted), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load) and
         ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the
-        removal of old weight directories after the resume: both count in the whole only.
+        removal of old weight directories after the resume: both count in the whole only. A
+        collective update gathers and packs the weights before the pause where they fit in one
+        bucket (``perf/weight_pack_s``; see ``TrainEngine.prepare_weight_update``).
         """
         import torch.distributed as dist
 
@@ -135,6 +137,7 @@ class WeightPublisher:
                 parts = self._swap_on_paused_servers(version, lambda: self.side.executor.update_weights(meta))
         else:
             meta = self._collective_meta(version)
+            parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
             paused_at = time.perf_counter()
             if self.side is not None:
 
@@ -143,7 +146,7 @@ class WeightPublisher:
                     self.actor.update_weights(meta)
                     receive.join()
 
-                parts = self._swap_on_paused_servers(version, broadcast)
+                parts.update(self._swap_on_paused_servers(version, broadcast))
             else:
                 self.actor.update_weights(meta)
         paused_s = time.perf_counter() - paused_at

@@ -80,6 +80,8 @@ class FSDPEngine(TrainEngine):
         self._version = 0
         self.weight_groups: dict[tuple[str, int, str], Any] = {}
         self._weight_specs: list[ParamSpec] | None = None
+        #: a collective update packed ahead of the servers' pause (weight_sender.stage_weights)
+        self.staged_weights: Any = None
         self._initialized = False
 
     # ------------------------------------------------------------------ setup
@@ -299,6 +301,12 @@ class FSDPEngine(TrainEngine):
         self._require_init()
         send_weights(self, meta)
 
+    def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
+        from areal_tasks.engine.fsdp.weight_sender import stage_weights
+
+        self._require_init()
+        return stage_weights(self, meta)
+
     def weight_specs(self) -> list[ParamSpec]:
         from areal_tasks.engine.fsdp.weight_sender import weight_specs
 
@@ -320,7 +328,7 @@ class FSDPEngine(TrainEngine):
 
         close_weight_groups(self)
         self.model = self.optimizer = self.lr_scheduler = None
-        self._weight_specs = None
+        self._weight_specs = self.staged_weights = None
         self._initialized = False
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -72,16 +73,68 @@ def weight_specs(engine: FSDPEngine) -> list[ParamSpec]:
     return [spec_of(name, tensor) for name, tensor in cast_floating(iter_hf_meta(engine.model), publish_dtype(engine))]
 
 
+@dataclass(frozen=True)
+class StagedWeights:
+    """A one-bucket collective update packed before the servers paused (rank 0 holds the bytes)."""
+
+    version: int
+    bucket_bytes: int
+    flat: torch.Tensor | None
+
+
+def stage_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> float:
+    """Gather and pack the weights of a collective ``meta`` now, while the servers still generate;
+    returns the seconds it took. Every rank calls it (the gathers are collective).
+
+    Only when all weights fit in one bucket: the paused update then is one broadcast. With more
+    buckets nothing is staged (holding every bucket would cost the whole model's bytes again) and
+    :func:`send_weights` packs bucket by bucket during the pause, as without staging.
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from areal_tasks.api.inference import plan_weight_buckets
+    from areal_tasks.engine.fsdp.export import iter_hf_tensors
+    from areal_tasks.engine.weights.collective import flatten_bucket
+
+    started = time.perf_counter()
+    engine.staged_weights = None
+    if meta.type != "collective" or engine.role != "actor":
+        return 0.0
+    buckets = plan_weight_buckets(engine.weight_specs(), meta.bucket_bytes)
+    if len(buckets) != 1:
+        return 0.0
+    stream = iter_hf_tensors(engine.model, engine.device)
+    flat = None
+    if dist.get_rank() == 0:
+        device = torch.device("cuda", torch.cuda.current_device()) if meta.backend == "nccl" else torch.device("cpu")
+        flat = flatten_bucket(buckets[0], dict(stream), device)
+    else:  # take part in every gather
+        collections.deque(stream, maxlen=0)
+    engine.staged_weights = StagedWeights(meta.version, meta.bucket_bytes, flat)
+    return time.perf_counter() - started
+
+
 def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
-    """Publish ``engine``'s weights as ``meta`` says; every rank of the engine must call it."""
+    """Publish ``engine``'s weights as ``meta`` says; every rank of the engine must call it.
+
+    A collective update that :func:`stage_weights` packed for the same version and bucket size is
+    one broadcast of the packed bytes; anything else gathers and packs here.
+    """
     import torch.distributed as dist
 
     from areal_tasks.engine.fsdp.export import iter_hf_tensors
 
     if engine.role != "actor":
         raise EngineError(f"only an actor publishes weights to inference servers, this engine is a {engine.role}")
-    stream = iter_hf_tensors(engine.model, engine.device)
+    staged, engine.staged_weights = engine.staged_weights, None
+    if staged is not None and (meta.type, staged.version, staged.bucket_bytes) != ("collective", meta.version,
+                                                                                   meta.bucket_bytes):
+        staged = None  # staged for another update: gather afresh
     is_rank0 = dist.get_rank() == 0
+    stream = iter_hf_tensors(engine.model, engine.device) if staged is None else iter(())
     if not is_rank0:  # take part in every gather; rank 0 does the writing or sending
         collections.deque(stream, maxlen=0)
     elif meta.type == "disk":
@@ -91,7 +144,10 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
         from areal_tasks.engine.weights.collective import BucketedBroadcastSender
 
         sender = BucketedBroadcastSender(_group(engine, meta), meta.bucket_bytes)
-        sent = sender.send(stream, engine.weight_specs())  # the pack casts to the specs' dtype
+        if staged is not None:
+            sent = sender.send_packed([staged.flat])
+        else:
+            sent = sender.send(stream, engine.weight_specs())  # the pack casts to the specs' dtype
         logger.info("weights version %d broadcast to %s: %d bytes", meta.version, meta.group_name, sent)
     dist.barrier()
 

@@ -39,6 +39,9 @@ from areal_tasks.inference.server.stats import EngineCounters, EngineStats
 
 logger = logging.getLogger(__name__)
 
+#: an engine iteration (prefill plus one decode step) at least this long is logged with its sizes.
+SLOW_ITERATION_S = 0.25
+
 T = TypeVar("T")
 PauseMode = Literal["abort", "retract", "in_place"]
 
@@ -244,7 +247,9 @@ class Engine:
             for fn, future in controls:
                 self._run_control(fn, future)
             if self._paused is None:
-                self._admit()
+                started = time.perf_counter()
+                admitted = self._admit()
+                prefilled = time.perf_counter()
                 if self._running:
                     try:
                         self._decode_step()
@@ -253,6 +258,7 @@ class Engine:
                         failed, self._running = self._running, []
                         for seq in failed:
                             self._finish(seq, finish_abort(f"decode failed: {type(exc).__name__}: {exc}", status_code=500))
+                self._note_slow_iteration(started, prefilled, admitted)
         self.set_gate(False)
         self.abort_all("server shutting down")
         with self._cond:
@@ -270,8 +276,17 @@ class Engine:
         except BaseException as exc:  # handed to the caller through the future
             future.set_exception(exc)
 
-    def _admit(self) -> None:
-        """Pop as many queued sequences as free slots and the prefill budget allow, and prefill them."""
+    def _note_slow_iteration(self, started: float, prefilled: float, admitted: tuple[int, int]) -> None:
+        """Log an iteration longer than :data:`SLOW_ITERATION_S`: a pause or weight update waits
+        for the iteration in progress, so these explain a slow pause."""
+        took = time.perf_counter() - started
+        if took >= SLOW_ITERATION_S:
+            logger.info("slow engine iteration: %.0f ms (prefill of %d sequences, %d tokens: %.0f ms; decode of %d)",
+                        1e3 * took, admitted[0], admitted[1], 1e3 * (prefilled - started), len(self._running))
+
+    def _admit(self) -> tuple[int, int]:
+        """Pop as many queued sequences as free slots and the prefill budget allow, and prefill them;
+        returns how many sequences and prompt tokens were prefilled."""
         free, budget, seqs = self.runner.cache.free_slots, self.max_prefill_tokens, []
         with self._cond:
             while self._waiting and len(seqs) < free and budget > 0:
@@ -280,7 +295,8 @@ class Engine:
                 seqs.append(seq)
             self._admitting = len(seqs)
         if not seqs:
-            return
+            return 0, 0
+        tokens = self.max_prefill_tokens - budget
         self.prefiller.admit(seqs)
         for seq in seqs:
             if seq.finished:
@@ -289,6 +305,7 @@ class Engine:
                 self._running.append(seq)
         with self._cond:
             self._admitting = 0
+        return len(seqs), tokens
 
     def _compact(self) -> None:
         """Move running sequences into slots ``0..B-1`` (highest first into the lowest holes), so a

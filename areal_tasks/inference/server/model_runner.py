@@ -264,10 +264,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy already validated tensors into the model in place; returns how many were copied."""
+        """Copy already validated tensors into the model in place; returns how many were copied.
+
+        Tensors already on the target's device in its dtype (a collective update's) are copied by
+        one ``_foreach_copy_`` call, the rest one by one (converted first)."""
         targets = self._weight_targets()
+        same: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         count = 0
         for name, tensor in named:
-            targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
+            target = targets[name]
+            if tensor.device == target.device and tensor.dtype == target.dtype:
+                same[0].append(target)
+                same[1].append(tensor)
+            else:
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             count += 1
+        if same[0]:
+            torch._foreach_copy_(same[0], same[1])
         return count

@@ -24,7 +24,7 @@ from areal_tasks.engine.weights.collective import WeightGroup
 
 def _engine(model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None):
     engine = SimpleNamespace(model=model, config=SimpleNamespace(dtype=dtype), device=torch.device(device),
-                             role="actor", model_path=model_path, weight_groups={})  # fmt: skip
+                             role="actor", model_path=model_path, weight_groups={}, staged_weights=None)  # fmt: skip
     engine.weight_specs = lambda: weight_specs(engine)  # FSDPEngine keeps this list; here it is recomputed
     return engine
 
@@ -82,6 +82,41 @@ def test_collective_sends_the_planned_compute_dtype_bytes(fp32_model, single_ran
     expected = torch.cat([t.to(torch.bfloat16).reshape(-1).view(torch.uint8)
                           for n, t in fp32_model.state_dict().items() if n in names])  # fmt: skip
     assert torch.equal(torch.cat(sent), expected)
+
+
+@pytest.mark.parametrize("staged_version", [1, 7])
+def test_weights_staged_before_the_pause_are_the_bytes_sent(fp32_model, single_rank, monkeypatch,
+                                                            staged_version: int) -> None:
+    """``stage_weights`` packs a one-bucket update ahead; ``send_weights`` then only broadcasts it.
+    A stage for another version is dropped and the weights are gathered afresh (same bytes)."""
+    from areal_tasks.engine.fsdp import export
+    from areal_tasks.engine.fsdp.weight_sender import stage_weights
+
+    engine = _engine(fp32_model, "bfloat16")
+    sent: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda t, src, group=None: sent.append(t.clone()))
+    monkeypatch.setattr(weight_sender, "_group", lambda e, m: WeightGroup("g", 2, "gloo", torch.device("cpu"), None))
+    meta = WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, backend="gloo")
+    stage_weights(engine, WeightUpdateMeta.collective(staged_version, "127.0.0.1", 29999, 2, backend="gloo"))
+    assert engine.staged_weights is not None and engine.staged_weights.flat is not None
+    gathers: list[int] = []
+    real_iter = export.iter_hf_tensors
+    monkeypatch.setattr(export, "iter_hf_tensors", lambda *a: gathers.append(1) or real_iter(*a))
+    send_weights(engine, meta)
+    assert engine.staged_weights is None
+    assert gathers == ([] if staged_version == 1 else [1])
+    names = {s.name for s in weight_specs(engine)}
+    expected = torch.cat([t.to(torch.bfloat16).reshape(-1).view(torch.uint8)
+                          for n, t in fp32_model.state_dict().items() if n in names])  # fmt: skip
+    assert len(sent) == 1 and torch.equal(sent[0], expected)
+
+
+def test_nothing_is_staged_when_the_weights_need_several_buckets(fp32_model, single_rank) -> None:
+    from areal_tasks.engine.fsdp.weight_sender import stage_weights
+
+    engine = _engine(fp32_model, "bfloat16")
+    stage_weights(engine, WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, backend="gloo", bucket_bytes=4096))
+    assert engine.staged_weights is None
 
 
 def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, single_rank, tmp_path) -> None:
