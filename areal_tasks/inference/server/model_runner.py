@@ -143,12 +143,22 @@ class ModelRunner:
         return frozenset(ids)
 
     def _warm_up(self) -> None:
-        """One tiny forward: allocates the KV storage and proves the model runs with this cache."""
-        slot = self.cache.allocate()
+        """One tiny forward: allocates the KV storage and proves the model runs with this cache.
+
+        With compiled modules, also one batched prefill per shape family torch.compile tells apart
+        (it specialises sizes 0 and 1, so a batch of one, a prompt of one token and equal or
+        ragged lengths each compile their own graph): compiled now, not in the first requests
+        that meet them, where a compile took 0.3-0.7 s and stalled pauses for weight updates."""
+        slots = [self.cache.allocate(), self.cache.allocate() if self.cache.free_slots else None]
         try:
-            self.prefill(slot, [0], start=0)
+            self.prefill(slots[0], [0], start=0)
+            if self.compiled and slots[1] is not None:
+                for prompts in ([[0, 0]], [[0, 0], [0, 0]], [[0, 0], [0, 0, 0]], [[0], [0]]):
+                    self.prefill_batch(slots[: len(prompts)], prompts)
         finally:
-            self.cache.release(slot)
+            for slot in slots:
+                if slot is not None:
+                    self.cache.release(slot)
 
     # ---- masks ----
     def _mask(self, q_pos: torch.Tensor, kv_len: int, window: int | None, filled: torch.Tensor | None) -> torch.Tensor:
