@@ -260,6 +260,20 @@ class RolloutExecutor:
         """
         self._run(self._engine.update_weights, meta, buckets)
 
+    def swap_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
+                     mode: PauseMode = "abort") -> dict[str, float]:  # fmt: skip
+        """A whole weight update in one call: :meth:`pause` in ``mode``, :meth:`update_weights`,
+        :meth:`set_version` (while paused: the resume admits against the new version at once),
+        :meth:`resume`. Returns the seconds of each part (``pause``, ``transfer``, ``resume``).
+
+        One call instead of four saves three round trips to a rollout side in another process,
+        all inside the servers' pause. For a collective update call it from a helper thread while
+        the trainer broadcasts: the servers receive only once they are paused.
+        """
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ConfigError(f"version={version!r} must be an int >= 0")
+        return self._run(self._aswap, meta, buckets, version, mode)
+
     def destroy_weight_groups(self) -> list[str]:
         """Make the servers leave the collective weight-update groups the engine joined; returns their names.
 
@@ -555,6 +569,17 @@ class RolloutExecutor:
     async def _apause(self, mode: PauseMode) -> None:
         self._paused = True
         await self._engine.pause(mode)
+
+    async def _aswap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
+                     mode: PauseMode) -> dict[str, float]:  # fmt: skip
+        started = time.perf_counter()
+        await self._apause(mode)
+        paused = time.perf_counter()
+        await self._engine.update_weights(meta, buckets)
+        self._set_version(version)
+        loaded = time.perf_counter()
+        await self._aresume()
+        return {"pause": paused - started, "transfer": loaded - paused, "resume": time.perf_counter() - loaded}
 
     async def _aresume(self) -> None:
         await self._engine.resume()

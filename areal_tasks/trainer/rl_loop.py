@@ -134,19 +134,13 @@ class WeightPublisher:
             _barrier()
             paused_at = time.perf_counter()
             if self.side is not None:
-                parts = self._swap_on_paused_servers(version, lambda: self.side.executor.update_weights(meta))
+                parts = self._swap_on_paused_servers(version, meta)
         else:
             meta = self._collective_meta(version)
             parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
             paused_at = time.perf_counter()
-            if self.side is not None:
-
-                def broadcast() -> None:  # the servers receive while this rank sends
-                    receive = _Background(lambda: self.side.executor.update_weights(meta, self._buckets(meta)))
-                    self.actor.update_weights(meta)
-                    receive.join()
-
-                parts.update(self._swap_on_paused_servers(version, broadcast))
+            if self.side is not None:  # the servers receive while this rank sends
+                parts.update(self._swap_on_paused_servers(version, meta, lambda: self.actor.update_weights(meta)))
             else:
                 self.actor.update_weights(meta)
         paused_s = time.perf_counter() - paused_at
@@ -157,18 +151,22 @@ class WeightPublisher:
         self.actor.set_version(version)
         return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s, **parts}
 
-    def _swap_on_paused_servers(self, version: int, transfer: Any) -> dict[str, float]:
-        """Rank 0: pause the servers, ``transfer()`` the weights, set ``version``, resume; the three times."""
+    def _swap_on_paused_servers(self, version: int, meta: WeightUpdateMeta, send: Any = None) -> dict[str, float]:
+        """Rank 0: pause the servers, load ``meta``, set ``version``, resume (one executor call,
+        ``swap_weights``); returns the three parts' times. ``send``, when given, runs here meanwhile
+        (a collective update's broadcast: the servers receive once paused)."""
         ex = self.side.executor
-        started = time.perf_counter()
-        ex.pause(self.cfg.rollout.pause_mode)
-        paused = time.perf_counter()
-        transfer()
-        ex.set_version(version)  # while paused: the resume admits against the new version at once
-        loaded = time.perf_counter()
-        ex.resume()
-        return {"perf/weight_pause_s": paused - started, "perf/weight_transfer_s": loaded - paused,
-                "perf/weight_resume_s": time.perf_counter() - loaded}  # fmt: skip
+        buckets = self._buckets(meta) if meta.type == "collective" else None
+        mode = self.cfg.rollout.pause_mode
+        if send is None:
+            parts = ex.swap_weights(meta, buckets, version, mode)
+        else:
+            result: dict[str, dict[str, float]] = {}
+            swap = _Background(lambda: result.update(parts=ex.swap_weights(meta, buckets, version, mode)))
+            send()
+            swap.join()
+            parts = result["parts"]
+        return {f"perf/weight_{part}_s": seconds for part, seconds in parts.items()}
 
     def close(self) -> None:
         """Tear the collective weight-update group down (every rank calls it; idempotent; never raises).

@@ -60,6 +60,7 @@ COMMANDS: dict[str, bool] = {
     "executor.pause": False,
     "executor.resume": False,
     "executor.update_weights": False,
+    "executor.swap_weights": True,
     "executor.destroy_weight_groups": True,
     "executor.set_version": False,
     "executor.stats": True,
@@ -107,6 +108,12 @@ class RemoteExecutor:
     def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
         """Have the servers load ``meta``'s weights (for a collective update, while the trainer broadcasts)."""
         self._process.call("executor.update_weights", meta, [list(b) for b in buckets] if buckets is not None else None)
+
+    def swap_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
+                     mode: str = "abort") -> dict[str, float]:  # fmt: skip
+        """Pause, load ``meta``'s weights, set ``version`` and resume, in one command; the parts' seconds."""
+        return self._process.call("executor.swap_weights", meta,
+                                  [list(b) for b in buckets] if buckets is not None else None, version, mode)  # fmt: skip
 
     def destroy_weight_groups(self) -> list[str]:
         """Make the servers leave the collective weight-update groups; returns their names."""
