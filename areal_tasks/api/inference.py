@@ -281,6 +281,26 @@ class InferenceEngine(ABC):
         concurrently with this call. Raises :class:`~areal_tasks.errors.InferenceControlError`.
         """
 
+    async def swap_weights(
+        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None, mode: PauseMode = "abort"
+    ) -> dict[str, float]:
+        """A whole weight update: :meth:`pause` in ``mode``, :meth:`update_weights`, :meth:`resume`;
+        returns the seconds of each part (``pause``, ``transfer``, ``resume``).
+
+        This default makes the three calls; an engine whose servers can do all three in one request
+        overrides it (the HTTP client does, for the embedded server). As with :meth:`update_weights`,
+        run the trainer's send of a collective update concurrently with this call.
+        """
+        import time
+
+        started = time.perf_counter()
+        await self.pause(mode)
+        paused = time.perf_counter()
+        await self.update_weights(meta, buckets)
+        loaded = time.perf_counter()
+        await self.resume()
+        return {"pause": paused - started, "transfer": loaded - paused, "resume": time.perf_counter() - loaded}
+
     @abstractmethod
     def get_version(self) -> int:
         """The policy version new tokens are tagged with."""

@@ -8,7 +8,7 @@ endpoints). Torch-free: the client imports it.
 
 from __future__ import annotations
 
-__all__ = ["SGLANG_ADMIN_PATHS"]
+__all__ = ["EMBEDDED_ADMIN_PATHS", "SGLANG_ADMIN_PATHS", "SWAP_WEIGHTS_PATH"]
 
 SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
     {
@@ -25,3 +25,9 @@ SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
         "/abort_request",
     }
 )
+
+#: the embedded server's one extension of the protocol: pause, load and resume in one request.
+SWAP_WEIGHTS_PATH = "/areal/swap_weights"
+
+#: what the embedded server guards: SGLang's admin endpoints plus its own extension.
+EMBEDDED_ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS | {SWAP_WEIGHTS_PATH}

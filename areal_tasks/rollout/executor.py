@@ -262,9 +262,10 @@ class RolloutExecutor:
 
     def swap_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
                      mode: PauseMode = "abort") -> dict[str, float]:  # fmt: skip
-        """A whole weight update in one call: :meth:`pause` in ``mode``, :meth:`update_weights`,
-        :meth:`set_version` (while paused: the resume admits against the new version at once),
-        :meth:`resume`. Returns the seconds of each part (``pause``, ``transfer``, ``resume``).
+        """A whole weight update in one call: admission stops, the engine's ``swap_weights`` pauses
+        the servers in ``mode``, loads and resumes them (one request per server where the backend
+        has one), then :meth:`set_version` and admission again. Returns the seconds of each part
+        (``pause``, ``transfer``, ``resume``).
 
         One call instead of four saves three round trips to a rollout side in another process,
         all inside the servers' pause. For a collective update call it from a helper thread while
@@ -572,22 +573,23 @@ class RolloutExecutor:
 
     async def _aswap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
                      mode: PauseMode) -> dict[str, float]:  # fmt: skip
-        started = time.perf_counter()
-        await self._apause(mode)
-        paused = time.perf_counter()
-        await self._engine.update_weights(meta, buckets)
+        self._paused = True  # no admission until the new version is set
+        parts = await self._engine.swap_weights(meta, buckets, mode)
         self._set_version(version)
-        loaded = time.perf_counter()
-        await self._aresume()
-        return {"pause": paused - started, "transfer": loaded - paused, "resume": time.perf_counter() - loaded}
+        self._reopen()
+        return parts
 
     async def _aresume(self) -> None:
         await self._engine.resume()
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Admit again once the servers generate: on the loop's next turn, so the resume returns as
+        soon as the servers run, not after the first steps of a batch's worth of new episodes
+        (tokenising, building requests), which would count in the trainer's weight update (about
+        100 ms for 64 on CPU)."""
         self._paused = False
         self._notify()
-        # admit on the loop's next turn: resume() returns as soon as the servers generate again, not
-        # after the first steps of a batch's worth of new episodes (tokenising, building requests),
-        # which would otherwise count in the trainer's weight update (about 100 ms for 64 on CPU)
         asyncio.get_running_loop().call_soon(self._admit)
 
     async def _shutdown(self) -> None:

@@ -170,6 +170,16 @@ class ProtocolAdapter(ABC):
         None; vLLM applies the update and records ``meta.version`` here."""
         return None
 
+    def swap_weights(
+        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec] | None, mode: PauseMode, *, flush_cache: bool
+    ) -> HttpCall | None:
+        """One call that pauses in ``mode``, loads ``meta`` (a disk update, or a collective one of
+        the single ``bucket``) and resumes, answering ``{"timings": {"pause_s", "transfer_s",
+        "resume_s"}}``; or None (the default): the client then sends pause, the update's calls and
+        resume one by one. The embedded server has one (``/areal/swap_weights``)."""
+        del meta, bucket, mode, flush_cache
+        return None
+
     # -- answers of control calls ------------------------------------------------------------
 
     def control_error(self, call: HttpCall, status: int, payload: Any) -> str | None:

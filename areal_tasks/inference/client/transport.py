@@ -33,7 +33,7 @@ from typing import Any, Literal
 import httpx
 
 from areal_tasks.errors import InferenceConnectionError, InferenceTimeoutError
-from areal_tasks.inference.admin_paths import SGLANG_ADMIN_PATHS
+from areal_tasks.inference.admin_paths import EMBEDDED_ADMIN_PATHS
 from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _decode(response: httpx.Response) -> Any:
 
 #: paths of admin calls: SGLang's ``ADMIN_OPTIONAL`` endpoints (the embedded server's
 #: ``server/auth.py`` guards the same ones) and vLLM's dev-mode control and weight endpoints.
-ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS | frozenset(
+ADMIN_PATHS: frozenset[str] = EMBEDDED_ADMIN_PATHS | frozenset(
     {
         # vLLM (its --api-key guards only /v1 routes, so these go unguarded there)
         "/pause",

@@ -128,6 +128,26 @@ class WeightSync:
         await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
         logger.info("collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses))
 
+    def swap_call(
+        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, mode: str, *, flush_cache: bool
+    ) -> HttpCall | None:
+        """The adapter's one-request swap for this update, or None (none for this backend, or a
+        collective update of several buckets: those go bucket by bucket)."""
+        if meta.type == "collective" and (buckets is None or len(buckets) != 1):
+            return None
+        bucket = buckets[0] if meta.type == "collective" and buckets is not None else None
+        return self._adapter.swap_weights(meta, bucket, mode, flush_cache=flush_cache)  # type: ignore[arg-type]
+
+    async def swap(self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall) -> list[dict[str, float]]:
+        """Send ``call`` (:meth:`swap_call`'s) to every server, joining a collective group first;
+        returns each server's timings. Raises InferenceControlError if any server fails."""
+        if meta.type == "collective":
+            await self._ensure_group(addresses, meta)
+        timeout = meta.timeout_s if meta.type == "collective" else self._update_timeout_s
+        payloads = await fan_out(self._transport, self._adapter, addresses, lambda i, a: call, timeout,
+                                 f"swap_weights(version={meta.version}, {meta.type})")  # fmt: skip
+        return [dict(p.get("timings", {})) if isinstance(p, dict) else {} for p in payloads]
+
     async def _bracket(self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall | None, what: str) -> None:
         """Send the adapter's begin/end call of an update to every server (nothing when it has none)."""
         if call is not None:

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.admin_paths import SWAP_WEIGHTS_PATH
 from areal_tasks.inference.server.auth import make_auth_middleware
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
@@ -30,6 +31,7 @@ from areal_tasks.inference.server.protocol import (
     GenerateReqInput,
     InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
+    SwapWeightsReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
@@ -159,6 +161,13 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             req.names, req.dtypes, req.shapes, req.group_name, req.weight_version,
             req.abort_all_requests, req.load_format, req.flush_cache,
         ))
+
+    @app.post(SWAP_WEIGHTS_PATH)
+    async def swap_weights(req: SwapWeightsReqInput) -> JSONResponse:
+        success, message, timings = await weights.swap(req)
+        if success and req.model_path is not None:
+            server.model_path = req.model_path
+        return _result(success, message, timings=timings)
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionReqInput) -> JSONResponse:

@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from areal_tasks.inference.admin_paths import SGLANG_ADMIN_PATHS
+from areal_tasks.inference.admin_paths import EMBEDDED_ADMIN_PATHS
 
 logger = logging.getLogger(__name__)
 
-#: endpoints SGLang marks ``ADMIN_OPTIONAL`` (shared with the client).
-ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS
+#: endpoints SGLang marks ``ADMIN_OPTIONAL``, plus the server's ``/areal/swap_weights`` (shared with the client).
+ADMIN_PATHS: frozenset[str] = EMBEDDED_ADMIN_PATHS
 _OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
 

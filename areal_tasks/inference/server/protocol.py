@@ -124,6 +124,21 @@ class ContinueGenerationReqInput(_Body):
     torch_empty_cache: bool = True
 
 
+class SwapWeightsReqInput(_Body):
+    """``/areal/swap_weights`` (this server's extension, not SGLang's): pause in ``mode``, load one
+    update (``model_path`` for a disk one; else one ``flattened_bucket`` broadcast described by
+    ``names``, ``dtypes`` and ``shapes`` on ``group_name``), resume."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+    weight_version: str | None = None
+    flush_cache: bool = True
+    model_path: str | None = None
+    group_name: str = "weight_update_group"
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[list[int]] = []
+
+
 class AbortReqInput(_Body):
     rid: str = ""
     abort_all: bool = False

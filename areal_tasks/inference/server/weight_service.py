@@ -31,6 +31,7 @@ import torch
 from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server import weights as weight_io
 from areal_tasks.inference.server.engine import Engine
+from areal_tasks.inference.server.protocol import SwapWeightsReqInput
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +201,34 @@ class WeightService:
         if weight_version is not None:
             message += f" Weight version updated to {weight_version}."
         return True, message
+
+    async def swap(self, req: SwapWeightsReqInput) -> tuple[bool, str, dict[str, float]]:
+        """``/areal/swap_weights``: pause in ``req.mode``, load (disk, or one collective bucket
+        inside its own begin/end session), resume; ``(success, message, seconds of each part)``.
+
+        What the client would otherwise send as five requests (pause, begin, update, end, resume),
+        each a round trip inside the pause. A failed load leaves the server paused, as a failed
+        update between a separate pause and resume does: the caller decides what follows.
+        """
+        started = time.perf_counter()
+        await self._call(lambda: self.engine.pause(req.mode))
+        paused = time.perf_counter()
+        if req.model_path is not None:
+            success, message = await self.update_from_disk(req.model_path, req.weight_version, False, None,
+                                                           req.flush_cache)  # fmt: skip
+        else:
+            success, message = self.begin()
+            if success:
+                success, message = await self.update_from_distributed(
+                    req.names, req.dtypes, req.shapes, req.group_name, req.weight_version, False, "flattened_bucket",
+                    req.flush_cache,
+                )
+                await self.end()  # close the session either way, so the next update can open one
+        loaded = time.perf_counter()
+        if success:
+            await self._call(self.engine.resume)
+        timings = {"pause_s": paused - started, "transfer_s": loaded - paused, "resume_s": time.perf_counter() - loaded}
+        return success, message, timings
 
     async def set_version(self, new_version: str, abort_all: bool) -> None:
         if abort_all:

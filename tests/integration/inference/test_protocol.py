@@ -7,6 +7,7 @@ response."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 import pytest
@@ -152,6 +153,61 @@ def test_weight_update_mid_generation_loses_no_request(backend) -> None:
         assert resp.n_resubmits >= 1
         assert resp.output_versions[: held.n_output_tokens] == [old] * held.n_output_tokens
         assert resp.output_versions[-1] == new
+
+
+def test_swap_weights_loads_a_disk_update_and_times_its_parts(backend, caplog) -> None:
+    """``swap_weights``: pause, load, resume in one call (one request per embedded server, three
+    steps elsewhere); the parts' seconds come back."""
+    client, control = backend
+    caplog.set_level(logging.INFO, logger="areal_tasks.inference.client.core")
+    original = greedy_logprobs(client)
+    version = control.version + 1
+    path = control.write_weights(version, scale=0.5)
+
+    async def scenario():
+        async with client:
+            return await client.swap_weights(WeightUpdateMeta.disk(str(path), version), None, "abort")
+
+    parts = run(scenario())
+    control.version = version
+    assert set(parts) == {"pause", "transfer", "resume"} and all(v >= 0 for v in parts.values())
+    assert ("in one request each" in caplog.text) == (control.backend == "embedded")
+    assert client.get_version() == version
+    assert greedy_logprobs(client) != pytest.approx(original, abs=1e-3)
+    disk_update(client, control, scale=1.0)
+    assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
+
+
+@pytest.mark.parametrize("bucket_bytes", [1 << 30, 1 << 14], ids=["one-bucket", "several-buckets"])
+def test_collective_swap_matches_the_disk_update(backend, bucket_bytes: int, caplog) -> None:
+    """A collective update through ``swap_weights``: one bucket is the embedded server's one
+    request; several go bucket by bucket between a pause and a resume."""
+    client, control = backend
+    if "collective" not in control.features:
+        pytest.skip(f"{control.backend} does not receive collective weight updates")
+    from collective_sender import CollectiveTrainer
+
+    disk_update(client, control, scale=0.5)
+    expected = greedy_logprobs(client)
+    disk_update(client, control, scale=1.0)
+    version = control.version + 1
+    trainer = CollectiveTrainer.from_model_dir(control.model_path, scale=0.5, n_servers=len(client.addresses),
+                                               bucket_bytes=bucket_bytes)  # fmt: skip
+    assert (len(trainer.buckets) == 1) == (bucket_bytes == 1 << 30)
+
+    async def scenario():
+        async with client:
+            meta = trainer.meta(version)
+            with trainer.sending(meta):
+                return await client.swap_weights(meta, trainer.buckets, "abort")
+
+    caplog.set_level(logging.INFO, logger="areal_tasks.inference.client.core")
+    parts = run(scenario())
+    control.version = version
+    assert set(parts) == {"pause", "transfer", "resume"}
+    assert ("in one request each" in caplog.text) == (control.backend == "embedded" and len(trainer.buckets) == 1)
+    assert client.get_version() == version
+    assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
 
 
 def test_collective_update_matches_the_disk_update(backend) -> None:
