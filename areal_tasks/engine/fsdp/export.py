@@ -41,16 +41,28 @@ HF_SIDE_FILES = (
 )
 
 
-def iter_full_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_tensors(
+    model: torch.nn.Module, device: torch.device, *, in_param_dtype: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(state-dict key, full tensor)`` for every entry; shards are gathered on ``device``.
 
     A DTensor on a mesh of one device is its own full tensor: it is taken as is (``to_local``),
     without DTensor's redistribution, whose host cost (about 0.1 ms a tensor) was most of a
-    one-GPU weight update. Elsewhere every sharded tensor is gathered with ``full_tensor``.
+    one-GPU weight update. Elsewhere every sharded tensor is gathered with ``full_tensor``, or,
+    with ``in_param_dtype`` (a weight update: the tensors may come in the FSDP units' parameter
+    dtype, bf16 on GPU), one FSDP unit at a time (:mod:`areal_tasks.engine.fsdp.gather`; LoRA
+    models keep the per-tensor path, so adapters merge into fp32 weights).
     """
     from torch.distributed.tensor import DTensor
 
-    for name, tensor in model.state_dict().items():
+    from areal_tasks.engine.fsdp.gather import fsdp_units, iter_unsharded_tensors
+
+    state = model.state_dict()
+    sharded = any(isinstance(t, DTensor) and t.device_mesh.size() > 1 for t in state.values())
+    if in_param_dtype and sharded and fsdp_units(model) and not is_peft_model(model):
+        yield from iter_unsharded_tensors(model)
+        return
+    for name, tensor in state.items():
         if isinstance(tensor, DTensor) and tensor.device_mesh.size() == 1:
             tensor = tensor.to_local().to(device)
         elif isinstance(tensor, DTensor):
@@ -75,9 +87,12 @@ def hf_config_of(model: torch.nn.Module) -> Any:
     return getattr(model, "config", None)
 
 
-def iter_hf_tensors(model: torch.nn.Module, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """Plain HF ``(name, tensor)`` pairs: LoRA merged into the base weights, tied LM head dropped."""
-    return _as_hf(model, iter_full_tensors(model, device))
+def iter_hf_tensors(
+    model: torch.nn.Module, device: torch.device, *, in_param_dtype: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Plain HF ``(name, tensor)`` pairs: LoRA merged into the base weights, tied LM head dropped
+    (``in_param_dtype`` as in :func:`iter_full_tensors`)."""
+    return _as_hf(model, iter_full_tensors(model, device, in_param_dtype=in_param_dtype))
 
 
 def iter_hf_meta(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

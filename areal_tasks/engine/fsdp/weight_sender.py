@@ -106,7 +106,7 @@ def stage_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> float:
     buckets = plan_weight_buckets(engine.weight_specs(), meta.bucket_bytes)
     if len(buckets) != 1:
         return 0.0
-    stream = iter_hf_tensors(engine.model, engine.device)
+    stream = iter_hf_tensors(engine.model, engine.device, in_param_dtype=True)
     flat = None
     if dist.get_rank() == 0:
         device = torch.device("cuda", torch.cuda.current_device()) if meta.backend == "nccl" else torch.device("cpu")
@@ -134,7 +134,7 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
                                                                                    meta.bucket_bytes):
         staged = None  # staged for another update: gather afresh
     is_rank0 = dist.get_rank() == 0
-    stream = iter_hf_tensors(engine.model, engine.device) if staged is None else iter(())
+    stream = iter_hf_tensors(engine.model, engine.device, in_param_dtype=True) if staged is None else iter(())
     if not is_rank0:  # take part in every gather; rank 0 does the writing or sending
         collections.deque(stream, maxlen=0)
     elif meta.type == "disk":

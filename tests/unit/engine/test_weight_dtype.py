@@ -101,7 +101,7 @@ def test_weights_staged_before_the_pause_are_the_bytes_sent(fp32_model, single_r
     assert engine.staged_weights is not None and engine.staged_weights.flat is not None
     gathers: list[int] = []
     real_iter = export.iter_hf_tensors
-    monkeypatch.setattr(export, "iter_hf_tensors", lambda *a: gathers.append(1) or real_iter(*a))
+    monkeypatch.setattr(export, "iter_hf_tensors", lambda *a, **kw: gathers.append(1) or real_iter(*a, **kw))
     send_weights(engine, meta)
     assert engine.staged_weights is None
     assert gathers == ([] if staged_version == 1 else [1])
