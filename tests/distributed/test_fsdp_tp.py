@@ -31,3 +31,17 @@ def test_unsupported_family_or_sizes_are_clear_errors():
     check_tp_compatible(config, 2)
     with pytest.raises(EngineError, match="num_key_value_heads"):
         check_tp_compatible(config, 4)
+
+
+@pytest.mark.distributed
+def test_tp2_weight_update_publishes_the_full_weights(tiny_model_factory, tmp_path):
+    import torch
+
+    from areal_tasks.engine.weights.disk import read_safetensors_dir
+
+    run_workers("workers_fsdp:tp_publish", 2, tmp_path, {"model_dir": str(tiny_model_factory("qwen2"))})
+    params = torch.load(tmp_path / "result.pt", weights_only=False)["params"]
+    published = read_safetensors_dir(tmp_path / "published")
+    assert set(published) == set(params)
+    for name, tensor in params.items():
+        assert published[name].shape == tensor.shape and torch.equal(published[name], tensor), name

@@ -197,3 +197,18 @@ def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: i
     if rank == 0:
         torch.save({"first": first, "second": second}, out_dir / "result.pt")
     engine.destroy()
+
+
+def tp_publish(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
+    """tp=2: publish the weights to disk as a weight update (tensor-parallel shards are gathered
+    after their FSDP unit's unshard); rank 0 saves the engine's own full parameters to compare."""
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+
+    engine = build_engine(model_dir, engine_config(1), tp=2)
+    engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
+    engine.update_weights(WeightUpdateMeta.disk(str(out_dir / "published"), version=1))
+    params = full_params(engine)
+    engine.train_batch(local_share(engine, make_batch(seed=1)), token_mean_loss, token_weight)  # still trains
+    if rank == 0:
+        torch.save({"params": params}, out_dir / "result.pt")
+    engine.destroy()
