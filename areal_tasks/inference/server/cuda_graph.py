@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from areal_tasks.inference.server.kv_cache import SlotKVCache
-from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
+from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig, take_carried
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +88,16 @@ class GraphModelRunner(ModelRunner):
         self.buckets = batch_buckets(min(cfg.max_running_requests, self.cache.num_slots))
         self.lengths = length_buckets(self.max_len)
         largest = self.buckets[-1]
-        #: row 0: token ids, row 1: positions (one host-to-device copy per step).
-        self._inputs = torch.zeros(2, largest, dtype=torch.long, device=self.device)
-        self._staging = torch.zeros(2, largest, dtype=torch.long, pin_memory=self.device.type == "cuda")
+        #: row 0: token ids, row 1: positions, row 2: rows of the carried tokens (one host-to-device
+        #: copy per step; the graphs read rows 0 and 1).
+        self._inputs = torch.zeros(3, largest, dtype=torch.long, device=self.device)
+        #: two pinned host buffers used in turn: the overlapped engine writes step N+1's inputs
+        #: before the copy of step N's has necessarily run (it has waited for step N-1's results,
+        #: which the device produced after reading step N-1's inputs, so a buffer is free again
+        #: two steps later).
+        pinned = self.device.type == "cuda"
+        self._stagings = [torch.zeros(3, largest, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._step = 0
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         if self.capture:
             try:
@@ -127,16 +134,24 @@ class GraphModelRunner(ModelRunner):
         logger.info("captured CUDA graphs: decode batch sizes %s x KV lengths %s", self.buckets, self.lengths)
 
     @torch.inference_mode()
-    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int],
+               carried: torch.Tensor | None = None, carried_rows: list[int] | None = None) -> torch.Tensor:
         count = len(slots)
         if count > self.buckets[-1] or slots != list(range(count)) or max(positions) >= self.max_len:
-            return super().decode(slots, tokens, positions)
+            return super().decode(slots, tokens, positions, carried, carried_rows)
         batch = self.buckets[bisect.bisect_left(self.buckets, count)]
         kv_len = self.lengths[bisect.bisect_left(self.lengths, max(positions) + 1)]
-        self._staging.zero_()
-        self._staging[0, :count] = torch.tensor(tokens)
-        self._staging[1, :count] = torch.tensor(positions)
-        self._inputs[:, :batch].copy_(self._staging[:, :batch], non_blocking=True)
+        staging = self._stagings[self._step % 2]
+        self._step += 1
+        staging.zero_()
+        staging[0, :count] = torch.tensor(tokens)
+        staging[1, :count] = torch.tensor(positions)
+        if carried is not None and carried_rows is not None:
+            staging[2, :count] = torch.tensor(carried_rows)
+        self._inputs[:, :batch].copy_(staging[:, :batch], non_blocking=True)
+        if carried is not None and carried_rows is not None:
+            ids = self._inputs[0, :count]
+            ids.copy_(take_carried(ids, carried, self._inputs[2, :count]))
         if self.capture:
             graph, logits = self._graphs[(batch, kv_len)]
             graph.replay()

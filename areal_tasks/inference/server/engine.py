@@ -11,7 +11,20 @@ between two steps: pause, continue, weight swaps, cache flush). One iteration:
 3. unless paused, compact the running sequences into slots ``0..B-1``, run one decode step over
    all of them, sample, and retire the finished ones, freeing their slots.
 
-So requests join and leave the running batch between decode steps. Pause modes follow SGLang:
+So requests join and leave the running batch between decode steps.
+
+**Overlap** (on by default; SGLang's overlap scheduler, ``overlap=False`` for its
+``--disable-overlap-schedule``): a step's sampled tokens stay on the device as the next step's
+inputs, and the host reads them back one step late (``readback.py``). Each iteration launches
+step N+1 first and only then extends the outputs and checks the finish rules of step N, so the
+host's per-token work runs while the device computes instead of between device steps. A sequence
+that stops at step N (EOS, a stop string) has already been launched in step N+1: that one token is
+computed and dropped. A sequence whose length budget ends with its unread tokens is not launched
+again (its slot is freed at once) and finishes when they are read. Control calls (pause, weight
+updates, aborts) first read the step in flight, so they always see every sampled token, under the
+weights that produced it.
+
+Pause modes follow SGLang:
 ``abort`` finishes every running and waiting sequence with its partial output and finish reason
 ``abort``; ``in_place`` freezes running sequences with their KV; ``retract`` frees their KV and puts
 them back at the head of the queue, to be prefilled again (prompt + output so far) on continue.
@@ -33,6 +46,7 @@ import torch
 from areal_tasks.errors import InferenceError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller, release_slot
+from areal_tasks.inference.server.readback import InflightStep, ReadbackBuffer
 from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
 from areal_tasks.inference.server.stats import EngineCounters, EngineStats
@@ -49,8 +63,11 @@ PauseMode = Literal["abort", "retract", "in_place"]
 class Engine:
     """Continuous-batching generation over one :class:`ModelRunner` (see the module doc)."""
 
-    def __init__(self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192) -> None:
+    def __init__(self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192,
+                 overlap: bool = True) -> None:
         self.runner = runner
+        #: launch each decode step before reading back the previous one (see the module doc).
+        self.overlap = overlap
         self.weight_version = weight_version
         self.max_prefill_tokens = max_prefill_tokens
         self.finisher = FinishChecker(runner.tokenizer, runner.eos_token_ids, runner.max_len)
@@ -58,6 +75,12 @@ class Engine:
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._controls: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._running: list[Sequence] = []
+        #: sequences whose last tokens are still on the device and whose length budget ends with
+        #: them: no longer decoded (their slots are free), finished once those tokens are read.
+        self._draining: list[Sequence] = []
+        #: the decode step launched and not yet read back (overlap).
+        self._inflight: InflightStep | None = None
+        self._readback = ReadbackBuffer(runner.cache.num_slots, runner.device)
         self._paused: PauseMode | None = None
         #: while gated (a weight update drains the engine), new sequences wait here, not in the queue.
         self._gated = False
@@ -117,7 +140,7 @@ class Engine:
         """A snapshot for ``/metrics`` (reads may race one step; every value is consistent alone)."""
         counters, cache = self.counters, self.runner.cache
         with self._cond:
-            running, waiting = len(self._running), len(self._waiting) + len(self._held)
+            running, waiting = len(self._running) + len(self._draining), len(self._waiting) + len(self._held)
         return EngineStats(
             num_running=running,
             num_waiting=waiting,
@@ -196,7 +219,7 @@ class Engine:
 
     def is_idle(self) -> bool:
         with self._cond:
-            return not self._running and not self._waiting
+            return not self._running and not self._draining and not self._waiting
 
     @property
     def paused(self) -> PauseMode | None:
@@ -214,18 +237,18 @@ class Engine:
     def in_flight(self) -> int:
         """Running and queued sequences, not counting those held back by the gate."""
         with self._cond:
-            return len(self._running) + len(self._waiting) + self._admitting
+            return len(self._running) + len(self._draining) + len(self._waiting) + self._admitting
 
     def holds_kv(self) -> bool:
         """Whether scheduled sequences hold KV computed earlier (running, retracted, or queued while not
         paused): SGLang refuses to flush its cache then, and so fails a weight update with flush_cache."""
         with self._cond:
             queued = any(s.retracted for s in self._waiting) or (self._paused is None and bool(self._waiting))
-            return bool(self._running) or queued
+            return bool(self._running or self._draining) or queued
 
     # ---------------- the loop ----------------
     def _has_work(self) -> bool:
-        if self._controls or self._stop:
+        if self._controls or self._stop or self._inflight is not None:
             return True
         return self._paused is None and bool(self._running or self._waiting)
 
@@ -240,25 +263,26 @@ class Engine:
             with self._cond:
                 while not self._has_work():
                     self._cond.wait()
-                if self._stop:
-                    break
-                controls = list(self._controls)
-                self._controls.clear()
+                stopping = self._stop
+                controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+                if not stopping:  # on stop they stay queued and are refused below
+                    controls = list(self._controls)
+                    self._controls.clear()
+            if controls or stopping:
+                # controls see every sampled token, under the weights that produced it
+                self._guard_decode(self._collect)
+            if stopping:
+                break
             for fn, future in controls:
                 self._run_control(fn, future)
             if self._paused is None:
                 started = time.perf_counter()
                 admitted = self._admit()
                 prefilled = time.perf_counter()
-                if self._running:
-                    try:
-                        self._decode_step()
-                    except Exception as exc:
-                        logger.exception("decode step failed; aborting the running batch")
-                        failed, self._running = self._running, []
-                        for seq in failed:
-                            self._finish(seq, finish_abort(f"decode failed: {type(exc).__name__}: {exc}", status_code=500))
+                self._guard_decode(self._decode_step)
                 self._note_slow_iteration(started, prefilled, admitted)
+            else:
+                self._guard_decode(self._collect)
         self.set_gate(False)
         self.abort_all("server shutting down")
         with self._cond:
@@ -266,6 +290,26 @@ class Engine:
             self._controls.clear()
         for _, future in controls:
             future.set_exception(InferenceError("engine is shut down"))
+
+    def _guard_decode(self, step: Callable[[], None]) -> None:
+        """Run a decode step (or the read-back of one); if it fails, the running batch finishes with
+        an ``abort`` carrying status 500 and the engine goes on."""
+        try:
+            step()
+        except Exception as exc:
+            logger.exception("decode step failed; aborting the running batch")
+            try:
+                self._collect()  # a step launched before the failure still holds valid tokens
+            except Exception:
+                logger.exception("reading back the step in flight failed too; its tokens are lost")
+            failed = self._running + self._draining
+            self._running, self._draining = [], []
+            for seq in failed:
+                seq.pending_tokens = 0
+                if seq.finished:  # finished by the step read back just before the failure
+                    self._release(seq)
+                else:
+                    self._finish(seq, finish_abort(f"decode failed: {type(exc).__name__}: {exc}", status_code=500))
 
     @staticmethod
     def _run_control(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
@@ -323,30 +367,111 @@ class Engine:
         self._running.sort(key=lambda s: s.slot)
 
     def _decode_step(self) -> None:
-        self._compact()
-        batch = self._running
-        positions = [len(s.prompt_ids) + len(s.output_ids) - 1 for s in batch]
-        logits = self.runner.decode([s.slot for s in batch], [s.output_ids[-1] for s in batch], positions)
-        self._sample_and_check(batch, logits)
-        still = []
-        for seq in batch:
-            if seq.finished:
-                self._release(seq)
+        """Launch a decode step of the running sequences; then read back the step launched before it
+        (overlap) or this one (no overlap)."""
+        self._set_aside_exhausted()
+        if not self._running:
+            self._collect()
+            return
+        batch, logits = self._launch()
+        # the host's work on the previous step runs while the device computes this one; sampling
+        # is queued after it, since a sampling batch with non-greedy rows reads sizes back
+        self._collect()
+        sampling = SamplingBatch.build([s.params for s in batch], [s.generator for s in batch], logits.device)
+        tokens, logprobs = sample(logits, sampling)
+        self._inflight = self._readback.start(batch, tokens, logprobs)
+        if not self.overlap:
+            self._collect()
+
+    def _set_aside_exhausted(self) -> None:
+        """Stop decoding sequences whose length budget ends with their unread tokens (see the module
+        doc): they move to the draining list and their slots are freed for the step to come."""
+        max_len, keep = self.runner.max_len, []
+        for seq in self._running:
+            produced = len(seq.output_ids) + seq.pending_tokens
+            if seq.pending_tokens and (produced >= seq.params.max_new_tokens
+                                       or len(seq.prompt_ids) + produced >= max_len):
+                release_slot(self.runner.cache, seq)
+                self._draining.append(seq)
             else:
-                still.append(seq)
-        self._running = still
+                keep.append(seq)
+        self._running = keep
+
+    def _launch(self) -> tuple[list[Sequence], torch.Tensor]:
+        """Queue one decode forward of every running sequence; returns the rows and their logits. A
+        row with an unread token (it was in the step in flight) takes it from that step's device
+        tensor."""
+        self._compact()
+        batch, previous = list(self._running), self._inflight
+        rows_of = {id(s): row for row, s in enumerate(previous.seqs)} if previous is not None else {}
+        tokens, rows, positions = [], [], []
+        for seq in batch:
+            if seq.pending_tokens:
+                if id(seq) not in rows_of:
+                    raise InferenceError(f"request {seq.rid} has unread tokens but is not in the step in flight")
+                tokens.append(0)
+                rows.append(rows_of[id(seq)])
+            else:
+                tokens.append(seq.output_ids[-1])
+                rows.append(-1)
+            positions.append(len(seq.prompt_ids) + len(seq.output_ids) + seq.pending_tokens - 1)
+            seq.pending_tokens += 1
+        carried = previous is not None and max(rows) >= 0
+        logits = self.runner.decode([s.slot for s in batch], tokens, positions,
+                                    previous.tokens if carried and previous is not None else None,
+                                    rows if carried else None)
+        return batch, logits
+
+    def _collect(self) -> None:
+        """Read back the step in flight, if any: extend outputs, check finish rules, retire the
+        sequences that finished (a token of a sequence that stopped a step earlier is dropped)."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return
+        token_list, logprob_list = step.results()
+        fresh = 0
+        for seq, token, logprob in zip(step.seqs, token_list, logprob_list):
+            seq.pending_tokens -= 1
+            if seq.finished:
+                continue
+            fresh += 1
+            self._append(seq, int(token), logprob)
+        self.counters.add_generated(fresh)
+        self._retire_finished()
+
+    def _retire_finished(self) -> None:
+        """Release the running or draining sequences that have finished; draining ones without
+        unread tokens have finished by now (their length budget ended)."""
+        if any(s.finished for s in self._running):
+            still = []
+            for seq in self._running:
+                if seq.finished:
+                    self._release(seq)
+                else:
+                    still.append(seq)
+            self._running = still
+        if self._draining:
+            waiting = [s for s in self._draining if s.pending_tokens]
+            for seq in self._draining:
+                if not seq.pending_tokens:
+                    self._release(seq)
+            self._draining = waiting
 
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Sample one token per sequence from ``logits`` and read it back now (admission prefills)."""
         batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
         tokens, logprobs = sample(logits, batch)
         # one device-to-host copy: token ids (< 2**53) travel exactly as float64
         token_list, logprob_list = torch.stack((tokens.double(), logprobs.double())).tolist()
         self.counters.add_generated(len(seqs))
         for seq, token, logprob in zip(seqs, token_list, logprob_list):
-            seq.append(int(token), logprob)
-            reason = self.finisher.check(seq)
-            if reason is not None:
-                seq.finish_reason = reason
+            self._append(seq, int(token), logprob)
+
+    def _append(self, seq: Sequence, token: int, logprob: float) -> None:
+        seq.append(token, logprob)
+        reason = self.finisher.check(seq)
+        if reason is not None:
+            seq.finish_reason = reason
 
     def _release(self, seq: Sequence) -> None:
         """Retire a sequence that finished during a step."""

@@ -69,6 +69,11 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def take_carried(ids: torch.Tensor, carried: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``carried[rows[i]]`` where ``rows[i] >= 0``, else ``ids[i]``; on the device, without a sync."""
+    return torch.where(rows >= 0, carried.index_select(0, rows.clamp(min=0)), ids)
+
+
 def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     """Make ``device`` current in this thread (new threads start on cuda:0); a no-op on CPU."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -236,16 +241,24 @@ class ModelRunner:
         return logits[torch.arange(len(prompts), device=self.device), column]
 
     @torch.inference_mode()
-    def decode(self, slots: list[int], tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """One new token per slot, each at its own position; returns logits [B, V]."""
+    def decode(self, slots: list[int], tokens: list[int], positions: list[int],
+               carried: torch.Tensor | None = None, carried_rows: list[int] | None = None) -> torch.Tensor:
+        """One new token per slot, each at its own position; returns logits [B, V].
+
+        With ``carried`` (token ids on the device, the previous step's samples) and ``carried_rows``,
+        row ``i`` takes ``carried[carried_rows[i]]`` where that index is >= 0, and ``tokens[i]``
+        otherwise: the overlapped engine feeds a step's samples to the next step without reading
+        them back first."""
         kv_len = max(positions) + 1
         if kv_len > self.max_len:
             raise InferenceError(f"decode at position {kv_len - 1} is outside the context of {self.max_len}")
         pos = torch.tensor(positions, device=self.device).view(-1, 1)
         view = BatchCacheView(self.cache, slots, positions, kv_len)
         masks = self._masks(pos, kv_len, trivial=(min(positions) == kv_len - 1))
-        ids = torch.tensor(tokens, device=self.device).view(-1, 1)
-        logits = self._forward(ids, pos, view, masks, 1)
+        ids = torch.tensor(tokens, device=self.device)
+        if carried is not None and carried_rows is not None:
+            ids = take_carried(ids, carried, torch.tensor(carried_rows, device=self.device))
+        logits = self._forward(ids.view(-1, 1), pos, view, masks, 1)
         for slot, p in zip(slots, positions):
             self.cache.lengths[slot] = p + 1
         return logits[:, -1]

@@ -72,6 +72,8 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     slot: int | None = None
+    #: tokens sampled on the device but not yet read back (an overlapped decode step in flight).
+    pending_tokens: int = 0
     #: True after a ``retract`` pause: the next prefill runs prompt + output.
     retracted: bool = False
     num_retractions: int = 0
