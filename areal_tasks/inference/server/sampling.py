@@ -10,8 +10,9 @@ skip_special_tokens, no_stop_trim...). A parameter SGLang knows but this server 
 scaled by their temperature, filtered by top-k, top-p and min-p exactly like SGLang's torch
 sampler (top-p on the cumulative mass of the unfiltered sorted probabilities), and drawn by
 inverse-CDF with one uniform number per row, from the row's own ``torch.Generator`` when the
-request carries a seed. The returned logprob of a sampled token is SGLang's: ``log_softmax`` of
-the logits divided by the temperature (the raw logits for greedy rows), before any filtering.
+request carries a seed, without reading anything back from the device. The returned logprob of a
+sampled token is SGLang's: ``log_softmax`` of the logits divided by the temperature (the raw logits
+for greedy rows), before any filtering.
 """
 
 from __future__ import annotations
@@ -203,31 +204,34 @@ class SamplingBatch:
         )
 
 
-def _uniforms(batch: SamplingBatch, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """One U[0, 1) number per sampled row: from the row's generator if seeded, else the shared stream."""
-    u = torch.rand(len(rows), device=device)
-    if any(g is not None for g in batch.generators):
-        for out_idx, row in enumerate(rows.tolist()):
-            gen = batch.generators[row]
-            if gen is not None:
-                u[out_idx] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
+def _uniforms(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Tensor:
+    """One U[0, 1) number per row: from the row's generator if seeded, else the shared stream."""
+    u = torch.rand(rows, device=device)
+    for row, gen in enumerate(batch.generators):
+        if gen is not None:
+            u[row] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
     return u
 
 
-def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted probabilities with top-k/top-p/min-p applied (SGLang's order) and their token ids."""
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
     probs_sum = torch.cumsum(probs_sort, dim=-1)
     ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
-    probs_sort[ranks >= batch.top_ks[rows].view(-1, 1)] = 0.0
-    probs_sort[(probs_sum - probs_sort) > batch.top_ps[rows].view(-1, 1)] = 0.0
-    min_p_thresholds = probs_sort[:, :1] * batch.min_ps[rows].view(-1, 1)
+    probs_sort[ranks >= batch.top_ks.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > batch.top_ps.view(-1, 1)] = 0.0
+    min_p_thresholds = probs_sort[:, :1] * batch.min_ps.view(-1, 1)
     probs_sort[probs_sort < min_p_thresholds] = 0.0
     return probs_sort, probs_idx
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32)."""
+    """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32).
+
+    Nothing here waits for the device (no read-back of sizes or values), so the overlapped engine
+    can queue a step's sampling behind its forward and go on. Every row of a mixed batch is drawn
+    and greedy rows then take their argmax (their temperature is 1 in the batch, so their logprob
+    is that of the raw logits, as SGLang reports it)."""
     logits = logits.float()
     if batch.all_greedy:
         # logit of the argmax minus logsumexp: the greedy logprob without writing a log_softmax
@@ -235,29 +239,21 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, to
         return tokens, best - torch.logsumexp(logits, dim=-1)
     scaled = logits / batch.temperatures.view(-1, 1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
-    rows = torch.nonzero(~batch.greedy).view(-1)
-    probs = logprobs_all[rows].exp()
+    probs = logprobs_all.exp()
     if batch.any_filter:
-        weights, ids = _filtered_probs(probs, batch, rows)
+        weights, ids = _filtered_probs(probs, batch)
     else:
         weights, ids = probs, None
     cdf = torch.cumsum(weights, dim=-1)
-    targets = _uniforms(batch, rows, logits.device) * cdf[:, -1]
+    total = cdf[:, -1]
+    # strictly below the total, so the search lands inside the CDF
+    targets = torch.minimum(_uniforms(batch, logits.shape[0], logits.device) * total,
+                            torch.nextafter(total, torch.zeros_like(total)))
     picks = torch.searchsorted(cdf, targets.view(-1, 1), right=True).clamp_(max=weights.shape[-1] - 1)
-    # a pick can land on a zero-weight entry only through float rounding at the very end: step back
-    picks = _last_positive(weights, picks)
+    # a pick lands on a zero weight only through the scan's float rounding (a parallel cumsum may
+    # step up where a weight is 0): it then takes the row's most likely token, without a sync
+    picks = torch.where(weights.gather(1, picks) > 0, picks, weights.argmax(dim=-1, keepdim=True))
     chosen = picks.view(-1) if ids is None else ids.gather(1, picks).view(-1)
-    tokens[rows] = chosen
+    tokens = torch.where(batch.greedy, torch.argmax(logits, dim=-1), chosen)
     logprobs = logprobs_all.gather(1, tokens.view(-1, 1)).view(-1)
     return tokens, logprobs
-
-
-def _last_positive(weights: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
-    """Move each pick that sits on a zero weight back to the last positive weight before it."""
-    picked = weights.gather(1, picks)
-    if bool((picked > 0).all()):
-        return picks
-    positions = torch.arange(weights.shape[-1], device=weights.device).view(1, -1)
-    candidates = torch.where((weights > 0) & (positions <= picks), positions, torch.full_like(positions, -1))
-    return candidates.max(dim=-1, keepdim=True).values.clamp_(min=0)

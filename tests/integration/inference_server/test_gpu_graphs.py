@@ -72,3 +72,53 @@ def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
             want = reference.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=10 + 7 * i,
                                       min_new_tokens=10 + 7 * i, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert out == want[0, len(prompt):].tolist()
+
+
+def test_sampling_never_waits_for_the_device() -> None:
+    """Greedy, temperature, filtered and seeded rows in one batch: no host-device synchronisation, so
+    the overlapped engine can queue a step's sampling and go on."""
+    from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
+
+    device = torch.device("cuda")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.7, top_p=0.9, top_k=50, min_p=0.01), SamplingParams(temperature=1.0)]
+    generators = [None, None, None, make_generator(7, device)]
+    logits = torch.randn(len(params), 151936, device=device)
+    batch = SamplingBatch.build(params, generators, device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens, logprobs = sample(logits, batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(tokens[0]) == int(logits[0].argmax())
+    assert bool((logprobs <= 0).all())
+
+
+def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> None:
+    """The overlapped loop (device tokens carried into the captured graphs' inputs) and the
+    step-by-step loop give the same greedy sequences, including one stopped by a stop token."""
+    runner = build_runner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8,
+                                       context_length=256))
+
+    def run(overlap: bool, stop: int | None) -> list[list[int]]:
+        engine = Engine(runner, overlap=overlap)
+        engine.start()
+        try:
+            futures, seqs = [], []
+            for i, prompt in enumerate(PROMPTS):
+                fut: concurrent.futures.Future = concurrent.futures.Future()
+                params = SamplingParams(temperature=0.0, max_new_tokens=10 + 17 * i, ignore_eos=True,
+                                        stop_token_ids=frozenset([stop] if stop is not None and i == 2 else []))
+                seqs.append(Sequence(rid=f"o{i}", group=SequenceGroup(prompt), params=params,
+                                     on_finish=lambda s, f=fut: f.set_result(s)))
+                futures.append(fut)
+            engine.submit(seqs)
+            return [f.result(timeout=300).output_ids for f in futures]
+        finally:
+            engine.shutdown()
+
+    stop = run(False, None)[2][6]
+    want = run(False, stop)
+    assert run(True, stop) == want
+    assert want[2][-1] == stop and len(want[2]) <= 7
