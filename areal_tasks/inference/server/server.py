@@ -42,6 +42,9 @@ class ServerConfig:
     cuda_graphs: bool = True
     #: on CUDA, torch.compile the norms and MLPs (``areal_tasks.models.compile``).
     torch_compile: bool = True
+    #: launch each decode step before reading the previous one back (SGLang's overlap scheduler;
+    #: its --disable-overlap-schedule turns it off).
+    overlap_schedule: bool = True
     #: seed of the shared sampling stream (unseeded requests); None = nondeterministic.
     seed: int | None = None
     #: CPU intra-op threads for torch; None keeps torch's default.
@@ -79,7 +82,8 @@ def build_app(cfg: ServerConfig) -> Any:
         tokenizer_path=cfg.tokenizer_path, cuda_graphs=cfg.cuda_graphs,
         torch_compile=cfg.torch_compile,
     ))
-    engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens)
+    engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens,
+                    overlap=cfg.overlap_schedule)
     name = cfg.served_model_name or Path(cfg.model_path).name
     server = EmbeddedServer(engine, cfg.model_path, name, tool_call_parser=cfg.tool_call_parser)
     app = create_app(server, api_key=cfg.api_key, admin_api_key=cfg.admin_api_key)
