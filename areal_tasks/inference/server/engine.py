@@ -374,12 +374,12 @@ class Engine:
             self._collect()
             return
         batch, logits = self._launch()
-        # the host's work on the previous step runs while the device computes this one; sampling
-        # is queued after it, since a sampling batch with non-greedy rows reads sizes back
-        self._collect()
         sampling = SamplingBatch.build([s.params for s in batch], [s.generator for s in batch], logits.device)
-        tokens, logprobs = sample(logits, sampling)
-        self._inflight = self._readback.start(batch, tokens, logprobs)
+        tokens, logprobs = sample(logits, sampling)  # queued behind the forward: sampling never syncs
+        launched = self._readback.start(batch, tokens, logprobs)
+        # the host's work on the previous step runs while the device computes this one
+        self._collect()
+        self._inflight = launched
         if not self.overlap:
             self._collect()
 
@@ -403,19 +403,18 @@ class Engine:
         tensor."""
         self._compact()
         batch, previous = list(self._running), self._inflight
-        rows_of = {id(s): row for row, s in enumerate(previous.seqs)} if previous is not None else {}
         tokens, rows, positions = [], [], []
-        for seq in batch:
-            if seq.pending_tokens:
-                if id(seq) not in rows_of:
-                    raise InferenceError(f"request {seq.rid} has unread tokens but is not in the step in flight")
+        for row, seq in enumerate(batch):
+            output = seq.output_ids
+            if seq.pending_tokens:  # its last token is in the step in flight, at seq.step_row
                 tokens.append(0)
-                rows.append(rows_of[id(seq)])
+                rows.append(seq.step_row)
             else:
-                tokens.append(seq.output_ids[-1])
+                tokens.append(output[-1])
                 rows.append(-1)
-            positions.append(len(seq.prompt_ids) + len(seq.output_ids) + seq.pending_tokens - 1)
+            positions.append(len(seq.group.prompt_ids) + len(output) + seq.pending_tokens - 1)
             seq.pending_tokens += 1
+            seq.step_row = row
         carried = previous is not None and max(rows) >= 0
         logits = self.runner.decode([s.slot for s in batch], tokens, positions,
                                     previous.tokens if carried and previous is not None else None,

@@ -8,8 +8,9 @@ launch the next step first and collect these values (:meth:`InflightStep.results
 device computes. On the CPU the copy is synchronous and there is no event: the same code runs,
 without the overlap.
 
-One buffer serves the whole engine: the engine reads a step's results before it queues the next
-read-back, so a buffer is never written while it is still being read.
+Two buffers (and events) are used in turn: the engine queues step N+1's read-back before it reads
+step N's, and reads step N's before it queues step N+2's, so a buffer is never written while its
+values are still to be read.
 """
 
 from __future__ import annotations
@@ -49,21 +50,26 @@ class InflightStep:
 
 
 class ReadbackBuffer:
-    """The host buffer that decode steps' results are copied into (see the module doc)."""
+    """The host buffers that decode steps' results are copied into (see the module doc)."""
 
     def __init__(self, rows: int, device: torch.device) -> None:
         self.device = device
         self._on_cuda = device.type == "cuda"
-        self._host = torch.empty(2, max(rows, 1), dtype=torch.float64, pin_memory=self._on_cuda)
-        self._event = torch.cuda.Event() if self._on_cuda else None
+        self._hosts = [self._buffer(rows) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if self._on_cuda else [None, None]
+        self._turn = 0
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        return torch.empty(2, max(rows, 1), dtype=torch.float64, pin_memory=self._on_cuda)
 
     def start(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor) -> InflightStep:
         """Queue the copy of one step's ``tokens`` and ``logprobs`` ([rows] each, on the device)."""
-        rows = tokens.shape[0]
-        if rows > self._host.shape[1]:
-            self._host = torch.empty(2, rows, dtype=torch.float64, pin_memory=self._on_cuda)
-        host = self._host[:, :rows]
+        turn, rows = self._turn, tokens.shape[0]
+        self._turn ^= 1
+        if rows > self._hosts[turn].shape[1]:
+            self._hosts[turn] = self._buffer(rows)
+        host, event = self._hosts[turn][:, :rows], self._events[turn]
         host.copy_(torch.stack((tokens.double(), logprobs.double())), non_blocking=self._on_cuda)
-        if self._event is not None:
-            self._event.record()
-        return InflightStep(seqs=seqs, tokens=tokens, host=host, event=self._event)
+        if event is not None:
+            event.record()
+        return InflightStep(seqs=seqs, tokens=tokens, host=host, event=event)

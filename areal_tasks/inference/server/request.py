@@ -74,6 +74,8 @@ class Sequence:
     slot: int | None = None
     #: tokens sampled on the device but not yet read back (an overlapped decode step in flight).
     pending_tokens: int = 0
+    #: this sequence's row in the last decode step launched (where its unread token is).
+    step_row: int = -1
     #: True after a ``retract`` pause: the next prefill runs prompt + output.
     retracted: bool = False
     num_retractions: int = 0
