@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.admin_paths import SWAP_WEIGHTS_PATH
-from areal_tasks.inference.server.auth import make_auth_middleware
+from areal_tasks.inference.server.auth import ApiKeyMiddleware
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
 from areal_tasks.inference.server.protocol import (
@@ -55,7 +55,8 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
     """The FastAPI application serving ``server``."""
     app = FastAPI(title="areal embedded inference server")
     app.state.server = server
-    app.middleware("http")(make_auth_middleware(api_key, admin_api_key))
+    if api_key or admin_api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_api_key=admin_api_key)
     app.include_router(openai_router())
 
     @app.exception_handler(InferenceRequestError)

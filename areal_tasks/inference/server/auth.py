@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from areal_tasks.inference.admin_paths import EMBEDDED_ADMIN_PATHS
 
@@ -44,16 +43,23 @@ def request_allowed(path: str, method: str, header: str | None, api_key: str | N
     return _bearer_matches(header, api_key) if api_key else True
 
 
-def make_auth_middleware(
-    api_key: str | None, admin_api_key: str | None
-) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    """An HTTP middleware enforcing :func:`request_allowed`."""
+class ApiKeyMiddleware:
+    """A pure ASGI middleware enforcing :func:`request_allowed` on HTTP requests.
 
-    async def middleware(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        header = request.headers.get("Authorization")
-        if not request_allowed(request.url.path, request.method, header, api_key, admin_api_key):
-            logger.warning("refused %s %s: missing or wrong API key", request.method, request.url.path)
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return await call_next(request)
+    Not a ``@app.middleware("http")`` function: Starlette runs those through ``BaseHTTPMiddleware``,
+    which wraps every request in a task group and memory streams, a cost each ``/generate`` call paid
+    even with no key configured (see ``create_app``, which installs this only when a key is set)."""
 
-    return middleware
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = Headers(scope=scope).get("Authorization")
+            if not request_allowed(scope["path"], scope["method"], header, self.api_key, self.admin_api_key):
+                logger.warning("refused %s %s: missing or wrong API key", scope["method"], scope["path"])
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
