@@ -58,13 +58,19 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(UI_TIMEOUT_MS)
             page.goto(f"{airflow_server.base_url}/dags/{DAG_ID}")
-            page.wait_for_url("**/auth/login**")
+            # The UI sends an anonymous visitor to the auth manager's login page through client-side
+            # redirects; one of them may abort the one before it (net::ERR_ABORTED), which fails a
+            # wait_for_url. Waiting for the page's elements survives that.
+            page.locator('input[name="username"]').wait_for()
+            assert "/auth/login" in page.url, page.url
             page.fill('input[name="username"]', airflow_server.username)
             page.fill('input[name="password"]', airflow_server.password)
             page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(f"**/dags/{DAG_ID}")
+            trigger = page.get_by_test_id("trigger-dag-button")
+            trigger.wait_for()
+            assert page.url.split("?")[0].rstrip("/").endswith(f"/dags/{DAG_ID}"), page.url
 
-            page.get_by_test_id("trigger-dag-button").click()
+            trigger.click()
             page.locator('button[id$=":trigger:Job"]').click()  # the Params' "Job" section
             page.locator("#element_experiment_name").fill(experiment)
             page.locator('button[id$=":trigger:advancedOptions"]').click()
