@@ -7,7 +7,7 @@
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
-# train2 (dp=2 and tp=2 on two GPUs), gputests (every test marked gpu), bcast (NCCL broadcast between
+# train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
@@ -81,6 +81,9 @@ for p in "$@"; do
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;
         train2) part train_dp2 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+                save
+                part train_dp2_root 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
+                    --fsdp-wrap root
                 save
                 part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;

@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> dict:
         gradient_checkpointing=args.gradient_checkpointing,
         dtype=args.dtype,
         compile=args.compile,
+        fsdp_wrap=args.fsdp_wrap,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
                         total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
@@ -246,6 +247,7 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
+        "fsdp_wrap": kernels["fsdp_wrap"],
         "profile": profile_summary,
     }
     engine.destroy()
@@ -269,6 +271,9 @@ def main() -> None:
                         help="materialise the full logits instead of the chunked fused LM head")
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                         help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)")
+    parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
+                        help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
+                             "shard group, one unit per decoder block otherwise)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one extra step: the top operators, the GPU-busy fraction and every "
                              "host-device synchronisation with the Python line that caused it")
@@ -284,7 +289,8 @@ def main() -> None:
         rows = [("preset", result["preset"]), ("device", result["device"]), ("world (dp/sp/tp)",
                 f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
                 ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
-                ("LM head", result["lm_head"]), ("compile", result["compile"]), ("tokens/step", f"{result['tokens_per_step']:.0f}"),
+                ("LM head", result["lm_head"]), ("compile", result["compile"]), ("FSDP units", result["fsdp_wrap"]),
+                ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
                 ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]
@@ -294,7 +300,8 @@ def main() -> None:
         for key, value in rows:
             print(f"{key:<{width}}  {value}")
         out = args.out or RESULTS_DIR / (
-            f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}.json"
+            f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}"
+            f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

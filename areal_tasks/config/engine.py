@@ -84,6 +84,12 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     #: ``torch.compile`` the element-wise work (norms, MLP, LM-head chunks); ``auto`` = on CUDA only.
     compile: Literal["auto", "on", "off"] = "auto"
+    #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
+    #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
+    #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter
+    #: a step, no per-block hooks; for small models, at the memory of every parameter and gradient
+    #: unsharded); ``auto`` = ``root`` when the shard group has one rank, else ``block``.
+    fsdp_wrap: Literal["auto", "block", "root"] = "auto"
     #: keep parameters and optimizer state in CPU memory between uses.
     cpu_offload: bool = False
     #: compute dtype of this engine; ``auto`` = ``model.dtype``.

@@ -59,7 +59,9 @@ vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet 
 Fixed overhead: unsharded (``S = 1``) with a compute dtype narrower than the parameters, the
 compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
 two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
-copy for the reduce-scatter; plus the chunked-CE buffer. Late transients come after the activations
+copy for the reduce-scatter; plus the chunked-CE buffer. With FSDP and the whole model as one unit
+(``fsdp_wrap="root"``): every parameter gathered, ``N / tp * c``, and at the end of backward every
+gradient unsharded with its fp32 reduce copy, ``N_t (c + 4) / tp``, as a late transient. Late transients come after the activations
 are freed: the optimizer step (foreach AdamW) needs one temporary the size of one moment,
 ``N_t / (tp S) * 4`` (``p`` for adamw_pure), and FSDP reduces the root's unsharded gradient
 (``root * (c + 4) / tp``) at the end of backward. The peak for ``T`` tokens is::
@@ -247,6 +249,7 @@ def estimate_memory(
     tp: int = 1,
     sp: int = 1,
     fsdp_shard: bool = True,
+    fsdp_wrap: str = "block",
     gradient_checkpointing: bool = False,
     lora_rank: int | None = None,
     ce_chunk_tokens: int | None = None,
@@ -254,8 +257,12 @@ def estimate_memory(
     """Estimate the memory of one GPU of a train engine (formulas in the module docstring).
 
     ``grad_dtype`` and ``compute_dtype`` default to ``param_dtype``. ``ce_chunk_tokens`` set means a
-    chunked/fused cross-entropy that never holds more than that many tokens' logits.
+    chunked/fused cross-entropy that never holds more than that many tokens' logits. ``fsdp_wrap``
+    is the engine's resolved unit layout when sharded: ``block`` or ``root``
+    (``EngineConfig.fsdp_wrap``).
     """
+    if fsdp_wrap not in ("block", "root"):
+        raise ConfigError(f"fsdp_wrap must be block or root, got {fsdp_wrap!r}")
     for name, value in (("dp", dp), ("tp", tp), ("sp", sp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -290,7 +297,12 @@ def estimate_memory(
         # one rank per shard group: the root's compute-dtype copy of every parameter lives from the
         # forward to the end of the backward (``build.py``)
         fixed += n_params * c // tp
-    if shard > 1:
+    if shard > 1 and fsdp_wrap == "root":
+        # one unit: every parameter gathered in c from the forward to the end of the backward; the
+        # backward leaves every gradient unsharded in c, reduced through an fp32 copy
+        fixed += n_params * c // tp
+        late = max(late, n_train * (c + 4) // tp)
+    elif shard > 1:
         biggest_layer = max(dims.layer_params(False), dims.layer_params(True) if dims.num_experts else 0)
         fixed += ((dims.root_params + 2 * biggest_layer) * c + biggest_layer * (c + 4)) // tp
         late = max(late, dims.root_params * (c + 4) // tp)

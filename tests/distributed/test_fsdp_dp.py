@@ -1,5 +1,6 @@
 """Loss normalisation: 1 vs 4 micro-batches and dp=1 vs dp=2 give the same loss, gradients and
-clipped AdamW step as one plain transformers model run on the whole batch (fp32, 1e-5)."""
+clipped AdamW step as one plain transformers model run on the whole batch (fp32, 1e-5), with the
+model sharded per decoder block or as one FSDP unit (``fsdp_wrap``)."""
 
 from __future__ import annotations
 
@@ -44,4 +45,22 @@ def test_micro_batches_and_dp_give_reference_gradients(world, tiny_qwen2, refere
         "workers_fsdp:grads_and_step", world, tmp_path, {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4]}
     )
     for n_mbs in (1, 4):
-        _check(torch.load(tmp_path / f"result_mbs{n_mbs}.pt", weights_only=False), reference)
+        result = torch.load(tmp_path / f"result_mbs{n_mbs}.pt", weights_only=False)
+        _check(result, reference)
+        # auto: one unit with one rank, a unit per decoder block (and the root) when sharded
+        assert len(result["units"]) == (1 if world == 1 else 1 + 2), result["units"]
+
+
+def test_dp2_with_the_model_as_one_fsdp_unit_gives_reference_gradients(tiny_qwen2, reference, tmp_path):
+    """``fsdp_wrap=root`` on two ranks: the same loss, gradients and step, and a weight update
+    publishes exactly the trained parameters."""
+    run_workers("workers_fsdp:grads_and_step", 2, tmp_path,
+                {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4], "fsdp_wrap": "root"})
+    for n_mbs in (1, 4):
+        result = torch.load(tmp_path / f"result_mbs{n_mbs}.pt", weights_only=False)
+        _check(result, reference)
+        assert result["units"] == [""]
+        published = {k: v for k, v in result["published"].items() if k in result["params"]}
+        assert published.keys() == result["params"].keys()
+        for name, tensor in published.items():
+            torch.testing.assert_close(tensor, result["params"][name], atol=0, rtol=0)

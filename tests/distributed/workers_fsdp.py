@@ -53,23 +53,29 @@ def full_params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
 
 def grads_and_step(
     rank: int, world: int, out_dir: Path, model_dir: str, n_mbs_list: list[int], sp: int = 1, tp: int = 1,
-    grad_clip: float = 0.5, critic: bool = False,
+    grad_clip: float = 0.5, critic: bool = False, fsdp_wrap: str = "auto",
 ) -> None:
-    """For each micro-batch count: gradients of one batch, then one clipped AdamW step."""
+    """For each micro-batch count: gradients of one batch, then one clipped AdamW step; the result
+    also holds the FSDP units built and the weights a weight update would publish."""
+    from areal_tasks.engine.fsdp.export import iter_full_tensors
+    from areal_tasks.engine.fsdp.gather import fsdp_units
+
     batch = make_batch(seed=0)
     loss_fn = value_loss if critic else token_mean_loss
     for n_mbs in n_mbs_list:
-        cfg = engine_config(n_mbs, grad_clip=grad_clip, value_head=critic)
+        cfg = engine_config(n_mbs, grad_clip=grad_clip, value_head=critic, fsdp_wrap=fsdp_wrap)
         engine = build_engine(model_dir, cfg, sp=sp, tp=tp)
         local = local_share(engine, batch)
         stats = engine.accumulate_gradients(local, loss_fn, token_weight)
         grads = engine.full_gradients()
         step_stats = engine.train_batch(local, loss_fn, token_weight)
         params = full_params(engine)
+        published = dict(iter_full_tensors(engine.model, engine.device, in_param_dtype=True))
         logprobs = None if critic else engine.forward_batch(batch, with_entropy=True)
         if rank == 0:
             torch.save(
-                {"stats": stats, "grads": grads, "step_stats": step_stats, "params": params, "forward": logprobs},
+                {"stats": stats, "grads": grads, "step_stats": step_stats, "params": params, "forward": logprobs,
+                 "units": sorted(fsdp_units(engine.model)), "published": published},
                 out_dir / f"result_mbs{n_mbs}.pt",
             )
         engine.destroy()

@@ -2,12 +2,14 @@
 
 Master weights are fp32 on every device; the compute dtype comes from the mixed-precision policy
 (``dtype="auto"``: bf16 parameters with fp32 gradient reduction on GPU, plain fp32 on CPU).
-``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head).
+``fully_shard`` wraps every decoder block, then the root (embeddings, final norm, LM/value head),
+or only the root (below).
 Attention: see :func:`_attn_implementation` (packed micro-batches need a varlen-capable kernel).
 An actor's LM head becomes the chunked fused head before any wrapping (``lm_head.py``).
-On CUDA the element-wise pieces are compiled before sharding (``compile.py``). With a single rank per
-shard group (one GPU, or tp only) only the root is wrapped: there is nothing to shard, and per-block
-hooks cost host time that a 0.5B model's step cannot hide.
+On CUDA the element-wise pieces are compiled before sharding (``compile.py``). Units follow
+``EngineConfig.fsdp_wrap`` (:func:`resolve_fsdp_wrap`): with a single rank per shard group (one GPU,
+or tp only) only the root is wrapped by default, as there is nothing to shard and per-block hooks
+cost host time that a 0.5B model's step cannot hide; ``root`` asks for that with several ranks too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class BuiltModel:
     compiled: list[str] = field(default_factory=list)
     #: why compilation is on or off.
     compile_reason: str = ""
+    #: the FSDP2 unit layout built: ``block`` or ``root`` (:func:`resolve_fsdp_wrap`).
+    fsdp_wrap: str = "block"
 
 
 def compute_dtype_name(dtype: str, device: torch.device) -> str:
@@ -63,6 +67,20 @@ def compute_dtype_name(dtype: str, device: torch.device) -> str:
     if dtype not in _DTYPES:
         raise EngineError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     return dtype
+
+
+def resolve_fsdp_wrap(wrap: str, shard_ranks: int) -> str:
+    """``block`` or ``root`` for ``EngineConfig.fsdp_wrap`` over a shard group of ``shard_ranks``.
+
+    ``auto`` is ``root`` with one rank: nothing is sharded then, so per-block units would only add
+    hooks, casts and a reshard that the backward undoes again. With more ranks it is ``block``,
+    which keeps one block unsharded at a time; ``root`` trades that memory for one collective each
+    way per step."""
+    if wrap not in ("auto", "block", "root"):
+        raise EngineError(f"fsdp_wrap must be auto, block or root, got {wrap!r}")
+    if wrap == "auto":
+        return "root" if shard_ranks == 1 else "block"
+    return wrap
 
 
 def _attn_implementation(requested: str | None, sp: int, device: torch.device) -> str:
@@ -151,20 +169,20 @@ def build_model(
     )
     # pinned host memory needs CUDA; on CPU the policy still keeps shards and optimizer state on the host
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.cpu_offload else OffloadPolicy()
-    # One rank per shard group: nothing is sharded, so per-block wrapping would only add hooks, copies
-    # and a reshard that the backward undoes again; the root alone casts every parameter once per
-    # forward and keeps the compute-dtype copy for the backward.
-    single_rank = mesh.fsdp_mesh.size() == 1
+    wrap = resolve_fsdp_wrap(config.fsdp_wrap, mesh.fsdp_mesh.size())
+    # Root-only: one unit, gathered once per forward and kept for the backward (a reshard there
+    # would only be undone by the backward's all-gather).
     shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload,
-                    "reshard_after_forward": not single_rank}
+                    "reshard_after_forward": wrap == "block"}
     blocks = find_decoder_blocks(model)
     do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
     compiled = compile_model(model, blocks, chunked_head=lm_head is not None) if do_compile else []
-    if not single_rank:
+    if wrap == "block":
         for block in blocks:
             fully_shard(block, **shard_kwargs)
     fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info("model %s: %d parameters (sharded view), compute dtype %s", type(model).__name__, n_params, dtype_name)
+    logger.info("model %s: %d parameters (sharded view), compute dtype %s, FSDP units: %s",
+                type(model).__name__, n_params, dtype_name, wrap)
     return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
-                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason)
+                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap)

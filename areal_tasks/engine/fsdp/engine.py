@@ -103,6 +103,7 @@ class FSDPEngine(TrainEngine):
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
         self.lm_head = built.lm_head
         self._compiled, self._compile_reason = built.compiled, built.compile_reason
+        self._fsdp_wrap = built.fsdp_wrap
         self.mb_spec = _micro_batch_spec(self.config, built, dims)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head)
@@ -117,7 +118,7 @@ class FSDPEngine(TrainEngine):
 
     @property
     def kernels(self) -> dict[str, str]:
-        """Which attention and LM-head paths the engine runs (for logs and benchmarks)."""
+        """Which attention, LM-head, compile and FSDP-unit paths the engine runs (for logs and benchmarks)."""
         self._require_init()
         attn = getattr(_hf_config_of(self.model), "_attn_implementation", None) or "default"
         if self.role == "critic":
@@ -127,7 +128,7 @@ class FSDPEngine(TrainEngine):
         else:
             head = "full logits"
         compiled = f"{len(self._compiled)} modules" if self._compiled else f"off ({self._compile_reason})"
-        return {"attention": str(attn), "lm_head": head, "compile": compiled}
+        return {"attention": str(attn), "lm_head": head, "compile": compiled, "fsdp_wrap": self._fsdp_wrap}
 
     @property
     def parallel(self) -> ParallelInfo:
@@ -416,7 +417,7 @@ def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDim
     if spec.memory_budget_gb is not None:
         estimate = estimate_memory(
             built.hf_config, param_dtype=built.param_dtype_name, dp=dims.dp, tp=dims.tp, sp=dims.sp,
-            gradient_checkpointing=config.gradient_checkpointing,
+            fsdp_wrap=built.fsdp_wrap, gradient_checkpointing=config.gradient_checkpointing,
             lora_rank=config.lora.rank if config.lora.enabled else None,
             ce_chunk_tokens=built.lm_head.chunk if built.lm_head is not None else None,
         )

@@ -63,6 +63,31 @@ def test_tiny_config_sharded_and_tensor_parallel_by_hand() -> None:
     assert tp.param_bytes == TINY_PARAMS and tp.activation_bytes_per_token_no_ckpt == 1104 // 2
 
 
+def test_sharded_model_as_one_fsdp_unit_by_hand() -> None:
+    """``fsdp_wrap="root"``: every parameter gathered in bf16 through forward and backward; at the end
+    of backward every gradient unsharded in bf16 plus its fp32 reduce copy."""
+    est = estimate_memory(TINY, param_dtype="bf16", dp=2, fsdp_wrap="root")
+    assert (est.param_bytes, est.grad_bytes, est.optimizer_bytes) == (TINY_PARAMS, TINY_PARAMS, 6 * TINY_PARAMS)
+    assert est.fixed_overhead_bytes == 2 * TINY_PARAMS
+    assert est.late_transient_bytes == 6 * TINY_PARAMS
+    # a 7B model as one unit holds all 7B parameters gathered: far more than two blocks and the root
+    one_unit = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, fsdp_wrap="root")
+    per_block = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
+    assert one_unit.fixed_overhead_bytes == 2 * one_unit.num_params > 3 * per_block.fixed_overhead_bytes
+    assert one_unit.late_transient_bytes == 6 * one_unit.num_params
+    with pytest.raises(ConfigError, match="fsdp_wrap must be block or root"):
+        estimate_memory(TINY, param_dtype="bf16", dp=2, fsdp_wrap="auto")
+
+
+def test_fsdp_wrap_resolves_by_shard_group_size() -> None:
+    from areal_tasks.engine.fsdp.build import resolve_fsdp_wrap
+
+    assert [resolve_fsdp_wrap("auto", n) for n in (1, 2, 8)] == ["root", "block", "block"]
+    assert resolve_fsdp_wrap("root", 4) == "root" and resolve_fsdp_wrap("block", 1) == "block"
+    with pytest.raises(EngineError, match="fsdp_wrap must be auto, block or root, got 'blocks'"):
+        resolve_fsdp_wrap("blocks", 2)
+
+
 def test_lora_counts_only_adapters_as_trainable() -> None:
     est = estimate_memory(TINY, param_dtype="bf16", lora_rank=2)
     # r * (in + out) over q, k, v, o, gate, up, down: 2 * (16 + 12 + 12 + 16 + 24 + 24 + 24) = 256 per layer
