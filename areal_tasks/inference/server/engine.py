@@ -153,6 +153,9 @@ class Engine:
             cache_used_tokens=cache.used_tokens,
             cache_capacity_tokens=cache.capacity_tokens,
             weight_version=self.weight_version,
+            decode_steps_total=counters.decode_steps,
+            decode_seconds_total=counters.decode_seconds,
+            decode_wait_seconds_total=counters.decode_wait_seconds,
         )
 
     # ---------------- control operations (run inside the loop via call) ----------------
@@ -369,6 +372,7 @@ class Engine:
     def _decode_step(self) -> None:
         """Launch a decode step of the running sequences; then read back the step launched before it
         (overlap) or this one (no overlap)."""
+        started = time.perf_counter()
         self._set_aside_exhausted()
         if not self._running:
             self._collect()
@@ -378,10 +382,11 @@ class Engine:
         tokens, logprobs = sample(logits, sampling)  # queued behind the forward: sampling never syncs
         launched = self._readback.start(batch, tokens, logprobs)
         # the host's work on the previous step runs while the device computes this one
-        self._collect()
+        waited = self._collect()
         self._inflight = launched
         if not self.overlap:
-            self._collect()
+            waited += self._collect()
+        self.counters.add_decode_step(time.perf_counter() - started, waited)
 
     def _set_aside_exhausted(self) -> None:
         """Stop decoding sequences whose length budget ends with their unread tokens (see the module
@@ -421,12 +426,13 @@ class Engine:
                                     rows if carried else None)
         return batch, logits
 
-    def _collect(self) -> None:
+    def _collect(self) -> float:
         """Read back the step in flight, if any: extend outputs, check finish rules, retire the
-        sequences that finished (a token of a sequence that stopped a step earlier is dropped)."""
+        sequences that finished (a token of a sequence that stopped a step earlier is dropped).
+        Returns the seconds spent waiting for the device."""
         step, self._inflight = self._inflight, None
         if step is None:
-            return
+            return 0.0
         token_list, logprob_list = step.results()
         fresh = 0
         for seq, token, logprob in zip(step.seqs, token_list, logprob_list):
@@ -437,6 +443,7 @@ class Engine:
             self._append(seq, int(token), logprob)
         self.counters.add_generated(fresh)
         self._retire_finished()
+        return step.waited
 
     def _retire_finished(self) -> None:
         """Release the running or draining sequences that have finished; draining ones without

@@ -4,7 +4,10 @@ Gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:gen_thro
 (generated tokens/s over the last 10 s), ``sglang:token_usage`` (filled KV positions / capacity)
 ``areal:paused`` (1 while paused) and ``areal:weight_update_draining`` (1 while a weight update
 holds new requests back until those in flight finish); counters ``sglang:prompt_tokens_total``,
-``sglang:generation_tokens_total`` and ``sglang:num_requests_total``. Every sample carries the
+``sglang:generation_tokens_total`` and ``sglang:num_requests_total``; and ``areal:decode_steps_total``,
+``areal:decode_seconds_total`` (host time in decode steps) and ``areal:decode_wait_seconds_total``
+(the part of it spent waiting for the device: near the whole, decoding is device-bound; near zero,
+host-bound). Every sample carries the
 ``model_name`` label, like SGLang's.
 """
 
@@ -38,6 +41,10 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
         ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
          stats.generation_tokens_total),
         ("sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished_total),
+        ("areal:decode_steps_total", "counter", "Decode steps run.", stats.decode_steps_total),
+        ("areal:decode_seconds_total", "counter", "Host seconds spent in decode steps.", stats.decode_seconds_total),
+        ("areal:decode_wait_seconds_total", "counter",
+         "Of the decode steps' host seconds, those spent waiting for the device.", stats.decode_wait_seconds_total),
     ]
     label = f'{{model_name="{_escape(model_name)}"}}'
     lines = []

@@ -16,6 +16,7 @@ values are still to be read.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,11 +41,15 @@ class InflightStep:
     host: torch.Tensor
     #: recorded after the copy into ``host`` (None on the CPU, where the copy is synchronous).
     event: torch.cuda.Event | None
+    #: seconds :meth:`results` waited for the device.
+    waited: float = 0.0
 
     def results(self) -> tuple[list[float], list[float]]:
         """Wait for the copy, then return (token ids, logprobs) as Python lists."""
         if self.event is not None:
+            started = time.perf_counter()
             self.event.synchronize()
+            self.waited = time.perf_counter() - started
         tokens, logprobs = self.host.tolist()
         return tokens, logprobs
 

@@ -3,6 +3,11 @@
 :class:`EngineCounters` is updated by the engine thread and read by HTTP handlers; it has its own
 lock. Generation throughput is the number of tokens sampled over the last 10 seconds divided by
 the time since the oldest of them.
+
+Decode steps are timed on the host: the time the engine thread spent in them and, of that, the
+time it waited for the device to finish a step's sampled tokens. A wait close to the whole step
+means the device bounds decoding; a wait near zero means the host's own work (launches,
+bookkeeping, finish checks) does, and a faster GPU would not help.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class EngineStats:
     cache_used_tokens: int
     cache_capacity_tokens: int
     weight_version: str
+    decode_steps_total: int = 0
+    #: host seconds in decode steps, and the part of them spent waiting for the device.
+    decode_seconds_total: float = 0.0
+    decode_wait_seconds_total: float = 0.0
 
 
 class EngineCounters:
@@ -44,6 +53,9 @@ class EngineCounters:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.requests_finished = 0
+        self.decode_steps = 0
+        self.decode_seconds = 0.0
+        self.decode_wait_seconds = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
 
     def add_prompt_tokens(self, count: int) -> None:
@@ -54,6 +66,13 @@ class EngineCounters:
         with self._lock:
             self.generation_tokens += count
             self._recent.append((time.perf_counter(), count))
+
+    def add_decode_step(self, seconds: float, waited: float) -> None:
+        """One decode step: ``seconds`` on the host in all, ``waited`` of them blocked on the device."""
+        with self._lock:
+            self.decode_steps += 1
+            self.decode_seconds += seconds
+            self.decode_wait_seconds += waited
 
     def add_finished(self) -> None:
         with self._lock:

@@ -70,6 +70,7 @@ def test_overlap_gives_the_same_sequences_as_step_by_step(any_runner) -> None:
     try:
         got = _run(engine, _workload(stop_token), stagger_s=0.01)
         tokens_counted = engine.counters.generation_tokens
+        stats = engine.stats()
     finally:
         engine.shutdown()
     assert got.keys() == reference.keys()
@@ -84,6 +85,9 @@ def test_overlap_gives_the_same_sequences_as_step_by_step(any_runner) -> None:
     assert got["long"][2] == {"type": "length", "length": 64 - len(PROMPTS[3])}
     # dropped tokens are not counted as generated
     assert tokens_counted == sum(len(t) for t, _, _ in got.values())
+    # every decode step was timed: the longest sequence alone needs one step per token after its first
+    assert stats.decode_steps_total >= len(got["long"][0]) - 1
+    assert 0.0 <= stats.decode_wait_seconds_total <= stats.decode_seconds_total
 
 
 def test_each_step_takes_the_previous_steps_tokens_on_the_device(any_runner, monkeypatch) -> None:

@@ -81,8 +81,11 @@ def test_api_key_rules(path, header, api_key, admin_key, allowed) -> None:
 def test_metrics_text_format() -> None:
     stats = EngineStats(num_running=3, num_waiting=2, paused=None, draining=True, prompt_tokens_total=10,
                         generation_tokens_total=20, requests_finished_total=4, gen_throughput=12.5,
-                        cache_used_tokens=25, cache_capacity_tokens=100, weight_version="1")
+                        cache_used_tokens=25, cache_capacity_tokens=100, weight_version="1",
+                        decode_steps_total=7, decode_seconds_total=0.5, decode_wait_seconds_total=0.25)
     lines = render_metrics(stats, 'm"x').splitlines()
+    assert 'areal:decode_steps_total{model_name="m\\"x"} 7.0' in lines
+    assert 'areal:decode_wait_seconds_total{model_name="m\\"x"} 0.25' in lines
     assert 'sglang:num_running_reqs{model_name="m\\"x"} 3.0' in lines
     assert 'sglang:token_usage{model_name="m\\"x"} 0.25' in lines
     assert "# TYPE sglang:generation_tokens_total counter" in lines
