@@ -66,9 +66,9 @@ save() {  # results and logs go to $OUT after every part, so a call cut short ke
 
 for p in "$@"; do
     case $p in
-        infer) part infer 150 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
+        infer) part infer 330 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
             --check 2 --repeats 1 --profile 64 ;;
-        graphs) part graphs 120 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
+        graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
         async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
             "${ASYNC_GPU[@]}" ;;

@@ -101,6 +101,66 @@ def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict
     return time.perf_counter() - start, [s.output_ids for s in done]
 
 
+def timed_engine_run(engine, prompts: list[list[int]], new_tokens: int, sampling: dict,
+                     repeats: int) -> tuple[float, list[list[int]], dict]:
+    """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
+    the engine's decode counters over that run: steps, host milliseconds a step and the part of
+    them the host waited for the device (near the whole step: device-bound; near zero: host-bound)."""
+    best = None
+    for _ in range(repeats):
+        before = engine.stats()
+        seconds, outputs = run_engine(engine, prompts, new_tokens, sampling)
+        after = engine.stats()
+        steps = after.decode_steps_total - before.decode_steps_total
+        host = after.decode_seconds_total - before.decode_seconds_total
+        waited = after.decode_wait_seconds_total - before.decode_wait_seconds_total
+        anatomy = {"decode_steps": steps, "ms_per_step": 1e3 * host / max(steps, 1),
+                   "wait_ms_per_step": 1e3 * waited / max(steps, 1)}
+        if best is None or seconds < best[0]:
+            best = (seconds, outputs, anatomy)
+    assert best is not None
+    return best
+
+
+def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict]:
+    """Outside any engine: host and device milliseconds of one decode forward of ``batch`` rows
+    (a CUDA-graph replay where captured) at each KV length bucket, and of greedy and T=1/top-p
+    sampling over its logits. Device times come from CUDA events around ``iters`` calls."""
+    from areal_tasks.inference.server.sampling import SamplingBatch, SamplingParams, sample
+
+    def timed(fn) -> tuple[float, float]:
+        fn()
+        torch.cuda.synchronize(runner.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host_start = time.perf_counter()
+        start.record()
+        for _ in range(iters):
+            fn()
+        host = (time.perf_counter() - host_start) / iters
+        end.record()
+        end.synchronize()
+        return 1e3 * host, start.elapsed_time(end) / iters
+
+    rows = []
+    slots, tokens = list(range(batch)), [5] * batch
+    for kv_len in getattr(runner, "lengths", [runner.max_len]):
+        positions = [min(kv_len, runner.max_len) - 1] * batch
+        host, device = timed(lambda: runner.decode(slots, tokens, positions))
+        rows.append({"what": f"decode forward, KV length {kv_len}", "host_ms": host, "device_ms": device})
+    logits = runner.decode(slots, tokens, [0] * batch)
+    for label, params in (("greedy", SamplingParams(temperature=0.0)),
+                          ("T=1 top_p=0.9", SamplingParams(temperature=1.0, top_p=0.9))):
+        def draw(params=params) -> None:
+            sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device))
+        host, device = timed(draw)
+        rows.append({"what": f"sampling, {label}", "host_ms": host, "device_ms": device})
+    print(f"\none decode step's parts at batch {batch} (host: time to queue it; device: time to run it)")
+    print(f"{'part':<34} {'host ms':>9} {'device ms':>10}")
+    for row in rows:
+        print(f"{row['what']:<34} {row['host_ms']:>9.3f} {row['device_ms']:>10.3f}")
+    return rows
+
+
 def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int) -> dict:
     """One untimed greedy run on a fresh engine under two profilers: ``cProfile`` inside the engine's
     loop thread (where the host time of a decode step goes) and the torch profiler's device
@@ -260,11 +320,19 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--disable-torch-compile", action="store_true",
                         help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
+    parser.add_argument("--skip-blocks", action="store_true",
+                        help="on CUDA, skip the run with whole decoder blocks compiled (--torch-compile-scope blocks)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    try:
+        hf_batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--hf-batches takes comma-separated batch sizes, got {args.hf_batches!r}")
+    if any(b < 1 for b in hf_batches):
+        parser.error(f"--hf-batches sizes must be at least 1 (leave it empty to skip generate), got {args.hf_batches!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -296,15 +364,15 @@ def main() -> None:
         engine.start()
         try:
             run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})  # warm-up
-            seconds, outputs = min(run_engine(engine, prompts, args.new_tokens, {"temperature": 0.0})
-                                   for _ in range(args.repeats))
+            seconds, outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
+                                                         args.repeats)
             add({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
-                         "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+                 "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
             if args.sampling:
-                seconds = min(run_engine(engine, prompts, args.new_tokens, {"temperature": 1.0, "top_p": 0.9})[0]
-                              for _ in range(args.repeats))
-                add({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency,
-                             "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+                seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
+                                                       {"temperature": 1.0, "top_p": 0.9}, args.repeats)
+                add({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency, "seconds": seconds,
+                     "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
         finally:
             engine.shutdown()
         # the same engine reading each step back before launching the next (SGLang's
@@ -313,15 +381,38 @@ def main() -> None:
         engine.start()
         try:
             run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
-            seconds = min(run_engine(engine, prompts, args.new_tokens, {"temperature": 0.0})[0]
-                          for _ in range(args.repeats))
+            seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
+                                                   args.repeats)
             add({"system": "embedded engine, greedy, no overlap", "batch": args.concurrency, "seconds": seconds,
-                 "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+                 "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
         finally:
             engine.shutdown()
         profiled = profile_engine(runner, prompts, args.profile, max(8192, 32 * args.prompt_len)) if args.profile else None
+        step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
         del engine, runner
         if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if device.type == "cuda" and compiled and not args.skip_blocks:
+            # the captured decode steps with whole decoder blocks compiled (areal serve --torch-compile-scope blocks)
+            runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
+                                               max_running_requests=args.concurrency,
+                                               context_length=args.prompt_len + args.new_tokens + 8,
+                                               compile_scope="blocks"))
+            engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
+            engine.start()
+            try:
+                run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
+                seconds, block_outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
+                                                                   {"temperature": 0.0}, args.repeats)
+                add({"system": f"embedded engine, greedy, {runner.compile_scope} compiled", "batch": args.concurrency,
+                     "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+            finally:
+                engine.shutdown()
+            same = sum(a == b for a, b in zip(block_outputs, outputs))
+            print(f"compiled blocks vs per-module compile: {same}/{len(outputs)} greedy outputs identical")
+            step_parts += [{**row, "what": f"{row['what']} (blocks)"}
+                           for row in forward_and_sampling_times(runner, args.concurrency)[:-2]]
+            del engine, runner
             torch.cuda.empty_cache()
         if args.http:
             seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))
@@ -332,7 +423,7 @@ def main() -> None:
         references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]
         identical, prefix = parity(outputs[:checked], references)
         gaps = divergence_gaps(model, prompts[:checked], outputs[:checked], references)
-        for batch in (int(b) for b in args.hf_batches.split(",") if b):
+        for batch in hf_batches:
             hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
             seconds = min(hf_generate(model, prompts[:batch], args.new_tokens)[0] for _ in range(args.repeats))
             add({"system": "transformers generate", "batch": batch, "seconds": seconds,
@@ -347,12 +438,15 @@ def main() -> None:
                           "divergence_logit_gaps": gaps},
         "rows": rows,
         "profile": profiled,
+        "step_parts": step_parts,
     }
     print(f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
           f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)")
-    print(f"{'system':<38} {'batch':>6} {'seconds':>9} {'tokens/s':>12}")
+    print(f"{'system':<38} {'batch':>6} {'seconds':>9} {'tokens/s':>12} {'ms/step':>8} {'wait ms':>8}")
     for row in rows:
-        print(f"{row['system']:<38} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f}")
+        step = f"{row['ms_per_step']:>8.2f} {row['wait_ms_per_step']:>8.2f}" if "ms_per_step" in row else ""
+        print(f"{row['system']:<38} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f} {step}")
+    print("(ms/step: host time of a decode step in the engine; wait ms: the part spent waiting for the device)")
     print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, "
           f"mean matching prefix {prefix:.1%}")
     if gaps:
