@@ -148,7 +148,7 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
         host, device = timed(lambda: runner.decode(slots, tokens, positions))
         rows.append({"what": f"decode forward, KV length {kv_len}", "host_ms": host, "device_ms": device})
     logits = runner.decode(slots, tokens, [0] * batch)
-    for label, params in (("greedy", SamplingParams(temperature=0.0)),
+    for label, params in (("greedy", SamplingParams(temperature=0.0)), ("T=1", SamplingParams(temperature=1.0)),
                           ("T=1 top_p=0.9", SamplingParams(temperature=1.0, top_p=0.9))):
         def draw(params=params) -> None:
             sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device))
@@ -320,8 +320,6 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--disable-torch-compile", action="store_true",
                         help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
-    parser.add_argument("--skip-blocks", action="store_true",
-                        help="on CUDA, skip the run with whole decoder blocks compiled (--torch-compile-scope blocks)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
@@ -391,28 +389,6 @@ def main() -> None:
         step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
         del engine, runner
         if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if device.type == "cuda" and compiled and not args.skip_blocks:
-            # the captured decode steps with whole decoder blocks compiled (areal serve --torch-compile-scope blocks)
-            runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
-                                               max_running_requests=args.concurrency,
-                                               context_length=args.prompt_len + args.new_tokens + 8,
-                                               compile_scope="blocks"))
-            engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
-            engine.start()
-            try:
-                run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
-                seconds, block_outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
-                                                                   {"temperature": 0.0}, args.repeats)
-                add({"system": f"embedded engine, greedy, {runner.compile_scope} compiled", "batch": args.concurrency,
-                     "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
-            finally:
-                engine.shutdown()
-            same = sum(a == b for a, b in zip(block_outputs, outputs))
-            print(f"compiled blocks vs per-module compile: {same}/{len(outputs)} greedy outputs identical")
-            step_parts += [{**row, "what": f"{row['what']} (blocks)"}
-                           for row in forward_and_sampling_times(runner, args.concurrency)[:-2]]
-            del engine, runner
             torch.cuda.empty_cache()
         if args.http:
             seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))

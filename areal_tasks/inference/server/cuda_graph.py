@@ -13,10 +13,6 @@ costs one graph launch instead of hundreds of kernel launches; without it (CPU t
 static forward runs eagerly. Anything else (other slot layouts, batches above the largest
 bucket) falls back to the eager decode.
 
-With ``compile_scope="blocks"`` the captured forwards run whole decoder blocks through
-``torch.compile`` (``block_compile.py``), swapped in for the capture only; if that capture fails,
-the error is logged and the graphs are captured again with the per-module compile.
-
 Weight updates copy into the parameters in place and a cache flush zeroes the storage in place,
 so the captured graphs stay valid for the life of the server. If capture fails (a model whose
 forward is not capturable), the error is logged with its traceback and the static steps run
@@ -32,15 +28,11 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig, take_carried
-from areal_tasks.inference.server.block_compile import CompiledBlocks
-from areal_tasks.models.compile import decoder_blocks
 
 logger = logging.getLogger(__name__)
 
-COMPILE_SCOPES = ("pointwise", "blocks")
 _BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
@@ -71,18 +63,9 @@ class StaticCacheView(Cache):
         self.store = store
         self.positions = positions  # [b] view of the runner's position buffer
         self.kv_len = kv_len
-        self._selected: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def use_layer(self, layer: int) -> None:
-        """Make the next ``update`` use ``layer``'s storage whatever index it is given (compiled
-        blocks: ``block_compile.py``); the storage must exist already (it does after warm-up)."""
-        self._selected = self.store.keys[layer], self.store.values[layer]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if self._selected is not None:
-            k_store, v_store = self._selected
-        else:
-            k_store, v_store = self.store.layer(layer_idx, key_states)
+        k_store, v_store = self.store.layer(layer_idx, key_states)
         b, kv_heads, _, head_dim = key_states.shape
         index = self.positions.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
         k_store[:b].scatter_(2, index, key_states)
@@ -100,13 +83,8 @@ class GraphModelRunner(ModelRunner):
     """A model runner with bucketed static decode steps, CUDA-graph captured on GPU (see the module doc)."""
 
     def __init__(self, cfg: RunnerConfig, capture: bool | None = None) -> None:
-        if cfg.compile_scope not in COMPILE_SCOPES:
-            raise InferenceError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {cfg.compile_scope!r}")
         super().__init__(cfg)
         self.capture = self.device.type == "cuda" if capture is None else capture
-        #: the compiled whole blocks the captured steps run (``compile_scope="blocks"``).
-        self._block_forwards = (CompiledBlocks(decoder_blocks(self.model))
-                                if self.capture and self.compiled and cfg.compile_scope == "blocks" else None)
         self.buckets = batch_buckets(min(cfg.max_running_requests, self.cache.num_slots))
         self.lengths = length_buckets(self.max_len)
         largest = self.buckets[-1]
@@ -122,40 +100,20 @@ class GraphModelRunner(ModelRunner):
         self._step = 0
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         if self.capture:
-            self._capture_or_fall_back()
-
-    @property
-    def compile_scope(self) -> str | None:
-        """What the captured decode steps compile: ``blocks``, ``pointwise`` or None (nothing)."""
-        if not self.capture or not self.compiled:
-            return None
-        return "blocks" if self._block_forwards is not None else "pointwise"
-
-    def _capture_or_fall_back(self) -> None:
-        try:
-            self._capture_all()
-            return
-        except RuntimeError:
-            self._graphs.clear()
-            if self._block_forwards is None:
+            try:
+                self._capture_all()
+            except RuntimeError:
                 # a model whose forward cannot be captured still serves, with eager static steps
                 logger.exception("CUDA graph capture failed; decode steps run eagerly")
+                self._graphs.clear()
                 self.capture = False
-                return
-            logger.exception("CUDA graph capture with compiled decoder blocks failed; capturing the "
-                             "per-module compiled forward instead")
-            self._block_forwards = None
-        self._capture_or_fall_back()
 
     def _static_forward(self, batch: int, kv_len: int) -> torch.Tensor:
         ids = self._inputs[0, :batch].view(batch, 1)
         positions = self._inputs[1, :batch].view(batch, 1)
         view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
         masks = self._masks(positions, kv_len, trivial=False)
-        if self._block_forwards is None:
-            return self._forward(ids, positions, view, masks, 1)[:, -1]
-        with self._block_forwards.active(view):
-            return self._forward(ids, positions, view, masks, 1)[:, -1]
+        return self._forward(ids, positions, view, masks, 1)[:, -1]
 
     @torch.inference_mode()
     def _capture_all(self) -> None:

@@ -57,10 +57,6 @@ class RunnerConfig:
     cuda_graphs: bool = True
     #: on CUDA, ``torch.compile`` the norms and MLPs (fused element-wise work; captured into the graphs).
     torch_compile: bool = True
-    #: what the CUDA-graph decode steps compile (with ``torch_compile``): ``pointwise`` (the norms
-    #: and MLPs, as every forward) or ``blocks`` (whole decoder blocks, attention included: the
-    #: rotary embedding, cache write and residual adds fuse too; see ``models/compile.py``).
-    compile_scope: str = "pointwise"
 
 
 def resolve_device(name: str) -> torch.device:
