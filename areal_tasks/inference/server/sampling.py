@@ -218,10 +218,12 @@ def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Te
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
     probs_sum = torch.cumsum(probs_sort, dim=-1)
     ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
-    probs_sort[ranks >= batch.top_ks.view(-1, 1)] = 0.0
-    probs_sort[(probs_sum - probs_sort) > batch.top_ps.view(-1, 1)] = 0.0
+    # masked_fill_, not ``probs_sort[mask] = 0``: boolean-mask assignment may look up the mask's
+    # true positions first, which waits for the device
+    probs_sort.masked_fill_(ranks >= batch.top_ks.view(-1, 1), 0.0)
+    probs_sort.masked_fill_((probs_sum - probs_sort) > batch.top_ps.view(-1, 1), 0.0)
     min_p_thresholds = probs_sort[:, :1] * batch.min_ps.view(-1, 1)
-    probs_sort[probs_sort < min_p_thresholds] = 0.0
+    probs_sort.masked_fill_(probs_sort < min_p_thresholds, 0.0)
     return probs_sort, probs_idx
 
 
