@@ -7,7 +7,7 @@
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
-# train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), gputests (every test marked gpu), bcast (NCCL broadcast between
+# train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
@@ -67,7 +67,7 @@ save() {  # results and logs go to $OUT after every part, so a call cut short ke
 for p in "$@"; do
     case $p in
         infer) part infer 330 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
-            --check 2 --repeats 1 --profile 64 ;;
+            --check 2 --repeats 1 --profile 64 --sampling ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
         async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
@@ -86,6 +86,10 @@ for p in "$@"; do
                     --fsdp-wrap root
                 save
                 part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
+        wrap) part train_dp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+              save
+              part train_dp2_root 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
+                  --fsdp-wrap root ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
         bcast) part bcast 120 python benchmarks/weight_broadcast.py ;;
