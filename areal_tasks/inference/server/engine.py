@@ -80,6 +80,8 @@ class Engine:
         self._draining: list[Sequence] = []
         #: the decode step launched and not yet read back (overlap).
         self._inflight: InflightStep | None = None
+        #: the rows of the last decode step and their sampling table (see _sampling_table).
+        self._sampling_rows: tuple[list[Sequence], SamplingBatch | None] = ([], None)
         self._readback = ReadbackBuffer(runner.cache.num_slots, runner.device)
         self._paused: PauseMode | None = None
         #: while gated (a weight update drains the engine), new sequences wait here, not in the queue.
@@ -378,7 +380,7 @@ class Engine:
             self._collect()
             return
         batch, logits = self._launch()
-        sampling = SamplingBatch.build([s.params for s in batch], [s.generator for s in batch], logits.device)
+        sampling = self._sampling_table(batch, logits.device)
         tokens, logprobs = sample(logits, sampling)  # queued behind the forward: sampling never syncs
         launched = self._readback.start(batch, tokens, logprobs)
         # the host's work on the previous step runs while the device computes this one
@@ -387,6 +389,15 @@ class Engine:
         if not self.overlap:
             waited += self._collect()
         self.counters.add_decode_step(time.perf_counter() - started, waited)
+
+    def _sampling_table(self, batch: list[Sequence], device: torch.device) -> SamplingBatch:
+        """The sampling settings of ``batch``'s rows, rebuilt only when its rows changed (each
+        build is a host-to-device copy; a batch keeps its rows for many steps)."""
+        rows, table = self._sampling_rows
+        if table is None or len(rows) != len(batch) or any(a is not b for a, b in zip(rows, batch)):
+            table = SamplingBatch.build([s.params for s in batch], [s.generator for s in batch], device)
+            self._sampling_rows = (batch, table)
+        return table
 
     def _set_aside_exhausted(self) -> None:
         """Stop decoding sequences whose length budget ends with their unread tokens (see the module

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from areal_tasks.errors import InferenceError
+from areal_tasks.inference.server.transfer import host_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ class SlotKVCache:
             raise InferenceError(f"invalid KV slot moves {moves}: the sources must be distinct slots in use")
         length = max(self.lengths[s] for s in sources)
         if length > 0:
-            src = torch.tensor(sources, device=self.device)
-            dst = torch.tensor(targets, device=self.device)
+            src = host_to_device(sources, torch.long, self.device)
+            dst = host_to_device(targets, torch.long, self.device)
             for store in (*self.keys.values(), *self.values.values()):
                 store[dst, :, :length] = store[src, :, :length]
         self._free = [slot for slot in self._free if slot not in targets]

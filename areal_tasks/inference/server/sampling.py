@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.server.transfer import host_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -180,18 +181,19 @@ class SamplingBatch:
     def build(
         cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device
     ) -> SamplingBatch:
-        """Per-row tensors (one host-to-device copy; none at all for an all-greedy batch)."""
+        """Per-row tensors (one host-to-device copy that does not wait for the device; none at all
+        for an all-greedy batch)."""
         all_greedy = all(p.greedy for p in params)
         rows = len(params)
         if all_greedy:
             table = torch.ones(5, rows, device=device)
         else:
-            table = torch.tensor(
+            table = host_to_device(
                 [[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
                  [float(p.top_k if p.top_k > 0 else TOP_K_ALL) for p in params], [p.min_p for p in params],
                  [float(p.greedy) for p in params]],
-                dtype=torch.float64,
-            ).to(device)
+                torch.float64, device,
+            )
         return cls(
             temperatures=table[0].float(),
             top_ps=table[1].float(),

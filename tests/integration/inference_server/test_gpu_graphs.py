@@ -75,8 +75,9 @@ def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
 
 
 def test_sampling_never_waits_for_the_device() -> None:
-    """Greedy, temperature, filtered and seeded rows in one batch: no host-device synchronisation, so
-    the overlapped engine can queue a step's sampling and go on."""
+    """Greedy, temperature, filtered and seeded rows in one batch, the sampling table's copy
+    included: no host-device synchronisation, so the overlapped engine can queue a step's sampling
+    and go on."""
     from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
 
     device = torch.device("cuda")
@@ -84,10 +85,11 @@ def test_sampling_never_waits_for_the_device() -> None:
               SamplingParams(temperature=0.7, top_p=0.9, top_k=50, min_p=0.01), SamplingParams(temperature=1.0)]
     generators = [None, None, None, make_generator(7, device)]
     logits = torch.randn(len(params), 151936, device=device)
-    batch = SamplingBatch.build(params, generators, device)
+    SamplingBatch.build(params, generators, device)  # the first pinned host block is allocated here
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        batch = SamplingBatch.build(params, generators, device)
         tokens, logprobs = sample(logits, batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -158,3 +158,31 @@ def test_a_control_call_sees_every_sampled_token(overlap_engine) -> None:
     overlap_engine.call(overlap_engine.resume).result(timeout=30)
     assert aborted == 1 and seq.finish_reason["type"] == "abort"
     assert seq.pending_tokens == 0 and len(seq.output_ids) == len(seq.output_logprobs) > 1
+
+
+def test_the_sampling_table_is_rebuilt_only_when_the_rows_change(runner, monkeypatch) -> None:
+    """A batch keeps its rows for many steps: its sampling table (a host-to-device copy on a GPU) is
+    built once for them, and again only after a row leaves."""
+    from areal_tasks.inference.server import engine as engine_module
+
+    builds = []
+    real_build = engine_module.SamplingBatch.build
+
+    def counting_build(params, generators, device):
+        builds.append(len(params))
+        return real_build(params, generators, device)
+
+    monkeypatch.setattr(engine_module.SamplingBatch, "build", counting_build)
+    engine = _start(runner, overlap=True)
+    try:
+        reqs = [make_request(PROMPTS[0], rid="short", temperature=1.0, max_new_tokens=6, ignore_eos=True),
+                make_request(PROMPTS[1], rid="long", temperature=1.0, max_new_tokens=30, ignore_eos=True)]
+        for req in reqs:
+            engine.submit(req.seqs)
+        outputs = {seq.rid: seq.output_ids for req in reqs for seq in req.wait()}
+        steps = engine.stats().decode_steps_total
+    finally:
+        engine.shutdown()
+    assert len(outputs["long"]) == 30 and steps >= 29
+    # prefill samples build their own tables; the decode steps built one per distinct set of rows
+    assert builds.count(2) + builds.count(1) <= 6 < steps
