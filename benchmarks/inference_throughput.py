@@ -154,10 +154,25 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
             sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device))
         host, device = timed(draw)
         rows.append({"what": f"sampling, {label}", "host_ms": host, "device_ms": device})
+    # a prefill batch of a shape the runner has not seen (27 ragged prompts), then the same again:
+    # the first call pays any per-shape set-up (torch.compile specialisation, attention plans)
+    prompts = [[5 + i] * (40 + i) for i in range(min(27, runner.cache.free_slots))]
+    prefill_slots = [runner.cache.allocate() for _ in prompts]
+    for label in ("first call", "second call"):
+        torch.cuda.synchronize(runner.device)
+        started = time.perf_counter()
+        runner.prefill_batch(prefill_slots, prompts)
+        torch.cuda.synchronize(runner.device)
+        wall = 1e3 * (time.perf_counter() - started)
+        rows.append({"what": f"prefill, new shape ({len(prompts)} ragged), {label}", "host_ms": wall, "device_ms": None})
+    for slot in prefill_slots:
+        runner.cache.release(slot)
     print(f"\none decode step's parts at batch {batch} (host: time to queue it; device: time to run it)")
-    print(f"{'part':<34} {'host ms':>9} {'device ms':>10}")
+    print(f"{'part':<44} {'host ms':>9} {'device ms':>10}")
     for row in rows:
-        print(f"{row['what']:<34} {row['host_ms']:>9.3f} {row['device_ms']:>10.3f}")
+        device = "" if row["device_ms"] is None else f"{row['device_ms']:>10.3f}"
+        print(f"{row['what']:<44} {row['host_ms']:>9.3f} {device}")
+    print("(a prefill's host ms is its wall time, synchronised)")
     return rows
 
 

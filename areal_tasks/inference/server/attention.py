@@ -8,17 +8,35 @@ that share a key/value head are laid along SDPA's query-length axis instead
 ``[B, 1, 1, L]`` broadcasts over them. Everything else (prefill, masks with a head axis, models
 without GQA) is transformers' own ``sdpa_attention_forward``, unchanged.
 
+Forwards whose shapes vary from call to call (prefill, eager decode) run SDPA without its cuDNN
+backend. cuDNN builds an execution plan for every new shape, 0.4-0.5 s each; torch 2.11 picks it
+first on Hopper for masked attention, so a prefill batch of a size the server had not seen stalled
+the engine for that long (and a weight update waiting for the iteration with it). The captured
+decode steps keep it: their shapes are fixed and planned once, at capture.
+
 Registered with transformers as ``attn_implementation="areal_serve"`` (no mask builder of its own:
 the model runner prepares every mask, and transformers passes them through untouched).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 SERVE_ATTN = "areal_serve"
+#: SDPA backends for forwards of varying shapes (see the module doc).
+VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The SDPA backend choice for this call: every backend but cuDNN on a GPU outside CUDA-graph
+    capture, SDPA's own choice otherwise."""
+    if query.is_cuda and not torch.cuda.is_current_stream_capturing():
+        return sdpa_kernel(VARYING_SHAPE_BACKENDS)
+    return contextlib.nullcontext()
 
 
 def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -33,12 +51,14 @@ def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                and (attention_mask is None or attention_mask.shape[1] == 1)
                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None)
     if not grouped:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        with sdpa_backends(query):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
     grouped_query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        grouped_query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=False
-    )
+    with sdpa_backends(query):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            grouped_query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=False
+        )
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
 
 

@@ -124,3 +124,24 @@ def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> No
     want = run(False, stop)
     assert run(True, stop) == want
     assert want[2][-1] == stop and len(want[2]) <= 7
+
+
+def test_prefill_attention_never_uses_cudnn(tiny_qwen2: Path, monkeypatch) -> None:
+    """Prefill shapes vary: its SDPA calls run with cuDNN (a plan built per new shape) switched off,
+    and the global setting is untouched afterwards."""
+    runner = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4,
+                                      context_length=128))
+    seen = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    enabled_before = torch.backends.cuda.cudnn_sdp_enabled()
+    slots = [runner.cache.allocate() for _ in range(3)]
+    runner.prefill_batch(slots, [[5, 6, 7], [8, 9], [10, 11, 12, 13]])
+    runner.decode(slots, [1, 2, 3], [3, 2, 4])  # the eager decode's shapes vary too
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == enabled_before
