@@ -11,8 +11,9 @@ without GQA) is transformers' own ``sdpa_attention_forward``, unchanged.
 Forwards whose shapes vary from call to call (prefill, eager decode) run SDPA without its cuDNN
 backend. cuDNN builds an execution plan for every new shape, 0.4-0.5 s each; torch 2.11 picks it
 first on Hopper for masked attention, so a prefill batch of a size the server had not seen stalled
-the engine for that long (and a weight update waiting for the iteration with it). The captured
-decode steps keep it: their shapes are fixed and planned once, at capture.
+the engine for that long (and a weight update waiting for the iteration with it). The static
+decode steps keep it (:func:`static_shapes`): their shapes are fixed, and their warm-up runs plan
+them before the capture (a plan built during a capture broke it).
 
 Registered with transformers as ``attn_implementation="areal_serve"`` (no mask builder of its own:
 the model runner prepares every mask, and transformers passes them through untouched).
@@ -21,6 +22,8 @@ the model runner prepares every mask, and transformers passes them through untou
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,10 +34,24 @@ SERVE_ATTN = "areal_serve"
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+_STATIC_SHAPES: contextvars.ContextVar[bool] = contextvars.ContextVar("areal_static_shapes", default=False)
+
+
+@contextlib.contextmanager
+def static_shapes() -> Iterator[None]:
+    """Forwards inside run with fixed shapes (the captured decode steps and their warm-up): SDPA
+    may pick cuDNN."""
+    token = _STATIC_SHAPES.set(True)
+    try:
+        yield
+    finally:
+        _STATIC_SHAPES.reset(token)
+
+
 def sdpa_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
-    """The SDPA backend choice for this call: every backend but cuDNN on a GPU outside CUDA-graph
-    capture, SDPA's own choice otherwise."""
-    if query.is_cuda and not torch.cuda.is_current_stream_capturing():
+    """The SDPA backend choice for this call: every backend but cuDNN on a GPU, unless inside
+    :func:`static_shapes`; SDPA's own choice otherwise."""
+    if query.is_cuda and not _STATIC_SHAPES.get():
         return sdpa_kernel(VARYING_SHAPE_BACKENDS)
     return contextlib.nullcontext()
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from areal_tasks.inference.server.attention import static_shapes
 from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig, take_carried
 
@@ -113,7 +114,8 @@ class GraphModelRunner(ModelRunner):
         positions = self._inputs[1, :batch].view(batch, 1)
         view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
         masks = self._masks(positions, kv_len, trivial=False)
-        return self._forward(ids, positions, view, masks, 1)[:, -1]
+        with static_shapes():  # fixed shapes: SDPA may use cuDNN, planned in the warm-up runs
+            return self._forward(ids, positions, view, masks, 1)[:, -1]
 
     @torch.inference_mode()
     def _capture_all(self) -> None:

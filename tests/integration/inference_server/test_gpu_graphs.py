@@ -128,7 +128,12 @@ def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> No
 
 def test_prefill_attention_never_uses_cudnn(tiny_qwen2: Path, monkeypatch) -> None:
     """Prefill shapes vary: its SDPA calls run with cuDNN (a plan built per new shape) switched off,
-    and the global setting is untouched afterwards."""
+    and the global setting is untouched afterwards. In bf16, where SDPA would pick cuDNN, the decode
+    graphs are still captured (their warm-up plans cuDNN outside the capture)."""
+    graphs = GraphModelRunner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4,
+                                           context_length=128))
+    assert graphs.capture
+    del graphs
     runner = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4,
                                       context_length=128))
     seen = []
