@@ -80,13 +80,15 @@ for p in "$@"; do
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;
-        train2) part train_dp2 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+        train2) part train_dp2 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
+                    --fsdp-wrap block
                 save
                 part train_dp2_root 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
                     --fsdp-wrap root
                 save
                 part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
-        wrap) part train_dp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b
+        wrap) part train_dp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
+                  --fsdp-wrap block
               save
               part train_dp2_root 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
                   --fsdp-wrap root ;;

@@ -88,7 +88,10 @@ class EngineConfig:
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter
     #: a step, no per-block hooks; for small models, at the memory of every parameter and gradient
-    #: unsharded); ``auto`` = ``root`` when the shard group has one rank, else ``block``.
+    #: unsharded); ``auto`` = ``root`` when the shard group has one rank, or on GPUs when the whole
+    #: model gathered (parameters and gradients, ``N (2c + 4) / tp`` bytes) takes at most 5% of the
+    #: GPU's memory (about 0.8B parameters in bf16 on an H200), else ``block`` (also with
+    #: ``cpu_offload``, and on CPU).
     fsdp_wrap: Literal["auto", "block", "root"] = "auto"
     #: keep parameters and optimizer state in CPU memory between uses.
     cpu_offload: bool = False

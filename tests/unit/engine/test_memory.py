@@ -83,6 +83,12 @@ def test_fsdp_wrap_resolves_by_shard_group_size() -> None:
     from areal_tasks.engine.fsdp.build import resolve_fsdp_wrap
 
     assert [resolve_fsdp_wrap("auto", n) for n in (1, 2, 8)] == ["root", "block", "block"]
+    # several ranks: one unit when the model gathered is small for the GPU, per block otherwise
+    h200 = 141 * 2**30
+    assert resolve_fsdp_wrap("auto", 2, unsharded_bytes=494_000_000 * 8, device_bytes=h200) == "root"
+    assert resolve_fsdp_wrap("auto", 2, unsharded_bytes=7_600_000_000 * 8, device_bytes=h200) == "block"
+    assert resolve_fsdp_wrap("auto", 2, unsharded_bytes=494_000_000 * 8, device_bytes=None) == "block"
+    assert resolve_fsdp_wrap("block", 2, unsharded_bytes=1, device_bytes=h200) == "block"
     assert resolve_fsdp_wrap("root", 4) == "root" and resolve_fsdp_wrap("block", 1) == "block"
     with pytest.raises(EngineError, match="fsdp_wrap must be auto, block or root, got 'blocks'"):
         resolve_fsdp_wrap("blocks", 2)
