@@ -64,6 +64,16 @@ save() {  # results and logs go to $OUT after every part, so a call cut short ke
     tar -czf "$OUT/results.tgz" benchmarks/results
 }
 
+dp2_wraps() {  # dp2_wraps SECONDS: dp=2 per block, then as one FSDP unit
+    local name wrap
+    for name in train_dp2:block train_dp2_root:root; do
+        wrap=${name#*:}
+        part "${name%%:*}" "$1" torchrun --nproc-per-node 2 benchmarks/train_throughput.py \
+            --preset qwen2.5-0.5b --fsdp-wrap "$wrap"
+        save
+    done
+}
+
 for p in "$@"; do
     case $p in
         infer) part infer 330 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
@@ -80,18 +90,9 @@ for p in "$@"; do
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;
-        train2) part train_dp2 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
-                    --fsdp-wrap block
-                save
-                part train_dp2_root 240 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
-                    --fsdp-wrap root
-                save
+        train2) dp2_wraps 240
                 part train_tp2 120 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b --tp 2 ;;
-        wrap) part train_dp2 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
-                  --fsdp-wrap block
-              save
-              part train_dp2_root 200 torchrun --nproc-per-node 2 benchmarks/train_throughput.py --preset qwen2.5-0.5b \
-                  --fsdp-wrap root ;;
+        wrap) dp2_wraps 200 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
         bcast) part bcast 120 python benchmarks/weight_broadcast.py ;;

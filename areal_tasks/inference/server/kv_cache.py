@@ -152,8 +152,8 @@ class BatchCacheView(Cache):
         self.start = start
         self.kv_len = kv_len
         self.contiguous = slots == list(range(len(slots)))
-        self.slots = torch.tensor(slots, device=store.device)
-        self.positions = torch.tensor(start, device=store.device)
+        self.slots = host_to_device(slots, torch.long, store.device)
+        self.positions = host_to_device(start, torch.long, store.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         k_store, v_store = self.store.layer(layer_idx, key_states)

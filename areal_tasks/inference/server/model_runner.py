@@ -30,6 +30,7 @@ import torch
 from areal_tasks.errors import InferenceError, ModelError
 from areal_tasks.inference.server.attention import register_serve_attention
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
+from areal_tasks.inference.server.transfer import host_to_device
 from areal_tasks.models.compile import compile_pointwise_modules
 
 logger = logging.getLogger(__name__)
@@ -252,12 +253,12 @@ class ModelRunner:
         kv_len = max(positions) + 1
         if kv_len > self.max_len:
             raise InferenceError(f"decode at position {kv_len - 1} is outside the context of {self.max_len}")
-        pos = torch.tensor(positions, device=self.device).view(-1, 1)
+        pos = host_to_device(positions, torch.long, self.device).view(-1, 1)
         view = BatchCacheView(self.cache, slots, positions, kv_len)
         masks = self._masks(pos, kv_len, trivial=(min(positions) == kv_len - 1))
-        ids = torch.tensor(tokens, device=self.device)
+        ids = host_to_device(tokens, torch.long, self.device)
         if carried is not None and carried_rows is not None:
-            ids = take_carried(ids, carried, torch.tensor(carried_rows, device=self.device))
+            ids = take_carried(ids, carried, host_to_device(carried_rows, torch.long, self.device))
         logits = self._forward(ids.view(-1, 1), pos, view, masks, 1)
         for slot, p in zip(slots, positions):
             self.cache.lengths[slot] = p + 1
