@@ -106,6 +106,8 @@ def _unsharded_bytes(model: torch.nn.Module, param_dtype: torch.dtype, tp: int) 
 
 def _gpu_bytes(device: torch.device) -> int | None:
     """The GPU's total memory, or None on the CPU."""
+    import torch
+
     if device.type != "cuda":
         return None
     return int(torch.cuda.get_device_properties(device).total_memory)

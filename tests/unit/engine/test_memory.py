@@ -94,6 +94,17 @@ def test_fsdp_wrap_resolves_by_shard_group_size() -> None:
         resolve_fsdp_wrap("blocks", 2)
 
 
+def test_gpu_memory_is_read_for_a_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` wrapping reads the GPU's memory (a NameError here once broke every GPU run)."""
+    from types import SimpleNamespace
+
+    from areal_tasks.engine.fsdp.build import _gpu_bytes
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
+    assert _gpu_bytes(torch.device("cuda", 0)) == 141 << 30
+    assert _gpu_bytes(torch.device("cpu")) is None
+
+
 def test_lora_counts_only_adapters_as_trainable() -> None:
     est = estimate_memory(TINY, param_dtype="bf16", lora_rank=2)
     # r * (in + out) over q, k, v, o, gate, up, down: 2 * (16 + 12 + 12 + 16 + 24 + 24 + 24) = 256 per layer
