@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh PART [PART ...]
 #
-# Parts: infer (inference throughput, Qwen2.5-0.5B shape), graphs (CUDA-graph decode test),
+# Parts: infer (inference throughput, Qwen2.5-0.5B shape), attn (decode attention by SDPA backend),
+# graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
@@ -76,8 +77,9 @@ dp2_wraps() {  # dp2_wraps SECONDS: dp=2 per block, then as one FSDP unit
 
 for p in "$@"; do
     case $p in
-        infer) part infer 330 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
+        infer) part infer 420 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
             --check 2 --repeats 1 --profile 64 --sampling ;;
+        attn) part attn 120 python benchmarks/decode_attention.py ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
         async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \

@@ -151,7 +151,7 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
     for label, params in (("greedy", SamplingParams(temperature=0.0)), ("T=1", SamplingParams(temperature=1.0)),
                           ("T=1 top_p=0.9", SamplingParams(temperature=1.0, top_p=0.9))):
         def draw(params=params) -> None:
-            sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device))
+            sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device), runner.greedy)
         host, device = timed(draw)
         rows.append({"what": f"sampling, {label}", "host_ms": host, "device_ms": device})
     # a prefill batch of a shape the runner has not seen (27 ragged prompts), then the same again:
@@ -173,6 +173,26 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
         device = "" if row["device_ms"] is None else f"{row['device_ms']:>10.3f}"
         print(f"{row['what']:<44} {row['host_ms']:>9.3f} {device}")
     print("(a prefill's host ms is its wall time, synchronised)")
+    return rows
+
+
+def decode_kernels(runner, batch: int, calls: int = 10) -> list[dict]:
+    """The device kernels of one decode forward of ``batch`` rows at the first KV-length bucket (a
+    CUDA-graph replay where captured), from the torch profiler over ``calls`` forwards."""
+    from profiling import kernel_table, print_kernel_table  # benchmarks/, the script's directory
+    from torch.profiler import ProfilerActivity, profile
+
+    slots, tokens = list(range(batch)), [5] * batch
+    kv_len = getattr(runner, "lengths", [runner.max_len])[0]
+    positions = [min(kv_len, runner.max_len) - 1] * batch
+    runner.decode(slots, tokens, positions)
+    torch.cuda.synchronize(runner.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            runner.decode(slots, tokens, positions)
+        torch.cuda.synchronize(runner.device)
+    rows = kernel_table(prof.events(), calls)
+    print_kernel_table(f"kernels of one decode forward, batch {batch}, KV length {kv_len}", rows)
     return rows
 
 
@@ -335,6 +355,9 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--disable-torch-compile", action="store_true",
                         help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
+    parser.add_argument("--skip-pointwise", action="store_true",
+                        help="on CUDA, skip the comparison run with only the norms and MLPs compiled "
+                             "(--torch-compile-scope pointwise)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
@@ -402,8 +425,33 @@ def main() -> None:
             engine.shutdown()
         profiled = profile_engine(runner, prompts, args.profile, max(8192, 32 * args.prompt_len)) if args.profile else None
         step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
+        kernels = {getattr(runner, "compile_scope", None) or "eager": decode_kernels(runner, args.concurrency)} if device.type == "cuda" else None
         del engine, runner
         if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if device.type == "cuda" and compiled and not args.skip_pointwise:
+            # the captured decode steps with only the norms and MLPs compiled (areal serve --torch-compile-scope pointwise)
+            runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
+                                               max_running_requests=args.concurrency,
+                                               context_length=args.prompt_len + args.new_tokens + 8,
+                                               compile_scope="pointwise"))
+            engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
+            engine.start()
+            try:
+                run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
+                seconds, other_outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
+                                                                   {"temperature": 0.0}, args.repeats)
+                add({"system": f"embedded engine, greedy, {runner.compile_scope} compiled", "batch": args.concurrency,
+                     "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+            finally:
+                engine.shutdown()
+            same = sum(a == b for a, b in zip(other_outputs, outputs))
+            print(f"{runner.compile_scope} vs default compile: {same}/{len(outputs)} greedy outputs identical")
+            step_parts += [{**row, "what": f"{row['what']} ({runner.compile_scope})"}
+                           for row in forward_and_sampling_times(runner, args.concurrency)
+                           if row["what"].startswith("decode forward")]
+            kernels[runner.compile_scope] = decode_kernels(runner, args.concurrency)
+            del engine, runner
             torch.cuda.empty_cache()
         if args.http:
             seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))
@@ -430,6 +478,7 @@ def main() -> None:
         "rows": rows,
         "profile": profiled,
         "step_parts": step_parts,
+        "decode_kernels": kernels,
     }
     print(f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
           f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)")

@@ -56,6 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     parser.add_argument("--disable-torch-compile", action="store_true",
                         help="on CUDA, keep the norms and MLPs eager instead of torch.compile-fused")
+    parser.add_argument("--torch-compile-scope", default="blocks", choices=("blocks", "pointwise"),
+                        help="on CUDA, what the captured decode steps compile: whole decoder blocks, attention "
+                             "included, with fused input projections (blocks, the default) or the norms and "
+                             "MLPs only (pointwise)")
     parser.add_argument("--disable-overlap-schedule", action="store_true",
                         help="read each decode step's tokens back before launching the next one")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -103,6 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         cuda_graphs=not args.disable_cuda_graph,
         torch_compile=not args.disable_torch_compile,
+        torch_compile_scope=args.torch_compile_scope,
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
         log_level=args.log_level,

@@ -7,7 +7,8 @@ into one or two kernels each. ``dynamic=True``: packed training micro-batches an
 change size every call, and one compiled graph serves them all.
 
 The attention modules stay eager: their kernels read host-side sequence bounds (training) or run
-inside the server's own cache plumbing, which a compiled graph would specialise on.
+inside the server's own cache plumbing, which a compiled graph would specialise on. (The server's
+captured decode steps can compile whole blocks instead: ``inference/server/block_compile.py``.)
 """
 
 from __future__ import annotations

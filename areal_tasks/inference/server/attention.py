@@ -50,8 +50,9 @@ def static_shapes() -> Iterator[None]:
 
 def sdpa_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
     """The SDPA backend choice for this call: every backend but cuDNN on a GPU, unless inside
-    :func:`static_shapes`; SDPA's own choice otherwise."""
-    if query.is_cuda and not _STATIC_SHAPES.get():
+    :func:`static_shapes` or traced by ``torch.compile`` (only the static decode steps compile
+    attention, and a ``ContextVar`` read would break the graph); SDPA's own choice otherwise."""
+    if query.is_cuda and not torch.compiler.is_compiling() and not _STATIC_SHAPES.get():
         return sdpa_kernel(VARYING_SHAPE_BACKENDS)
     return contextlib.nullcontext()
 

@@ -13,6 +13,11 @@ costs one graph launch instead of hundreds of kernel launches; without it (CPU t
 static forward runs eagerly. Anything else (other slot layouts, batches above the largest
 bucket) falls back to the eager decode.
 
+With ``compile_scope="blocks"`` (the default) the captured forwards run whole decoder blocks
+through ``torch.compile`` with fused input projections (``block_compile.py``), swapped in for the
+capture only; if that capture fails, the error is logged and the graphs are captured again with
+the per-module compile (``pointwise``).
+
 Weight updates copy into the parameters in place and a cache flush zeroes the storage in place,
 so the captured graphs stay valid for the life of the server. If capture fails (a model whose
 forward is not capturable), the error is logged with its traceback and the static steps run
@@ -22,18 +27,24 @@ eagerly; ``/server_info`` reports ``cuda_graphs: false`` then.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
+from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.attention import static_shapes
+from areal_tasks.inference.server.greedy import GreedyPicker
 from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig, take_carried
+from areal_tasks.inference.server.block_compile import CompiledBlocks
+from areal_tasks.models.compile import decoder_blocks
 
 logger = logging.getLogger(__name__)
 
+COMPILE_SCOPES = ("pointwise", "blocks")
 _BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
@@ -56,6 +67,30 @@ def batch_buckets(max_batch: int) -> list[int]:
     return buckets + [max_batch]
 
 
+def additive_mask(allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean attention mask as SDPA's additive one: 0 where allowed, -inf elsewhere."""
+    if allowed is None:
+        return None
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+@torch.compiler.disable
+def write_at_positions(kv: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> None:
+    """Write ``new`` [2, b, kv_heads, 1, head_dim] (one key and one value per row ``i < b``) into
+    ``kv[:, i, :, positions[i]]`` of a layer's store [2, slots, kv_heads, max_len, head_dim], in
+    place, with one kernel.
+
+    Never traced by ``torch.compile``: a compiled graph turns an in-place write into a graph input
+    into a functional copy of the whole store followed by a copy back (a layer's entire cache, every
+    block and step), which made compiled decoder blocks slower than eager ones. Called eagerly
+    between the compiled parts of a block, it is one small scatter; the stack of keys and values
+    before it fuses into the compiled kernel that produced them.
+    """
+    _, b, kv_heads, _, head_dim = new.shape
+    index = positions.view(1, b, 1, 1, 1).expand(2, b, kv_heads, 1, head_dim)
+    kv[:, :b].scatter_(3, index, new)
+
+
 class StaticCacheView(Cache):
     """The cache of a static decode step over slots ``0..b-1`` (positions read from a device buffer)."""
 
@@ -64,14 +99,22 @@ class StaticCacheView(Cache):
         self.store = store
         self.positions = positions  # [b] view of the runner's position buffer
         self.kv_len = kv_len
+        self._selected: torch.Tensor | None = None
+
+    def use_layer(self, layer: int) -> None:
+        """Make the next ``update`` use ``layer``'s storage whatever index it is given (compiled
+        blocks: ``block_compile.py``); the storage must exist already (it does after warm-up)."""
+        self._selected = self.store.kv[layer]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        k_store, v_store = self.store.layer(layer_idx, key_states)
-        b, kv_heads, _, head_dim = key_states.shape
-        index = self.positions.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
-        k_store[:b].scatter_(2, index, key_states)
-        v_store[:b].scatter_(2, index, value_states)
-        return k_store[:b, :, : self.kv_len], v_store[:b, :, : self.kv_len]
+        if self._selected is not None:
+            kv = self._selected
+        else:
+            self.store.layer(layer_idx, key_states)
+            kv = self.store.kv[layer_idx]
+        b = key_states.shape[0]
+        write_at_positions(kv, self.positions, torch.stack((key_states, value_states)))
+        return kv[0, :b, :, : self.kv_len], kv[1, :b, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -84,8 +127,13 @@ class GraphModelRunner(ModelRunner):
     """A model runner with bucketed static decode steps, CUDA-graph captured on GPU (see the module doc)."""
 
     def __init__(self, cfg: RunnerConfig, capture: bool | None = None) -> None:
+        if cfg.compile_scope not in COMPILE_SCOPES:
+            raise InferenceError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {cfg.compile_scope!r}")
         super().__init__(cfg)
         self.capture = self.device.type == "cuda" if capture is None else capture
+        #: the compiled whole blocks the captured steps run (``compile_scope="blocks"``).
+        self._block_forwards = (CompiledBlocks(decoder_blocks(self.model))
+                                if self.capture and self.compiled and cfg.compile_scope == "blocks" else None)
         self.buckets = batch_buckets(min(cfg.max_running_requests, self.cache.num_slots))
         self.lengths = length_buckets(self.max_len)
         largest = self.buckets[-1]
@@ -101,21 +149,49 @@ class GraphModelRunner(ModelRunner):
         self._step = 0
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         if self.capture:
-            try:
-                self._capture_all()
-            except RuntimeError:
+            self._capture_or_fall_back()
+        if self.capture and self.compiled:
+            self.greedy = GreedyPicker(compiled=True)
+            self.greedy.warm_up(self.config.vocab_size, self.dtype, self.device)
+
+    @property
+    def compile_scope(self) -> str | None:
+        """What the captured decode steps compile: ``blocks``, ``pointwise`` or None (nothing)."""
+        if not self.capture or not self.compiled:
+            return None
+        return "blocks" if self._block_forwards is not None else "pointwise"
+
+    def _capture_or_fall_back(self) -> None:
+        try:
+            self._capture_all()
+            return
+        except RuntimeError:
+            self._graphs.clear()
+            if self._block_forwards is None:
                 # a model whose forward cannot be captured still serves, with eager static steps
                 logger.exception("CUDA graph capture failed; decode steps run eagerly")
-                self._graphs.clear()
                 self.capture = False
+                return
+            logger.exception("CUDA graph capture with compiled decoder blocks failed; capturing the "
+                             "per-module compiled forward instead")
+            self._block_forwards = None
+        self._capture_or_fall_back()
+
+    def _compiled_blocks(self, view: StaticCacheView) -> contextlib.AbstractContextManager:
+        """The compiled whole blocks over ``view`` (``compile_scope="blocks"``), else nothing."""
+        return self._block_forwards.active(view) if self._block_forwards is not None else contextlib.nullcontext()
 
     def _static_forward(self, batch: int, kv_len: int) -> torch.Tensor:
         ids = self._inputs[0, :batch].view(batch, 1)
         positions = self._inputs[1, :batch].view(batch, 1)
         view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
         masks = self._masks(positions, kv_len, trivial=False)
-        with static_shapes():  # fixed shapes: SDPA may use cuDNN, planned in the warm-up runs
-            return self._forward(ids, positions, view, masks, 1)[:, -1]
+        # additive masks in the model's dtype, built once a step: SDPA would otherwise convert the
+        # boolean mask again in every layer
+        masks = ({kind: additive_mask(mask, self.dtype) for kind, mask in masks.items()}
+                 if isinstance(masks, dict) else additive_mask(masks, self.dtype))
+        with static_shapes(), self._compiled_blocks(view):  # fixed shapes: SDPA may use cuDNN (planned in the warm-up runs)
+            return self._forward(ids, positions, view, masks, 1, upcast=False)[:, -1]
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -138,6 +214,8 @@ class GraphModelRunner(ModelRunner):
     @torch.inference_mode()
     def decode(self, slots: list[int], tokens: list[int], positions: list[int],
                carried: torch.Tensor | None = None, carried_rows: list[int] | None = None) -> torch.Tensor:
+        """:meth:`ModelRunner.decode` through the captured steps where the batch allows; the logits
+        [B, V] stay in the model's dtype (the sampler upcasts as it reads them: no fp32 copy)."""
         count = len(slots)
         if count > self.buckets[-1] or slots != list(range(count)) or max(positions) >= self.max_len:
             return super().decode(slots, tokens, positions, carried, carried_rows)
@@ -161,7 +239,7 @@ class GraphModelRunner(ModelRunner):
             logits = self._static_forward(batch, kv_len)
         for slot, position in zip(slots, positions):
             self.cache.lengths[slot] = position + 1
-        return logits[:count].float()
+        return logits[:count]
 
 
 def build_runner(cfg: RunnerConfig) -> ModelRunner:

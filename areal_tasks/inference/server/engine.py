@@ -381,7 +381,8 @@ class Engine:
             return
         batch, logits = self._launch()
         sampling = self._sampling_table(batch, logits.device)
-        tokens, logprobs = sample(logits, sampling)  # queued behind the forward: sampling never syncs
+        # queued behind the forward: sampling never syncs
+        tokens, logprobs = sample(logits, sampling, self.runner.greedy)
         launched = self._readback.start(batch, tokens, logprobs)
         # the host's work on the previous step runs while the device computes this one
         waited = self._collect()
@@ -477,7 +478,7 @@ class Engine:
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence from ``logits`` and read it back now (admission prefills)."""
         batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
-        tokens, logprobs = sample(logits, batch)
+        tokens, logprobs = sample(logits, batch, self.runner.greedy)
         # one device-to-host copy: token ids (< 2**53) travel exactly as float64
         token_list, logprob_list = torch.stack((tokens.double(), logprobs.double())).tolist()
         self.counters.add_generated(len(seqs))

@@ -1,7 +1,8 @@
 """Slot KV cache: every running sequence owns one slot holding its keys and values for every layer.
 
-Storage per attention layer is one K and one V tensor of shape ``[slots, kv_heads, max_len,
-head_dim]``, allocated on the first write (the warm-up forward at start-up), so any model whose
+Storage per attention layer is one tensor of shape ``[2, slots, kv_heads, max_len, head_dim]``
+(keys, then values; ``keys[layer]`` and ``values[layer]`` are its two halves, so a captured decode
+step writes both with one kernel), allocated on the first write (the warm-up forward at start-up), so any model whose
 attention goes through ``Cache.update`` works without reading head counts from its config.
 Slots are handed out lowest first and the engine keeps running sequences in slots ``0..B-1``
 (:meth:`SlotKVCache.move_many`), so a decode step reads one contiguous view instead of gathering.
@@ -36,6 +37,8 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.max_len = max_len
         self.device = device
+        #: per layer: [2, slots, kv_heads, max_len, head_dim], keys then values.
+        self.kv: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
         #: tokens whose keys/values are stored, per slot.
@@ -82,8 +85,8 @@ class SlotKVCache:
         if length > 0:
             src = host_to_device(sources, torch.long, self.device)
             dst = host_to_device(targets, torch.long, self.device)
-            for store in (*self.keys.values(), *self.values.values()):
-                store[dst, :, :length] = store[src, :, :length]
+            for store in self.kv.values():
+                store[:, dst, :, :length] = store[:, src, :, :length]
         self._free = [slot for slot in self._free if slot not in targets]
         heapq.heapify(self._free)
         for source, target in moves:
@@ -104,7 +107,7 @@ class SlotKVCache:
         captured CUDA graphs)."""
         if len(self._free) != self.num_slots:
             raise InferenceError("cannot clear the KV cache while slots are in use")
-        for tensor in (*self.keys.values(), *self.values.values()):
+        for tensor in self.kv.values():
             tensor.zero_()
 
     # ---- usage figures ----
@@ -118,16 +121,16 @@ class SlotKVCache:
 
     @property
     def bytes_allocated(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys.values(), *self.values.values()))
+        return sum(t.numel() * t.element_size() for t in self.kv.values())
 
     # ---- storage ----
     def _ensure_layer(self, layer: int, like: torch.Tensor) -> None:
         if layer in self.keys:
             return
         _, kv_heads, _, head_dim = like.shape
-        shape = (self.num_slots, kv_heads, self.max_len, head_dim)
-        self.keys[layer] = torch.zeros(shape, dtype=like.dtype, device=self.device)
-        self.values[layer] = torch.zeros(shape, dtype=like.dtype, device=self.device)
+        shape = (2, self.num_slots, kv_heads, self.max_len, head_dim)
+        self.kv[layer] = torch.zeros(shape, dtype=like.dtype, device=self.device)
+        self.keys[layer], self.values[layer] = self.kv[layer].unbind(0)
         if layer == 0:
             logger.info("KV cache: %d slots x %d positions, %d kv heads x %d dims, %s",
                         self.num_slots, self.max_len, kv_heads, head_dim, like.dtype)

@@ -29,6 +29,7 @@ import torch
 
 from areal_tasks.errors import InferenceError, ModelError
 from areal_tasks.inference.server.attention import register_serve_attention
+from areal_tasks.inference.server.greedy import GreedyPicker
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
 from areal_tasks.inference.server.transfer import host_to_device
 from areal_tasks.models.compile import compile_pointwise_modules
@@ -58,6 +59,10 @@ class RunnerConfig:
     cuda_graphs: bool = True
     #: on CUDA, ``torch.compile`` the norms and MLPs (fused element-wise work; captured into the graphs).
     torch_compile: bool = True
+    #: what the CUDA-graph decode steps compile (with ``torch_compile``): ``blocks`` (whole decoder
+    #: blocks, attention included, with fused input projections; ``block_compile.py``) or
+    #: ``pointwise`` (the norms and MLPs only, as every other forward; ``models/compile.py``).
+    compile_scope: str = "blocks"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -114,6 +119,8 @@ class ModelRunner:
         self.model.to(self.device).eval()
         #: names of the modules run through torch.compile (CUDA only; empty otherwise).
         self.compiled = compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
+        #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner).
+        self.greedy = GreedyPicker()
         self.config = self.model.config
         self._window = getattr(self.config, "sliding_window", None)
         self._use_mapping = bool(getattr(self.config, "layer_types", None))
@@ -189,7 +196,9 @@ class ModelRunner:
         return masks if self._use_mapping else next(iter(masks.values()))
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
-                 logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+                 logits_to_keep: int | torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """The model's logits for ``logits_to_keep``; in fp32 unless ``upcast`` is False (then in
+        the model's dtype: the captured decode steps leave the upcast to the sampler)."""
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -198,7 +207,7 @@ class ModelRunner:
             logits_to_keep=logits_to_keep,
             **{self._cache_kwarg: view},
         )
-        return out.logits.float()
+        return out.logits.float() if upcast else out.logits
 
     # ---- forwards ----
     @torch.inference_mode()

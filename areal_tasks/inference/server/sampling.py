@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.server.greedy import greedy_pick
 from areal_tasks.inference.server.transfer import host_to_device
 
 logger = logging.getLogger(__name__)
@@ -229,18 +231,19 @@ def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Te
     return probs_sort, probs_idx
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, batch: SamplingBatch,
+           greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_pick,
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32).
 
     Nothing here waits for the device (no read-back of sizes or values), so the overlapped engine
     can queue a step's sampling behind its forward and go on. Every row of a mixed batch is drawn
     and greedy rows then take their argmax (their temperature is 1 in the batch, so their logprob
-    is that of the raw logits, as SGLang reports it)."""
-    logits = logits.float()
+    is that of the raw logits, as SGLang reports it). An all-greedy batch goes to ``greedy``
+    (``greedy.py``; a runner may hand in its compiled one)."""
     if batch.all_greedy:
-        # logit of the argmax minus logsumexp: the greedy logprob without writing a log_softmax
-        best, tokens = logits.max(dim=-1)
-        return tokens, best - torch.logsumexp(logits, dim=-1)
+        return greedy(logits)
+    logits = logits.float()
     scaled = logits / batch.temperatures.view(-1, 1)
     logprobs_all = torch.log_softmax(scaled, dim=-1)
     probs = logprobs_all.exp()

@@ -15,8 +15,9 @@ def _filled_cache() -> SlotKVCache:
     for _ in range(6):
         cache.allocate()
     for layer in range(2):
-        cache.keys[layer] = torch.arange(6 * 2 * 8 * 3, dtype=torch.float32).view(6, 2, 8, 3) + 1000 * layer
-        cache.values[layer] = -cache.keys[layer]
+        keys = torch.arange(6 * 2 * 8 * 3, dtype=torch.float32).view(6, 2, 8, 3) + 1000 * layer
+        cache.kv[layer] = torch.stack((keys, -keys))  # the layout _ensure_layer allocates
+        cache.keys[layer], cache.values[layer] = cache.kv[layer].unbind(0)
     cache.lengths[:] = [3, 1, 4, 5, 2, 6]
     for slot in (0, 1):
         cache.release(slot)
