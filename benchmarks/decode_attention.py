@@ -5,7 +5,7 @@ the cache through a ``[B, 1, 1, L]`` mask, with the ``g`` query heads that share
 laid along the query axis (``inference/server/attention.py``). This times that call on CUDA events
 inside a CUDA graph (as the server runs it) for each SDPA backend that accepts it (cuDNN, memory-efficient, math), with a boolean mask and with
 an additive one in the model's dtype, plus the same product written as two batched matmuls and a
-soft-max (``manual``), at several KV lengths. The cache read alone (keys and values once) sets a
+soft-max (``manual``; with the scores kept in fp32: ``manual fp32 scores``), at several KV lengths. The cache read alone (keys and values once) sets a
 floor: its bytes over the GPU's memory bandwidth are printed as ``floor us`` for a rate of 4.0 TB/s.
 
 Prints a table and writes JSON (``benchmarks/results/decode_attention.json``).
@@ -36,6 +36,17 @@ def manual(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
     return torch.matmul(scores.softmax(dim=-1).to(value.dtype), value)
 
 
+def manual_fp32_scores(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`manual` with the scores kept in fp32 (``bmm`` with ``out_dtype``, CUDA only): the
+    precision of the fused kernels, which round only the probabilities to bf16."""
+    batch, heads, group, dim = query.shape
+    scores = torch.bmm(query.reshape(batch * heads, group, dim),
+                       key.reshape(batch * heads, -1, dim).transpose(1, 2), out_dtype=torch.float32)
+    scores = scores.view(batch, heads, group, -1) * dim ** -0.5
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(value.dtype)
+    return torch.matmul(probs, value)
+
+
 def time_us(fn, iters: int) -> float:
     """Device microseconds of one ``fn()``: ``iters`` calls captured in one CUDA graph and replayed,
     as the server's decode steps run (timing eager calls would time their launch overhead)."""
@@ -63,6 +74,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     device, dtype = torch.device("cuda"), torch.bfloat16
     group = args.heads // args.kv_heads
     compiled_manual = torch.compile(manual, dynamic=False)
+    compiled_fp32 = torch.compile(manual_fp32_scores, dynamic=False)
     rows = []
     for length in args.lengths:
         # a cache of max_len positions per slot, read up to ``length`` (the captured steps' layout)
@@ -89,9 +101,14 @@ def run(args: argparse.Namespace) -> list[dict]:
                     rows.append({"kv_len": length, "variant": label, "us": None, "note": str(exc).splitlines()[0][:80]})
                     continue
                 rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
-            for label, fn in (("manual, eager", manual), ("manual, compiled", compiled_manual)):
-                error = (fn(query, key, value, allowed).float() - reference).abs().max().item()
-                micros = time_us(lambda fn=fn: fn(query, key, value, allowed), args.iters)
+            for label, fn in (("manual, eager", manual), ("manual, compiled", compiled_manual),
+                              ("manual fp32 scores, compiled", compiled_fp32)):
+                try:
+                    error = (fn(query, key, value, allowed).float() - reference).abs().max().item()
+                    micros = time_us(lambda fn=fn: fn(query, key, value, allowed), args.iters)
+                except RuntimeError as exc:  # e.g. a torch without bmm's out_dtype
+                    rows.append({"kv_len": length, "variant": label, "us": None, "note": str(exc).splitlines()[0][:80]})
+                    continue
                 rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
     return rows
 
