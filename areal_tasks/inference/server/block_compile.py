@@ -51,11 +51,11 @@ class LayerSelectingCache(Protocol):
 class CompiledBlocks:
     """Compiled forwards of a model's decoder blocks, used only inside :meth:`active`."""
 
-    def __init__(self, blocks: list[torch.nn.Module], fuse_projections: bool = True) -> None:
+    def __init__(self, blocks: list[torch.nn.Module]) -> None:
         self.blocks = blocks
         self._compiled = [torch.compile(block.forward, dynamic=True) for block in blocks]
         #: the blocks' fused input projections (their parameters become views of the fused weights).
-        self.fused: list[FusedGroup] = fuse_input_projections(blocks) if fuse_projections else []
+        self.fused: list[FusedGroup] = fuse_input_projections(blocks)
         if self.fused:
             logger.info("decode blocks: %d projection groups fused (q/k/v, gate/up)", len(self.fused))
 

@@ -67,13 +67,6 @@ def batch_buckets(max_batch: int) -> list[int]:
     return buckets + [max_batch]
 
 
-def additive_mask(allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A boolean attention mask as SDPA's additive one: 0 where allowed, -inf elsewhere."""
-    if allowed is None:
-        return None
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
-
-
 @torch.compiler.disable
 def write_at_positions(kv: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> None:
     """Write ``new`` [2, b, kv_heads, 1, head_dim] (one key and one value per row ``i < b``) into
@@ -107,11 +100,7 @@ class StaticCacheView(Cache):
         self._selected = self.store.kv[layer]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if self._selected is not None:
-            kv = self._selected
-        else:
-            self.store.layer(layer_idx, key_states)
-            kv = self.store.kv[layer_idx]
+        kv = self._selected if self._selected is not None else self.store.layer_kv(layer_idx, key_states)
         b = key_states.shape[0]
         write_at_positions(kv, self.positions, torch.stack((key_states, value_states)))
         return kv[0, :b, :, : self.kv_len], kv[1, :b, :, : self.kv_len]
@@ -185,11 +174,7 @@ class GraphModelRunner(ModelRunner):
         ids = self._inputs[0, :batch].view(batch, 1)
         positions = self._inputs[1, :batch].view(batch, 1)
         view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
-        masks = self._masks(positions, kv_len, trivial=False)
-        # additive masks in the model's dtype, built once a step: SDPA would otherwise convert the
-        # boolean mask again in every layer
-        masks = ({kind: additive_mask(mask, self.dtype) for kind, mask in masks.items()}
-                 if isinstance(masks, dict) else additive_mask(masks, self.dtype))
+        masks = self._masks(positions, kv_len, trivial=False, additive=True)  # built once a step
         with static_shapes(), self._compiled_blocks(view):  # fixed shapes: SDPA may use cuDNN (planned in the warm-up runs)
             return self._forward(ids, positions, view, masks, 1, upcast=False)[:, -1]
 

@@ -75,12 +75,13 @@ class FusedGroup:
 
 
 def _fusible(modules: list[object]) -> bool:
-    if not all(isinstance(m, torch.nn.Linear) for m in modules):
+    linears = [m for m in modules if isinstance(m, torch.nn.Linear)]
+    if len(linears) != len(modules):
         return False
-    first = modules[0]
-    return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype  # type: ignore[union-attr]
-               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)  # type: ignore[union-attr]
-               for m in modules)
+    first = linears[0]
+    return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
+               for m in linears)
 
 
 def fuse_input_projections(blocks: list[torch.nn.Module]) -> list[FusedGroup]:

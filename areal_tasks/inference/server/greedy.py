@@ -27,7 +27,6 @@ class GreedyPicker:
     """:func:`greedy_pick`, through ``torch.compile`` for half-precision logits when ``compiled``."""
 
     def __init__(self, compiled: bool = False) -> None:
-        self.compiled = compiled
         self._fused = torch.compile(greedy_pick, dynamic=True) if compiled else None
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -135,6 +135,12 @@ class SlotKVCache:
             logger.info("KV cache: %d slots x %d positions, %d kv heads x %d dims, %s",
                         self.num_slots, self.max_len, kv_heads, head_dim, like.dtype)
 
+    def layer_kv(self, layer: int, like: torch.Tensor) -> torch.Tensor:
+        """The joint storage [2, slots, kv_heads, max_len, head_dim] of ``layer`` (allocated like
+        ``like`` on first use)."""
+        self._ensure_layer(layer, like)
+        return self.kv[layer]
+
     def layer(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V storage of ``layer`` (allocated like ``like`` [B, kv_heads, T, head_dim] on first use)."""
         self._ensure_layer(layer, like)

@@ -186,13 +186,19 @@ class ModelRunner:
             allowed &= keys < filled.view(-1, 1, 1, 1)
         return allowed
 
-    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool, filled: torch.Tensor | None = None) -> Any:
-        """The attention mask argument: one mask per layer type (None where plain causal suffices)."""
+    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool, filled: torch.Tensor | None = None,
+               additive: bool = False) -> Any:
+        """The attention mask argument: one mask per layer type (None where plain causal suffices);
+        boolean, or with ``additive`` SDPA's additive form in the model's dtype (0 where allowed,
+        -inf elsewhere), which SDPA would otherwise derive from a boolean mask in every layer."""
         masks = {}
         for layer_type in self._layer_types:
             window = self._window if layer_type == "sliding_attention" else None
             plain = trivial and filled is None and not (window is not None and kv_len > window)
-            masks[layer_type] = None if plain else self._mask(q_pos, kv_len, window, filled)
+            mask = None if plain else self._mask(q_pos, kv_len, window, filled)
+            if mask is not None and additive:
+                mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+            masks[layer_type] = mask
         return masks if self._use_mapping else next(iter(masks.values()))
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
