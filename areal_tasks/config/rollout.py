@@ -131,6 +131,11 @@ class RolloutConfig:
     max_concurrent_rollouts: int = 32
     #: how many policy versions a trajectory may lag the trainer; 0 = synchronous RL.
     max_head_offpolicyness: int = 0
+    #: what ``max_head_offpolicyness`` bounds: ``sample`` = every trained sample (a batch waits for a
+    #: slow group whose staleness deadline has come); ``admission`` = only when a group may start
+    #: (AReaL's rule): batches take finished groups in completion order and never wait for a slow one,
+    #: so a long-tail group may be trained staler than the bound (counted in ``late_samples``).
+    staleness_bound: Literal["sample", "admission"] = "sample"
     #: seconds before one generation request times out.
     request_timeout_s: float = 600.0
     #: retries of a failed generation request.

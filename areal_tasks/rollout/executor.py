@@ -6,7 +6,9 @@ concurrently, admitted under the bounded-staleness rule of :mod:`areal_tasks.rol
 finished groups are rejected (an episode returned None, raised or was invalid), filtered (the
 ``group_filter`` hook said False) or queued as ready. The trainer thread calls the thread-safe
 methods: :meth:`~RolloutExecutor.prepare_batch` blocks until ``batch_size`` samples of whole groups
-can be returned without breaking any group's staleness deadline; :meth:`~RolloutExecutor.pause`,
+can be returned: with ``staleness_bound="sample"`` (the default) without breaking any group's
+staleness deadline, with ``"admission"`` the first finished groups (eta then bounds admission only,
+and samples consumed past their deadline are counted in ``late_samples``); :meth:`~RolloutExecutor.pause`,
 :meth:`~RolloutExecutor.update_weights`, :meth:`~RolloutExecutor.resume` and
 :meth:`~RolloutExecutor.set_version` bracket a weight update. Too many failed episodes fail the
 executor, and the next ``prepare_batch`` raises :class:`~areal_tasks.errors.RolloutError` with the
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.errors import ConfigError, RolloutError, TrajectoryError
 from areal_tasks.rollout.data_source import DataSource, Position
-from areal_tasks.rollout.staleness import AdmissionRule, select_batch
+from areal_tasks.rollout.staleness import STALENESS_BOUNDS, AdmissionRule, StalenessBound, select_batch
 from areal_tasks.rollout.stats import RolloutCounters, StalenessHistogram, batch_stats, staleness_of
 
 if TYPE_CHECKING:
@@ -96,15 +98,18 @@ class RolloutExecutor:
         shuffle: bool = True,
         group_filter: GroupFilter | None = None,
         version: int = 0,
+        staleness_bound: StalenessBound = "sample",
     ) -> None:
         _check_settings(batch_size, group_size, max_concurrent_rollouts, max_head_offpolicyness, max_failure_rate,
-                        failure_window, version)  # fmt: skip
+                        failure_window, version, staleness_bound)  # fmt: skip
         self._engine = engine
         self._workflow = workflow
         self._data = DataSource(dataset, seed=seed, shuffle=shuffle)
         self.batch_size = batch_size
         self.group_size = group_size
         self.max_head_offpolicyness = max_head_offpolicyness
+        #: what ``max_head_offpolicyness`` bounds: every returned sample, or admission only.
+        self.staleness_bound: StalenessBound = staleness_bound
         self._rule = AdmissionRule(batch_size, group_size, max_concurrent_rollouts, max_head_offpolicyness)
         self._groups_per_batch = batch_size // group_size
         self._max_failure_rate = float(max_failure_rate)
@@ -154,12 +159,13 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         version: int = 0,
     ) -> RolloutExecutor:
-        """An executor with the group size, concurrency, staleness and failure rate of a ``rollout`` section."""
+        """An executor with the group size, concurrency, staleness (bound) and failure rate of a ``rollout`` section."""
         return cls(
             engine=engine, workflow=workflow, dataset=dataset, batch_size=batch_size,
             group_size=rollout_cfg.group_size, max_concurrent_rollouts=rollout_cfg.max_concurrent_rollouts,
             max_head_offpolicyness=rollout_cfg.max_head_offpolicyness, max_failure_rate=rollout_cfg.max_failure_rate,
             seed=seed, shuffle=shuffle, group_filter=group_filter, version=version,
+            staleness_bound=rollout_cfg.staleness_bound,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ lifecycle (any thread)
@@ -184,9 +190,9 @@ class RolloutExecutor:
             self._state = "running"
             self._thread.start()
         logger.info(
-            "rollout executor started: batch %d = %d groups of %d, max %d in flight, eta %d, version %d%s",
+            "rollout executor started: batch %d = %d groups of %d, max %d in flight, eta %d (bounds %s), version %d%s",
             self.batch_size, self._groups_per_batch, self.group_size, self._rule.max_concurrent,
-            self.max_head_offpolicyness, self._version, " (paused)" if self._paused else "",
+            self.max_head_offpolicyness, self.staleness_bound, self._version, " (paused)" if self._paused else "",
         )  # fmt: skip
         self._call(self._admit)
         return self
@@ -233,7 +239,8 @@ class RolloutExecutor:
         """Block until ``batch_size`` samples are ready, then return and remove them from the ready queue.
 
         Groups are whole and contiguous (``group_size`` samples of one prompt in a row), ordered by
-        staleness deadline, then completion. Raises :class:`RolloutError` when the executor failed
+        staleness deadline, then completion (with ``staleness_bound="admission"``: by completion only,
+        never waiting for a running group). Raises :class:`RolloutError` when the executor failed
         (the cause chained), was stopped, or ``timeout_s`` passed (the message names the counters).
         """
         if timeout_s is not None and not timeout_s > 0:
@@ -308,7 +315,8 @@ class RolloutExecutor:
         self._call(self._set_version, version)
 
     def stats(self) -> dict[str, Any]:
-        """Counters, rates, in-flight/ready/capacity, the staleness histogram and the last batch's staleness."""
+        """Counters (``late_samples`` among them), rates, in-flight/ready/capacity, the staleness bound, the
+        staleness histogram and the last batch's staleness."""
         return self._call(self._stats)
 
     def state_dict(self) -> dict[str, Any]:
@@ -622,7 +630,8 @@ class RolloutExecutor:
                     event = self._event
                     running = [g.deadline for g in self._running.values()]
                     groups, on_time = select_batch(self._ready, running, version=self._version,
-                                                   groups_per_batch=self._groups_per_batch)  # fmt: skip
+                                                   groups_per_batch=self._groups_per_batch,
+                                                   bound=self.staleness_bound)  # fmt: skip
                     if groups is not None:
                         break
                     await event.wait()
@@ -635,8 +644,11 @@ class RolloutExecutor:
         self._hist.add([s for s in (staleness_of(t, version) for t in batch) if s is not None])
         self._counters.consumed_samples += len(batch)
         self._counters.consumed_batches += 1
+        late = sum(g.size for g in groups if version > g.deadline)
+        self._counters.late_samples += late
         stats = batch_stats(batch, version=version, wait_s=time.monotonic() - started)
         stats["admit_staleness_max"] = float(max(version - g.admit_version for g in groups))
+        stats["late_samples"] = float(late)
         self._last_batch = stats
         if not on_time:
             self._late_batches += 1
@@ -696,6 +708,7 @@ class RolloutExecutor:
             "version": self._version,
             "base_version": self._base_version,
             "paused": self._paused,
+            "staleness_bound": self.staleness_bound,
             "samples_per_s": (c.accepted - self._accepted_at_start) / elapsed if elapsed > 0 else 0.0,
             "rejection_rate": (c.rejected + c.filtered) / finished if finished else 0.0,
             "window_failure_rate": sum(self._window) / window if window else 0.0,
@@ -723,7 +736,7 @@ class RolloutExecutor:
 
 
 def _check_settings(batch_size: int, group_size: int, max_concurrent: int, eta: int, max_failure_rate: float,
-                    failure_window: int, version: int) -> None:  # fmt: skip
+                    failure_window: int, version: int, staleness_bound: str) -> None:  # fmt: skip
     def is_int(x: object) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -739,6 +752,9 @@ def _check_settings(batch_size: int, group_size: int, max_concurrent: int, eta: 
                         "rollout.max_concurrent_rollouts)")  # fmt: skip
     if not is_int(eta) or eta < 0:
         problems.append(f"max_head_offpolicyness={eta!r} must be an int >= 0 (0 = synchronous)")
+    if staleness_bound not in STALENESS_BOUNDS:
+        problems.append(f"staleness_bound={staleness_bound!r} must be one of "
+                        f"{', '.join(map(repr, STALENESS_BOUNDS))} (what max_head_offpolicyness bounds)")  # fmt: skip
     if not isinstance(max_failure_rate, (int, float)) or not 0 <= max_failure_rate <= 1:
         problems.append(f"max_failure_rate={max_failure_rate!r} must be in [0, 1]")
     if not is_int(failure_window) or failure_window < 1:

@@ -19,12 +19,16 @@ gives its samples back). So everything started while the trainer is at ``v`` fit
 the trainer takes up to version ``v + eta``. With ``eta = 0`` nothing for batch ``k + 1`` is
 generated before the trainer has moved to version ``v0 + k + 1``: synchronous RL from the same code.
 
-**Deadlines and batch selection.** A group admitted at trainer version ``a`` has deadline
-``a + eta``: it must be in a batch returned while the trainer version is at most ``a + eta``. Groups
-finish out of order (long tails), so taking them in completion order alone would let a slow early
-group slip past its deadline. :func:`select_batch` takes the ``B / g`` finished groups with the
-earliest deadlines (completion order among equal deadlines) and returns them only if what remains
-can still meet its deadlines, i.e. for every deadline ``D >= v``::
+**Deadlines.** A group admitted at trainer version ``a`` has deadline ``a + eta``: the latest
+trainer version whose batch it should be in. What happens to a group that is not finished by then
+is the *staleness bound* (``rollout.staleness_bound``), the ``bound`` argument of
+:func:`select_batch`:
+
+``"sample"`` (the default): eta bounds every returned sample. Groups finish out of order (long
+tails), so taking them in completion order alone would let a slow early group slip past its
+deadline. :func:`select_batch` takes the ``B / g`` finished groups with the earliest deadlines
+(completion order among equal deadlines) and returns them only if what remains can still meet its
+deadlines, i.e. for every deadline ``D >= v``::
 
     #(groups left, ready or running, with deadline <= D) <= (D - v) * B / g
 
@@ -33,16 +37,31 @@ deadline. The admission budget guarantees that this condition can always be met 
 groups finish, so the wait ends; by induction every group meets its deadline and the staleness of
 every returned sample (trainer version at return minus admission version) is at most ``eta``. If
 the trainer raises its version by more than one per batch the bound cannot hold; the batch is then
-returned anyway (best effort) and the caller logs it.
+returned anyway (best effort) and the caller logs it. The price: all groups admitted at ``v`` share
+the deadline ``v + eta``, so the batch at ``v + eta`` waits for the slowest of them.
+
+``"admission"`` (AReaL's rule): eta bounds admission only. :func:`select_batch` takes the first
+``B / g`` finished groups in completion order and never waits for a running group once that many
+are ready; a long-tail group is consumed when it finishes, possibly after its deadline, with a
+staleness above ``eta`` (the caller counts those samples; it is not an error). The admission budget
+still bounds what is in flight: at most ``(eta + 1) * B`` samples are ready or running at a time
+(one batch consumed per version), so a slow group holds back admission, not the trainer.
+
+With ``eta = 0`` both bounds give the same batches: the budget is one batch, so when ``B / g``
+groups are ready nothing else is running and the batch is everything admitted, in completion order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, get_args
 
-__all__ = ["AdmissionRule", "HasDeadline", "select_batch"]
+__all__ = ["STALENESS_BOUNDS", "AdmissionRule", "HasDeadline", "StalenessBound", "select_batch"]
+
+#: what ``eta`` bounds (``rollout.staleness_bound``): every returned sample, or only admission.
+StalenessBound = Literal["sample", "admission"]
+STALENESS_BOUNDS: tuple[StalenessBound, ...] = get_args(StalenessBound)
 
 
 @dataclass(frozen=True)
@@ -85,17 +104,29 @@ G = TypeVar("G", bound=HasDeadline)
 
 
 def select_batch(
-    ready: Sequence[G], running_deadlines: Iterable[int], *, version: int, groups_per_batch: int
+    ready: Sequence[G],
+    running_deadlines: Iterable[int],
+    *,
+    version: int,
+    groups_per_batch: int,
+    bound: StalenessBound = "sample",
 ) -> tuple[list[G] | None, bool]:
     """Pick the next batch from ``ready`` (in completion order) at trainer version ``version``.
 
     Returns ``(groups, on_time)``: ``groups`` is None when the executor must wait (too few ready
-    groups, or a running group with an earlier deadline is needed for the rest to stay on time);
-    ``on_time`` is False when the batch is returned although some remaining group will miss its
-    deadline (possible only when the trainer version rose by more than one per batch).
+    groups or, with ``bound="sample"``, a running group with an earlier deadline is needed for the
+    rest to stay on time); ``on_time`` is False when a ``"sample"`` batch is returned although some
+    remaining group will miss its deadline (possible only when the trainer version rose by more than
+    one per batch). With ``bound="admission"`` deadlines are no promise: the first
+    ``groups_per_batch`` ready groups are returned, ``running_deadlines`` is not looked at, and
+    ``on_time`` is always True (see the module docstring).
     """
+    if bound not in STALENESS_BOUNDS:
+        raise ValueError(f"bound={bound!r} must be one of {', '.join(map(repr, STALENESS_BOUNDS))}")
     if len(ready) < groups_per_batch:
         return None, True
+    if bound == "admission":
+        return list(ready[:groups_per_batch]), True
     running = list(running_deadlines)
     ordered = sorted(ready, key=lambda grp: grp.deadline)  # stable: completion order among equal deadlines
     chosen = ordered[:groups_per_batch]

@@ -4,7 +4,8 @@ Counters are in samples (one sample = one episode = one ``arun_episode`` call), 
 ``admitted = accepted + rejected + filtered + running`` (plus the groups cancelled by ``stop()`` or
 by a failure of the executor). ``failed`` episodes are a part of ``rejected``: a group with a failed
 or rejected episode is rejected whole, its unfinished siblings are cancelled and counted with it.
-``consumed_samples`` are the accepted samples already returned by ``prepare_batch``.
+``consumed_samples`` are the accepted samples already returned by ``prepare_batch``; ``late_samples``
+are a part of them: those returned after their group's staleness deadline.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class RolloutCounters:
     consumed_samples: int = 0
     #: batches returned by ``prepare_batch``.
     consumed_batches: int = 0
+    #: consumed samples whose group was returned after its deadline (admission version + eta), i.e.
+    #: staler than ``max_head_offpolicyness`` by admission version: long-tail groups under
+    #: ``staleness_bound="admission"``; under ``"sample"`` only when the trainer version rose by more
+    #: than one per batch (``late_batches``). Missing from older states: loads as 0.
+    late_samples: int = 0
 
     def to_dict(self) -> dict[str, int]:
         """JSON-safe copy."""

@@ -72,6 +72,7 @@ def test_null_disables_a_section_and_order_matters() -> None:
         ("actor.optimizer.lr=fast", "actor.optimizer.lr: expected float, got 'fast' (str)"),
         ("dataset.shuffle=1", "dataset.shuffle: expected bool, got 1 (int)"),
         ("cluster.scheduler=lokal", "cluster.scheduler: expected one of 'local', 'ray', 'slurm', 'skypilot'"),
+        ("rollout.staleness_bound=strict", "rollout.staleness_bound: expected one of 'sample', 'admission'"),
         ("rollout.sampling.seed=x", "rollout.sampling.seed: expected int | null, got 'x'"),
         ("rollout.sampling.stop_token_ids=[1, a]", "rollout.sampling.stop_token_ids[1]: expected int, got 'a'"),
         ("rollout.sampling.stop=a", "rollout.sampling.stop: expected list[str], got 'a'"),

@@ -6,13 +6,16 @@ the end (so a request that spans a weight update has mixed versions), holds requ
 (partial rollout, as the real client does), and records pause/resume/update/close calls and the
 peak number of requests in flight. ``FakeWorkflow`` runs one request per episode on integer dataset
 items and can reject (return None), raise, or return an invalid trajectory by a predicate; it
-records call order, the peak number of episodes running, and cancellations.
+records call order, the peak number of episodes running, and cancellations. ``GatedWorkflow`` holds
+the episodes of chosen items after they generated, until the test calls ``release()``: a long-tail
+group whose tokens carry its admission version, finishing exactly when the test says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -153,4 +156,40 @@ class FakeWorkflow(RolloutWorkflow):
         )
         if self.invalid is not None and self.invalid(data, n):
             traj.loss_mask = traj.loss_mask[:-1]  # lengths no longer line up: validate() raises
+        return traj
+
+
+class GatedWorkflow(FakeWorkflow):
+    """A FakeWorkflow whose episodes of items with ``hold(item)`` finish only after :meth:`release`.
+
+    A held episode generates first (its tokens carry the version of its start) and then waits, so a
+    held group is a slow group admitted on time. ``held`` counts the episodes waiting now.
+    """
+
+    def __init__(self, hold: Callable[[int], bool], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.hold = hold
+        self.held = 0
+        self._released = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._gate: asyncio.Event | None = None
+
+    def release(self) -> None:
+        """Let the held episodes (and every later one) finish; any thread."""
+        self._released.set()
+        loop, gate = self._loop, self._gate
+        if loop is not None and gate is not None:
+            loop.call_soon_threadsafe(gate.set)
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
+        traj = await super().arun_episode(engine, data)
+        if self.hold(data) and not self._released.is_set():
+            if self._gate is None:
+                self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
+            if not self._released.is_set():  # release() may have run before the gate existed
+                self.held += 1
+                try:
+                    await self._gate.wait()
+                finally:
+                    self.held -= 1
         return traj

@@ -1,5 +1,5 @@
-"""RolloutExecutor end to end on fakes: batch shape, bounded staleness, concurrency, rejection and
-filtering, failure handling, pause/resume, checkpoint round trips, stop and timeouts.
+"""RolloutExecutor end to end on fakes: batch shape, bounded staleness (both bounds), concurrency,
+rejection and filtering, failure handling, pause/resume, checkpoint round trips, stop and timeouts.
 
 The fakes sleep a few milliseconds per request (seeded); no test asserts on elapsed time. A test
 plays the trainer: ``prepare_batch``, then bump the engine's version (as its weight update would),
@@ -9,6 +9,7 @@ then ``set_version``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.config.rollout import RolloutConfig
 from areal_tasks.errors import ConfigError, RolloutError, TrajectoryError
 from areal_tasks.rollout.executor import RolloutExecutor
-from tests.unit.rollout.fakes import FakeWorkflow, TimedEngine, long_tail_delay
+from tests.unit.rollout.fakes import FakeWorkflow, GatedWorkflow, TimedEngine, long_tail_delay
 
 T = 30.0  # prepare_batch timeout: generous, only there so a bug fails instead of hanging
 
@@ -98,6 +99,84 @@ def test_eta_two_allows_staleness_up_to_two_with_long_tails() -> None:
     assert max(hist) <= 2
     assert max(hist) > 0, "eta=2 should let the executor run ahead"
     assert stats["late_batches"] == 0
+
+
+def slow_first_group(**kw: Any) -> tuple[RolloutExecutor, TimedEngine, GatedWorkflow]:
+    """Batches of 2 groups of 2, prompts in dataset order; the first group (item 0) is held until released."""
+    engine = TimedEngine(seed=12)
+    workflow = GatedWorkflow(hold=lambda item: item == 0)
+    return make(engine, workflow, batch_size=4, group_size=2, shuffle=False, **kw), engine, workflow
+
+
+def group_ids(batch: list[Any]) -> set[int]:
+    return {t.metadata["rollout_group"] for t in batch}
+
+
+def test_sample_bound_waits_for_a_slow_group_whose_deadline_has_come() -> None:
+    ex, engine, workflow = slow_first_group(max_head_offpolicyness=1)
+    with ex:
+        # version 0: four groups admitted, all due by version 1; two fast ones make this batch
+        assert 0 not in group_ids(ex.prepare_batch(timeout_s=T))
+        step(ex, engine)
+        # version 1: the slow group is due now, so the batch waits for it
+        with pytest.raises(RolloutError, match="timed out"):
+            ex.prepare_batch(timeout_s=0.2)
+        workflow.release()
+        batch = ex.prepare_batch(timeout_s=T)
+        assert 0 in group_ids(batch) and all(1 - t.oldest_version() <= 1 for t in batch)
+        step(ex, engine)
+        stats = ex.stats()
+    assert stats["staleness_bound"] == "sample"
+    assert stats["late_samples"] == 0 and stats["late_batches"] == 0
+    assert max(stats["staleness_hist"]) <= 1
+
+
+def test_admission_bound_returns_fast_groups_first_and_the_slow_one_late(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="areal_tasks.rollout.executor")
+    ex, engine, workflow = slow_first_group(max_head_offpolicyness=1, staleness_bound="admission")
+    with ex:
+        for _ in range(2):  # versions 0 and 1: the slow group is due at 1, but no batch waits for it
+            assert 0 not in group_ids(ex.prepare_batch(timeout_s=T))
+            step(ex, engine)
+        workflow.release()
+        for version in range(2, 8):
+            batch = ex.prepare_batch(timeout_s=T)
+            step(ex, engine)
+            if 0 in group_ids(batch):
+                break
+        else:
+            pytest.fail("the slow group was never returned after its release")
+        slow = [t for t in batch if t.metadata["rollout_group"] == 0]
+        assert len(slow) == 2 and {version - t.oldest_version() for t in slow} == {version}  # staler than eta=1
+        assert ex.last_batch_stats()["late_samples"] >= 2
+        stats = ex.stats()
+    assert stats["staleness_bound"] == "admission"
+    assert stats["late_samples"] >= 2 and stats["late_batches"] == 0
+    assert sum(n for s, n in stats["staleness_hist"].items() if s > 1) >= 2
+    assert stats["admitted"] <= stats["consumed_samples"] + 2 * 4  # admission still bounded to eta + 1 batches
+    assert not [r for r in caplog.records if "max_head_offpolicyness" in r.getMessage()]
+
+
+def test_eta_zero_gives_the_same_batches_under_both_bounds() -> None:
+    def run(bound: str) -> tuple[list[set[int]], dict[str, Any]]:
+        ex, engine, workflow = slow_first_group(max_head_offpolicyness=0, staleness_bound=bound)
+        batches = []
+        with ex:
+            # the budget is this one batch: both bounds wait for the slow group
+            with pytest.raises(RolloutError, match="timed out"):
+                ex.prepare_batch(timeout_s=0.2)
+            workflow.release()
+            for _ in range(4):
+                batches.append(group_ids(ex.prepare_batch(timeout_s=T)))
+                step(ex, engine)
+            return batches, ex.stats()
+
+    sample, sample_stats = run("sample")
+    admission, admission_stats = run("admission")
+    assert sample == admission == [{0, 1}, {2, 3}, {4, 5}, {6, 7}]
+    for stats in (sample_stats, admission_stats):
+        assert stats["staleness_hist"] == {0: 16}
+        assert stats["late_samples"] == 0 and stats["late_batches"] == 0
 
 
 def test_max_concurrent_rollouts_is_never_exceeded() -> None:
@@ -261,6 +340,18 @@ def test_state_dict_round_trip_continues_with_the_next_prompts() -> None:
     assert stats["consumed_batches"] == 5 and stats["version"] == 5
 
 
+def test_a_state_without_late_samples_loads() -> None:
+    with make(max_head_offpolicyness=0, staleness_bound="admission") as a:
+        a.prepare_batch(timeout_s=T)
+        state = json.loads(json.dumps(a.state_dict()))
+    assert state["counters"].pop("late_samples") == 0  # as written before the counter existed
+    b = make(max_head_offpolicyness=0, staleness_bound="admission")
+    b.load_state_dict(state)
+    stats = b.stats()
+    assert stats["late_samples"] == 0 and stats["consumed_samples"] == 8
+    b.stop()
+
+
 def test_state_dict_replays_groups_that_were_not_consumed() -> None:
     kw: dict[str, Any] = dict(batch_size=4, group_size=2, max_head_offpolicyness=2, max_concurrent_rollouts=16)
     engine_a = TimedEngine(seed=4)
@@ -348,6 +439,7 @@ def test_prepare_batch_needs_start() -> None:
         ({"batch_size": 7, "group_size": 2}, "multiple of group_size"),
         ({"max_concurrent_rollouts": 1, "group_size": 2}, "max_concurrent_rollouts=1 must be >= group_size=2"),
         ({"max_head_offpolicyness": -1}, "max_head_offpolicyness"),
+        ({"staleness_bound": "strict"}, "staleness_bound='strict' must be one of 'sample', 'admission'"),
         ({"max_failure_rate": 1.5}, "max_failure_rate"),
         ({"dataset": []}, "empty"),
     ],
@@ -358,9 +450,10 @@ def test_invalid_settings_are_refused(overrides: dict[str, Any], words: str) -> 
 
 
 def test_from_config_takes_the_rollout_section() -> None:
-    cfg = RolloutConfig(group_size=4, max_concurrent_rollouts=12, max_head_offpolicyness=3, max_failure_rate=0.25)
+    cfg = RolloutConfig(group_size=4, max_concurrent_rollouts=12, max_head_offpolicyness=3, max_failure_rate=0.25,
+                        staleness_bound="admission")  # fmt: skip
     ex = RolloutExecutor.from_config(cfg, engine=TimedEngine(), workflow=FakeWorkflow(), dataset=[1, 2, 3],
                                      batch_size=8, seed=0, version=5)  # fmt: skip
-    assert (ex.group_size, ex.batch_size, ex.max_head_offpolicyness) == (4, 8, 3)
-    assert ex.stats()["version"] == 5 and ex.stats()["capacity"] == 12
+    assert (ex.group_size, ex.batch_size, ex.max_head_offpolicyness, ex.staleness_bound) == (4, 8, 3, "admission")
+    assert ex.stats()["version"] == 5 and ex.stats()["capacity"] == 12 and ex.stats()["staleness_bound"] == "admission"
     ex.stop()

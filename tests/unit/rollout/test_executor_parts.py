@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from typing import get_args, get_type_hints
 
 import pytest
 
 from areal_tasks.api.workflow import Trajectory
+from areal_tasks.config.rollout import RolloutConfig
 from areal_tasks.errors import ConfigError
 from areal_tasks.rollout.data_source import DataSource
-from areal_tasks.rollout.staleness import AdmissionRule, select_batch
+from areal_tasks.rollout.staleness import STALENESS_BOUNDS, AdmissionRule, select_batch
 from areal_tasks.rollout.stats import RolloutCounters, StalenessHistogram, batch_stats, staleness_of
 
 
@@ -95,6 +97,40 @@ def test_select_batch_returns_late_batches_when_waiting_cannot_help() -> None:
     assert [g.name for g in groups or []] == ["a", "b"] and not on_time
 
 
+def test_select_batch_admission_bound_takes_completion_order_and_never_waits_for_running_groups() -> None:
+    ready = [G("a", 3), G("b", 2), G("c", 3), G("d", 2)]
+    groups, on_time = select_batch(ready, [], version=1, groups_per_batch=2, bound="admission")
+    assert [g.name for g in groups or []] == ["a", "b"] and on_time
+    # the sample bound waits here for the running group due at version 1; the admission bound does not
+    late = [G("late", 2), G("late2", 2)]
+    assert select_batch(late, [1], version=1, groups_per_batch=2) == (None, True)
+    assert select_batch(late, [1], version=1, groups_per_batch=2, bound="admission") == (late, True)
+    # groups past their deadline are returned as they come, and that is no broken promise (on_time)
+    overdue = [G("x", 1), G("y", 4), G("z", 1)]
+    groups, on_time = select_batch(overdue, [0], version=3, groups_per_batch=2, bound="admission")
+    assert [g.name for g in groups or []] == ["x", "y"] and on_time
+    assert select_batch(overdue[:1], [], version=3, groups_per_batch=2, bound="admission") == (None, True)
+
+
+def test_select_batch_bounds_agree_when_all_deadlines_are_equal() -> None:
+    # eta = 0: everything ready was admitted at the trainer's version, nothing else runs
+    ready = [G(name, 4) for name in "qpsr"]
+    for n in range(1, 5):
+        assert select_batch(ready[:n], [], version=4, groups_per_batch=4) == select_batch(
+            ready[:n], [], version=4, groups_per_batch=4, bound="admission")  # fmt: skip
+    assert select_batch(ready, [], version=4, groups_per_batch=4) == (ready, True)
+
+
+def test_select_batch_refuses_an_unknown_bound() -> None:
+    with pytest.raises(ValueError, match="bound='strict' must be one of 'sample', 'admission'"):
+        select_batch([], [], version=0, groups_per_batch=1, bound="strict")  # type: ignore[arg-type]
+
+
+def test_staleness_bounds_are_the_config_choices() -> None:
+    assert get_args(get_type_hints(RolloutConfig)["staleness_bound"]) == STALENESS_BOUNDS == ("sample", "admission")
+    assert RolloutConfig().staleness_bound == "sample"
+
+
 def traj(versions: list[int], reward: float = 1.0) -> Trajectory:
     n = len(versions)
     return Trajectory(input_ids=[1] + [2] * n, loss_mask=[0] + [1] * n, logprobs=[0.0] * (n + 1),
@@ -114,3 +150,5 @@ def test_stats_helpers() -> None:
     assert restored.as_dict() == {0: 1, 1: 2}
     counters = RolloutCounters(admitted=4, accepted=2)
     assert RolloutCounters.from_dict({**counters.to_dict(), "unknown": 1}) == counters
+    older = {k: v for k, v in counters.to_dict().items() if k != "late_samples"}  # a state from before the key
+    assert RolloutCounters.from_dict(older) == counters and counters.late_samples == 0
