@@ -60,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="on CUDA, what the captured decode steps compile: whole decoder blocks, attention "
                              "included, with fused input projections (blocks, the default) or the norms and "
                              "MLPs only (pointwise)")
+    parser.add_argument("--decode-attention", default="auto", choices=("auto", "triton", "sdpa"),
+                        help="the grouped decode attention: a Triton kernel that reads the cache once (auto: on "
+                             "CUDA where Triton imports), or SDPA")
     parser.add_argument("--disable-overlap-schedule", action="store_true",
                         help="read each decode step's tokens back before launching the next one")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -108,6 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
         cuda_graphs=not args.disable_cuda_graph,
         torch_compile=not args.disable_torch_compile,
         torch_compile_scope=args.torch_compile_scope,
+        decode_attention=args.decode_attention,
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
         log_level=args.log_level,

@@ -92,6 +92,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "cuda_graphs": bool(getattr(server.runner, "capture", False)),
             "torch_compile": bool(server.runner.compiled),
             "torch_compile_scope": getattr(server.runner, "compile_scope", None),
+            "decode_attention": server.runner.decode_attention,
             "overlap_schedule": server.engine.overlap,
             "paused": stats.paused,
             "weight_update_groups": sorted(server.weights.groups),

@@ -15,6 +15,10 @@ the engine for that long (and a weight update waiting for the iteration with it)
 decode steps keep it (:func:`static_shapes`): their shapes are fixed, and their warm-up runs plan
 them before the capture (a plan built during a capture broke it).
 
+On CUDA the one-query decode call (grouped or not) runs the Triton kernel of ``decode_kernel.py`` instead of SDPA
+when the model runner turned it on for the model's attention layers (:func:`use_decode_kernel`,
+``RunnerConfig.decode_attention``) and the inputs fit it.
+
 Registered with transformers as ``attn_implementation="areal_serve"`` (no mask builder of its own:
 the model runner prepares every mask, and transformers passes them through untouched).
 """
@@ -29,10 +33,15 @@ from typing import Any
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from areal_tasks.inference.server.decode_kernel import decode_attention, kernel_fits
+
 SERVE_ATTN = "areal_serve"
 #: SDPA backends for forwards of varying shapes (see the module doc).
 VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
+
+#: attribute set on a model's attention layers whose grouped decode runs the Triton kernel.
+DECODE_KERNEL_ATTR = "_areal_decode_kernel"
 
 _STATIC_SHAPES: contextvars.ContextVar[bool] = contextvars.ContextVar("areal_static_shapes", default=False)
 
@@ -65,19 +74,33 @@ def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
-    grouped = (q_len == 1 and heads != kv_heads and heads % kv_heads == 0 and dropout == 0.0
-               and (attention_mask is None or attention_mask.shape[1] == 1)
-               and kwargs.get("position_bias") is None and kwargs.get("softcap") is None)
-    if not grouped:
+    one_query = (q_len == 1 and heads % kv_heads == 0 and dropout == 0.0
+                 and (attention_mask is None or attention_mask.shape[1] == 1)
+                 and kwargs.get("position_bias") is None and kwargs.get("softcap") is None)
+    grouped_query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim) if one_query else query
+    if one_query and getattr(module, DECODE_KERNEL_ATTR, False) and kernel_fits(grouped_query, key, attention_mask):
+        scale = head_dim**-0.5 if scaling is None else scaling
+        out = decode_attention(grouped_query, key, value, attention_mask, scale)
+        return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
+    if not one_query or heads == kv_heads:
         with sdpa_backends(query):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-    grouped_query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim)
     with sdpa_backends(query):
         out = torch.nn.functional.scaled_dot_product_attention(
             grouped_query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=False
         )
     return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
+
+
+def use_decode_kernel(model: torch.nn.Module) -> int:
+    """Run the grouped decode attention of ``model``'s attention layers (the modules with a
+    ``layer_idx`` and a ``scaling``, as transformers' are) through the Triton kernel; returns how
+    many layers were switched."""
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling")]
+    for layer in layers:
+        setattr(layer, DECODE_KERNEL_ATTR, True)
+    return len(layers)
 
 
 def register_serve_attention() -> str:

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceError, ModelError
-from areal_tasks.inference.server.attention import register_serve_attention
+from areal_tasks.inference.server.attention import register_serve_attention, use_decode_kernel
+from areal_tasks.inference.server.decode_kernel import kernel_available
 from areal_tasks.inference.server.greedy import GreedyPicker
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
 from areal_tasks.inference.server.transfer import host_to_device
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+DECODE_ATTENTION_CHOICES = ("auto", "triton", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ class RunnerConfig:
     #: blocks, attention included, with fused input projections; ``block_compile.py``) or
     #: ``pointwise`` (the norms and MLPs only, as every other forward; ``models/compile.py``).
     compile_scope: str = "blocks"
+    #: the grouped decode attention: ``auto`` (the Triton kernel of ``decode_kernel.py`` on CUDA
+    #: where Triton imports, SDPA otherwise), ``triton`` (the kernel, or an error where it cannot
+    #: run) or ``sdpa``.
+    decode_attention: str = "auto"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -117,6 +123,8 @@ class ModelRunner:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype,
                                                           attn_implementation=register_serve_attention())
         self.model.to(self.device).eval()
+        #: ``triton`` or ``sdpa``: what runs the grouped decode attention (``RunnerConfig.decode_attention``).
+        self.decode_attention = self._decode_attention(cfg.decode_attention)
         #: names of the modules run through torch.compile (CUDA only; empty otherwise).
         self.compiled = compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
         #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner).
@@ -144,6 +152,20 @@ class ModelRunner:
             "loaded %s (%s) on %s as %s: %d slots, context %d",
             path, type(self.model).__name__, self.device, self.dtype, cfg.max_running_requests, self.max_len,
         )
+
+    def _decode_attention(self, choice: str) -> str:
+        if choice not in DECODE_ATTENTION_CHOICES:
+            raise InferenceError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
+                                 f"got {choice!r}")
+        usable = self.device.type == "cuda" and kernel_available()
+        if choice == "triton" and not usable:
+            raise InferenceError("decode_attention='triton' needs a CUDA device and the triton package; "
+                                 "use 'auto' (the kernel where it can run) or 'sdpa'")
+        if choice == "sdpa" or not usable:
+            return "sdpa"
+        layers = use_decode_kernel(self.model)
+        logger.info("decode attention: the Triton kernel in %d attention layers", layers)
+        return "triton"
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

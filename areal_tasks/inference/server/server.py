@@ -45,6 +45,8 @@ class ServerConfig:
     #: what CUDA-graph decode steps compile: ``blocks`` (whole decoder blocks) or ``pointwise``
     #: (norms and MLPs); see ``RunnerConfig.compile_scope``.
     torch_compile_scope: str = "blocks"
+    #: the grouped decode attention: ``auto``, ``triton`` or ``sdpa``; see ``RunnerConfig.decode_attention``.
+    decode_attention: str = "auto"
     #: launch each decode step before reading the previous one back (SGLang's overlap scheduler;
     #: its --disable-overlap-schedule turns it off).
     overlap_schedule: bool = True
@@ -83,7 +85,7 @@ def build_app(cfg: ServerConfig) -> Any:
         model_path=cfg.model_path, dtype=cfg.dtype, device=cfg.device,
         max_running_requests=cfg.max_running_requests, context_length=cfg.context_length,
         tokenizer_path=cfg.tokenizer_path, cuda_graphs=cfg.cuda_graphs,
-        torch_compile=cfg.torch_compile, compile_scope=cfg.torch_compile_scope,
+        torch_compile=cfg.torch_compile, compile_scope=cfg.torch_compile_scope, decode_attention=cfg.decode_attention,
     ))
     engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens,
                     overlap=cfg.overlap_schedule)

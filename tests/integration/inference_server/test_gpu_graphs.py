@@ -51,6 +51,32 @@ def test_graph_replay_equals_eager_decode(tiny_qwen2: Path, scope: str) -> None:
     assert max(float((a - b).abs().max()) for a, b in zip(got_rows, want_rows)) < 1e-4
 
 
+def test_bf16_graphs_with_the_triton_decode_attention_match_sdpa(tiny_qwen2: Path) -> None:
+    """The captured bf16 steps with the Triton kernel (the CUDA default) against the same steps
+    with SDPA, fed the same tokens: logits agree to bf16 precision in every batch and KV bucket."""
+    from areal_tasks.inference.server.decode_kernel import kernel_available
+
+    if not kernel_available():
+        pytest.skip("triton does not import")
+    base = dict(model_path=str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=8,
+                context_length=600)
+    kernel = GraphModelRunner(RunnerConfig(**base))
+    sdpa = GraphModelRunner(RunnerConfig(**base, decode_attention="sdpa"))
+    assert (kernel.decode_attention, sdpa.decode_attention) == ("triton", "sdpa")
+    outs, _ = _decode_all(kernel, 300)  # crosses the 256 KV-length bucket
+    slots = {name: [r.cache.allocate() for _ in PROMPTS] for name, r in (("kernel", kernel), ("sdpa", sdpa))}
+    worst = 0.0
+    for name, runner in (("kernel", kernel), ("sdpa", sdpa)):
+        runner.prefill_batch(slots[name], PROMPTS)
+    for step in range(len(outs[0]) - 1):
+        tokens = [o[step] for o in outs]
+        positions = [len(p) + step for p in PROMPTS]
+        a = kernel.decode(slots["kernel"], tokens, positions).float()
+        b = sdpa.decode(slots["sdpa"], tokens, positions).float()
+        worst = max(worst, float((a - b).abs().max() / b.abs().max()))
+    assert worst < 2e-2
+
+
 def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
     runner = build_runner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8,
                                        context_length=256))
