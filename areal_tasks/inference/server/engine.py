@@ -120,6 +120,7 @@ class Engine:
         """Queue sequences for generation; each one's ``on_finish`` runs in the engine thread."""
         for seq in seqs:
             check_prompt(seq, self.runner.max_len, self.runner.vocab_size)
+            self.finisher.prepare(seq)
             if seq.params.sampling_seed is not None and seq.generator is None:
                 seq.generator = make_generator(seq.params.sampling_seed, self.runner.device)
         with self._cond:
@@ -446,13 +447,22 @@ class Engine:
         if step is None:
             return 0.0
         token_list, logprob_list = step.results()
-        fresh = 0
-        for seq, token, logprob in zip(step.seqs, token_list, logprob_list):
+        fresh, check = 0, self.finisher.check
+        # the hot loop of a decode step (every running sequence, every step): Sequence.append and
+        # the finish rules inlined, and the full check only where a rule can apply (prepare())
+        for seq, value, logprob in zip(step.seqs, token_list, logprob_list):
             seq.pending_tokens -= 1
-            if seq.finished:
+            if seq.finish_reason is not None:
                 continue
             fresh += 1
-            self._append(seq, int(token), logprob)
+            token = int(value)
+            output = seq.output_ids
+            output.append(token)
+            seq.output_logprobs.append(logprob)
+            if seq.first_token_at is None:
+                seq.first_token_at = time.perf_counter()
+            if seq.watch_text or token in seq.stop_ids or len(output) >= seq.length_cap:
+                seq.finish_reason = check(seq)
         self.counters.add_generated(fresh)
         self._retire_finished()
         return step.waited

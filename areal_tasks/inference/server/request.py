@@ -78,6 +78,12 @@ class Sequence:
     step_row: int = -1
     #: True after a ``retract`` pause: the next prefill runs prompt + output.
     retracted: bool = False
+    #: what :meth:`FinishChecker.prepare` precomputes so a decode step checks a finish rule only
+    #: when one can apply: the tokens that stop it, the output length that ends it, and whether
+    #: stop strings need a look at every token. The defaults send every token to the full check.
+    stop_ids: frozenset[int] = frozenset()
+    length_cap: int = 0
+    watch_text: bool = True
     num_retractions: int = 0
     #: (old weight version, output tokens generated under it) at each weight change during the run.
     version_events: list[tuple[str, int]] = field(default_factory=list)
@@ -130,6 +136,15 @@ class FinishChecker:
             lengths = [len(self.tokenizer.encode(s, add_special_tokens=False)) for s in stops]
             self._stop_len_cache[stops] = max(lengths, default=0)
         return self._stop_len_cache[stops]
+
+    def prepare(self, seq: Sequence) -> None:
+        """Precompute ``seq``'s finish triggers (see :class:`Sequence`); :meth:`check` still
+        decides, and only needs calling for a token in ``stop_ids``, at ``length_cap``, or with
+        stop strings."""
+        params = seq.params
+        seq.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        seq.length_cap = min(params.max_new_tokens, self.context_length - len(seq.prompt_ids))
+        seq.watch_text = bool(params.stop)
 
     def check(self, seq: Sequence) -> FinishReason | None:
         """The finish reason for ``seq`` after its last token, or None to continue."""
