@@ -1,7 +1,7 @@
 """The Triton grouped decode attention of the embedded server on a CUDA GPU (skipped without CUDA).
 
 The kernel (``inference/server/decode_kernel.py``) against the fp32 PyTorch product it replaces:
-bf16 inputs read from strided slot-cache views, boolean, additive and no masks, KV lengths that are
+bf16 inputs (and fp32 ones, to fp32 rounding) read from strided slot-cache views, boolean, additive and no masks, KV lengths that are
 and are not multiples of the kernel's block, group sizes of the Qwen2.5 shapes (7) and of plain
 multi-query layouts; then the same call inside ``torch.compile`` and a captured CUDA graph, as the
 decode steps run it. Tolerances are bf16's.
@@ -46,6 +46,17 @@ def test_kernel_matches_the_fp32_product(length: int, group: int, mask_kind: str
                                       None if mask is None else allowed, scale)
     assert got.shape == query.shape and got.dtype == query.dtype
     assert (got.float() - want).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("length", [1, 100, 513])
+def test_fp32_kernel_is_exact_to_fp32_rounding(length: int) -> None:
+    """fp32 inputs multiply without TF32: the kernel then agrees with the fp32 product closely
+    enough for fp32 serving to match transformers token for token."""
+    query, key, value, allowed = inputs(batch=5, kv_heads=2, group=7, length=length, dtype=torch.float32)
+    with torch.inference_mode():
+        got = decode_attention(query, key, value, allowed, 0.125)
+    want = reference_decode_attention(query, key, value, allowed, 0.125)
+    assert (got - want).abs().max().item() < 1e-5
 
 
 def test_kernel_inside_compile_and_a_cuda_graph() -> None:

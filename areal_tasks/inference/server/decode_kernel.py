@@ -1,4 +1,4 @@
-"""Grouped-query decode attention as one Triton kernel (CUDA, bf16/fp16), for the decode steps.
+"""Grouped-query decode attention as one Triton kernel (CUDA; bf16, fp16 or fp32), for the decode steps.
 
 A decode step has one query per sequence and head. SDPA's fused kernels are built for long query
 blocks; at one query they leave most of the GPU's memory bandwidth unused (on an H200, cuDNN took
@@ -7,7 +7,8 @@ and values once: ``benchmarks/decode_attention.py``). This kernel runs one progr
 and key/value head: it loads the ``g`` query heads that share that key/value head once, streams
 the row's keys and values in blocks with an online soft-max (scores and sums in fp32, the
 probabilities rounded to the values' dtype for the second product, as flash attention does), and
-writes the ``g`` outputs. The cache is read exactly once, in place: keys and values are strided
+writes the ``g`` outputs (fp32 inputs multiply in full fp32, without TF32 rounding, so fp32
+serving keeps matching ``transformers`` token for token). The cache is read exactly once, in place: keys and values are strided
 views of the slot cache, nothing is copied or repeated.
 
 The mask is the one the model runner builds for the row (``[B, 1, 1, L]``), boolean or additive,
@@ -49,7 +50,7 @@ def kernel_fits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | Non
     """Whether :func:`decode_attention` takes these grouped inputs (``query [B, H_kv, g, D]``,
     ``key [B, H_kv, L, D]``); otherwise the caller keeps SDPA."""
     head_dim = query.shape[-1]
-    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and key.dtype == query.dtype
+    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16, torch.float32) and key.dtype == query.dtype
             and head_dim in (16, 32, 64, 128, 256) and query.shape[2] <= 64
             and query.stride(-1) == 1 and key.stride(-1) == 1
             and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)))
@@ -75,6 +76,7 @@ def _kernel() -> Any:
         sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, so_b, so_h, so_g,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_L: tl.constexpr,
         MASK_KIND: tl.constexpr,  # 0: none, 1: boolean, 2: additive
+        PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32 rounding), else "tf32" (unused by 16-bit dots)
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)
@@ -93,7 +95,7 @@ def _kernel() -> Any:
             pos = start + span
             inside = pos < kv_len
             k = tl.load(k_base + pos[:, None] * sk_l + d[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k)) * scale
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if MASK_KIND == 1:
                 allowed = tl.load(m_base + pos * sm_l, mask=inside, other=0).to(tl.int1)
                 scores = tl.where((allowed & inside)[None, :], scores, float("-inf"))
@@ -107,7 +109,7 @@ def _kernel() -> Any:
             probs = tl.exp(scores - new_best[:, None])
             total = total * rescale + tl.sum(probs, 1)
             v = tl.load(v_base + pos[:, None] * sv_l + d[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
+            acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
             best = new_best
         out = acc / total[:, None]
         tl.store(o_ptr + row * so_b + head * so_h + g[:, None] * so_g + d[None, :], out.to(o_ptr.dtype.element_ty),
@@ -138,7 +140,8 @@ def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
             query, key, value, mask_arg, out, scale, kv_len,
             query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2), sm_b, sm_l, out.stride(0), out.stride(1), out.stride(2),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_L=block, MASK_KIND=kind, num_warps=num_warps,
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_L=block, MASK_KIND=kind,
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps,
         )
 
 
