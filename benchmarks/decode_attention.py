@@ -5,7 +5,9 @@ the cache through a ``[B, 1, 1, L]`` mask, with the ``g`` query heads that share
 laid along the query axis (``inference/server/attention.py``). This times that call on CUDA events
 inside a CUDA graph (as the server runs it) for each SDPA backend that accepts it (cuDNN, memory-efficient, math), with a boolean mask and with
 an additive one in the model's dtype, plus the same product written as two batched matmuls and a
-soft-max (``manual``; with the scores kept in fp32: ``manual fp32 scores``), at several KV lengths. The cache read alone (keys and values once) sets a
+soft-max (``manual``; with the scores kept in fp32: ``manual fp32 scores``), and the server's
+Triton kernel (``inference/server/decode_kernel.py``) at several block sizes and warp counts, at
+several KV lengths. The cache read alone (keys and values once) sets a
 floor: its bytes over the GPU's memory bandwidth are printed as ``floor us`` for a rate of 4.0 TB/s.
 
 Prints a table and writes JSON (``benchmarks/results/decode_attention.json``).
@@ -24,9 +26,13 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from areal_tasks.inference.server.decode_kernel import BLOCK, NUM_WARPS, launch_decode_attention, kernel_available
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "math": SDPBackend.MATH}
 FLOOR_BYTES_PER_S = 4.0e12
+#: (keys per loop iteration, warps) of the Triton kernel to time.
+TRITON_CONFIGS = ((32, 2), (64, 4), (64, 2), (128, 4), (128, 8))
 
 
 def manual(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -110,6 +116,26 @@ def run(args: argparse.Namespace) -> list[dict]:
                     rows.append({"kv_len": length, "variant": label, "us": None, "note": str(exc).splitlines()[0][:80]})
                     continue
                 rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
+            if not kernel_available():
+                rows.append({"kv_len": length, "variant": "triton", "us": None, "note": "triton does not import"})
+                continue
+            scale = args.head_dim**-0.5
+            for block, warps in TRITON_CONFIGS:
+                for kind, mask in (("bool", allowed), ("additive", additive)):
+                    label = f"triton {block}x{warps}w, {kind}" + (" (default)" if (block, warps) == (BLOCK, NUM_WARPS) else "")
+                    out = torch.empty_like(query)
+
+                    def kernel(mask=mask, out=out, block=block, warps=warps) -> torch.Tensor:
+                        launch_decode_attention(query, key, value, mask, scale, out, block=block, num_warps=warps)
+                        return out
+                    try:
+                        error = (kernel().float() - reference).abs().max().item()
+                        micros = time_us(kernel, args.iters)
+                    except Exception as exc:  # noqa: BLE001 - a configuration Triton cannot build is reported
+                        rows.append({"kv_len": length, "variant": label, "us": None,
+                                     "note": f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"})
+                        continue
+                    rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
     return rows
 
 
@@ -129,12 +155,12 @@ def main() -> None:
     rows = run(args)
     print(f"decode attention, one layer: batch {args.batch}, {args.heads} query / {args.kv_heads} kv heads, "
           f"head dim {args.head_dim}, bf16 ({torch.cuda.get_device_name()})")
-    print(f"{'kv len':>6}  {'variant':<28} {'us':>8} {'floor us':>9} {'max error':>10}")
+    print(f"{'kv len':>6}  {'variant':<34} {'us':>8} {'floor us':>9} {'max error':>10}")
     for row in rows:
         if row["us"] is None:
-            print(f"{row['kv_len']:>6}  {row['variant']:<28} {'refused':>8}  {row['note']}")
+            print(f"{row['kv_len']:>6}  {row['variant']:<34} {'refused':>8}  {row['note']}")
             continue
-        print(f"{row['kv_len']:>6}  {row['variant']:<28} {row['us']:>8.1f} {row['floor_us']:>9.1f} {row['max_error']:>10.4f}")
+        print(f"{row['kv_len']:>6}  {row['variant']:<34} {row['us']:>8.1f} {row['floor_us']:>9.1f} {row['max_error']:>10.4f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "gpu": torch.cuda.get_device_name(),
                                           "torch": torch.__version__, "rows": rows}, indent=1))

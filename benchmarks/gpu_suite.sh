@@ -3,10 +3,13 @@
 #
 #   bash benchmarks/gpu_suite.sh PART [PART ...]
 #
-# Parts: infer (inference throughput, Qwen2.5-0.5B shape), attn (decode attention by SDPA backend),
+# Parts: infer (inference throughput, Qwen2.5-0.5B shape; INFER_ARGS adds options, e.g. "--variants sdpa"),
+# attn (decode attention by SDPA backend and the Triton kernel), kernel (the Triton decode kernel's GPU tests),
 # graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
+# async_bounds (in place: eta=0, eta=2 under the default staleness bound, then eta=2 under
+# rollout.staleness_bound=admission from the same warm start),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
@@ -78,8 +81,9 @@ dp2_wraps() {  # dp2_wraps SECONDS: dp=2 per block, then as one FSDP unit
 for p in "$@"; do
     case $p in
         infer) part infer 420 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
-            --check 2 --repeats 1 --profile 64 --sampling ;;
-        attn) part attn 120 python benchmarks/decode_attention.py ;;
+            --check 2 --repeats 1 --profile 64 --sampling ${INFER_ARGS:-} ;;
+        attn) part attn 150 python benchmarks/decode_attention.py ;;
+        kernel) part kernel 150 python -m pytest -q tests/gpu/test_decode_kernel_gpu.py ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
         async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
@@ -89,6 +93,15 @@ for p in "$@"; do
             part async_inplace 150 python benchmarks/async_vs_sync.py "${warm[@]}" --sft-steps 50 --steps 10 --etas 2 \
             --work "$LOGS/async_inplace_work" --out benchmarks/results/async_vs_sync_gpu_in_place.json -- \
             "${ASYNC_GPU[@]}" rollout.pause_mode=in_place ;;
+        async_bounds)
+            part async_sample 360 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 \
+                --work "$LOGS/async_bounds_work" --out benchmarks/results/async_vs_sync_gpu_in_place.json -- \
+                "${ASYNC_GPU[@]}" rollout.pause_mode=in_place
+            save
+            part async_admission 150 python benchmarks/async_vs_sync.py --model "$LOGS/async_bounds_work/sft/sft" \
+                --steps 10 --etas 2 --work "$LOGS/async_admission_work" \
+                --out benchmarks/results/async_vs_sync_gpu_admission.json -- \
+                "${ASYNC_GPU[@]}" rollout.pause_mode=in_place rollout.staleness_bound=admission ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;

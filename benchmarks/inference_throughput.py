@@ -51,6 +51,12 @@ PRESETS = {
                          intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768),
 }
+#: comparison runs against the default server (``--variants``): label and RunnerConfig overrides.
+VARIANTS = {
+    "pointwise": ("pointwise compiled", {"compile_scope": "pointwise"}, {}),
+    "sdpa": ("SDPA decode attention", {"decode_attention": "sdpa"}, {}),
+    "prefill32k": ("max_prefill_tokens 32768", {}, {"max_prefill_tokens": 32768}),
+}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -101,6 +107,13 @@ def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict
     return time.perf_counter() - start, [s.output_ids for s in done]
 
 
+def warm_up(engine, prompts: list[list[int]]) -> None:
+    """Every prompt for a few tokens: the timed runs then meet admission prefills of shapes the
+    engine has run before, as a serving engine does after its first requests. A new shape's
+    first-call cost (per-shape kernel selection) is measured on its own in ``step_parts``."""
+    run_engine(engine, prompts, 4, {"temperature": 0.0})
+
+
 def timed_engine_run(engine, prompts: list[list[int]], new_tokens: int, sampling: dict,
                      repeats: int) -> tuple[float, list[list[int]], dict]:
     """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
@@ -126,6 +139,9 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
     """Outside any engine: host and device milliseconds of one decode forward of ``batch`` rows
     (a CUDA-graph replay where captured) at each KV length bucket, and of greedy and T=1/top-p
     sampling over its logits. Device times come from CUDA events around ``iters`` calls."""
+    from profiling import kernel_table  # benchmarks/, the script's directory
+    from torch.profiler import ProfilerActivity, profile
+
     from areal_tasks.inference.server.sampling import SamplingBatch, SamplingParams, sample
 
     def timed(fn) -> tuple[float, float]:
@@ -167,12 +183,33 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
         rows.append({"what": f"prefill, new shape ({len(prompts)} ragged), {label}", "host_ms": wall, "device_ms": None})
     for slot in prefill_slots:
         runner.cache.release(slot)
+    # admission prefills of equal-length prompts (the benchmark's): wall and device time of one call,
+    # with the norms and MLPs compiled (the server's) and eager (torch.compile's force_eager stance)
+    for count in sorted({min(64, runner.cache.free_slots), runner.cache.free_slots}):
+        prompts = [[5] * 128] * count
+        prefill_slots = [runner.cache.allocate() for _ in prompts]
+        for stance in ("default", "force_eager"):
+            with torch.compiler.set_stance(stance):
+                runner.prefill_batch(prefill_slots, prompts)  # a first call of this shape sets it up
+                torch.cuda.synchronize(runner.device)
+                started = time.perf_counter()
+                runner.prefill_batch(prefill_slots, prompts)
+                torch.cuda.synchronize(runner.device)
+                wall = 1e3 * (time.perf_counter() - started)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    runner.prefill_batch(prefill_slots, prompts)
+                    torch.cuda.synchronize(runner.device)
+            busy = sum(row["ms_per_call"] for row in kernel_table(prof.events(), 1, top=10_000))
+            kind = "compiled" if stance == "default" else "eager modules"
+            rows.append({"what": f"prefill, {count} x 128, {kind}", "host_ms": wall, "device_ms": busy})
+        for slot in prefill_slots:
+            runner.cache.release(slot)
     print(f"\none decode step's parts at batch {batch} (host: time to queue it; device: time to run it)")
     print(f"{'part':<44} {'host ms':>9} {'device ms':>10}")
     for row in rows:
         device = "" if row["device_ms"] is None else f"{row['device_ms']:>10.3f}"
         print(f"{row['what']:<44} {row['host_ms']:>9.3f} {device}")
-    print("(a prefill's host ms is its wall time, synchronised)")
+    print("(a prefill's host ms is its wall time, synchronised; device ms: the sum of its kernels' times)")
     return rows
 
 
@@ -355,14 +392,19 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--disable-torch-compile", action="store_true",
                         help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
-    parser.add_argument("--skip-pointwise", action="store_true",
-                        help="on CUDA, skip the comparison run with only the norms and MLPs compiled "
-                             "(--torch-compile-scope pointwise)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="on CUDA, comma-separated comparison runs of the greedy engine against the default "
+                             f"server: {', '.join(f'{k} ({v[0]})' for k, v in VARIANTS.items())}; empty for none")
+    parser.add_argument("--max-prefill-tokens", type=int, default=8192,
+                        help="prompt tokens prefilled per engine iteration at most (the server's default)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if unknown := sorted(set(variants) - set(VARIANTS)):
+        parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     try:
         hf_batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
     except ValueError:
@@ -396,10 +438,10 @@ def main() -> None:
         dtype = runner.dtype
         cuda_graphs = bool(getattr(runner, "capture", False))
         compiled = bool(runner.compiled)
-        engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
+        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens)
         engine.start()
         try:
-            run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})  # warm-up
+            warm_up(engine, prompts)
             seconds, outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
                                                          args.repeats)
             add({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
@@ -413,44 +455,43 @@ def main() -> None:
             engine.shutdown()
         # the same engine reading each step back before launching the next (SGLang's
         # --disable-overlap-schedule), to show what the overlap buys
-        engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len), overlap=False)
+        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, overlap=False)
         engine.start()
         try:
-            run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
+            warm_up(engine, prompts)
             seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
                                                    args.repeats)
             add({"system": "embedded engine, greedy, no overlap", "batch": args.concurrency, "seconds": seconds,
                  "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
         finally:
             engine.shutdown()
-        profiled = profile_engine(runner, prompts, args.profile, max(8192, 32 * args.prompt_len)) if args.profile else None
+        profiled = profile_engine(runner, prompts, args.profile, args.max_prefill_tokens) if args.profile else None
         step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
-        kernels = {getattr(runner, "compile_scope", None) or "eager": decode_kernels(runner, args.concurrency)} if device.type == "cuda" else None
+        kernels = {"default": decode_kernels(runner, args.concurrency)} if device.type == "cuda" else None
         del engine, runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if device.type == "cuda" and compiled and not args.skip_pointwise:
-            # the captured decode steps with only the norms and MLPs compiled (areal serve --torch-compile-scope pointwise)
+        for variant in variants if device.type == "cuda" and compiled else ():
+            label, overrides, engine_overrides = VARIANTS[variant]
             runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
                                                max_running_requests=args.concurrency,
-                                               context_length=args.prompt_len + args.new_tokens + 8,
-                                               compile_scope="pointwise"))
-            engine = Engine(runner, max_prefill_tokens=max(8192, 32 * args.prompt_len))
+                                               context_length=args.prompt_len + args.new_tokens + 8, **overrides))
+            engine = Engine(runner, **{"max_prefill_tokens": args.max_prefill_tokens, **engine_overrides})
             engine.start()
             try:
-                run_engine(engine, prompts[: min(8, len(prompts))], 8, {"temperature": 0.0})
+                warm_up(engine, prompts)
                 seconds, other_outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
                                                                    {"temperature": 0.0}, args.repeats)
-                add({"system": f"embedded engine, greedy, {runner.compile_scope} compiled", "batch": args.concurrency,
+                add({"system": f"embedded engine, greedy, {label}", "batch": args.concurrency,
                      "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
             finally:
                 engine.shutdown()
             same = sum(a == b for a, b in zip(other_outputs, outputs))
-            print(f"{runner.compile_scope} vs default compile: {same}/{len(outputs)} greedy outputs identical")
-            step_parts += [{**row, "what": f"{row['what']} ({runner.compile_scope})"}
+            print(f"{label} vs the default server: {same}/{len(outputs)} greedy outputs identical")
+            step_parts += [{**row, "what": f"{row['what']} ({variant})"}
                            for row in forward_and_sampling_times(runner, args.concurrency)
                            if row["what"].startswith("decode forward")]
-            kernels[runner.compile_scope] = decode_kernels(runner, args.concurrency)
+            kernels[variant] = decode_kernels(runner, args.concurrency)
             del engine, runner
             torch.cuda.empty_cache()
         if args.http:
