@@ -88,6 +88,9 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
         "greedy_accuracy_after": summary["greedy_accuracy_after"],
         "staleness_mean": sum(int(k) * v for k, v in staleness.items()) / max(n, 1),
         "staleness_max": max((int(k) for k in staleness), default=0),
+        # the bound in force, and the samples trained after their deadline (possible under "admission")
+        "staleness_bound": summary["executor"].get("staleness_bound", "sample"),
+        "late_samples": summary["executor"].get("late_samples", 0),
         "wall_s": summary["wall_seconds"],
     }
 
@@ -95,7 +98,7 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
 def format_table(results: list[dict[str, Any]]) -> str:
     head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} " \
            f"{'update_ms':>9} {'paused_ms':>9} {'paused_p50':>10} {'pause/xfer/resume ms':>20} {'reward':>13} " \
-           f"{'stale':>9}"  # fmt: skip
+           f"{'stale':>9} {'bound':>9} {'late':>5}"  # fmt: skip
     base = next((r for r in results if r["eta"] == 0), results[0])["samples_per_s"]
     lines = [head]
     for r in results:
@@ -104,7 +107,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} {r['samples_per_s'] / base:>7.2f}x "
             f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r['paused_ms']:>9.0f} "
             f"{r.get('paused_p50_ms', float('nan')):>10.0f} {parts:>20} "
-            f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']}"
+            f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']} "
+            f"{r.get('staleness_bound', 'sample'):>9} {r.get('late_samples', 0):>5}"
         )
     return "\n".join(lines)
 
