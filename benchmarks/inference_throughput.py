@@ -319,22 +319,30 @@ def parity(got: list[list[int]], want: list[list[int]]) -> tuple[int, float]:
 
 async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> float:
     """Every prompt as a concurrent ``/generate`` call through the RL client's own transport
-    (sharded ``httpx`` pools, see ``areal_tasks/inference/client/transport.py``)."""
+    (sharded ``httpx`` pools, see ``areal_tasks/inference/client/transport.py``), after a warm-up
+    of every prompt for 4 tokens on the same transport: the timed calls find their connections
+    open, as the long-lived client of an RL run does, and the engine has seen the admission shapes.
+    Returns the timed run's seconds."""
     from areal_tasks.inference.client.protocol import HttpCall
     from areal_tasks.inference.client.transport import HttpTransport
 
-    body = {"sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
     transport = HttpTransport(max_connections=len(prompts))
-    try:
+
+    async def run(tokens: int) -> float:
+        body = {"sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
         start = time.perf_counter()
         answers = await asyncio.gather(*(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}),
                                                         3600.0) for p in prompts))
         elapsed = time.perf_counter() - start
+        if any(status != 200 for status, _ in answers):
+            raise RuntimeError(f"/generate failed: {next(text for status, text in answers if status != 200)}")
+        return elapsed
+
+    try:
+        await run(4)
+        return await run(new_tokens)
     finally:
         await transport.aclose()
-    if any(status != 200 for status, _ in answers):
-        raise RuntimeError(f"/generate failed: {next(text for status, text in answers if status != 200)}")
-    return elapsed
 
 
 def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> float:
@@ -368,7 +376,6 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
                     break
             except httpx.TransportError:
                 time.sleep(0.5)
-        asyncio.run(_http_run(url, prompts[:2], 4))
         return asyncio.run(_http_run(url, prompts, args.new_tokens))
     finally:
         if proc.poll() is None:
