@@ -76,9 +76,9 @@ def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     kv_heads = key.shape[1]
     one_query = (q_len == 1 and heads % kv_heads == 0 and dropout == 0.0
                  and (attention_mask is None or attention_mask.shape[1] == 1)
-                 and kwargs.get("position_bias") is None and kwargs.get("softcap") is None)
+                 and all(kwargs.get(name) is None for name in ("position_bias", "softcap", "s_aux")))
     grouped_query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim) if one_query else query
-    if one_query and getattr(module, DECODE_KERNEL_ATTR, False) and kernel_fits(grouped_query, key, attention_mask):
+    if one_query and getattr(module, DECODE_KERNEL_ATTR, False) and kernel_fits(grouped_query, key, value, attention_mask):
         scale = head_dim**-0.5 if scaling is None else scaling
         out = decode_attention(grouped_query, key, value, attention_mask, scale)
         return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None

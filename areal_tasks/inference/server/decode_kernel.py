@@ -46,14 +46,17 @@ def kernel_available() -> bool:
     return True
 
 
-def kernel_fits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
+def kernel_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether :func:`decode_attention` takes these grouped inputs (``query [B, H_kv, g, D]``,
-    ``key [B, H_kv, L, D]``); otherwise the caller keeps SDPA."""
+    ``key``/``value [B, H_kv, L, D]``, a mask covering the ``L`` positions); otherwise the caller
+    keeps SDPA."""
     head_dim = query.shape[-1]
-    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16, torch.float32) and key.dtype == query.dtype
+    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and key.dtype == value.dtype == query.dtype and value.shape == key.shape
             and head_dim in (16, 32, 64, 128, 256) and query.shape[2] <= 64
-            and query.stride(-1) == 1 and key.stride(-1) == 1
-            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1)))
+            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
+                                  and mask.shape[0] in (1, query.shape[0]) and mask.shape[3] >= key.shape[2])))
 
 
 def reference_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

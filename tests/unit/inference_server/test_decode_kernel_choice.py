@@ -40,7 +40,7 @@ def test_grouped_decode_calls_go_to_the_kernel_once_turned_on(tiny_qwen2, monkey
         return reference_decode_attention(query, key, value, allowed, scale)
 
     monkeypatch.setattr(attention, "decode_attention", fake_kernel)
-    monkeypatch.setattr(attention, "kernel_fits", lambda query, key, mask: True)
+    monkeypatch.setattr(attention, "kernel_fits", lambda query, key, value, mask: True)
     runner = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=4))
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     slots = [runner.cache.allocate() for _ in prompts]
