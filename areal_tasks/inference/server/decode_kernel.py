@@ -22,6 +22,7 @@ torch), and the serving attention then keeps SDPA.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -135,8 +136,6 @@ def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
         if mask.shape[0] == 1:
             sm_b = 0
     group_pad = max(16, 1 << (group - 1).bit_length())
-    import contextlib
-
     current = torch.cuda.device(query.device) if query.is_cuda else contextlib.nullcontext()
     with current:
         _kernel()[(batch, kv_heads)](
