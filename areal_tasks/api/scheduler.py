@@ -142,6 +142,11 @@ class WorkerGroupSpec:
     off that path). With ``0`` the variable is left as inherited, unless ``hide_devices=True``,
     which sets it to the empty string (a CPU-only worker on a GPU host).
 
+    ``shared_devices`` (colocation): per rank, the ids of devices another running group already
+    holds, which this group's workers share instead of taking ``devices_per_worker`` new ones from
+    the pool (each list must have that length); they stay the other group's and go back to the
+    pool only with it.
+
     ``torch_distributed=True`` adds ``MASTER_ADDR``, ``MASTER_PORT`` (one free port shared by the
     group), ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` to every worker's env.
     """
@@ -153,6 +158,7 @@ class WorkerGroupSpec:
     ports_per_worker: int = 1
     devices_per_worker: int = 0
     hide_devices: bool = False
+    shared_devices: list[list[str]] | None = None
     readiness: ReadinessCheck = field(default_factory=ReadinessCheck.none)
     ready_timeout_s: float = 300.0
     cwd: str | None = None
@@ -172,6 +178,14 @@ class WorkerGroupSpec:
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < minimum:
                 raise ConfigError(f"WorkerGroupSpec.{field_name}={value!r} must be an int >= {minimum}")
+        if self.shared_devices is not None and (
+            len(self.shared_devices) != self.replicas
+            or any(len(ids) != self.devices_per_worker for ids in self.shared_devices)
+        ):
+            raise ConfigError(
+                f"group {self.name!r}: shared_devices={self.shared_devices!r} must hold one list of "
+                f"devices_per_worker={self.devices_per_worker} ids per replica ({self.replicas})"
+            )
         if self.readiness.kind == "http" and self.ports_per_worker < 1 and "{port" in self.readiness.target:
             raise ConfigError(
                 f"group {self.name!r}: http readiness uses a port placeholder but ports_per_worker=0; "

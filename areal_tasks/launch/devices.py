@@ -39,7 +39,8 @@ def detect_devices() -> list[str]:
 
 
 class DevicePool:
-    """Hands out device ids; each id goes to at most one worker at a time."""
+    """Hands out device ids; each id goes to at most one worker at a time (a colocated worker may
+    share ids another worker holds: :meth:`check_held`)."""
 
     def __init__(self, devices: list[str]) -> None:
         self._all = list(devices)
@@ -57,6 +58,21 @@ class DevicePool:
                 )
             taken, self._free = self._free[:count], self._free[count:]
         return taken
+
+    def check_held(self, devices: list[str], owner: str) -> list[str]:
+        """``devices`` for ``owner`` to share (colocation): every id must be in the pool and held
+        by a worker now; SchedulerError otherwise. Nothing is taken from the pool."""
+        with self._lock:
+            unknown = [d for d in devices if d not in self._all]
+            free = [d for d in devices if d in self._free]
+        if unknown or free:
+            raise SchedulerError(
+                f"{owner} was to share device(s) {','.join(devices)}, but "
+                + (f"{','.join(unknown)} are not in the pool ({','.join(self._all) or 'none'})" if unknown
+                   else f"{','.join(free)} are held by no worker")
+                + "; start the group that holds them first"
+            )
+        return list(devices)
 
     def release(self, devices: list[str]) -> None:
         """Give ``devices`` back, keeping the pool's original order."""

@@ -206,8 +206,11 @@ class LocalScheduler(Scheduler):
             for rank in range(spec.replicas):
                 ports = self._ports.allocate(spec.ports_per_worker)
                 group.ports += ports
-                devices = self._devices.acquire(spec.devices_per_worker, f"worker {spec.name}/{rank}")
-                group.devices += devices
+                if spec.shared_devices is not None:  # colocated: the holder group keeps (and returns) them
+                    devices = self._devices.check_held(spec.shared_devices[rank], f"worker {spec.name}/{rank}")
+                else:
+                    devices = self._devices.acquire(spec.devices_per_worker, f"worker {spec.name}/{rank}")
+                    group.devices += devices
                 plans.append(self._plan(spec, rank, ports, devices, master_port))
             if spec.readiness.kind == "file":
                 for info, _, _, _, target in plans:

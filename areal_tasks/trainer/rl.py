@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
-from areal_tasks.errors import EngineError
+from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.trainer.rl_loop import RL_SUMMARY, rl_steps
 from areal_tasks.trainer.rl_worker import ADDRESSES_ENV
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
@@ -72,8 +72,26 @@ def check_before_start(cfg: JobConfig) -> None:
     cfg.rollout.server.read_keys(os.environ)
 
 
-def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str]) -> WorkerGroupSpec:
-    """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden)."""
+def colocated_devices(cfg: JobConfig, server_devices: list[list[str]]) -> list[list[str]] | None:
+    """Per train rank, the GPU it shares with the inference servers when the allocation colocates
+    the actor with them (``sglang[rollout]:d2|fsdp[actor]:d2``): the servers' devices in server
+    order, one per rank. None when nothing is colocated or on CPU."""
+    allocation = parse_allocation(cfg.allocation)
+    actor = allocation.actor()
+    shared = any(c.name is not None and c.name in actor.colocated_with for c in allocation.inference())
+    if not shared or cfg.cluster.gpus_per_node <= 0:
+        return None
+    ids = [d for devices in server_devices for d in devices]
+    if len(ids) != actor.dims.world_size:
+        raise ConfigError(f"allocation {cfg.allocation!r}: the actor's {actor.dims.world_size} ranks share the "
+                          f"inference servers' GPUs, but the servers hold {len(ids)} ({','.join(ids) or 'none'})")
+    return [[d] for d in ids]
+
+
+def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str],
+                   shared_devices: list[list[str]] | None = None) -> WorkerGroupSpec:
+    """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden); with
+    ``shared_devices`` each rank computes on the GPU it shares with a server (colocation)."""
     world = parse_allocation(cfg.allocation).actor().dims.world_size
     on_gpus = cfg.cluster.gpus_per_node > 0
     return WorkerGroupSpec(
@@ -84,6 +102,7 @@ def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str]) -> W
         ports_per_worker=0,
         devices_per_worker=1 if on_gpus else 0,
         hide_devices=not on_gpus,
+        shared_devices=shared_devices,
         torch_distributed=True,
     )
 
@@ -109,7 +128,8 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
         fleet = ServerFleet.from_config(scheduler, cfg, model_dir)
         try:
             addresses = fleet.start()
-            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses))
+            shared = colocated_devices(cfg, fleet.devices())
+            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared))
             _watch(scheduler, fleet)
         finally:
             fleet.stop()

@@ -105,6 +105,10 @@ class ServerFleet:
             raise InferenceServerFailedError(f"servers {missing} of fleet {self.name!r} are not running; start() it")
         return [a for a in self._addresses if a is not None]
 
+    def devices(self) -> list[list[str]]:
+        """The device ids each server holds, in server order (empty lists on CPU)."""
+        return [list(self.scheduler.status(self.group_name(i))[0].devices) for i in range(self.n_servers)]
+
     def group_name(self, index: int) -> str:
         """The Scheduler group of server ``index``."""
         return f"{self.name}-{index}"

@@ -33,6 +33,8 @@ CASES: list[tuple[list[str], str]] = [
     (["allocation=embedded:d1+fsdp:d3"], "allocation: the actor's data-parallel size d3 must divide"),
     (["allocation=fsdp:d1"], "allocation: 'fsdp:d1' has no inference component"),
     (["allocation=embedded:d1"], "allocation: 'embedded:d1' has no training component"),
+    (["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1", "rollout.weight_update=collective"],
+     "rollout.weight_update: 'collective' cannot reach servers on the trainer's own GPUs"),
     (["allocation=sglang:d1+fsdp:d1", "rollout.backend=sglang"], "backend 'sglang' needs GPUs"),
     (["allocation=embedded[rollout]:d1+fsdp[actor]:d1+fsdp[critic]:d1"],
      "critic: the allocation places a 'critic' component"),
@@ -199,3 +201,9 @@ def test_a_fixed_sampling_seed_with_groups_is_refused() -> None:
     with pytest.raises(ConfigError, match="samples of a group identical"):
         load_config("configs/demo_grpo.yaml", ["rollout.sampling.seed=3"])
     load_config("configs/demo_grpo.yaml", ["rollout.sampling.seed=3", "rollout.sampling.temperature=0"])
+
+
+def test_colocation_with_disk_updates_and_on_cpu_is_valid() -> None:
+    validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1"]))
+    validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1",
+                                       "rollout.weight_update=collective"]))  # CPU: gloo between processes

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from areal_tasks.api.scheduler import OWN_DEVICES_ENV, ReadinessCheck, WorkerGroupSpec, WorkerStatus, local_device_index
-from areal_tasks.errors import SchedulerError
+from areal_tasks.errors import ConfigError, SchedulerError
 from areal_tasks.launch import LocalScheduler
 from areal_tasks.launch.process import pid_alive
 
@@ -134,6 +134,38 @@ def test_devices_are_handed_out_from_the_pool(local: LocalScheduler, worker_cmd:
     local.stop_group("gpu")  # releases the devices
     assert local.start_group(more)[0].devices == ["0"]
 
+
+
+def test_a_colocated_group_shares_the_devices_another_group_holds(
+    local: LocalScheduler, worker_cmd: Cmd, tmp_path: Path
+) -> None:
+    holder = local.start_group(WorkerGroupSpec(name="servers", command=worker_cmd("sleep"), replicas=2,
+                                               devices_per_worker=1))
+    held = [i.devices for i in holder]
+    assert held == [["0"], ["1"]]
+    sharer = WorkerGroupSpec(name="trainers", command=worker_cmd("dump", str(tmp_path / "t{rank}")), replicas=2,
+                             devices_per_worker=1, shared_devices=held)
+    infos = local.start_group(sharer)
+    assert [i.devices for i in infos] == held
+    local.wait("trainers", timeout_s=WAIT_S)
+    envs = [json.loads((tmp_path / f"t{r}").read_text())["env"] for r in range(2)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "1,0"]  # each on its server's GPU
+    local.stop_group("trainers")  # gives nothing back: the servers still hold both
+    with pytest.raises(SchedulerError, match="only 0 of 2"):
+        local.start_group(WorkerGroupSpec(name="more", command=worker_cmd("sleep"), devices_per_worker=1))
+    local.stop_group("servers")
+    with pytest.raises(SchedulerError, match="0 are held by no worker; start the group that holds them first"):
+        local.start_group(sharer)
+    with pytest.raises(SchedulerError, match="7 are not in the pool"):
+        local.start_group(WorkerGroupSpec(name="stray", command=worker_cmd("sleep"), devices_per_worker=1,
+                                          shared_devices=[["7"]]))
+    assert local.start_group(WorkerGroupSpec(name="again", command=worker_cmd("sleep"), replicas=2,
+                                             devices_per_worker=1))[1].devices == ["1"]
+
+
+def test_shared_devices_must_fit_the_group() -> None:
+    with pytest.raises(ConfigError, match="one list of devices_per_worker=1 ids per replica"):
+        WorkerGroupSpec(name="g", command=["x"], replicas=2, devices_per_worker=1, shared_devices=[["0"]])
 
 def test_a_worker_computes_on_its_first_own_device_else_on_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")
