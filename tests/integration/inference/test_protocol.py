@@ -12,7 +12,7 @@ import math
 
 import pytest
 from inference_suite import ServerControl, run
-from partial_output import pause_with_partial_output
+from partial_output import start_and_pause
 
 from areal_tasks.api.inference import ModelRequest, SamplingParams
 from areal_tasks.api.weight_update import WeightUpdateMeta
@@ -135,8 +135,8 @@ def test_weight_update_mid_generation_loses_no_request(backend) -> None:
 
     async def scenario():
         async with client:
-            tasks = [asyncio.create_task(client.agenerate(r)) for r in reqs]
-            partial = await pause_with_partial_output(client, tasks, n_tokens)
+            tasks, partial = await start_and_pause(
+                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n_tokens)
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
             return partial, await asyncio.gather(*tasks)

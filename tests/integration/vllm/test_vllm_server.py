@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 import pytest
-from partial_output import pause_with_partial_output
+from partial_output import start_and_pause
 from vllm_reference import check_against_model
 from vllm_session import VLLMSession
 from vllm_test_server import SERVED_NAME, vllm_tiny_model
@@ -126,8 +126,8 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
 
     async def scenario():
         async with vllm.client() as client:
-            tasks = [asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs]
-            partial = await pause_with_partial_output(client, tasks, n)
+            tasks, partial = await start_and_pause(client, lambda: [
+                asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs], n)
             await client.resume()
             return partial, await asyncio.gather(*tasks)
 
@@ -152,8 +152,8 @@ def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> Non
         from areal_tasks.api.weight_update import WeightUpdateMeta
 
         async with vllm.client() as client:
-            tasks = [asyncio.create_task(client.agenerate(r)) for r in reqs]
-            partial = await pause_with_partial_output(client, tasks, n)
+            tasks, partial = await start_and_pause(
+                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n)
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
             return partial, await asyncio.gather(*tasks)
