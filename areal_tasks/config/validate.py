@@ -135,8 +135,7 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
         if n_mini >= 1 and batch >= 1 and batch % n_mini == 0 and (batch // n_mini) % dp:
             p.add("allocation", f"the {role}'s data-parallel size d{dp} must divide train.batch_size / "
                   f"{role}.ppo_n_minibatches = {batch // n_mini}")
-    colocated = any(c.name is not None and c.name in actor.colocated_with for c in inference)
-    if colocated and cluster.gpus_per_node > 0 and cfg.rollout.weight_update == "collective":
+    if alloc.actor_shares_inference_gpus() and cluster.gpus_per_node > 0 and cfg.rollout.weight_update == "collective":
         p.add("rollout.weight_update", f"'collective' cannot reach servers on the trainer's own GPUs: in "
               f"{cfg.allocation!r} the actor shares them with the inference servers ('|'), and NCCL does not "
               "connect two processes on one GPU; set rollout.weight_update=disk, or give each its own GPUs "

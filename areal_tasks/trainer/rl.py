@@ -78,8 +78,7 @@ def colocated_devices(cfg: JobConfig, server_devices: list[list[str]]) -> list[l
     order, one per rank. None when nothing is colocated or on CPU."""
     allocation = parse_allocation(cfg.allocation)
     actor = allocation.actor()
-    shared = any(c.name is not None and c.name in actor.colocated_with for c in allocation.inference())
-    if not shared or cfg.cluster.gpus_per_node <= 0:
+    if not allocation.actor_shares_inference_gpus() or cfg.cluster.gpus_per_node <= 0:
         return None
     ids = [d for devices in server_devices for d in devices]
     if len(ids) != actor.dims.world_size:

@@ -143,6 +143,11 @@ class AllocationMode:
                 hint=f"named components: {known}; name one with brackets, e.g. fsdp[{name}]:d4",
             ) from None
 
+    def actor_shares_inference_gpus(self) -> bool:
+        """True when the actor is colocated (``|``) with an inference component."""
+        actor = self.actor()
+        return any(c.name is not None and c.name in actor.colocated_with for c in self.inference())
+
     def actor(self) -> Component:
         """The policy's training component.
 
