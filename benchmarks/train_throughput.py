@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> dict:
         gradient_checkpointing=args.gradient_checkpointing,
         dtype=args.dtype,
         compile=args.compile,
+        compile_scope=args.compile_scope,
         fsdp_wrap=args.fsdp_wrap,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
@@ -271,6 +272,9 @@ def main() -> None:
                         help="materialise the full logits instead of the chunked fused LM head")
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                         help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)")
+    parser.add_argument("--compile-scope", default="auto", choices=["auto", "blocks", "pointwise"],
+                        help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
+                             "their norms and MLPs; auto = whole blocks with the engine's varlen attention")
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise)")
@@ -301,7 +305,8 @@ def main() -> None:
             print(f"{key:<{width}}  {value}")
         out = args.out or RESULTS_DIR / (
             f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}"
-            f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}.json"
+            f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}"
+            f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

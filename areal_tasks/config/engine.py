@@ -84,6 +84,12 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     #: ``torch.compile`` the element-wise work (norms, MLP, LM-head chunks); ``auto`` = on CUDA only.
     compile: Literal["auto", "on", "off"] = "auto"
+    #: what ``compile`` covers: ``blocks`` compiles each whole decoder block (attention, rotary
+    #: embedding, residuals and the MLP in one graph a block: far fewer kernels and host work);
+    #: ``pointwise`` only each block's norms and MLP, the attention eager; ``auto`` = ``blocks`` where
+    #: the attention runs inside a compiled graph (the engine's varlen attention, no sequence
+    #: parallelism), else ``pointwise``.
+    compile_scope: Literal["auto", "blocks", "pointwise"] = "auto"
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter

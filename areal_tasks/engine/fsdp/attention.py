@@ -31,7 +31,6 @@ and without ``window_size`` sliding-window layers use the block mask.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 import logging
@@ -73,15 +72,23 @@ def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-@functools.cache
+# Probed once, in eager code, and memoised in module globals rather than with ``functools.cache``:
+# these run inside compiled decoder blocks too, where Dynamo reads a global as a constant but would
+# trace a cached function's body (``importlib``, ``inspect``) again and break the graph there.
+_UNPROBED: Any = object()
+_flash_attn: Any = _UNPROBED
+_varlen: Any = _UNPROBED
+
+
 def flash_attn_installed() -> bool:
     """Whether the flash-attn package is importable (looked up once)."""
-    return importlib.util.find_spec("flash_attn") is not None
+    global _flash_attn
+    if _flash_attn is _UNPROBED:
+        _flash_attn = importlib.util.find_spec("flash_attn") is not None
+    return _flash_attn
 
 
-@functools.cache
-def _varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
-    """torch's ``varlen_attn`` and the names of its parameters, or None when this torch lacks it."""
+def _probe_varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -94,6 +101,20 @@ def _varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
         logger.warning("torch.nn.attention.varlen.varlen_attn takes neither window_size nor is_causal; not used")
         return None
     return varlen_attn, params
+
+
+def _varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
+    """torch's ``varlen_attn`` and the names of its parameters, or None when this torch lacks it."""
+    global _varlen
+    if _varlen is _UNPROBED:
+        _varlen = _probe_varlen_api()
+    return _varlen
+
+
+def probe_kernels() -> None:
+    """Look up the optional attention kernels now, in eager code (before blocks are compiled)."""
+    flash_attn_installed()
+    _varlen_api()
 
 
 def varlen_api_available() -> bool:
@@ -156,7 +177,8 @@ def varlen_packed(
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
-    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, int(max_len), int(max_len), **kwargs)
+    # max_len as given: inside a compiled block it is a symbolic int, and int() would specialise on it
+    return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kwargs)
 
 
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
@@ -173,7 +195,7 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
 
 def _max_len(cu_seqlens: torch.Tensor, bounds: tuple[int, ...] | None, max_len: int | None) -> int:
     if max_len is not None:
-        return int(max_len)
+        return max_len  # not int(): a compiled block's symbolic int stays symbolic
     if bounds is not None:
         return max(b - a for a, b in zip(bounds, bounds[1:]))
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())  # reads a device value back: pass bounds instead
@@ -237,8 +259,10 @@ def packed_attention(
         out = varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens,
                             _max_len(cu_seqlens, bounds, max_len), scaling=scaling, sliding_window=sliding_window)
         return out.transpose(0, 1).unsqueeze(0)
-    if kernel == "per_sequence":
-        host = bounds if bounds is not None else tuple(int(b) for b in cu_seqlens.tolist())  # CPU: no device read
+    # CPU: no device read; inside a compiled graph without the host bounds, the block mask (a host
+    # read there would break the graph)
+    if kernel == "per_sequence" and (bounds is not None or not torch.compiler.is_compiling()):
+        host = bounds if bounds is not None else tuple(int(b) for b in cu_seqlens.tolist())
         if host[0] == 0 and host[-1] == q.shape[2]:
             return _per_sequence(q, k, v, host, scaling, dropout, sliding_window)
     rep = q.shape[1] // k.shape[1]

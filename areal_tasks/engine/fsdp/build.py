@@ -25,7 +25,7 @@ from areal_tasks.engine.fsdp.attention import (
     register_varlen_attention,
     varlen_api_available,
 )
-from areal_tasks.engine.fsdp.compile import compile_model, should_compile
+from areal_tasks.engine.fsdp.compile import compile_model, resolve_compile_scope, should_compile
 from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
 from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
 from areal_tasks.errors import EngineError
@@ -57,6 +57,8 @@ class BuiltModel:
     compiled: list[str] = field(default_factory=list)
     #: why compilation is on or off.
     compile_reason: str = ""
+    #: ``blocks`` (whole decoder blocks compiled), ``pointwise`` or ``""`` (eager).
+    compile_scope: str = ""
     #: the FSDP2 unit layout built: ``block`` or ``root`` (:func:`resolve_fsdp_wrap`).
     fsdp_wrap: str = "block"
 
@@ -170,7 +172,8 @@ def build_model(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     dims = mesh.dims
-    model = _load(model_path, role, _attn_implementation(attn_implementation, dims.sp, device))
+    attn = _attn_implementation(attn_implementation, dims.sp, device)
+    model = _load(model_path, role, attn)
     hf_config = model.config
     lm_head = None
     if chunked_lm_head and role == "actor":
@@ -208,7 +211,9 @@ def build_model(
                     "reshard_after_forward": wrap == "block"}
     blocks = find_decoder_blocks(model)
     do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
-    compiled = compile_model(model, blocks, chunked_head=lm_head is not None) if do_compile else []
+    scope = resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp,
+                                  device_type=device.type) if do_compile else ""
+    compiled = compile_model(model, blocks, chunked_head=lm_head is not None, scope=scope) if do_compile else []
     if wrap == "block":
         for block in blocks:
             fully_shard(block, **shard_kwargs)
@@ -217,4 +222,5 @@ def build_model(
     logger.info("model %s: %d parameters (sharded view), compute dtype %s, FSDP units: %s",
                 type(model).__name__, n_params, dtype_name, wrap)
     return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
-                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap)
+                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap,
+                      compile_scope=scope)

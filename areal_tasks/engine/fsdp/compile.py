@@ -1,18 +1,24 @@
-"""``torch.compile`` for the train engine: fuse the element-wise work around the matmuls.
+"""``torch.compile`` for the train engine: fewer, fused kernels and less host work per step.
 
 At Qwen2.5-0.5B's width (hidden 896) a training step's matmuls take less device time than the
-element-wise kernels around them (RMSNorm's fp32 round trip, SiLU x up, the LM head's per-chunk
-soft-max work), and the host spends its time launching thousands of small kernels. Compiling those
-pieces fuses each into one or two kernels:
+element-wise kernels around them (RMSNorm's fp32 round trip, SiLU x up, the rotary embedding, the
+LM head's per-chunk soft-max work), and the host spends its time launching thousands of small
+kernels. ``EngineConfig.compile_scope`` picks what is compiled:
 
-* in every decoder block, each child module except the attention (the MLP and the norms), and the
-  decoder's final norm (:func:`areal_tasks.models.compile.compile_pointwise_modules`: in place, so
-  parameter names, ties, FSDP2's parameter swaps and checkpoints are untouched; dynamic shapes,
-  as packed micro-batches change length every step);
-* the chunked LM head's element-wise functions (:func:`~areal_tasks.engine.fsdp.lm_head.compile_chunk_kernels`).
+* ``blocks``: each whole decoder block's forward (:func:`compile_whole_blocks`): the q/k/v
+  reshapes, the rotary embedding, the attention call, the residual adds, the norms and the MLP
+  run as one compiled graph a block (and one backward graph), so the autograd engine and Python see
+  24 nodes instead of a few hundred. The attention stays one opaque kernel inside it (torch's
+  varlen flash custom op); its sequence bounds reach it as a tensor and a symbolic ``max_len``, so
+  a new micro-batch length does not recompile. The forward is replaced on the module instance, so
+  FSDP2's hooks on the block stay eager, and parameter names, ties and checkpoints are untouched;
+* ``pointwise``: only the non-attention children of each block (the MLP and the norms;
+  :func:`areal_tasks.models.compile.compile_pointwise_modules`), for attentions that cannot be
+  traced (Ulysses' all-to-all, the CPU per-sequence path that reads the host bounds);
+* either way, the decoder's final norm and the chunked LM head's element-wise functions
+  (:func:`~areal_tasks.engine.fsdp.lm_head.compile_chunk_kernels`).
 
-The attention stays eager: it reads host-side sequence bounds from the model kwargs (varlen flash
-attention, Ulysses), which a compiled graph would specialise on and recompile for every batch.
+All with dynamic shapes: packed micro-batches change length every step.
 
 ``EngineConfig.compile``: ``auto`` compiles on CUDA only (on CPU, Inductor's C++ compile costs more
 than it saves on test-sized models), ``on`` always, ``off`` never. Tensor parallelism and LoRA keep
@@ -22,7 +28,8 @@ the eager path (their DTensor and peft wrappers are not compiled here).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import EngineError
 
@@ -47,13 +54,72 @@ def should_compile(setting: str, device: torch.device, *, tp: int, lora: bool) -
     return True, f"compile={setting}"
 
 
-def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: bool) -> list[str]:
-    """Compile ``blocks``' non-attention children, the final norm and the LM-head chunk kernels in
-    place; returns what was compiled."""
+def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, device_type: str) -> str:
+    """``blocks`` or ``pointwise`` for ``EngineConfig.compile_scope`` (see the module docstring)."""
+    from areal_tasks.engine.fsdp.attention import VARLEN_ATTN
+
+    if setting not in ("auto", "blocks", "pointwise"):
+        raise EngineError(f"compile_scope must be auto, blocks or pointwise, got {setting!r}")
+    if setting == "pointwise":
+        return "pointwise"
+    if sp > 1:
+        if setting == "blocks":
+            raise EngineError("compile_scope=blocks needs sp=1: the Ulysses attention's all-to-all runs eager; "
+                              "set compile_scope to pointwise or auto")
+        return "pointwise"
+    # the engine's varlen attention traces on CUDA; on CPU it runs per sequence from the host bounds
+    if setting == "blocks" or (attn_implementation == VARLEN_ATTN and device_type == "cuda"):
+        return "blocks"
+    return "pointwise"
+
+
+def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[str]:
+    """Replace each block's ``forward`` with a compiled one (on the instance: FSDP2's hooks, which
+    run around ``forward``, stay eager) and compile the final norm; returns their names."""
+    import torch
+
+    from areal_tasks.engine.fsdp.attention import probe_kernels
+
+    probe_kernels()  # in eager code: the compiled attention reads the result as a constant
+    names = {id(module): name for name, module in model.named_modules()}
+    for block in blocks:
+        block.forward = _unspecialised_ints(torch.compile(block.forward, dynamic=True))
+    compiled = [names.get(id(block), type(block).__name__) for block in blocks]
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    final_norm = getattr(decoder, "norm", None)
+    if final_norm is not None:
+        final_norm.compile(dynamic=True)
+        compiled.append(names.get(id(final_norm), "norm"))
+    logger.info("torch.compile: %d whole decoder blocks and the final norm", len(blocks))
+    return compiled
+
+
+def _unspecialised_ints(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``compiled`` with the blocks' integer attributes (``layer_idx``) traced as symbols rather
+    than constants, so every block shares one set of graphs instead of recompiling block by block
+    until Dynamo's recompile limit sends the later ones back to eager."""
+    import torch
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            return compiled(*args, **kwargs)
+
+    return forward
+
+
+def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: bool,
+                  scope: str = "pointwise") -> list[str]:
+    """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
+    the LM-head chunk kernels in place; returns what was compiled."""
     from areal_tasks.engine.fsdp.lm_head import compile_chunk_kernels
     from areal_tasks.models.compile import compile_pointwise_modules
 
-    compiled = compile_pointwise_modules(model, blocks)
+    if scope == "blocks":
+        compiled = compile_whole_blocks(model, blocks)
+    elif scope == "pointwise":
+        compiled = compile_pointwise_modules(model, blocks)
+    else:
+        raise EngineError(f"compile scope must be blocks or pointwise, got {scope!r}")
     if chunked_head:
         compile_chunk_kernels()
         compiled.append("lm_head chunks")

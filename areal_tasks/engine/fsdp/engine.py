@@ -103,10 +103,13 @@ class FSDPEngine(TrainEngine):
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
         self.lm_head = built.lm_head
         self._compiled, self._compile_reason = built.compiled, built.compile_reason
+        self._compile_scope = built.compile_scope
         self._fsdp_wrap = built.fsdp_wrap
         self.mb_spec = _micro_batch_spec(self.config, built, dims)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
-        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head)
+        # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
+        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head,
+                                            host_bounds=built.compile_scope != "blocks")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
         if self.trainable:
@@ -127,7 +130,8 @@ class FSDPEngine(TrainEngine):
             head = f"chunked fused (chunk {self.lm_head.chunk})"
         else:
             head = "full logits"
-        compiled = f"{len(self._compiled)} modules" if self._compiled else f"off ({self._compile_reason})"
+        compiled = (f"{len(self._compiled)} modules ({self._compile_scope})" if self._compiled
+                    else f"off ({self._compile_reason})")
         return {"attention": str(attn), "lm_head": head, "compile": compiled, "fsdp_wrap": self._fsdp_wrap}
 
     @property

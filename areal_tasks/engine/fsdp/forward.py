@@ -52,7 +52,10 @@ class MicroBatchForward:
     """Runs the model on packed micro-batches for one rank (optionally one of ``sp`` Ulysses ranks)."""
 
     def __init__(self, model: torch.nn.Module, spec: ForwardSpec, sp_group: ProcessGroup | None,
-                 lm_head: ChunkedLMHead | None = None) -> None:
+                 lm_head: ChunkedLMHead | None = None, *, host_bounds: bool = True) -> None:
+        """``host_bounds``: pass the host copy of the sequence bounds to the attention (the CPU
+        per-sequence path and Ulysses use it); off for compiled whole blocks, which take
+        ``max_length_q`` and the ``cu_seq_lens_q`` tensor only."""
         import torch.distributed as dist
 
         self.model = model
@@ -62,6 +65,7 @@ class MicroBatchForward:
         self.sp_group = sp_group
         self.sp = 1 if sp_group is None else dist.get_world_size(sp_group)
         self.sp_rank = 0 if sp_group is None else dist.get_rank(sp_group)
+        self.host_bounds = host_bounds
 
     def __call__(self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False,
                  bounds: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
@@ -81,7 +85,9 @@ class MicroBatchForward:
         cu32 = cu.to(torch.int32)
         # the global sequence bounds, for the engine's attentions (and flash-attention varlen)
         kwargs: dict[str, Any] = {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": max_len,
-                                  "max_length_k": max_len, BOUNDS_KWARG: bounds}
+                                  "max_length_k": max_len}
+        if self.host_bounds:
+            kwargs[BOUNDS_KWARG] = bounds
         if self.sp > 1:
             if total % self.sp != 0:
                 raise EngineError(f"a micro-batch of {total} tokens cannot be split over sp={self.sp} ranks; "
