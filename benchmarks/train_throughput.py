@@ -177,6 +177,15 @@ def _synchronisations() -> Iterator[collections.Counter]:
             found[f"{warning.filename}:{warning.lineno}"] += 1
 
 
+def _dynamo_counts() -> dict[str, int]:
+    """Graphs compiled and graph breaks over the run (a break splits a block into several graphs,
+    each with its own host overhead)."""
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -248,7 +257,7 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
-        "fsdp_wrap": kernels["fsdp_wrap"],
+        "fsdp_wrap": kernels["fsdp_wrap"], "dynamo": _dynamo_counts(),
         "profile": profile_summary,
     }
     engine.destroy()
@@ -294,6 +303,7 @@ def main() -> None:
                 f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
                 ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
                 ("LM head", result["lm_head"]), ("compile", result["compile"]), ("FSDP units", result["fsdp_wrap"]),
+                ("graphs / graph breaks", f"{result['dynamo']['unique_graphs']} / {result['dynamo']['graph_breaks']}"),
                 ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),

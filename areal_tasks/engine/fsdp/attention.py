@@ -163,7 +163,9 @@ def varlen_packed(
             raise EngineError("this torch's varlen_attn has no window_size: sliding-window layers need the block mask")
         kwargs["is_causal"] = True
     head_dim = q.shape[-1]
-    if scaling is not None and not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+    default_scale = head_dim**-0.5
+    # plain arithmetic, not math.isclose: inside a compiled block head_dim is symbolic
+    if scaling is not None and abs(scaling - default_scale) > 1e-6 * default_scale:
         if "scale" in params:
             kwargs["scale"] = float(scaling)
         else:  # the kernel applies 1/sqrt(D): fold the rest into the query

@@ -186,17 +186,26 @@ class FSDPEngine(TrainEngine):
         # FSDP averages gradients over dp x sp; each rank's term is already exactly weighted.
         grad_scale = float(self.mesh.fsdp_mesh.size())
         sums = _WeightedSums()
-        for mb, mb_bounds, weight in zip(device_mbs, bounds, weights):
-            with torch.set_grad_enabled(backward):
-                outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                loss, stats = loss_fn(outputs, mb)
-                if backward:
-                    if weight > 0:
-                        (loss * (weight / total_weight * grad_scale)).backward()
-                    else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
-                        (sum(v.sum() for v in outputs.values()) * 0.0).backward()
-            if weight > 0:
-                sums.add({"loss": loss, **stats}, weight)
+        # one FSDP unit: gather (and cast) the parameters once a step, not once a micro-batch; the
+        # last backward reshards (also after an error, so no later step keeps them gathered)
+        keep_gathered = backward and self._fsdp_wrap == "root" and len(device_mbs) > 1
+        try:
+            for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
+                if keep_gathered:
+                    self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
+                with torch.set_grad_enabled(backward):
+                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                    loss, stats = loss_fn(outputs, mb)
+                    if backward:
+                        if weight > 0:
+                            (loss * (weight / total_weight * grad_scale)).backward()
+                        else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
+                            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+                if weight > 0:
+                    sums.add({"loss": loss, **stats}, weight)
+        finally:
+            if keep_gathered:
+                self.model.set_reshard_after_backward(True)
         totals = sums.totals()  # the step's one read-back of device values
         keys = sorted(totals)
         reduced = self._all_reduce_dp([totals[k] for k in keys]) if keys else []

@@ -78,3 +78,48 @@ def test_compiled_blocks_match_eager_without_graph_breaks_or_per_length_recompil
     # a few graphs for every block and length (the blocks, the final norm, one re-specialisation):
     # not one per block or per micro-batch (host bounds in the kwargs would make it one per batch)
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
+
+
+def _block_mask_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                       window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    """A CPU stand-in with the signature of torch's ``varlen_attn`` (token-major ``[T, H, D]``)."""
+    from areal_tasks.engine.fsdp.attention import block_causal_mask, repeat_heads
+
+    rep = query.shape[1] // key.shape[1]
+    q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))  # [1, heads, T, D]
+    k, v = repeat_heads(k, rep), repeat_heads(v, rep)
+    mask = block_causal_mask(cu_seq_q, query.shape[0])
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[0].transpose(0, 1)
+
+
+def test_the_varlen_route_traces_as_one_graph_per_block(tiny_qwen2, monkeypatch):
+    """The CUDA route (``packed_kernel`` -> ``varlen_packed`` -> torch's ``varlen_attn``) has no graph
+    break inside a block: compiled with ``fullgraph=True``, where a break is an error. CPU has no
+    flash kernel, so a stand-in of the same signature computes the attention."""
+    import inspect
+
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.engine.fsdp import attention
+
+    monkeypatch.setattr(attention, "packed_kernel", lambda *args, **kwargs: "varlen")
+    monkeypatch.setattr(attention, "_varlen",
+                        (_block_mask_varlen, frozenset(inspect.signature(_block_mask_varlen).parameters)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=register_varlen_attention(),
+                                                 dtype=torch.float32)
+    block = decoder_blocks(model)[0]
+    eager_forward = block.forward
+    torch._dynamo.reset()
+    block.forward = torch.compile(eager_forward, dynamic=True, fullgraph=True)
+    hidden = model.config.hidden_size
+    for lengths in ([5, 9, 3], [7, 12, 4, 6]):
+        total = sum(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
+        x = torch.randn(1, total, hidden)
+        rotary = model.model.rotary_emb(x, positions)
+        kwargs = {"position_embeddings": rotary, "position_ids": positions, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                  "max_length_q": max(lengths), "max_length_k": max(lengths)}
+        got = block(x, **kwargs)
+        want = eager_forward(x, **kwargs)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
