@@ -227,6 +227,7 @@ def run(args: argparse.Namespace) -> dict:
     batches = [long_tail_batch(args.mbs_per_step * tokens_per_mb, tokens_per_mb, shape["vocab_size"],
                                seed=1000 * step + info.dp_rank) for step in range(args.warmup + args.steps)]
     times, tokens, flops = [], [], []
+    graphs_after_warmup = 0
     profile_summary = None
     for step, batch in enumerate(batches):
         _sync()
@@ -236,6 +237,8 @@ def run(args: argparse.Namespace) -> dict:
         elapsed = time.perf_counter() - start
         if args.profile and step == max(args.warmup, 1) - 1:
             profile_summary = _profile_step(engine, batch)
+        if step == args.warmup - 1:
+            graphs_after_warmup = _dynamo_counts()["unique_graphs"]
         if step >= args.warmup:
             times.append(elapsed)
             tokens.append(stats["n_tokens"])
@@ -257,7 +260,9 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
-        "fsdp_wrap": kernels["fsdp_wrap"], "dynamo": _dynamo_counts(),
+        "fsdp_wrap": kernels["fsdp_wrap"], "step_times_s": times,
+        "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
+                   _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
         "profile": profile_summary,
     }
     engine.destroy()
@@ -303,7 +308,9 @@ def main() -> None:
                 f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
                 ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
                 ("LM head", result["lm_head"]), ("compile", result["compile"]), ("FSDP units", result["fsdp_wrap"]),
-                ("graphs / graph breaks", f"{result['dynamo']['unique_graphs']} / {result['dynamo']['graph_breaks']}"),
+                ("graphs / graph breaks", f"{result['dynamo']['unique_graphs']} / {result['dynamo']['graph_breaks']}"
+                 f" ({result['dynamo']['graphs_compiled_in_timed_steps']} compiled in the timed steps)"),
+                ("step times", " ".join(f"{t:.3f}" for t in result["step_times_s"])),
                 ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),

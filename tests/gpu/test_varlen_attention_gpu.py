@@ -164,3 +164,21 @@ def test_engine_train_step_fast_paths_match_plain(tiny_qwen2, tmp_path, monkeypa
     assert total < 0.05, f"bf16 gradients differ by a relative norm of {total}"
     losses = res["losses"]
     assert losses[-1] < losses[0] - 0.05, f"bf16 training did not lower the loss: {losses}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_weight_gradient_accumulates_in_fp32_on_cuda():
+    """The chunked head's ``[V, H]`` weight gradient: bf16 chunk products summed in an fp32
+    accumulator by one GEMM each (``addmm`` with ``out_dtype``) equal the fp32 sum of the products."""
+    from areal_tasks.engine.fsdp.lm_head import accumulate_matmul
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    acc = torch.zeros(4096, 896, device="cuda")
+    want = torch.zeros(4096, 896, device="cuda", dtype=torch.float64)
+    for _ in range(8):
+        a = torch.randn(4096, 832, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(832, 896, device="cuda", generator=gen).to(torch.bfloat16)
+        accumulate_matmul(acc, a, b)
+        want += a.double() @ b.double()
+    assert acc.dtype == torch.float32
+    assert (acc.double() - want).abs().max().item() < 1e-2 * want.abs().max().item() ** 0.5

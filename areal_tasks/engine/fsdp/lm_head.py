@@ -119,6 +119,21 @@ def compile_chunk_kernels() -> None:
     logger.info("chunked LM head: element-wise chunk work compiled with torch.compile")
 
 
+def accumulate_matmul(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` with ``acc`` fp32 and ``a``/``b`` possibly bf16/fp16.
+
+    On CUDA the matmul writes straight into the fp32 accumulator (``addmm`` with ``out_dtype``: one
+    GEMM). Otherwise a half-precision product is materialised and added, which for the LM head's
+    ``[V, H]`` weight gradient is a 0.3 GB write plus a 1.4 GB read-modify-write per chunk.
+    """
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and acc.dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.add_(torch.matmul(a, b))  # promotes into the accumulator
+
+
 class _ChunkedStats(torch.autograd.Function):
     """``(logprob [N], entropy [N] or empty)`` of ``hidden [N, H]`` against ``labels [N]``."""
 
@@ -166,10 +181,7 @@ class _ChunkedStats(torch.autograd.Function):
             if grad_h is not None:
                 torch.matmul(grad, weight, out=grad_h[rows])
             if grad_w is not None:
-                if grad_w.dtype == grad.dtype:
-                    grad_w.addmm_(grad.t(), h)
-                else:
-                    grad_w.add_(torch.matmul(grad.t(), h))  # promotes into the fp32 accumulator
+                accumulate_matmul(grad_w, grad.t(), h)
             if grad_b is not None:
                 grad_b += grad.float().sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
