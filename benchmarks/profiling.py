@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["busy_fraction", "kernel_table", "print_kernel_table"]
+__all__ = ["busy_fraction", "idle_gaps", "kernel_table", "print_kernel_table"]
 
 
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
@@ -43,3 +43,32 @@ def print_kernel_table(title: str, rows: list[dict], width: int = 70) -> None:
     for row in rows:
         name = row["kernel"] if len(row["kernel"]) <= width else row["kernel"][: width - 3] + "..."
         print(f"{name:<{width}} {row['ms_per_call']:>8.3f} {row['launches_per_call']:>9.1f} {100 * row['share']:>5.1f}%")
+
+
+def idle_gaps(events, min_us: float = 500.0, top: int = 12) -> list[dict]:
+    """The longest stretches with no device kernel running, each with the host operators that ran
+    during it (the outermost ones first: what the host was busy with while the device waited).
+    ``events`` is ``prof.events()``; times in microseconds from the first event."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    if not kernels:
+        return []
+    origin = min(e.time_range.start for e in events)
+    gaps, reach = [], kernels[0][1]
+    for a, b in kernels[1:]:
+        if a - reach >= min_us:
+            gaps.append((reach, a))
+        reach = max(reach, b)
+    gaps.sort(key=lambda g: g[0] - g[1])
+    rows = []
+    for a, b in gaps[:top]:
+        overlapping = [(min(b, e.time_range.end) - max(a, e.time_range.start), e.name) for e in host
+                       if e.time_range.start < b and e.time_range.end > a]
+        names: list[str] = []
+        for _, name in sorted(overlapping, key=lambda item: -item[0]):
+            if name not in names:
+                names.append(name)
+        rows.append({"start_ms": (a - origin) / 1e3, "ms": (b - a) / 1e3, "host": names[:6]})
+    return rows

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from profiling import busy_fraction  # benchmarks/ is the script's directory, first on sys.path
+from profiling import busy_fraction, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -153,6 +153,10 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
                "gpu_busy_fraction": fraction}
     print(f"profiled step {summary['step_s']:.3f} s, GPU busy {summary['gpu_busy_s']:.3f} s "
           f"({100 * fraction:.1f} %)")
+    summary["idle_gaps"] = idle_gaps(events)
+    print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
+    for gap in summary["idle_gaps"]:
+        print(f"  at {gap['start_ms']:8.1f} ms  {gap['ms']:6.2f} ms  {' > '.join(gap['host'])[:200]}")
     return summary
 
 
