@@ -111,6 +111,19 @@ def _sharded_dims(grad: torch.Tensor) -> tuple[object, tuple[int, ...]]:
     return grad.device_mesh, tuple(dims)
 
 
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient's local shard (the tensor itself when it is not a DTensor), without autograd
+    (with gradients enabled ``to_local`` runs an autograd function: clipping 290 DTensor gradients
+    on the CPU here took 5.7 ms that way, 3.7 ms without)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(grad, DTensor):
+        return grad
+    with torch.no_grad():
+        return grad.to_local()
+
+
 def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """The L2 norm of all gradients of ``params`` across every shard (fp32 scalar, same on all ranks)."""
     import torch
@@ -121,14 +134,19 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     # same all-reduces in the same order.
     groups: dict[tuple[str, tuple[int, ...]], list[torch.Tensor]] = {}
     meshes: dict[str, object] = {}
+    keys_of_meshes: dict[int, str] = {}
     device = None
     for p in params:
         if p.grad is None:
             continue
         mesh, dims = _sharded_dims(p.grad)
-        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        local = _local(p.grad)
         device = local.device
-        mesh_key = "" if mesh is None else f"{mesh.mesh_dim_names}{tuple(mesh.mesh.shape)}"
+        if mesh is None:
+            mesh_key = ""
+        else:  # once per mesh object: DeviceMesh.mesh rebuilds its tensor on every access (~70 us)
+            mesh_key = keys_of_meshes.get(id(mesh)) or keys_of_meshes.setdefault(
+                id(mesh), f"{mesh.mesh_dim_names}{tuple(mesh.mesh.shape)}")
         key = (mesh_key, dims)
         meshes[mesh_key] = mesh
         groups.setdefault(key, []).append(local.detach())
@@ -174,7 +192,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
         by_kind: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         for p in params:
             if p.grad is not None:
-                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                local = _local(p.grad)
                 by_kind.setdefault((str(local.device), local.dtype), []).append(local)
         with torch.no_grad():
             for group in by_kind.values():
