@@ -22,7 +22,7 @@ device kernels' intervals over the step's wall time; the rest is the device wait
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
 on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
-("Train throughput (H200)"); one GPU now runs 59,000 tokens/s, 24.5% MFU.
+("Train throughput (H200)"); one GPU now runs 66,100 tokens/s, 27.5% MFU.
 
 Usage::
 
