@@ -1,7 +1,8 @@
 """Options do not change the maths: gradient checkpointing and CPU offload (each with dp=2, and
 checkpointing under Ulysses sp=2, where the recomputation replays the all-to-alls), and whole
-decoder blocks through ``torch.compile`` under per-block FSDP2 units, match the single-process
-reference in loss and gradients (fp32, 1e-5)."""
+decoder blocks through ``torch.compile`` under per-block FSDP2 units with checkpointing (the
+recomputation reruns the compiled forward), match the single-process reference in loss and
+gradients (fp32, 1e-5)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.distributed
         ({}, {"gradient_checkpointing": True, "cpu_offload": True}),
         ({"sp": 2}, {"gradient_checkpointing": True}),
         # per-block FSDP2 units (dp=2 on CPU) around compiled whole blocks: the hooks stay eager
-        ({}, {"compile": "on", "compile_scope": "blocks"}),
+        ({}, {"compile": "on", "compile_scope": "blocks", "gradient_checkpointing": True}),
     ],
-    ids=["dp2-ckpt-offload", "sp2-ckpt", "dp2-compiled-blocks"],
+    ids=["dp2-ckpt-offload", "sp2-ckpt", "dp2-compiled-blocks-ckpt"],
 )
 def test_options_keep_reference_gradients(layout, options, tiny_qwen2, tmp_path):
     args = {"model_dirs": {"qwen2": str(tiny_qwen2)}, "options": options, **layout}
