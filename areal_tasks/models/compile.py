@@ -7,14 +7,17 @@ into one or two kernels each. ``dynamic=True``: packed training micro-batches an
 change size every call, and one compiled graph serves them all.
 
 The attention modules stay eager: their kernels read host-side sequence bounds (training) or run
-inside the server's own cache plumbing, which a compiled graph would specialise on. (The server's
-captured decode steps can compile whole blocks instead: ``inference/server/block_compile.py``.)
+inside the server's own cache plumbing, which a compiled graph would specialise on. Where the
+attention can be traced, whole blocks compile instead (:func:`compile_block_forward`: the train
+engine's ``compile_scope="blocks"``, the server's captured decode steps in
+``inference/server/block_compile.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -53,3 +56,19 @@ def compile_pointwise_modules(model: torch.nn.Module, blocks: list[torch.nn.Modu
     compiled = [names.get(id(module), type(module).__name__) for module in targets]
     logger.info("torch.compile: %d modules (%s, ...)", len(compiled), ", ".join(compiled[:3]))
     return compiled
+
+
+def compile_block_forward(block: torch.nn.Module) -> Callable[..., Any]:
+    """``block.forward`` through ``torch.compile`` (dynamic shapes), called with the module's integer
+    attributes (``layer_idx``) traced as symbols rather than constants
+    (``allow_unspec_int_on_nn_module``): every block of a model then shares one set of graphs instead
+    of recompiling block by block until Dynamo's recompile limit sends the later ones back to eager."""
+    import torch
+
+    compiled = torch.compile(block.forward, dynamic=True)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            return compiled(*args, **kwargs)
+
+    return forward

@@ -28,8 +28,7 @@ the eager path (their DTensor and peft wrappers are not compiled here).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from areal_tasks.errors import EngineError
 
@@ -76,14 +75,13 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
 def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[str]:
     """Replace each block's ``forward`` with a compiled one (on the instance: FSDP2's hooks, which
     run around ``forward``, stay eager) and compile the final norm; returns their names."""
-    import torch
-
     from areal_tasks.engine.fsdp.attention import probe_kernels
+    from areal_tasks.models.compile import compile_block_forward
 
     probe_kernels()  # in eager code: the compiled attention reads the result as a constant
     names = {id(module): name for name, module in model.named_modules()}
     for block in blocks:
-        block.forward = _unspecialised_ints(torch.compile(block.forward, dynamic=True))
+        block.forward = compile_block_forward(block)
     compiled = [names.get(id(block), type(block).__name__) for block in blocks]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     final_norm = getattr(decoder, "norm", None)
@@ -92,19 +90,6 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) 
         compiled.append(names.get(id(final_norm), "norm"))
     logger.info("torch.compile: %d whole decoder blocks and the final norm", len(blocks))
     return compiled
-
-
-def _unspecialised_ints(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``compiled`` with the blocks' integer attributes (``layer_idx``) traced as symbols rather
-    than constants, so every block shares one set of graphs instead of recompiling block by block
-    until Dynamo's recompile limit sends the later ones back to eager."""
-    import torch
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
-            return compiled(*args, **kwargs)
-
-    return forward
 
 
 def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: bool,

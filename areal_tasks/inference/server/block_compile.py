@@ -18,7 +18,7 @@ What keeps this fast and to one set of compiled graphs for every block:
   Python wrapper outside it hands the view the block's storage first
   (:meth:`~areal_tasks.inference.server.cuda_graph.StaticCacheView.use_layer`), and the module's
   integer ``layer_idx`` is traced as a symbol rather than a constant
-  (``allow_unspec_int_on_nn_module``), so the blocks do not recompile one by one until the
+  (``allow_unspec_int_on_nn_module``, in :func:`~areal_tasks.models.compile.compile_block_forward`), so the blocks do not recompile one by one until the
   recompile limit sends the later ones back to eager;
 - ``dynamic=True``: one graph serves every batch-size bucket (batch 1 and each KV-length bucket
   still specialise: a few graphs in all, compiled while the decode steps are captured).
@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from areal_tasks.inference.server.fused_projections import FusedGroup, fuse_input_projections
+from areal_tasks.models.compile import compile_block_forward
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class CompiledBlocks:
 
     def __init__(self, blocks: list[torch.nn.Module]) -> None:
         self.blocks = blocks
-        self._compiled = [torch.compile(block.forward, dynamic=True) for block in blocks]
+        self._compiled = [compile_block_forward(block) for block in blocks]
         #: the blocks' fused input projections (their parameters become views of the fused weights).
         self.fused: list[FusedGroup] = fuse_input_projections(blocks)
         if self.fused:
@@ -64,8 +65,7 @@ class CompiledBlocks:
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             view.use_layer(layer)  # outside the compiled code: see the module doc
-            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
-                return compiled(*args, **kwargs)
+            return compiled(*args, **kwargs)
 
         return forward
 
