@@ -112,14 +112,11 @@ def test_the_varlen_route_traces_as_one_graph_per_block(tiny_qwen2, monkeypatch)
     torch._dynamo.reset()
     block.forward = torch.compile(eager_forward, dynamic=True, fullgraph=True)
     hidden = model.config.hidden_size
-    for lengths in ([5, 9, 3], [7, 12, 4, 6]):
-        total = sum(lengths)
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-        positions = torch.cat([torch.arange(n) for n in lengths])[None]
-        x = torch.randn(1, total, hidden)
-        rotary = model.model.rotary_emb(x, positions)
-        kwargs = {"position_embeddings": rotary, "position_ids": positions, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-                  "max_length_q": max(lengths), "max_length_k": max(lengths)}
+    for seed, lengths in enumerate(LENGTHS[:2]):
+        packed = _packed_inputs(lengths, model.config.vocab_size, seed)
+        del packed["input_ids"], packed["use_cache"]  # a block takes the hidden states and the rest
+        x = torch.randn(1, sum(lengths), hidden)
+        kwargs = {"position_embeddings": model.model.rotary_emb(x, packed["position_ids"]), **packed}
         got = block(x, **kwargs)
         want = eager_forward(x, **kwargs)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
