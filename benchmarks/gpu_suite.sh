@@ -10,7 +10,9 @@
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
 # async_bounds (in place: eta=0, eta=2 under the default staleness bound, then eta=2 under
 # rollout.staleness_bound=admission from the same warm start), async_shared (one GPU: server and
-# trainer colocated on it, disk weight updates, eta=0 and eta=2 in place),
+# trainer colocated on it, disk weight updates, eta=0 and eta=2 in place), async_ipc (the same with
+# shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
+# sharedgpu (the CUDA IPC test),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
@@ -107,6 +109,11 @@ for p in "$@"; do
                 --work "$LOGS/async_shared_work" --out benchmarks/results/async_vs_sync_gpu_shared.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
                 rollout.weight_update=disk rollout.pause_mode=in_place ;;
+        async_ipc) part async_ipc 500 python benchmarks/async_vs_sync.py --sft-steps ${SFT_STEPS:-200} --steps 10 \
+                --etas 0 2 --work "$LOGS/async_ipc_work" --out benchmarks/results/async_vs_sync_gpu_shared_ipc.json -- \
+                "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
+                rollout.weight_update=shared rollout.pause_mode=in_place ;;
+        sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;

@@ -30,7 +30,7 @@ import abc
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 if TYPE_CHECKING:
     import torch
@@ -119,7 +119,17 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def update_weights(self, meta: WeightUpdateMeta) -> None:
-        """Publish the current weights to the inference servers as ``meta`` says (disk or collective)."""
+        """Publish the current weights to the inference servers as ``meta`` says (disk, collective,
+        or shared: packed into this host's shared buffers, which the servers then copy from)."""
+
+    def shared_weight_buffers(self) -> tuple[dict[str, Any], ...]:
+        """The JSON descriptions of the buffers a shared update packed into (one per rank that holds
+        one), for :meth:`WeightUpdateMeta.with_buffers`. The default has none: an engine that
+        supports shared updates overrides it."""
+        from areal_tasks.errors import EngineError
+
+        raise EngineError(f"{type(self).__name__} does not support shared weight updates; "
+                                  "use rollout.weight_update=disk or collective")  # fmt: skip
 
     def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
         """Optionally do the part of :meth:`update_weights` that needs no server (gather and pack

@@ -7,7 +7,12 @@ A :class:`WeightUpdateMeta` says which policy version is being published and how
 * ``collective``: trainer rank 0 and all inference server ranks join one process group (rendezvous at
   ``master_addr:master_port``, ``world_size`` members, trainer = rank 0) named ``group_name``; rank 0
   broadcasts the weights in buckets of at most ``bucket_bytes`` (SGLang
-  ``/init_weights_update_group`` + ``/update_weights_from_distributed``).
+  ``/init_weights_update_group`` + ``/update_weights_from_distributed``);
+* ``shared``: trainer and servers on one host (colocated): every trainer rank packs the weights
+  into a buffer it keeps for the run (on its GPU, opened by the servers through CUDA IPC; on CPU a
+  shared-memory file) and a server copies from the buffer on its own device. ``shared_buffers``
+  describes them (:mod:`areal_tasks.engine.weights.shared`); the trainer fills it in once the
+  buffers exist, so a record without it is valid only on the trainer's side.
 
 The same type is built by the trainer and consumed by the inference side, so it is torch-free and
 round-trips through :meth:`to_dict` / :meth:`from_dict` (JSON-safe).
@@ -16,7 +21,7 @@ round-trips through :meth:`to_dict` / :meth:`from_dict` (JSON-safe).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from areal_tasks.errors import ConfigError
@@ -25,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_UPDATE_WIRE_VERSION = 1
 
-UpdateType = Literal["disk", "collective"]
+UpdateType = Literal["disk", "collective", "shared"]
 CollectiveBackend = Literal["gloo", "nccl"]
 
 _DEFAULT_BUCKET_BYTES = 1024 * 1024 * 1024  # a 0.5B model in bf16 is one bucket: one HTTP round trip
@@ -35,7 +40,7 @@ _DEFAULT_BUCKET_BYTES = 1024 * 1024 * 1024  # a 0.5B model in bf16 is one bucket
 class WeightUpdateMeta:
     """One published weight update: its version and how the weights travel."""
 
-    #: ``disk`` or ``collective``.
+    #: ``disk``, ``collective`` or ``shared``.
     type: UpdateType
     #: the policy version the new weights carry (the trainer's version after the step).
     version: int
@@ -55,6 +60,8 @@ class WeightUpdateMeta:
     bucket_bytes: int = _DEFAULT_BUCKET_BYTES
     #: seconds a member waits for the others (rendezvous and each collective).
     timeout_s: float = 300.0
+    #: shared: one JSON description per trainer rank's buffer (``engine/weights/shared.py``).
+    shared_buffers: tuple[dict[str, Any], ...] = ()
     #: format version of this record.
     wire_version: int = WEIGHT_UPDATE_WIRE_VERSION
 
@@ -66,8 +73,8 @@ class WeightUpdateMeta:
     def problems(self) -> list[str]:
         """Every invalid field, as ``"<field>: <what is wrong>"``."""
         found: list[str] = []
-        if self.type not in ("disk", "collective"):
-            found.append(f"type: must be 'disk' or 'collective', got {self.type!r}")
+        if self.type not in ("disk", "collective", "shared"):
+            found.append(f"type: must be 'disk', 'collective' or 'shared', got {self.type!r}")
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 0:
             found.append(f"version: must be an integer >= 0, got {self.version!r}")
         if self.type == "disk" and not self.path:
@@ -85,6 +92,13 @@ class WeightUpdateMeta:
                 found.append(f"backend: must be 'gloo' or 'nccl', got {self.backend!r}")
             if not self.group_name:
                 found.append("group_name: must not be empty")
+        if not isinstance(self.shared_buffers, tuple) or not all(
+            isinstance(b, dict) and isinstance(b.get("kind"), str) for b in self.shared_buffers
+        ):
+            found.append("shared_buffers: must be a tuple of dicts, each with a 'kind', "
+                         f"got {self.shared_buffers!r}")  # fmt: skip
+        elif self.shared_buffers and self.type != "shared":
+            found.append(f"shared_buffers: only a shared update names buffers, this one is {self.type!r}")
         if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
             found.append(f"bucket_bytes: must be an integer >= 1, got {self.bucket_bytes!r}")
         if not self.timeout_s > 0:
@@ -126,9 +140,22 @@ class WeightUpdateMeta:
             timeout_s=timeout_s,
         )
 
+    @classmethod
+    def shared(cls, version: int, shared_buffers: tuple[dict[str, Any], ...] = ()) -> WeightUpdateMeta:
+        """A shared-memory update of ``version`` (``shared_buffers``: see :meth:`with_buffers`)."""
+        return cls(type="shared", version=version, shared_buffers=tuple(shared_buffers))
+
+    def with_buffers(self, shared_buffers: tuple[dict[str, Any], ...]) -> WeightUpdateMeta:
+        """This shared update, naming the trainer's buffers (what the servers need to read them)."""
+        if self.type != "shared":
+            raise ConfigError(f"with_buffers: only a shared update names buffers, this one is {self.type!r}")
+        return replace(self, shared_buffers=tuple(shared_buffers))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (the HTTP/RPC wire form)."""
-        return asdict(self)
+        data = asdict(self)
+        data["shared_buffers"] = [dict(b) for b in self.shared_buffers]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WeightUpdateMeta:
@@ -137,4 +164,7 @@ class WeightUpdateMeta:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"WeightUpdateMeta.from_dict: unknown keys {unknown}; known keys are {sorted(known)}")
+        data = dict(data)
+        if isinstance(data.get("shared_buffers"), list):
+            data["shared_buffers"] = tuple(data["shared_buffers"])
         return cls(**data)

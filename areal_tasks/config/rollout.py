@@ -146,9 +146,10 @@ class RolloutConfig:
     server: InferenceServerConfig = field(default_factory=InferenceServerConfig)
     #: fraction of failed episodes (over a recent window) past which the rollout executor fails the job.
     max_failure_rate: float = 0.5
-    #: how new weights reach the servers each step: sharded safetensors on disk, or a broadcast
-    #: over a collective group (gloo on CPU, NCCL on GPU).
-    weight_update: Literal["disk", "collective"] = "disk"
+    #: how new weights reach the servers each step: sharded safetensors on disk, a broadcast over a
+    #: collective group (gloo on CPU, NCCL on GPU), or ``shared``: the trainer's buffers in memory the
+    #: servers on its host map (CUDA IPC on the trainer's GPUs; a /dev/shm file on CPU; embedded backend).
+    weight_update: Literal["disk", "collective", "shared"] = "disk"
     #: how the servers stop for a weight update: ``abort`` returns in-flight requests' partial output,
     #: resubmitted after it (their prefix is recomputed with the new weights); ``in_place`` keeps them
     #: and their KV cache (no resubmission: the shortest pause; the prefix's KV stays the old policy's);

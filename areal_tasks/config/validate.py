@@ -138,8 +138,19 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
     if alloc.actor_shares_inference_gpus() and cluster.gpus_per_node > 0 and cfg.rollout.weight_update == "collective":
         p.add("rollout.weight_update", f"'collective' cannot reach servers on the trainer's own GPUs: in "
               f"{cfg.allocation!r} the actor shares them with the inference servers ('|'), and NCCL does not "
-              "connect two processes on one GPU; set rollout.weight_update=disk, or give each its own GPUs "
-              "with '+'")
+              "connect two processes on one GPU; set rollout.weight_update=shared (or disk), or give each its "
+              "own GPUs with '+'")
+    if cfg.rollout.weight_update == "shared":
+        if cfg.rollout.backend != "embedded":
+            p.add("rollout.weight_update", f"'shared' needs the embedded inference server; {cfg.rollout.backend!r} "
+                  "servers cannot read the trainer's buffers: use disk or collective")
+        elif cluster.gpus_per_node > 0 and not alloc.actor_shares_inference_gpus():
+            p.add("rollout.weight_update", f"'shared' reads the trainer's buffers on its own GPUs, but in "
+                  f"{cfg.allocation!r} the servers have GPUs of their own ('+'); colocate them with '|', or set "
+                  "rollout.weight_update=collective")
+        elif cluster.gpus_per_node == 0 and cluster.nodes > 1:
+            p.add("rollout.weight_update", f"'shared' on CPU reads one file on the trainer's host, but "
+                  f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective")
     if cluster.gpus_per_node == 0:
         for comp in alloc.components:
             if comp.backend in GPU_ONLY_BACKENDS:

@@ -8,7 +8,7 @@ endpoints). Torch-free: the client imports it.
 
 from __future__ import annotations
 
-__all__ = ["EMBEDDED_ADMIN_PATHS", "SGLANG_ADMIN_PATHS", "SWAP_WEIGHTS_PATH"]
+__all__ = ["EMBEDDED_ADMIN_PATHS", "SGLANG_ADMIN_PATHS", "SHARED_WEIGHTS_PATH", "SWAP_WEIGHTS_PATH"]
 
 SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
     {
@@ -26,8 +26,10 @@ SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
     }
 )
 
-#: the embedded server's one extension of the protocol: pause, load and resume in one request.
+#: the embedded server's extensions of the protocol: pause, load and resume in one request ...
 SWAP_WEIGHTS_PATH = "/areal/swap_weights"
+#: ... and a load from the trainer's shared-memory buffers (``engine/weights/shared.py``).
+SHARED_WEIGHTS_PATH = "/areal/update_weights_from_shared"
 
-#: what the embedded server guards: SGLang's admin endpoints plus its own extension.
-EMBEDDED_ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS | {SWAP_WEIGHTS_PATH}
+#: what the embedded server guards: SGLang's admin endpoints plus its own extensions.
+EMBEDDED_ADMIN_PATHS: frozenset[str] = SGLANG_ADMIN_PATHS | {SWAP_WEIGHTS_PATH, SHARED_WEIGHTS_PATH}

@@ -10,7 +10,8 @@ Per step ``k`` (policy version ``k - 1`` before it, ``k`` after it):
 3. the weight update: ``rollout.weight_update=disk`` writes sharded safetensors (rank 0) *before*
    pausing, then rank 0 pauses the servers, loads, bumps the version and resumes: the servers stop
    only for the load. ``collective`` pauses, broadcasts the buckets from rank 0 while the client
-   has every server receive them, and resumes. With ``rollout.pause_mode=abort`` (the default)
+   has every server receive them, and resumes. ``shared`` packs the weights into the trainer's
+   shared buffers *before* pausing; paused, each server copies them from the buffer on its device. With ``rollout.pause_mode=abort`` (the default)
    in-flight requests are aborted by the pause and resubmitted with their partial output (partial
    rollout); ``in_place`` keeps them, with their KV cache, on the servers;
 4. evaluation every ``evaluation.freq_steps``, a checkpoint every ``saver.freq_steps`` (engines +
@@ -135,6 +136,13 @@ class WeightPublisher:
             paused_at = time.perf_counter()
             if self.side is not None:
                 parts = self._swap_on_paused_servers(version, meta)
+        elif self.cfg.rollout.weight_update == "shared":
+            meta = WeightUpdateMeta.shared(version)
+            parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
+            self.actor.update_weights(meta)  # packed already: only the ranks' barrier
+            paused_at = time.perf_counter()
+            if self.side is not None:
+                parts.update(self._swap_on_paused_servers(version, meta.with_buffers(self.actor.shared_weight_buffers())))
         else:
             meta = self._collective_meta(version)
             parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
@@ -156,7 +164,7 @@ class WeightPublisher:
         ``swap_weights``); returns the three parts' times. ``send``, when given, runs here meanwhile
         (a collective update's broadcast: the servers receive once paused)."""
         ex = self.side.executor
-        buckets = self._buckets(meta) if meta.type == "collective" else None
+        buckets = self._buckets(meta) if meta.type != "disk" else None
         mode = self.cfg.rollout.pause_mode
         if send is None:
             parts = ex.swap_weights(meta, buckets, version, mode)
@@ -213,8 +221,12 @@ class WeightPublisher:
         )  # fmt: skip
 
     def _buckets(self, meta: WeightUpdateMeta) -> Any:
+        """The collective update's bucket plan; a shared update's one "bucket": the buffers' layout."""
         from areal_tasks.api.inference import plan_weight_buckets
+        from areal_tasks.engine.weights.shared import shared_layout
 
+        if meta.type == "shared":
+            return [shared_layout(self.actor.weight_specs())]
         return plan_weight_buckets(self.actor.weight_specs(), meta.bucket_bytes)
 
     def _prune(self, version: int) -> None:

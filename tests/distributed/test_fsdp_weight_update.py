@@ -1,4 +1,9 @@
-"""Collective weight update from a dp=2 engine, SGLang's protocol end to end: trainer rank 0 joins
+"""Weight updates from a dp=2 engine.
+
+Shared memory: the ranks gather, rank 0 packs into its buffer (one on CPU), and what a server
+reads from it is exactly the engine's weights of each version, staged or not.
+
+Collective: a collective weight update from a dp=2 engine, SGLang's protocol end to end: trainer rank 0 joins
 the group and broadcasts one flattened bucket per planned bucket, twice over the same group; the
 receiver (this test process, standing in for an inference server) joins and receives with the
 embedded server's own code, planning the buckets from the engine's weight specs as the client
@@ -56,6 +61,18 @@ def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
     res = torch.load(tmp_path / "result.pt", weights_only=False)
     assert len(received) == 2
     for got, expected in zip(received, (res["first"], res["second"])):
+        assert set(got) == set(expected)
+        for name, tensor in expected.items():
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    assert any(not torch.equal(res["first"][n], res["second"][n]) for n in res["first"])
+
+
+def test_shared_update_packs_each_version_into_rank0s_buffer(tiny_qwen2, tmp_path):
+    run_workers("workers_fsdp:shared_run", 2, tmp_path, {"model_dir": str(tiny_qwen2)})
+    res = torch.load(tmp_path / "result.pt", weights_only=False)
+    (description,) = res["descriptions"]  # on CPU only rank 0 holds a buffer
+    assert description["kind"] == "file" and res["gone"]
+    for got, expected in ((res["first"], res["expected_first"]), (res["second"], res["expected_second"])):
         assert set(got) == set(expected)
         for name, tensor in expected.items():
             assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name

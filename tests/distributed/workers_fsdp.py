@@ -205,6 +205,41 @@ def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: i
     engine.destroy()
 
 
+def shared_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
+    """Publish weights into the shared buffer twice (dp=2): staged before a pause, then directly
+    after a train step; rank 0 reads the buffer as a server would and saves both reads, the
+    engine's own weights, the descriptions and whether the buffer's file is gone after destroy."""
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.engine.weights.shared import open_shared_buffer, shared_layout
+    from areal_tasks.inference.server.weights import split_flat
+
+    engine = build_engine(model_dir, engine_config(1))
+    layout = shared_layout(engine.weight_specs())
+
+    def read() -> dict[str, torch.Tensor]:
+        flat = open_shared_buffer(engine.shared_weight_buffers()[0])
+        views = split_flat(flat, [s.name for s in layout], [getattr(torch, s.dtype) for s in layout],
+                           [list(s.shape) for s in layout])  # fmt: skip
+        return {name: view.clone() for name, view in views.items()}
+
+    first_meta = WeightUpdateMeta.shared(1)
+    engine.prepare_weight_update(first_meta)
+    engine.update_weights(first_meta)  # staged: no second gather
+    first = read() if rank == 0 else None
+    expected_first = full_params(engine)
+    engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
+    engine.update_weights(WeightUpdateMeta.shared(2))
+    second = read() if rank == 0 else None
+    expected_second = full_params(engine)
+    descriptions = engine.shared_weight_buffers()
+    engine.destroy()
+    if rank == 0:
+        gone = not Path(descriptions[0]["path"]).exists()
+        torch.save({"first": first, "second": second, "expected_first": expected_first,
+                    "expected_second": expected_second, "descriptions": descriptions, "gone": gone},
+                   out_dir / "result.pt")  # fmt: skip
+
+
 def tp_publish(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     """tp=2: publish the weights to disk as a weight update (tensor-parallel shards are gathered
     after their FSDP unit's unshard); rank 0 saves the engine's own full parameters to compare."""

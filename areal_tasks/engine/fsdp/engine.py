@@ -82,6 +82,9 @@ class FSDPEngine(TrainEngine):
         self._weight_specs: list[ParamSpec] | None = None
         #: a collective update packed ahead of the servers' pause (weight_sender.stage_weights)
         self.staged_weights: Any = None
+        #: this rank's buffer for shared weight updates, and every rank's description of theirs
+        self.shared_buffer: Any = None
+        self.shared_descriptions: tuple[dict[str, Any], ...] = ()
         self._initialized = False
 
     # ------------------------------------------------------------------ setup
@@ -321,6 +324,11 @@ class FSDPEngine(TrainEngine):
         self._require_init()
         return stage_weights(self, meta)
 
+    def shared_weight_buffers(self) -> tuple[dict[str, Any], ...]:
+        from areal_tasks.engine.fsdp.weight_sender import shared_buffers
+
+        return shared_buffers(self)
+
     def weight_specs(self) -> list[ParamSpec]:
         from areal_tasks.engine.fsdp.weight_sender import weight_specs
 
@@ -338,9 +346,10 @@ class FSDPEngine(TrainEngine):
         self._version = int(version)
 
     def destroy(self) -> None:
-        from areal_tasks.engine.fsdp.weight_sender import close_weight_groups
+        from areal_tasks.engine.fsdp.weight_sender import close_shared_buffer, close_weight_groups
 
         close_weight_groups(self)
+        close_shared_buffer(self)
         self.model = self.optimizer = self.lr_scheduler = None
         self._weight_specs = self.staged_weights = None
         self._initialized = False

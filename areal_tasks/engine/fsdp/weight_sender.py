@@ -1,4 +1,4 @@
-"""Publishing the engine's current weights to the inference servers (disk or collective).
+"""Publishing the engine's current weights to the inference servers (disk, collective or shared).
 
 Both paths gather full HF-named tensors shard by shard on every rank (a collective over the engine's
 mesh; LoRA merged, tied head dropped); only rank 0 writes or broadcasts them.
@@ -75,11 +75,13 @@ def weight_specs(engine: FSDPEngine) -> list[ParamSpec]:
 
 @dataclass(frozen=True)
 class StagedWeights:
-    """A one-bucket collective update packed before the servers paused (rank 0 holds the bytes)."""
+    """An update packed before the servers paused: a one-bucket collective one (rank 0 holds the
+    bytes in ``flat``) or a shared one (the bytes are in the shared buffers; ``flat`` is None)."""
 
     version: int
     bucket_bytes: int
     flat: torch.Tensor | None
+    kind: str = "collective"
 
 
 def stage_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> float:
@@ -101,6 +103,10 @@ def stage_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> float:
 
     started = time.perf_counter()
     engine.staged_weights = None
+    if meta.type == "shared" and engine.role == "actor":
+        _pack_shared(engine)
+        engine.staged_weights = StagedWeights(meta.version, 0, None, kind="shared")
+        return time.perf_counter() - started
     if meta.type != "collective" or engine.role != "actor":
         return 0.0
     buckets = plan_weight_buckets(engine.weight_specs(), meta.bucket_bytes)
@@ -130,8 +136,13 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
     if engine.role != "actor":
         raise EngineError(f"only an actor publishes weights to inference servers, this engine is a {engine.role}")
     staged, engine.staged_weights = engine.staged_weights, None
-    if staged is not None and (meta.type, staged.version, staged.bucket_bytes) != ("collective", meta.version,
-                                                                                   meta.bucket_bytes):
+    if meta.type == "shared":
+        if staged is None or (staged.kind, staged.version) != ("shared", meta.version):
+            _pack_shared(engine)
+        dist.barrier()
+        return
+    if staged is not None and (staged.kind, staged.version, staged.bucket_bytes) != ("collective", meta.version,
+                                                                                     meta.bucket_bytes):
         staged = None  # staged for another update: gather afresh
     is_rank0 = dist.get_rank() == 0
     stream = iter_hf_tensors(engine.model, engine.device, in_param_dtype=True) if staged is None else iter(())
@@ -150,6 +161,44 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
             sent = sender.send(stream, engine.weight_specs())  # the pack casts to the specs' dtype
         logger.info("weights version %d broadcast to %s: %d bytes", meta.version, meta.group_name, sent)
     dist.barrier()
+
+
+def _pack_shared(engine: FSDPEngine) -> None:
+    """Gather the weights (every rank) and pack them into this rank's shared buffer, making the
+    buffers on the first call (each GPU rank one on its GPU; on CPU rank 0 one file)."""
+    import torch.distributed as dist
+
+    from areal_tasks.engine.fsdp.export import iter_hf_tensors
+    from areal_tasks.engine.weights.shared import SharedWeightBuffer, shared_layout
+
+    layout = shared_layout(engine.weight_specs())
+    holds = engine.device.type == "cuda" or dist.get_rank() == 0
+    if engine.shared_buffer is None and not engine.shared_descriptions:
+        buffer = SharedWeightBuffer(sum(spec.nbytes for spec in layout), engine.device) if holds else None
+        descriptions: list = [None] * dist.get_world_size()
+        dist.all_gather_object(descriptions, buffer.describe() if buffer is not None else None)
+        engine.shared_buffer = buffer
+        engine.shared_descriptions = tuple(d for d in descriptions if d is not None)
+    stream = iter_hf_tensors(engine.model, engine.device, in_param_dtype=True)
+    if engine.shared_buffer is None:
+        collections.deque(stream, maxlen=0)  # take part in every gather
+    else:
+        engine.shared_buffer.pack(layout, dict(stream))
+
+
+def shared_buffers(engine: FSDPEngine) -> tuple[dict, ...]:
+    """The descriptions of every rank's shared buffer (made by the first shared update's pack)."""
+    if not engine.shared_descriptions:
+        raise EngineError("no shared weight buffer yet: prepare_weight_update or update_weights with a "
+                          "shared WeightUpdateMeta makes them")  # fmt: skip
+    return engine.shared_descriptions
+
+
+def close_shared_buffer(engine: FSDPEngine) -> None:
+    """Drop this rank's shared buffer (its file, on CPU); servers keep what they mapped."""
+    if engine.shared_buffer is not None:
+        engine.shared_buffer.close()
+    engine.shared_buffer, engine.shared_descriptions = None, ()
 
 
 def _write_hf(engine: FSDPEngine, path: str | None, stream: Iterable[tuple[str, torch.Tensor]]) -> None:

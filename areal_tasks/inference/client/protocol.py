@@ -152,6 +152,15 @@ class ProtocolAdapter(ABC):
         """Receive one broadcast bucket (one flattened uint8 tensor, see docs) and load it
         (``flush_cache`` as in :meth:`update_weights_from_disk`)."""
 
+    def update_weights_from_shared(
+        self, meta: WeightUpdateMeta, layout: Sequence[ParamSpec], *, flush_cache: bool = True
+    ) -> HttpCall | None:
+        """Copy the weights from the trainer's shared buffers (``meta.shared_buffers``, holding
+        ``layout``'s tensors back to back), or None (the default): the backend cannot, and a
+        shared update fails with an error that says to use disk or collective updates."""
+        del meta, layout, flush_cache
+        return None
+
     @abstractmethod
     def destroy_weight_group(self, group_name: str) -> HttpCall | None:
         """Leave the collective group ``group_name`` joined by :meth:`init_weight_group`, or None
@@ -173,8 +182,8 @@ class ProtocolAdapter(ABC):
     def swap_weights(
         self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec] | None, mode: PauseMode, *, flush_cache: bool
     ) -> HttpCall | None:
-        """One call that pauses in ``mode``, loads ``meta`` (a disk update, or a collective one of
-        the single ``bucket``) and resumes, answering ``{"timings": {"pause_s", "transfer_s",
+        """One call that pauses in ``mode``, loads ``meta`` (a disk update, a collective one of
+        the single ``bucket``, or a shared one laid out as ``bucket``) and resumes, answering ``{"timings": {"pause_s", "transfer_s",
         "resume_s"}}``; or None (the default): the client then sends pause, the update's calls and
         resume one by one. The embedded server has one (``/areal/swap_weights``)."""
         del meta, bucket, mode, flush_cache

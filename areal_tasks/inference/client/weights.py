@@ -1,4 +1,5 @@
-"""Weight updates across the fleet: from disk, or over a collective group (SGLang's protocol).
+"""Weight updates across the fleet: from disk, over a collective group (SGLang's protocol), or
+from the trainer's shared-memory buffers on the same host (the embedded server's extension).
 
 Disk: every server loads ``meta.path`` (``/update_weights_from_disk``). Collective: the servers
 join the group once per (group name, rendezvous, world size, server list), server ``i`` holding
@@ -111,6 +112,9 @@ class WeightSync:
             )
             await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
             return
+        if meta.type == "shared":
+            await self._update_shared(addresses, meta, buckets, flush_cache)
+            return
         if buckets is None:
             raise InferenceControlError(
                 "a collective weight update needs the bucket plan (plan_weight_buckets) the trainer broadcasts"
@@ -128,11 +132,25 @@ class WeightSync:
         await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
         logger.info("collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses))
 
+    async def _update_shared(self, addresses: Sequence[str], meta: WeightUpdateMeta,
+                             buckets: Sequence[Sequence[ParamSpec]] | None, flush_cache: bool) -> None:
+        layout = _shared_layout(meta, buckets)
+        call = self._adapter.update_weights_from_shared(meta, layout, flush_cache=flush_cache)
+        if call is None:
+            raise InferenceControlError(
+                f"{self._adapter.name} servers cannot load weights from shared memory; "
+                "set rollout.weight_update=disk or collective"
+            )
+        await fan_out(self._transport, self._adapter, addresses, lambda i, a: call, self._update_timeout_s,
+                      f"update_weights_from_shared(version={meta.version})")  # fmt: skip
+
     def swap_call(
         self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, mode: str, *, flush_cache: bool
     ) -> HttpCall | None:
         """The adapter's one-request swap for this update, or None (none for this backend, or a
         collective update of several buckets: those go bucket by bucket)."""
+        if meta.type == "shared":
+            return self._adapter.swap_weights(meta, _shared_layout(meta, buckets), mode, flush_cache=flush_cache)
         if meta.type == "collective" and (buckets is None or len(buckets) != 1):
             return None
         bucket = buckets[0] if meta.type == "collective" and buckets is not None else None
@@ -172,3 +190,14 @@ class WeightSync:
             meta.timeout_s, f"init_weights_update_group({meta.group_name}@{meta.master_addr}:{meta.master_port})",
         )
         self._groups.add(key)
+
+
+def _shared_layout(meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None) -> Sequence[ParamSpec]:
+    """The one "bucket" of a shared update: the tensors in the order they lie in every buffer."""
+    if buckets is None or len(buckets) != 1:
+        raise InferenceControlError("a shared weight update needs its layout as exactly one bucket "
+                                    f"(engine/weights/shared.py shared_layout), got {buckets!r:.80}")  # fmt: skip
+    if not meta.shared_buffers:
+        raise InferenceControlError("a shared weight update names no buffer: pass "
+                                    "meta.with_buffers(engine.shared_weight_buffers()) after the trainer packed")  # fmt: skip
+    return buckets[0]

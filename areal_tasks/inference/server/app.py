@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from areal_tasks.errors import InferenceRequestError
-from areal_tasks.inference.admin_paths import SWAP_WEIGHTS_PATH
+from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
 from areal_tasks.inference.server.auth import ApiKeyMiddleware
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
@@ -32,6 +32,7 @@ from areal_tasks.inference.server.protocol import (
     InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
     SwapWeightsReqInput,
+    UpdateWeightsFromSharedReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
@@ -172,6 +173,13 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
         if success and req.model_path is not None:
             server.model_path = req.model_path
         return _result(success, message, timings=timings)
+
+    @app.post(SHARED_WEIGHTS_PATH)
+    async def update_weights_from_shared(req: UpdateWeightsFromSharedReqInput) -> JSONResponse:
+        return _result(*await weights.update_from_shared(
+            req.shared_buffers, req.names, req.dtypes, req.shapes, req.weight_version,
+            req.abort_all_requests, req.flush_cache,
+        ))
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionReqInput) -> JSONResponse:

@@ -124,16 +124,32 @@ class ContinueGenerationReqInput(_Body):
     torch_empty_cache: bool = True
 
 
+class UpdateWeightsFromSharedReqInput(_Body):
+    """``/areal/update_weights_from_shared`` (this server's extension): copy the weights from the
+    trainer's shared buffer on this server's device; ``names``, ``dtypes`` and ``shapes`` list the
+    tensors back to back in it (``engine/weights/shared.py``)."""
+
+    shared_buffers: list[dict[str, Any]]
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
 class SwapWeightsReqInput(_Body):
     """``/areal/swap_weights`` (this server's extension, not SGLang's): pause in ``mode``, load one
-    update (``model_path`` for a disk one; else one ``flattened_bucket`` broadcast described by
-    ``names``, ``dtypes`` and ``shapes`` on ``group_name``), resume."""
+    update (``model_path`` for a disk one; ``shared_buffers`` for a shared one; else one
+    ``flattened_bucket`` broadcast on ``group_name``; both described by ``names``, ``dtypes`` and
+    ``shapes``), resume."""
 
     mode: Literal["abort", "retract", "in_place"] = "abort"
     weight_version: str | None = None
     flush_cache: bool = True
     model_path: str | None = None
     group_name: str = "weight_update_group"
+    shared_buffers: list[dict[str, Any]] = []
     names: list[str] = []
     dtypes: list[str] = []
     shapes: list[list[int]] = []

@@ -101,6 +101,7 @@ def build_app(cfg: ServerConfig) -> Any:
         finally:
             engine.shutdown()
             server.weights.destroy_all_groups()
+            server.weights.shared.close()
 
     app.router.lifespan_context = lifespan
     return app

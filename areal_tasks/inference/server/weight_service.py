@@ -9,6 +9,9 @@
   The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
 * **Sessions.** ``/update_weights_from_distributed`` runs only inside
   ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
+* **Shared.** ``/areal/update_weights_from_shared`` copies from the trainer's buffer on this
+  server's device (opened once, :class:`~areal_tasks.inference.server.weights.SharedBufferReader`)
+  and waits for the copy before answering, so the trainer may pack the next update at once.
 * **Groups.** ``/destroy_weights_update_group`` leaves a group; the client sends it while the
   trainer destroys its side. The destroy is bounded (then the group is aborted locally), so a
   trainer that is already gone cannot hang the server.
@@ -55,6 +58,7 @@ class WeightService:
         self.engine = engine
         self.runner = engine.runner
         self.groups: dict[str, weight_io.WeightUpdateGroup] = {}
+        self.shared = weight_io.SharedBufferReader(self.runner.device)
         self.session: _Session | None = None
         self.updates = 0
         self._lock = asyncio.Lock()
@@ -70,10 +74,11 @@ class WeightService:
         await self._call(lambda: self.engine.abort_all(reason))
 
     async def _locked_update(
-        self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], version: str | None
+        self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], version: str | None, *, wait: bool = False
     ) -> bool:
         """Stage, then apply between two steps, under SGLang's writer-lock rules. Returns whether
         sequences still hold KV from before the update (a requested cache flush then fails).
+        ``wait``: the apply waits for its copies (staged tensors the trainer will overwrite).
         Logs how long the staging (read or receive) and the apply between two steps took."""
         drain = self.engine.paused is None
         if drain:
@@ -88,6 +93,8 @@ class WeightService:
 
             def apply() -> bool:
                 self.runner.load_weights(named.items())
+                if wait and self.runner.device.type == "cuda":
+                    torch.cuda.current_stream(self.runner.device).synchronize()
                 self.engine.weights_changed(version)
                 return self.engine.holds_kv()
 
@@ -124,6 +131,27 @@ class WeightService:
         if flush_cache and busy:
             return False, _FLUSH_FAILED
         return True, "Succeeded to update model weights."
+
+    async def update_from_shared(self, descriptions: list[dict], names: list[str], dtypes: list[str],
+                                 shapes: list[list[int]], weight_version: str | None, abort_all: bool,
+                                 flush_cache: bool) -> tuple[bool, str]:
+        async def stage() -> dict[str, torch.Tensor]:
+            named = self.shared.read(descriptions, names, dtypes, shapes)
+            weight_io.check_tensors(named, self.runner.weight_specs(), self.runner.required_weight_names())
+            return named
+
+        async with self._lock:
+            if abort_all:
+                await self.abort_all("aborted by update_weights_from_shared")
+            version = weight_version if weight_version is not None else self._next_version()
+            try:
+                busy = await self._locked_update(stage, version, wait=True)
+            except (InferenceError, RuntimeError, ValueError) as exc:
+                logger.error("update_weights_from_shared failed: %s", exc)
+                return False, f"Failed to update weights from shared memory: {exc}"
+        if flush_cache and busy:
+            return False, _FLUSH_FAILED
+        return True, f"Succeeded to update model weights from shared memory. Weight version updated to {version}."
 
     async def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                          group_name: str, backend: str) -> tuple[bool, str]:
@@ -203,8 +231,8 @@ class WeightService:
         return True, message
 
     async def swap(self, req: SwapWeightsReqInput) -> tuple[bool, str, dict[str, float]]:
-        """``/areal/swap_weights``: pause in ``req.mode``, load (disk, or one collective bucket
-        inside its own begin/end session), resume; ``(success, message, seconds of each part)``.
+        """``/areal/swap_weights``: pause in ``req.mode``, load (disk, shared buffers, or one
+        collective bucket inside its own begin/end session), resume; ``(success, message, seconds of each part)``.
 
         What the client would otherwise send as five requests (pause, begin, update, end, resume),
         each a round trip inside the pause. A failed load leaves the server paused, as a failed
@@ -216,6 +244,9 @@ class WeightService:
         if req.model_path is not None:
             success, message = await self.update_from_disk(req.model_path, req.weight_version, False, None,
                                                            req.flush_cache)  # fmt: skip
+        elif req.shared_buffers:
+            success, message = await self.update_from_shared(req.shared_buffers, req.names, req.dtypes, req.shapes,
+                                                             req.weight_version, False, req.flush_cache)  # fmt: skip
         else:
             success, message = self.begin()
             if success:

@@ -18,6 +18,10 @@ SGLang-compatible sender. This server's rank is ``rank_offset`` (it has no tenso
 parallelism). One update is, in the order of ``names``, one broadcast from rank 0 per tensor, or
 with ``load_format="flattened_bucket"`` a single ``uint8`` broadcast holding all tensors back to
 back (each at an offset aligned to its element size), as SGLang's ``FlattenedTensorBucket``.
+
+Shared (this server's ``/areal/update_weights_from_shared``, for servers on the trainer's host):
+the trainer's buffer on this server's device (``engine/weights/shared.py``) holds the tensors laid
+out as one flattened bucket; :class:`SharedBufferReader` opens it once and hands out views of it.
 """
 
 from __future__ import annotations
@@ -137,6 +141,62 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _flat_bytes(names: list[str], types: list[torch.dtype], shapes: list[list[int]]) -> int:
+    """Bytes of the tensors back to back; raises :class:`InferenceError` when one is unaligned."""
+    if not len(names) == len(types) == len(shapes):
+        raise InferenceError(f"names ({len(names)}), dtypes ({len(types)}) and shapes ({len(shapes)}) differ")
+    total = 0
+    for name, dtype, shape in zip(names, types, shapes):
+        if total % dtype.itemsize:
+            raise InferenceError(f"unaligned tensor {name}: byte offset {total}, dtype {dtype}")
+        total += torch.Size(shape).numel() * dtype.itemsize
+    return total
+
+
+def split_flat(flat: torch.Tensor, names: list[str], types: list[torch.dtype],
+               shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Views of the tensors lying back to back in the ``uint8`` tensor ``flat`` (no copy)."""
+    if flat.numel() != _flat_bytes(names, types, shapes):
+        raise InferenceError(f"the flat buffer holds {flat.numel()} bytes, the tensors listed need "
+                             f"{_flat_bytes(names, types, shapes)}")  # fmt: skip
+    views, start = {}, 0
+    for name, dtype, shape in zip(names, types, shapes):
+        size = torch.Size(shape).numel() * dtype.itemsize
+        views[name] = flat[start : start + size].view(dtype).reshape(shape)
+        start += size
+    return views
+
+
+class SharedBufferReader:
+    """This server's view of the trainer's shared weight buffer, opened on first use and kept until
+    the trainer names another one (a new run, or a trainer that restarted)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._opened: tuple[str, torch.Tensor] | None = None
+
+    def read(self, descriptions: list[dict[str, Any]], names: list[str], dtypes: list[str],
+             shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Views of the listed tensors in the buffer on this server's device (no copy)."""
+        from areal_tasks.engine.weights.shared import open_shared_buffer, pick_buffer
+        from areal_tasks.errors import EngineError
+
+        types = [_dtype(d) for d in dtypes]
+        try:
+            with on_device(self.device):
+                description = pick_buffer(descriptions, self.device)
+                buffer_id = str(description.get("id"))
+                if self._opened is None or self._opened[0] != buffer_id:
+                    self._opened = None  # drop the old mapping first
+                    self._opened = (buffer_id, open_shared_buffer(description))
+        except EngineError as exc:
+            raise InferenceError(str(exc)) from exc
+        return split_flat(self._opened[1], names, types, shapes)
+
+    def close(self) -> None:
+        self._opened = None
+
+
 def receive_weights(
     group: WeightUpdateGroup, names: list[str], dtypes: list[str], shapes: list[list[int]], load_format: str | None
 ) -> dict[str, torch.Tensor]:
@@ -153,18 +213,9 @@ def _receive(group: WeightUpdateGroup, names: list[str], types: list[torch.dtype
     import torch.distributed as dist
 
     if load_format == "flattened_bucket":
-        offsets, total = [], 0
-        for name, dtype, shape in zip(names, types, shapes):
-            if total % dtype.itemsize:
-                raise InferenceError(f"unaligned tensor {name}: byte offset {total}, dtype {dtype}")
-            offsets.append(total)
-            total += torch.Size(shape).numel() * dtype.itemsize
-        flat = torch.empty(total, dtype=torch.uint8, device=group.device)
+        flat = torch.empty(_flat_bytes(names, types, shapes), dtype=torch.uint8, device=group.device)
         dist.broadcast(flat, src=0, group=group.process_group)
-        received = {}
-        for name, dtype, shape, start in zip(names, types, shapes, offsets):
-            size = torch.Size(shape).numel() * dtype.itemsize
-            received[name] = flat[start : start + size].view(dtype).reshape(shape)
+        received = split_flat(flat, names, types, shapes)
     elif load_format in (None, "auto"):
         received = {n: torch.empty(s, dtype=d, device=group.device) for n, d, s in zip(names, types, shapes)}
         handles = [dist.broadcast(t, src=0, group=group.process_group, async_op=True) for t in received.values()]

@@ -29,8 +29,9 @@ import pytest
 logger = logging.getLogger(__name__)
 
 #: optional features: ``collective`` (update over a torch.distributed group),
-#: ``server_versions`` (the server reports the weight version of every token).
-FEATURES = frozenset({"collective", "server_versions"})
+#: ``server_versions`` (the server reports the weight version of every token),
+#: ``shared`` (update from the trainer's shared-memory buffer on the same host).
+FEATURES = frozenset({"collective", "server_versions", "shared"})
 
 
 @dataclass

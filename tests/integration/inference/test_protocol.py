@@ -1,6 +1,7 @@
 """The shared protocol suite: every registered backend (embedded, vllm, sglang where installed) must
 pass it through the same client core. It checks generation, stop reasons, logprobs, balancing over
-the servers, health and versions, weight updates from disk and over a collective group, and a
+the servers, health and versions, weight updates from disk, over a collective group and from
+shared memory (where the backend can; the others must refuse it clearly), and a
 weight update in the middle of generation that loses no request while versions switch inside one
 response."""
 
@@ -234,3 +235,86 @@ def test_collective_update_matches_the_disk_update(backend) -> None:
     control.version = version
     assert client.get_version() == version
     assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
+
+
+def shared_buffer_of(control: ServerControl, scale: float):
+    """The model's weights times ``scale`` packed into a trainer-side shared buffer (CPU: a /dev/shm file)."""
+    import torch
+
+    from areal_tasks.engine.weights.collective import spec_of
+    from areal_tasks.engine.weights.disk import read_safetensors_dir
+    from areal_tasks.engine.weights.shared import SharedWeightBuffer, shared_layout
+
+    state = read_safetensors_dir(control.model_path)
+    scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
+    layout = shared_layout([spec_of(n, t) for n, t in scaled.items()])
+    buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
+    buffer.pack(layout, scaled)
+    return buffer, layout
+
+
+@pytest.mark.parametrize("through", ["swap", "pause-update-resume"])
+def test_shared_update_matches_the_disk_update(backend, through: str) -> None:
+    """A shared-memory update (the trainer's buffer mapped by the servers) loads exactly the disk
+    update's weights, through the one-request swap and through pause, update, resume; a second
+    update through the same buffer, repacked, is seen too (the servers keep the mapping)."""
+    client, control = backend
+    if "shared" not in control.features:
+        pytest.skip(f"{control.backend} does not read shared weight buffers")
+    disk_update(client, control, scale=0.5)
+    expected = greedy_logprobs(client)
+    disk_update(client, control, scale=1.0)
+    original = greedy_logprobs(client)
+    buffer, layout = shared_buffer_of(control, scale=0.5)
+    try:
+        meta = WeightUpdateMeta.shared(control.version + 1, (buffer.describe(),))
+
+        async def update(meta: WeightUpdateMeta):
+            async with client:
+                if through == "swap":
+                    return await client.swap_weights(meta, [layout], "abort")
+                await client.pause()
+                await client.update_weights(meta, [layout])
+                await client.resume()
+
+        run(update(meta))
+        control.version = meta.version
+        assert client.get_version() == meta.version
+        assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
+        from areal_tasks.engine.weights.disk import read_safetensors_dir
+
+        buffer.pack(layout, read_safetensors_dir(control.model_path))  # the original weights, same buffer
+        meta = WeightUpdateMeta.shared(control.version + 1, (buffer.describe(),))
+        run(update(meta))
+        control.version = meta.version
+        assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
+    finally:
+        buffer.close()
+
+
+def test_shared_update_is_refused_clearly_where_unsupported_or_gone(backend, tmp_path) -> None:
+    """A backend that cannot read shared memory names the settings to use instead; a buffer that
+    is gone fails the update on the server, naming the file, and leaves the weights as they were."""
+    from areal_tasks.errors import InferenceControlError
+
+    client, control = backend
+    original = greedy_logprobs(client)
+    gone = {"kind": "file", "id": "gone", "nbytes": 64, "path": str(tmp_path / "no-such-buffer")}
+    meta = WeightUpdateMeta.shared(control.version + 1, (gone,))
+
+    async def update():
+        async with client:
+            await client.pause()
+            try:
+                await client.update_weights(meta, [[]])
+            finally:
+                await client.resume()
+
+    with pytest.raises(InferenceControlError) as err:
+        run(update())
+    if "shared" in control.features:
+        assert "no-such-buffer" in str(err.value) and "missing" in str(err.value)
+    else:
+        assert "rollout.weight_update=disk or collective" in str(err.value)
+    assert client.get_version() == control.version
+    assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)

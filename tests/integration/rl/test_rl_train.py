@@ -3,7 +3,8 @@ mechanics, not learning quality (tests/integration/rl/test_learning.py checks th
 
 The session's warm start (conftest.py) is the starting policy. Each run checks what a user sees: the summary and its
 keys, one metrics row per step with versions advancing, a checkpoint per ``saver.freq_steps``, and
-recovery that continues after the last checkpoint instead of starting over. Also: the multi-turn
+recovery that continues after the last checkpoint instead of starting over, with weight updates
+through shared memory (the servers map the trainer's buffer). Also: the multi-turn
 workflow with asynchronous rollout (eta = 2), the rollout side in its own process (what ``auto``
 picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow, and a broken reward that fails the
 run in a second, before anything starts. (PPO with a critic: test_learning.py.)
@@ -49,7 +50,9 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def test_grpo_run_writes_summary_metrics_and_checkpoints_then_recovers(tmp_path: Path, warm_start: str) -> None:
-    summary = train(tmp_path, warm_start, "train.total_steps=3", "saver.freq_steps=2")
+    buffers_before = set(Path("/dev/shm").glob("areal-weights-*"))
+    summary = train(tmp_path, warm_start, "train.total_steps=3", "saver.freq_steps=2", "rollout.weight_update=shared")
+    assert set(Path("/dev/shm").glob("areal-weights-*")) == buffers_before  # the trainer removed its buffer
     assert summary["steps"] == 3 and summary["first_step"] == 1 and summary["final_version"] == 3
     for key in ("reward_before", "reward_after", "wall_seconds"):
         assert math.isfinite(summary[key])
@@ -59,6 +62,9 @@ def test_grpo_run_writes_summary_metrics_and_checkpoints_then_recovers(tmp_path:
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["version"] for r in rows] == [1.0, 2.0, 3.0]
     assert all(r["staleness/max"] == 0.0 for r in rows)  # eta = 0: synchronous
     assert all(r["actor/grad_norm"] is not None and r["perf/weight_update_s"] > 0 for r in rows)
+    # the server generated with the trainer's weights of each version, so the trainer recomputes its
+    # log-probs (behaviour weights 1); a server left on the old weights gives maxima of 1.4 here
+    assert all(abs(r["actor/behav_weight_max"] - 1.0) < 1e-3 for r in rows)
     checkpoints = sorted(p.name for p in (tmp_path / "storage").rglob("step_*") if p.is_dir())
     assert checkpoints == ["step_2", "step_3"]
     # asking for 5 steps now continues after the checkpoint of step 3

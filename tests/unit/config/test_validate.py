@@ -35,6 +35,12 @@ CASES: list[tuple[list[str], str]] = [
     (["allocation=embedded:d1"], "allocation: 'embedded:d1' has no training component"),
     (["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1", "rollout.weight_update=collective"],
      "rollout.weight_update: 'collective' cannot reach servers on the trainer's own GPUs"),
+    (["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.weight_update=shared"],
+     "rollout.weight_update: 'shared' needs the embedded inference server; 'vllm' servers cannot read"),
+    (["allocation=embedded:d1+fsdp:d1", "cluster.gpus_per_node=2", "rollout.weight_update=shared"],
+     "rollout.weight_update: 'shared' reads the trainer's buffers on its own GPUs, but in 'embedded:d1+fsdp:d1'"),
+    (["allocation=embedded:d2+fsdp:d2", "cluster.nodes=2", "rollout.weight_update=shared"],
+     "rollout.weight_update: 'shared' on CPU reads one file on the trainer's host, but cluster.nodes is 2"),
     (["allocation=sglang:d1+fsdp:d1", "rollout.backend=sglang"], "backend 'sglang' needs GPUs"),
     (["allocation=embedded[rollout]:d1+fsdp[actor]:d1+fsdp[critic]:d1"],
      "critic: the allocation places a 'critic' component"),
@@ -207,3 +213,6 @@ def test_colocation_with_disk_updates_and_on_cpu_is_valid() -> None:
     validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1"]))
     validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1",
                                        "rollout.weight_update=collective"]))  # CPU: gloo between processes
+    for cpu_or_gpu in (["cluster.gpus_per_node=1"], []):  # CUDA IPC on the shared GPU; a /dev/shm file on CPU
+        validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1",
+                                           "rollout.weight_update=shared", *cpu_or_gpu]))

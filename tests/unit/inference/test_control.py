@@ -1,4 +1,4 @@
-"""Control calls over the fleet: weight updates (disk, collective), pause/resume, health, versions."""
+"""Control calls over the fleet: weight updates (disk, collective, shared), pause/resume, health, versions."""
 
 from __future__ import annotations
 
@@ -82,6 +82,27 @@ def test_collective_update_checks_world_size_and_needs_buckets() -> None:
             good = WeightUpdateMeta.collective(1, "127.0.0.1", 29512, world_size=3)
             with pytest.raises(InferenceControlError, match="bucket plan"):
                 await engine.update_weights(good)
+            assert engine.get_version() == 0
+        assert all(server.calls == [] for server in cluster.servers)
+
+    asyncio.run(scenario())
+
+
+def test_shared_update_is_refused_before_any_call_where_it_cannot_work() -> None:
+    """SGLang servers cannot read the trainer's shared buffers: the error says what to set instead;
+    a shared update without buffers or layout names what is missing. No server is called."""
+    buffer = {"kind": "file", "id": "a", "nbytes": 8, "path": "/dev/shm/a"}
+
+    async def scenario() -> None:
+        cluster = FakeCluster(2)
+        async with make_engine(cluster) as engine:
+            with pytest.raises(InferenceControlError, match="sglang servers cannot load weights from shared memory; "
+                                                            "set rollout.weight_update=disk or collective"):
+                await engine.update_weights(WeightUpdateMeta.shared(1, (buffer,)), [SPECS])
+            with pytest.raises(InferenceControlError, match="names no buffer"):
+                await engine.update_weights(WeightUpdateMeta.shared(1), [SPECS])
+            with pytest.raises(InferenceControlError, match="exactly one bucket"):
+                await engine.update_weights(WeightUpdateMeta.shared(1, (buffer,)), None)
             assert engine.get_version() == 0
         assert all(server.calls == [] for server in cluster.servers)
 

@@ -1,0 +1,196 @@
+"""Weight updates through memory that the trainer and the servers share on one host.
+
+When the inference servers run on the trainer's own GPUs (colocated) NCCL cannot connect them, and
+a disk update costs a write and a read of the whole model. Here every trainer rank keeps one buffer
+for the run, the size of the published weights, and packs each update into it (the same bytes as
+one flattened collective bucket: ``flatten_bucket`` over all specs). A server opens a buffer once
+and copies from it into its own weights while paused: one device-to-device copy.
+
+* **CUDA**: the buffer is a ``uint8`` tensor on the rank's GPU, shared by CUDA IPC. Its
+  description carries torch's IPC handle of the allocation (``UntypedStorage._share_cuda_``, the
+  fields ``torch.multiprocessing`` pickles, here as JSON with the bytes base64-encoded) and the
+  GPU's UUID, so a server whose ``CUDA_VISIBLE_DEVICES`` numbers the GPUs differently still finds
+  it, and a server on another GPU gets a clear error rather than a wrong device.
+* **CPU**: the buffer is a file in ``/dev/shm`` mapped by both sides (``torch.from_file``); the
+  trainer deletes it when it closes the buffer (a server's mapping stays valid until it drops it).
+
+No pickle crosses the wire: a description is a dict of strings and integers that only the two
+functions here read and write. Ordering: :meth:`SharedWeightBuffer.pack` waits for its copies to
+finish before it returns, and a server waits for its copy out of the buffer before it answers, so
+neither side needs the other's stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.errors import EngineError
+
+if TYPE_CHECKING:
+    import torch
+
+    from areal_tasks.api.inference import ParamSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SharedWeightBuffer", "open_shared_buffer", "pick_buffer", "shared_layout"]
+
+#: description kinds: ``cuda_ipc`` (a GPU allocation) and ``file`` (a shared-memory file on the host).
+CUDA_IPC, FILE = "cuda_ipc", "file"
+
+
+def shared_layout(specs: Sequence[ParamSpec]) -> list[ParamSpec]:
+    """The order the tensors lie in a shared buffer: ``specs`` as one flattened bucket (ordered so
+    every tensor's offset is a multiple of its element size), the order the servers are sent."""
+    from areal_tasks.api.inference import plan_weight_buckets
+
+    if not specs:
+        raise EngineError("a shared weight buffer needs at least one tensor")
+    return plan_weight_buckets(specs, max(1, sum(spec.nbytes for spec in specs)))[0]
+
+
+def _shm_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _gpu_uuid(index: int) -> str:
+    import torch
+
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+class SharedWeightBuffer:
+    """One trainer rank's buffer for the run; :meth:`describe` is what the servers need to open it."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        import torch
+
+        if nbytes < 1:
+            raise EngineError(f"a shared weight buffer needs at least one byte, got {nbytes}")
+        self.nbytes = nbytes
+        self.device = device
+        self.buffer_id = uuid.uuid4().hex
+        self._path: Path | None = None
+        if device.type == "cuda":
+            self.flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self._description = self._describe_cuda()
+        elif device.type == "cpu":
+            self._path = _shm_dir() / f"areal-weights-{os.getpid()}-{self.buffer_id}"
+            self.flat = torch.from_file(str(self._path), shared=True, size=nbytes, dtype=torch.uint8)
+            self._description = {"kind": FILE, "id": self.buffer_id, "nbytes": nbytes, "path": str(self._path)}
+        else:
+            raise EngineError(f"shared weight updates run on cuda or cpu, not on {device.type!r}")
+        logger.info("shared weight buffer %s: %.1f MiB on %s", self.buffer_id[:8], nbytes / 2**20, device)
+
+    def _describe_cuda(self) -> dict[str, Any]:
+        (device, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle,
+         event_sync) = self.flat.untyped_storage()._share_cuda_()  # fmt: skip
+        return {
+            "kind": CUDA_IPC, "id": self.buffer_id, "nbytes": self.nbytes, "gpu_uuid": _gpu_uuid(device),
+            "handle": _b64(handle), "storage_bytes": int(size_bytes), "storage_offset": int(offset_bytes),
+            "ref_counter_handle": _b64(ref_handle), "ref_counter_offset": int(ref_offset),
+            "event_handle": _b64(event_handle or b""), "event_sync_required": int(bool(event_sync)),
+        }  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON-safe description a server opens the buffer from (:func:`open_shared_buffer`)."""
+        return dict(self._description)
+
+    def pack(self, specs: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Write ``tensors`` into the buffer in ``specs`` order (cast to each spec's dtype) and wait
+        until the bytes are there, so a server may read them from another process."""
+        import torch
+
+        from areal_tasks.engine.weights.collective import flatten_bucket
+
+        flatten_bucket(specs, tensors, self.device, out=self.flat)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def close(self) -> None:
+        """Drop the buffer (and delete a CPU buffer's file); servers keep what they mapped."""
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._path = None
+        self.flat = None  # type: ignore[assignment]
+
+
+def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device) -> Mapping[str, Any]:
+    """The description a server on ``device`` reads: the buffer on its own GPU, or on CPU the first.
+
+    Raises :class:`EngineError` naming the GPUs the buffers are on when none is on ``device``'s.
+    """
+    if not descriptions:
+        raise EngineError("a shared weight update names no buffer; the trainer packs one before the update")
+    if device.type != "cuda":
+        files = [d for d in descriptions if d.get("kind") == FILE]
+        if not files:
+            raise EngineError("the trainer's shared weight buffers are on GPUs; a CPU server cannot read them")
+        return files[0]
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    mine = _gpu_uuid(index)
+    for description in descriptions:
+        if description.get("kind") == CUDA_IPC and description.get("gpu_uuid") == mine:
+            return description
+    where = sorted({str(d.get("gpu_uuid", d.get("kind"))) for d in descriptions})
+    raise EngineError(f"no shared weight buffer is on this server's GPU ({mine}); the trainer's are on {where}. "
+                      "Shared updates need each server on a GPU of a trainer rank (colocated); "
+                      "otherwise use rollout.weight_update=disk or collective")  # fmt: skip
+
+
+def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
+    """The ``uint8`` tensor a description names (a server's view of a trainer's buffer).
+
+    Raises :class:`EngineError` when the description is malformed or the memory cannot be opened
+    (another host, a buffer that is gone).
+    """
+    import torch
+
+    kind, nbytes = description.get("kind"), description.get("nbytes")
+    if not isinstance(nbytes, int) or nbytes < 1:
+        raise EngineError(f"shared weight buffer: 'nbytes' must be a positive int, got {nbytes!r}")
+    try:
+        if kind == FILE:
+            path = Path(str(description.get("path", "")))
+            if not path.is_file() or path.stat().st_size < nbytes:
+                raise EngineError(f"shared weight buffer {path} is missing or shorter than {nbytes} bytes: "
+                                  "the trainer must run on this host and keep the buffer open")  # fmt: skip
+            return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
+        if kind == CUDA_IPC:
+            return _open_cuda(description, nbytes)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise EngineError(f"cannot open shared weight buffer {description.get('id')!r} ({kind}): {exc}") from exc
+    raise EngineError(f"shared weight buffer: unknown kind {kind!r} (known: {CUDA_IPC!r}, {FILE!r})")
+
+
+def _open_cuda(description: Mapping[str, Any], nbytes: int) -> torch.Tensor:
+    import torch
+
+    target = str(description["gpu_uuid"])
+    local = [i for i in range(torch.cuda.device_count()) if _gpu_uuid(i) == target]
+    if not local:
+        raise EngineError(f"GPU {target} holding the shared weight buffer is not visible to this process")
+    torch.cuda._lazy_init()
+    storage = torch.UntypedStorage._new_shared_cuda(
+        local[0], base64.b64decode(description["handle"]), int(description["storage_bytes"]),
+        int(description["storage_offset"]), base64.b64decode(description["ref_counter_handle"]),
+        int(description["ref_counter_offset"]), base64.b64decode(description["event_handle"]),
+        bool(description["event_sync_required"]),
+    )  # fmt: skip
+    flat = torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", local[0]))
+    flat.set_(storage, 0, (nbytes,), (1,))
+    return flat

@@ -1,0 +1,131 @@
+"""Shared-memory weight buffers (``engine/weights/shared.py``) on CPU: what the trainer packs,
+another process reads through the JSON description alone; every malformed or unreachable
+description fails with an error that names what is wrong; the wire record round-trips."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from areal_tasks.api.weight_update import WeightUpdateMeta
+from areal_tasks.engine.weights.collective import flatten_bucket, spec_of
+from areal_tasks.engine.weights.shared import SharedWeightBuffer, open_shared_buffer, pick_buffer, shared_layout
+from areal_tasks.errors import ConfigError, EngineError
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(7, 4, generator=g),
+        "norm.weight": torch.randn(4, generator=g).to(torch.bfloat16),
+        "steps": torch.tensor([3], dtype=torch.int64),
+        "head.weight": torch.randn(5, 4, generator=g),
+    }
+
+
+def test_layout_aligns_every_tensor_to_its_element_size() -> None:
+    layout = shared_layout([spec_of(n, t) for n, t in tensors().items()])
+    offset = 0
+    for spec in layout:
+        assert offset % spec.itemsize == 0, spec
+        offset += spec.nbytes
+    assert [s.itemsize for s in layout] == sorted((s.itemsize for s in layout), reverse=True)
+    with pytest.raises(EngineError, match="at least one tensor"):
+        shared_layout([])
+
+
+READER = """
+import json, sys, torch
+from areal_tasks.engine.weights.shared import open_shared_buffer
+description, layout = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+flat, offset, out = open_shared_buffer(description), 0, {}
+for name, dtype, shape, nbytes in layout:
+    out[name] = flat[offset:offset + nbytes].view(getattr(torch, dtype)).reshape(shape).double().sum().item()
+    offset += nbytes
+print(json.dumps(out))
+"""
+
+
+def read_in_another_process(buffer: SharedWeightBuffer, layout) -> dict[str, float]:
+    wire = [[s.name, s.dtype, list(s.shape), s.nbytes] for s in layout]
+    done = subprocess.run([sys.executable, "-c", READER, json.dumps(buffer.describe()), json.dumps(wire)],
+                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def test_another_process_reads_what_was_packed_and_each_repack() -> None:
+    named = tensors()
+    layout = shared_layout([spec_of(n, t) for n, t in named.items()])
+    buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
+    try:
+        json.dumps(buffer.describe())  # JSON-safe: it travels in an HTTP body
+        buffer.pack(layout, named)
+        expected = {n: t.double().sum().item() for n, t in named.items()}
+        assert read_in_another_process(buffer, layout) == pytest.approx(expected)
+        doubled = {n: t * 2 for n, t in named.items()}
+        buffer.pack(layout, doubled)
+        assert read_in_another_process(buffer, layout) == pytest.approx({n: 2 * v for n, v in expected.items()})
+        # the bytes are exactly one flattened bucket's (what a collective update broadcasts)
+        assert torch.equal(open_shared_buffer(buffer.describe()), flatten_bucket(layout, doubled, torch.device("cpu")))
+    finally:
+        path = buffer.describe()["path"]
+        buffer.close()
+    with pytest.raises(EngineError, match="missing or shorter"):
+        open_shared_buffer({"kind": "file", "id": "x", "nbytes": 8, "path": path})
+
+
+def test_pack_refuses_tensors_that_do_not_match_the_layout() -> None:
+    named = tensors()
+    layout = shared_layout([spec_of(n, t) for n, t in named.items()])
+    buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
+    try:
+        with pytest.raises(EngineError, match="no such tensor"):
+            buffer.pack(layout, {k: v for k, v in named.items() if k != "steps"})
+        with pytest.raises(EngineError, match="the bucket plan says"):
+            buffer.pack(layout, {**named, "head.weight": torch.zeros(4, 5)})
+        with pytest.raises(EngineError, match="out is torch.uint8 x 3"):
+            flatten_bucket(layout, named, torch.device("cpu"), out=torch.empty(3, dtype=torch.uint8))
+    finally:
+        buffer.close()
+
+
+@pytest.mark.parametrize(
+    ("description", "message"),
+    [
+        ({"kind": "file", "nbytes": 0, "path": "/x"}, "'nbytes' must be a positive int"),
+        ({"kind": "file", "nbytes": 8, "path": "/nonexistent/areal-buffer"}, "missing or shorter than 8 bytes"),
+        ({"kind": "smoke-signal", "nbytes": 8}, "unknown kind 'smoke-signal'"),
+        ({"kind": "cuda_ipc", "nbytes": 8}, "cannot open shared weight buffer"),
+    ],
+)
+def test_bad_descriptions_are_refused_by_name(description: dict, message: str) -> None:
+    with pytest.raises(EngineError, match=message):
+        open_shared_buffer(description)
+
+
+def test_pick_buffer_on_cpu() -> None:
+    file = {"kind": "file", "id": "a", "nbytes": 8, "path": "/dev/shm/a"}
+    gpu = {"kind": "cuda_ipc", "id": "b", "nbytes": 8, "gpu_uuid": "GPU-1"}
+    assert pick_buffer([gpu, file], torch.device("cpu")) == file
+    with pytest.raises(EngineError, match="names no buffer"):
+        pick_buffer([], torch.device("cpu"))
+    with pytest.raises(EngineError, match="a CPU server cannot read them"):
+        pick_buffer([gpu], torch.device("cpu"))
+
+
+def test_shared_meta_round_trips_and_rejects_bad_buffers() -> None:
+    described = {"kind": "file", "id": "a", "nbytes": 8, "path": "/dev/shm/a"}
+    meta = WeightUpdateMeta.shared(3).with_buffers((described,))
+    wire = json.loads(json.dumps(meta.to_dict()))
+    assert WeightUpdateMeta.from_dict(wire) == meta and meta.shared_buffers == (described,)
+    assert WeightUpdateMeta.shared(3).shared_buffers == ()  # the trainer's side, before packing
+    with pytest.raises(ConfigError, match="only a shared update names buffers"):
+        WeightUpdateMeta.disk("/tmp/w", 1).with_buffers((described,))
+    with pytest.raises(ConfigError, match="each with a 'kind'"):
+        WeightUpdateMeta.shared(1, ({"nbytes": 8},))
+    with pytest.raises(ConfigError, match="type: must be 'disk', 'collective' or 'shared'"):
+        WeightUpdateMeta(type="tape", version=1)  # type: ignore[arg-type]
