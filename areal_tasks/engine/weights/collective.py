@@ -202,26 +202,18 @@ def spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
 
 
 def flatten_bucket(
-    bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device,
-    out: torch.Tensor | None = None,
+    bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device
 ) -> torch.Tensor:
     """One bucket's wire tensor: the bytes of ``tensors[spec.name]`` back to back, in ``bucket`` order.
 
-    The wire tensor is allocated once (or is ``out``, a ``uint8`` tensor of exactly the bucket's
-    bytes) and every tensor is copied straight into its slice; a
+    The wire tensor is allocated once and every tensor is copied straight into its slice; a
     floating-point tensor is cast to its spec's floating-point dtype by that copy (the trainer's
     fp32 master weights go out as bf16 without a cast copy first). Raises :class:`EngineError`
     when a tensor is missing, has another shape, or has another dtype that is not such a cast.
     """
     import torch
 
-    nbytes = sum(spec.nbytes for spec in bucket)
-    if out is None:
-        flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    elif out.dtype != torch.uint8 or out.numel() != nbytes:
-        raise EngineError(f"flatten_bucket: out is {out.dtype} x {out.numel()}, the bucket needs uint8 x {nbytes}")
-    else:
-        flat = out
+    flat = torch.empty(sum(spec.nbytes for spec in bucket), dtype=torch.uint8, device=device)
     offset = 0
     for spec in bucket:
         tensor = tensors.get(spec.name)

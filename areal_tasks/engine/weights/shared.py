@@ -15,8 +15,9 @@ and copies from it into its own weights while paused: one device-to-device copy.
   trainer deletes it when it closes the buffer (a server's mapping stays valid until it drops it).
 
 No pickle crosses the wire: a description is a dict of strings and integers that only the two
-functions here read and write. Ordering: :meth:`SharedWeightBuffer.pack` waits for its copies to
-finish before it returns, and a server waits for its copy out of the buffer before it answers, so
+functions here read and write. The bytes are those of one flattened collective bucket
+(``flatten_bucket`` over the same layout). Ordering: :meth:`SharedWeightBuffer.pack` waits for its
+copies to finish before it returns, and a server waits for its copy out of the buffer before it answers, so
 neither side needs the other's stream.
 """
 
@@ -65,6 +66,12 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
+    from areal_tasks.engine.weights.collective import spec_of
+
+    return spec_of(name, tensor)
+
+
 def _gpu_uuid(index: int) -> str:
     import torch
 
@@ -83,6 +90,7 @@ class SharedWeightBuffer:
         self.device = device
         self.buffer_id = uuid.uuid4().hex
         self._path: Path | None = None
+        self._views: tuple[tuple[ParamSpec, ...], list[torch.Tensor]] | None = None
         if device.type == "cuda":
             self.flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._description = self._describe_cuda()
@@ -110,20 +118,52 @@ class SharedWeightBuffer:
 
     def pack(self, specs: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor]) -> None:
         """Write ``tensors`` into the buffer in ``specs`` order (cast to each spec's dtype) and wait
-        until the bytes are there, so a server may read them from another process."""
+        until the bytes are there, so a server may read them from another process.
+
+        The slices of the buffer are made once per layout and every tensor goes in with one
+        ``_foreach_copy_``: a 0.5B model is 291 tensors, and slicing each anew every update cost
+        more host time than the copy itself. Raises :class:`EngineError` when a tensor is missing
+        or does not match its spec (as :func:`flatten_bucket` does)."""
         import torch
 
-        from areal_tasks.engine.weights.collective import flatten_bucket
-
-        flatten_bucket(specs, tensors, self.device, out=self.flat)
+        views = self._views_for(specs)
+        sources = []
+        for spec in specs:
+            tensor = tensors.get(spec.name)
+            if tensor is None:
+                raise EngineError(f"weight bucket names {spec.name!r}, but no such tensor was given")
+            target = views[len(sources)]
+            castable = tensor.is_floating_point() and target.is_floating_point()
+            if tensor.shape != target.shape or (tensor.dtype != target.dtype and not castable):
+                raise EngineError(f"{spec.name}: tensor is {_spec_of(spec.name, tensor)}, the bucket plan says {spec}")
+            sources.append(tensor.detach())
+        with torch.no_grad():
+            torch._foreach_copy_(views, sources)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+
+    def _views_for(self, specs: Sequence[ParamSpec]) -> list[torch.Tensor]:
+        """The buffer's slices for ``specs`` laid out back to back (cached for the last layout)."""
+        key = tuple(specs)
+        if self._views is None or self._views[0] != key:
+            import torch
+
+            nbytes = sum(spec.nbytes for spec in specs)
+            if nbytes != self.nbytes:
+                raise EngineError(f"the layout holds {nbytes} bytes, the shared buffer {self.nbytes}")
+            views, offset = [], 0
+            for spec in specs:
+                views.append(self.flat[offset : offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape))
+                offset += spec.nbytes
+            self._views = (key, views)
+        return self._views[1]
 
     def close(self) -> None:
         """Drop the buffer (and delete a CPU buffer's file); servers keep what they mapped."""
         if self._path is not None:
             self._path.unlink(missing_ok=True)
             self._path = None
+        self._views = None
         self.flat = None  # type: ignore[assignment]
 
 

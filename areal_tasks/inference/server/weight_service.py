@@ -136,8 +136,13 @@ class WeightService:
                                  shapes: list[list[int]], weight_version: str | None, abort_all: bool,
                                  flush_cache: bool) -> tuple[bool, str]:
         async def stage() -> dict[str, torch.Tensor]:
-            named = self.shared.read(descriptions, names, dtypes, shapes)
-            weight_io.check_tensors(named, self.runner.weight_specs(), self.runner.required_weight_names())
+            named, fresh = self.shared.read(descriptions, names, dtypes, shapes)
+            if fresh:  # the same buffer and layout as the last update: checked then
+                try:
+                    weight_io.check_tensors(named, self.runner.weight_specs(), self.runner.required_weight_names())
+                except InferenceError:
+                    self.shared.forget_layout()
+                    raise
             return named
 
         async with self._lock:

@@ -169,32 +169,43 @@ def split_flat(flat: torch.Tensor, names: list[str], types: list[torch.dtype],
 
 class SharedBufferReader:
     """This server's view of the trainer's shared weight buffer, opened on first use and kept until
-    the trainer names another one (a new run, or a trainer that restarted)."""
+    the trainer names another one (a new run, or a trainer that restarted). The views of one
+    layout are made once: slicing 291 tensors anew cost more than the copy out of them."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._opened: tuple[str, torch.Tensor] | None = None
+        self._views: tuple[tuple, dict[str, torch.Tensor]] | None = None
 
     def read(self, descriptions: list[dict[str, Any]], names: list[str], dtypes: list[str],
-             shapes: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Views of the listed tensors in the buffer on this server's device (no copy)."""
+             shapes: list[list[int]]) -> tuple[dict[str, torch.Tensor], bool]:
+        """Views of the listed tensors in the buffer on this server's device (no copy), and
+        whether they are new (a buffer or layout not seen before: the caller validates those)."""
         from areal_tasks.engine.weights.shared import open_shared_buffer, pick_buffer
         from areal_tasks.errors import EngineError
 
-        types = [_dtype(d) for d in dtypes]
         try:
             with on_device(self.device):
                 description = pick_buffer(descriptions, self.device)
                 buffer_id = str(description.get("id"))
                 if self._opened is None or self._opened[0] != buffer_id:
-                    self._opened = None  # drop the old mapping first
+                    self._opened = self._views = None  # drop the old mapping first
                     self._opened = (buffer_id, open_shared_buffer(description))
         except EngineError as exc:
             raise InferenceError(str(exc)) from exc
-        return split_flat(self._opened[1], names, types, shapes)
+        key = (buffer_id, tuple(names), tuple(dtypes), tuple(tuple(shape) for shape in shapes))
+        if self._views is not None and self._views[0] == key:
+            return self._views[1], False
+        views = split_flat(self._opened[1], names, [_dtype(d) for d in dtypes], shapes)
+        self._views = (key, views)
+        return views, True
+
+    def forget_layout(self) -> None:
+        """Validate the next read's views again (after they failed validation)."""
+        self._views = None
 
     def close(self) -> None:
-        self._opened = None
+        self._opened = self._views = None
 
 
 def receive_weights(

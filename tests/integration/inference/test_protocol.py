@@ -318,3 +318,24 @@ def test_shared_update_is_refused_clearly_where_unsupported_or_gone(backend, tmp
         assert "rollout.weight_update=disk or collective" in str(err.value)
     assert client.get_version() == control.version
     assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
+    if "shared" not in control.features:
+        return
+    # a buffer whose layout lacks a weight of the served model: refused, nothing loaded
+    buffer, layout = shared_buffer_of(control, scale=0.5)
+    try:
+        partial = [spec for spec in layout if spec.name != layout[-1].name]
+        short = {**buffer.describe(), "nbytes": sum(spec.nbytes for spec in partial)}
+        meta = WeightUpdateMeta.shared(control.version + 1, (short,))
+
+        async def update_partial():
+            async with client:
+                try:
+                    await client.swap_weights(meta, [partial], "abort")
+                finally:
+                    await client.resume()  # a failed swap leaves the servers paused
+
+        with pytest.raises(InferenceControlError, match="lacks 1 weights"):
+            run(update_partial())
+    finally:
+        buffer.close()
+    assert greedy_logprobs(client) == pytest.approx(original, abs=1e-4)
