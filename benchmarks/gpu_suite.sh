@@ -12,7 +12,7 @@
 # rollout.staleness_bound=admission from the same warm start), async_shared (one GPU: server and
 # trainer colocated on it, disk weight updates, eta=0 and eta=2 in place), async_ipc (the same with
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
-# sharedgpu (the CUDA IPC test),
+# sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size),
 # train (train throughput, 1 GPU, compiled, profiled), train_eager (the same without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
@@ -113,6 +113,7 @@ for p in "$@"; do
                 --etas 0 2 --work "$LOGS/async_ipc_work" --out benchmarks/results/async_vs_sync_gpu_shared_ipc.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
                 rollout.weight_update=shared rollout.pause_mode=in_place ;;
+        lmhead) part lmhead 150 python benchmarks/lm_head_chunks.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \

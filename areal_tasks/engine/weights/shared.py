@@ -13,6 +13,8 @@ and copies from it into its own weights while paused: one device-to-device copy.
   it, and a server on another GPU gets a clear error rather than a wrong device.
 * **CPU**: the buffer is a file in ``/dev/shm`` mapped by both sides (``torch.from_file``); the
   trainer deletes it when it closes the buffer (a server's mapping stays valid until it drops it).
+  The file's name carries the trainer's pid: making a buffer removes the files of trainers that
+  are gone (killed before they could delete theirs), so a crash does not keep host memory.
 
 No pickle crosses the wire: a description is a dict of strings and integers that only the two
 functions here read and write. The bytes are those of one flattened collective bucket
@@ -32,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.engine.weights.collective import spec_of
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -45,6 +48,8 @@ __all__ = ["SharedWeightBuffer", "open_shared_buffer", "pick_buffer", "shared_la
 
 #: description kinds: ``cuda_ipc`` (a GPU allocation) and ``file`` (a shared-memory file on the host).
 CUDA_IPC, FILE = "cuda_ipc", "file"
+#: a CPU buffer's file is ``<shm>/areal-weights-<trainer pid>-<buffer id>``.
+_FILE_PREFIX = "areal-weights-"
 
 
 def shared_layout(specs: Sequence[ParamSpec]) -> list[ParamSpec]:
@@ -66,10 +71,19 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
-    from areal_tasks.engine.weights.collective import spec_of
-
-    return spec_of(name, tensor)
+def _sweep_orphans(directory: Path) -> None:
+    """Delete buffer files of trainers that are gone (killed before they could delete their own)."""
+    for path in directory.glob(f"{_FILE_PREFIX}*"):
+        pid = path.name[len(_FILE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            logger.warning("removed %s: its trainer (pid %s) is gone", path, pid)
+        except PermissionError:  # a live process of another user
+            continue
 
 
 def _gpu_uuid(index: int) -> str:
@@ -95,7 +109,9 @@ class SharedWeightBuffer:
             self.flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._description = self._describe_cuda()
         elif device.type == "cpu":
-            self._path = _shm_dir() / f"areal-weights-{os.getpid()}-{self.buffer_id}"
+            directory = _shm_dir()
+            _sweep_orphans(directory)
+            self._path = directory / f"{_FILE_PREFIX}{os.getpid()}-{self.buffer_id}"
             self.flat = torch.from_file(str(self._path), shared=True, size=nbytes, dtype=torch.uint8)
             self._description = {"kind": FILE, "id": self.buffer_id, "nbytes": nbytes, "path": str(self._path)}
         else:
@@ -135,7 +151,7 @@ class SharedWeightBuffer:
             target = views[len(sources)]
             castable = tensor.is_floating_point() and target.is_floating_point()
             if tensor.shape != target.shape or (tensor.dtype != target.dtype and not castable):
-                raise EngineError(f"{spec.name}: tensor is {_spec_of(spec.name, tensor)}, the bucket plan says {spec}")
+                raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
             sources.append(tensor.detach())
         with torch.no_grad():
             torch._foreach_copy_(views, sources)

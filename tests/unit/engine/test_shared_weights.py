@@ -5,8 +5,10 @@ description fails with an error that names what is wrong; the wire record round-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,6 +78,24 @@ def test_another_process_reads_what_was_packed_and_each_repack() -> None:
         buffer.close()
     with pytest.raises(EngineError, match="missing or shorter"):
         open_shared_buffer({"kind": "file", "id": "x", "nbytes": 8, "path": path})
+
+
+def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, monkeypatch) -> None:
+    import areal_tasks.engine.weights.shared as shared
+
+    monkeypatch.setattr(shared, "_shm_dir", lambda: tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a pid that has exited  # fmt: skip
+    orphan = tmp_path / f"areal-weights-{dead}-0123abcd"
+    alive = tmp_path / f"areal-weights-{os.getppid()}-4567ef01"  # the test runner's parent: still running
+    orphan.write_bytes(b"x" * 16)
+    alive.write_bytes(b"x" * 16)
+    buffer = SharedWeightBuffer(8, torch.device("cpu"))
+    try:
+        assert not orphan.exists() and alive.exists()
+        assert Path(buffer.describe()["path"]).parent == tmp_path
+    finally:
+        buffer.close()
 
 
 def test_pack_refuses_tensors_that_do_not_match_the_layout() -> None:
