@@ -112,7 +112,7 @@ for p in "$@"; do
         async_ipc) part async_ipc 500 python benchmarks/async_vs_sync.py --sft-steps ${SFT_STEPS:-200} --steps 10 \
                 --etas 0 2 --work "$LOGS/async_ipc_work" --out benchmarks/results/async_vs_sync_gpu_shared_ipc.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
-                rollout.weight_update=shared rollout.pause_mode=in_place ;;
+                rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3} ;;
         lmhead) part lmhead 150 python benchmarks/lm_head_chunks.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
