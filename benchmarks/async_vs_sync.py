@@ -52,16 +52,23 @@ def warm_start(work: Path, sft_steps: int, extra: list[str]) -> str:
     return str(run_sft(cfg))
 
 
+def rl_overrides(run_dir: Path, model: str, eta: int, steps: int, extra: list[str]) -> list[str]:
+    """The RL run's overrides: defaults the caller's ``extra`` may change (workflow, learning rate),
+    then what this benchmark fixes, last so that it wins: above all the warm-started ``model``,
+    whatever ``model.path`` the extras name (that one is what the warm start started from)."""
+    return [
+        f"rollout.workflow.name={WORKFLOW}", "saver.freq_steps=null", "actor.optimizer.lr=2e-4", *extra,
+        f"experiment.run_dir={run_dir}", f"model.path={model}", "train.sft_warmup_steps=0",
+        f"train.total_steps={steps}", f"rollout.max_head_offpolicyness={eta}",
+    ]  # fmt: skip
+
+
 def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> dict[str, Any]:
     from areal_tasks.config import load_config
     from areal_tasks.trainer.rl import run_train
 
     run_dir = work / f"eta{eta}"
-    cfg = load_config(CONFIG, [
-        f"experiment.run_dir={run_dir}", f"model.path={model}", "train.sft_warmup_steps=0",
-        f"train.total_steps={steps}", f"rollout.max_head_offpolicyness={eta}", f"rollout.workflow.name={WORKFLOW}",
-        "saver.freq_steps=null", "actor.optimizer.lr=2e-4", *extra,
-    ])  # fmt: skip
+    cfg = load_config(CONFIG, rl_overrides(run_dir, model, eta, steps, extra))
     summary = run_train(cfg)
     rows = [json.loads(line) for line in (run_dir / "rl_metrics.jsonl").read_text().splitlines()]
     rl_s = sum(r["perf/step_s"] for r in rows)
