@@ -35,6 +35,8 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
+    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
+
 logger = logging.getLogger(__name__)
 
 
@@ -92,11 +94,12 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) 
     return compiled
 
 
-def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: bool,
+def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: ChunkedLMHead | None,
                   scope: str = "pointwise") -> list[str]:
     """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
-    the LM-head chunk kernels in place; returns what was compiled."""
-    from areal_tasks.engine.fsdp.lm_head import compile_chunk_kernels
+    the LM-head chunk kernels in place (the head then scores larger chunks:
+    :data:`~areal_tasks.engine.fsdp.lm_head.COMPILED_CHUNK_ELEMENTS`); returns what was compiled."""
+    from areal_tasks.engine.fsdp.lm_head import COMPILED_CHUNK_ELEMENTS, compile_chunk_kernels, default_chunk_size
     from areal_tasks.models.compile import compile_pointwise_modules
 
     if scope == "blocks":
@@ -105,7 +108,8 @@ def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chun
         compiled = compile_pointwise_modules(model, blocks)
     else:
         raise EngineError(f"compile scope must be blocks or pointwise, got {scope!r}")
-    if chunked_head:
+    if chunked_head is not None:
         compile_chunk_kernels()
-        compiled.append("lm_head chunks")
+        chunked_head.chunk = default_chunk_size(chunked_head.out_features, COMPILED_CHUNK_ELEMENTS)
+        compiled.append(f"lm_head chunks of {chunked_head.chunk}")
     return compiled

@@ -47,6 +47,11 @@ PLAIN_HEAD_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3
 
 #: target size of one chunk's ``[chunk, vocab]`` score matrix (elements); 2**27 fp32 is 512 MiB.
 CHUNK_ELEMENTS = 2**27
+#: the same with the chunk kernels compiled (no fp32 copies of a chunk: its bf16 logits and their
+#: gradient, 0.5 GiB each at 2**28). Measured on an H200 at Qwen2.5's vocabulary, 16K positions
+#: (``benchmarks/lm_head_chunks.py``): forward+backward 53.3 ms at 2**27, 44.7 ms at 2**28 (+0.8 GiB
+#: peak), 42.9 ms at 2**29 (+2.3 GiB): more rows per chunk keep more SMs busy in the row reductions.
+COMPILED_CHUNK_ELEMENTS = 2**28
 #: chunk sizes are rounded down to a multiple of this (and never below it).
 _CHUNK_ALIGN = 64
 

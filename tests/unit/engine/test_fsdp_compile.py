@@ -120,3 +120,23 @@ def test_the_varlen_route_traces_as_one_graph_per_block(tiny_qwen2, monkeypatch)
         got = block(x, **kwargs)
         want = eager_forward(x, **kwargs)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_compiling_the_chunk_kernels_gives_the_lm_head_larger_chunks(tiny_qwen2, monkeypatch):
+    """Compiled, a chunk's element-wise work makes no fp32 copies, so the head scores twice the
+    rows a chunk (fewer, fuller row reductions: benchmarks/lm_head_chunks.py); eager keeps the
+    smaller chunks that bound its fp32 temporaries."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.engine.fsdp import lm_head
+    from areal_tasks.engine.fsdp.compile import compile_model
+
+    for name in ("forward", "grad"):  # compile_chunk_kernels swaps them process-wide: restore after
+        monkeypatch.setitem(lm_head._kernels, name, lm_head._kernels[name])
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
+    head = lm_head.install_chunked_head(model)
+    assert head is not None and head.chunk == lm_head.default_chunk_size(head.out_features)
+    compiled = compile_model(model, decoder_blocks(model), chunked_head=head, scope="pointwise")
+    assert head.chunk == lm_head.default_chunk_size(head.out_features, lm_head.COMPILED_CHUNK_ELEMENTS)
+    assert head.chunk == 2 * lm_head.default_chunk_size(head.out_features)
+    assert f"lm_head chunks of {head.chunk}" in compiled
