@@ -116,6 +116,15 @@ def disk_update(client, control: ServerControl, scale: float) -> int:
     return version
 
 
+def logprobs_at_scale(client, control: ServerControl, scale: float) -> list[float]:
+    """The greedy log-probs of the model's weights times ``scale`` (loaded from disk, then restored):
+    what another update path must reproduce."""
+    disk_update(client, control, scale=scale)
+    expected = greedy_logprobs(client)
+    disk_update(client, control, scale=1.0)
+    return expected
+
+
 def test_disk_update_loads_the_new_weights(backend) -> None:
     client, control = backend
     original = greedy_logprobs(client)
@@ -188,9 +197,7 @@ def test_collective_swap_matches_the_disk_update(backend, bucket_bytes: int, cap
         pytest.skip(f"{control.backend} does not receive collective weight updates")
     from collective_sender import CollectiveTrainer
 
-    disk_update(client, control, scale=0.5)
-    expected = greedy_logprobs(client)
-    disk_update(client, control, scale=1.0)
+    expected = logprobs_at_scale(client, control, 0.5)
     version = control.version + 1
     trainer = CollectiveTrainer.from_model_dir(control.model_path, scale=0.5, n_servers=len(client.addresses),
                                                bucket_bytes=bucket_bytes)  # fmt: skip
@@ -217,9 +224,7 @@ def test_collective_update_matches_the_disk_update(backend) -> None:
         pytest.skip(f"{control.backend} does not receive collective weight updates")
     from collective_sender import CollectiveTrainer
 
-    disk_update(client, control, scale=0.5)
-    expected = greedy_logprobs(client)
-    disk_update(client, control, scale=1.0)
+    expected = logprobs_at_scale(client, control, 0.5)
     version = control.version + 1
     trainer = CollectiveTrainer.from_model_dir(control.model_path, scale=0.5, n_servers=len(client.addresses))
 
@@ -261,9 +266,7 @@ def test_shared_update_matches_the_disk_update(backend, through: str) -> None:
     client, control = backend
     if "shared" not in control.features:
         pytest.skip(f"{control.backend} does not read shared weight buffers")
-    disk_update(client, control, scale=0.5)
-    expected = greedy_logprobs(client)
-    disk_update(client, control, scale=1.0)
+    expected = logprobs_at_scale(client, control, 0.5)
     original = greedy_logprobs(client)
     buffer, layout = shared_buffer_of(control, scale=0.5)
     try:
