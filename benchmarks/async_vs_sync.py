@@ -87,7 +87,7 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
         "paused_ms": 1000 * sum(r["perf/servers_paused_s"] for r in rows) / len(rows),
         # the pause's parts: aborting in-flight requests, the transfer and load, the resume
         **{f"{part}_ms": 1000 * sum(r.get(f"perf/weight_{part}_s", 0.0) for r in rows) / len(rows)
-           for part in ("pause", "transfer", "resume", "pack")},  # fmt: skip
+           for part in ("queue", "pause", "transfer", "resume", "pack")},  # fmt: skip
         # the steady state: the first update also builds the collective group's communicator
         "paused_p50_ms": 1000 * statistics.median(r["perf/servers_paused_s"] for r in rows[1:] or rows),
         "reward_before": summary["reward_before"],
@@ -104,16 +104,16 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
 
 def format_table(results: list[dict[str, Any]]) -> str:
     head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} " \
-           f"{'update_ms':>9} {'paused_ms':>9} {'paused_p50':>10} {'pause/xfer/resume ms':>20} {'reward':>13} " \
+           f"{'update_ms':>9} {'paused_ms':>9} {'paused_p50':>10} {'queue/pause/xfer/resume ms':>26} {'reward':>13} " \
            f"{'stale':>9} {'bound':>9} {'late':>5}"  # fmt: skip
     base = next((r for r in results if r["eta"] == 0), results[0])["samples_per_s"]
     lines = [head]
     for r in results:
-        parts = f"{r['pause_ms']:.0f}/{r['transfer_ms']:.0f}/{r['resume_ms']:.0f}"
+        parts = f"{r.get('queue_ms', 0.0):.0f}/{r['pause_ms']:.0f}/{r['transfer_ms']:.0f}/{r['resume_ms']:.0f}"
         lines.append(
             f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} {r['samples_per_s'] / base:>7.2f}x "
             f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r['paused_ms']:>9.0f} "
-            f"{r.get('paused_p50_ms', float('nan')):>10.0f} {parts:>20} "
+            f"{r.get('paused_p50_ms', float('nan')):>10.0f} {parts:>26} "
             f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']} "
             f"{r.get('staleness_bound', 'sample'):>9} {r.get('late_samples', 0):>5}"
         )

@@ -271,8 +271,9 @@ class RolloutExecutor:
                      mode: PauseMode = "abort") -> dict[str, float]:  # fmt: skip
         """A whole weight update in one call: admission stops, the engine's ``swap_weights`` pauses
         the servers in ``mode``, loads and resumes them (one request per server where the backend
-        has one), then :meth:`set_version` and admission again. Returns the seconds of each part
-        (``pause``, ``transfer``, ``resume``).
+        has one), then :meth:`set_version` and admission again. Returns the seconds of each part:
+        ``queue`` (the call waiting for the executor's event loop, busy with the episodes in
+        flight: the servers still generate meanwhile), ``pause``, ``transfer``, ``resume``.
 
         One call instead of four saves three round trips to a rollout side in another process,
         all inside the servers' pause. For a collective update call it from a helper thread while
@@ -280,7 +281,7 @@ class RolloutExecutor:
         """
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ConfigError(f"version={version!r} must be an int >= 0")
-        return self._run(self._aswap, meta, buckets, version, mode)
+        return self._run(self._aswap, meta, buckets, version, mode, time.perf_counter())
 
     def destroy_weight_groups(self) -> list[str]:
         """Make the servers leave the collective weight-update groups the engine joined; returns their names.
@@ -580,12 +581,13 @@ class RolloutExecutor:
         await self._engine.pause(mode)
 
     async def _aswap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
-                     mode: PauseMode) -> dict[str, float]:  # fmt: skip
+                     mode: PauseMode, submitted: float) -> dict[str, float]:  # fmt: skip
+        queued = time.perf_counter() - submitted
         self._paused = True  # no admission until the new version is set
         parts = await self._engine.swap_weights(meta, buckets, mode)
         self._set_version(version)
         self._reopen()
-        return parts
+        return {"queue": queued, **parts}
 
     async def _aresume(self) -> None:
         await self._engine.resume()

@@ -117,10 +117,12 @@ class WeightPublisher:
     def publish(self, version: int) -> dict[str, float]:
         """Push the actor's weights as ``version``; returns timings (rank 0 has the server side).
 
-        ``perf/weight_update_s`` is the whole update; ``perf/servers_paused_s`` the part the servers
-        stop generating for, made of ``perf/weight_pause_s`` (the pause: in-flight requests
-        aborted), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load) and
-        ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the
+        ``perf/weight_update_s`` is the whole update; ``perf/servers_paused_s`` the part this rank
+        waits for the servers' swap: ``perf/weight_queue_s`` (the swap waiting for the rollout
+        side's event loop, busy with the episodes in flight; the servers still generate), then
+        the servers' pause proper, made of ``perf/weight_pause_s`` (the pause: in-flight requests
+        aborted or held), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load)
+        and ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the
         removal of old weight directories after the resume: both count in the whole only. A
         collective update gathers and packs the weights before the pause where they fit in one
         bucket (``perf/weight_pack_s``; see ``TrainEngine.prepare_weight_update``).

@@ -288,7 +288,7 @@ def test_swap_weights_is_pause_update_version_resume_in_one_call() -> None:
         parts = ex.swap_weights(WeightUpdateMeta(type="disk", version=1, path="/nowhere"), None, 1, "in_place")
         assert engine.pause_calls == ["in_place"] and engine.updates == [1] and engine.resume_calls == 1
         assert not engine.paused and ex.stats()["paused"] is False
-        assert set(parts) == {"pause", "transfer", "resume"} and all(v >= 0 for v in parts.values())
+        assert set(parts) == {"queue", "pause", "transfer", "resume"} and all(v >= 0 for v in parts.values())
         batch = ex.prepare_batch(timeout_s=T)  # eta = 0: only the new version's budget admits this batch
         assert len(batch) == 8 and {t.versions[-1] for t in batch} == {1}
         with pytest.raises(ConfigError, match="version"):
