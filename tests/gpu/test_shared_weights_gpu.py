@@ -53,7 +53,7 @@ def test_a_server_process_maps_the_buffer_once_and_sees_every_repack() -> None:
     try:
         for scale in (1.0, -3.0):  # the second pack goes into the same buffer the server mapped
             scaled = {n: t * scale for n, t in named.items()}
-            buffer.pack(layout, scaled)
+            buffer.pack(layout, scaled.items())
             assert server.stdin is not None and server.stdout is not None
             server.stdin.write("go\n")
             server.stdin.flush()

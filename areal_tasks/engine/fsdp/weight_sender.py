@@ -183,7 +183,7 @@ def _pack_shared(engine: FSDPEngine) -> None:
     if engine.shared_buffer is None:
         collections.deque(stream, maxlen=0)  # take part in every gather
     else:
-        engine.shared_buffer.pack(layout, dict(stream))
+        engine.shared_buffer.pack(layout, stream)
 
 
 def shared_buffers(engine: FSDPEngine) -> tuple[dict, ...]:

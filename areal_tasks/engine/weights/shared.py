@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ __all__ = ["SharedWeightBuffer", "open_shared_buffer", "pick_buffer", "shared_la
 
 #: description kinds: ``cuda_ipc`` (a GPU allocation) and ``file`` (a shared-memory file on the host).
 CUDA_IPC, FILE = "cuda_ipc", "file"
+#: bytes of full tensors a pack holds before it copies them into the buffer (one ``_foreach_copy_``).
+PACK_GROUP_BYTES = 256 * 2**20
 #: a CPU buffer's file is ``<shm>/areal-weights-<trainer pid>-<buffer id>``.
 _FILE_PREFIX = "areal-weights-"
 
@@ -60,6 +62,17 @@ def shared_layout(specs: Sequence[ParamSpec]) -> list[ParamSpec]:
     if not specs:
         raise EngineError("a shared weight buffer needs at least one tensor")
     return plan_weight_buckets(specs, max(1, sum(spec.nbytes for spec in specs)))[0]
+
+
+def _copy_group(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Copy ``sources`` into ``targets`` with one ``_foreach_copy_`` and empty both lists."""
+    import torch
+
+    if targets:
+        with torch.no_grad():
+            torch._foreach_copy_(targets, sources)
+        targets.clear()
+        sources.clear()
 
 
 def _shm_dir() -> Path:
@@ -104,7 +117,7 @@ class SharedWeightBuffer:
         self.device = device
         self.buffer_id = uuid.uuid4().hex
         self._path: Path | None = None
-        self._views: tuple[tuple[ParamSpec, ...], list[torch.Tensor]] | None = None
+        self._views: tuple[tuple[ParamSpec, ...], dict[str, torch.Tensor]] | None = None
         if device.type == "cuda":
             self.flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._description = self._describe_cuda()
@@ -132,34 +145,47 @@ class SharedWeightBuffer:
         """The JSON-safe description a server opens the buffer from (:func:`open_shared_buffer`)."""
         return dict(self._description)
 
-    def pack(self, specs: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor]) -> None:
-        """Write ``tensors`` into the buffer in ``specs`` order (cast to each spec's dtype) and wait
-        until the bytes are there, so a server may read them from another process.
+    def pack(self, specs: Sequence[ParamSpec], named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write the ``(name, tensor)`` stream into the buffer laid out as ``specs`` (each tensor cast
+        to its spec's dtype; any order) and wait until the bytes are there, so a server may read
+        them from another process.
 
-        The slices of the buffer are made once per layout and every tensor goes in with one
-        ``_foreach_copy_``: a 0.5B model is 291 tensors, and slicing each anew every update cost
-        more host time than the copy itself. Raises :class:`EngineError` when a tensor is missing
-        or does not match its spec (as :func:`flatten_bucket` does)."""
+        The buffer's slices are made once per layout, and the tensors go in by ``_foreach_copy_``
+        in groups of up to :data:`PACK_GROUP_BYTES`: a 0.5B model is 291 tensors, and slicing and
+        copying each one by one cost more host time than the copies themselves, while a stream
+        gathered from shards holds at most one group of full tensors at a time. Raises
+        :class:`EngineError` when a tensor is not in the layout, does not match its spec, or is
+        missing (the buffer then holds a partial update: no server reads it)."""
         import torch
 
         views = self._views_for(specs)
-        sources = []
-        for spec in specs:
-            tensor = tensors.get(spec.name)
-            if tensor is None:
-                raise EngineError(f"weight bucket names {spec.name!r}, but no such tensor was given")
-            target = views[len(sources)]
+        targets: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
+        pending, seen = 0, set()
+        for name, tensor in named:
+            target = views.get(name)
+            if target is None:
+                raise EngineError(f"{name!r} is not in the shared buffer's layout ({len(views)} tensors)")
             castable = tensor.is_floating_point() and target.is_floating_point()
             if tensor.shape != target.shape or (tensor.dtype != target.dtype and not castable):
-                raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
+                spec = specs[list(views).index(name)]
+                raise EngineError(f"{name}: tensor is {spec_of(name, tensor)}, the bucket plan says {spec}")
+            seen.add(name)
+            targets.append(target)
             sources.append(tensor.detach())
-        with torch.no_grad():
-            torch._foreach_copy_(views, sources)
+            pending += target.nbytes
+            if pending >= PACK_GROUP_BYTES:
+                _copy_group(targets, sources)
+                pending = 0
+        _copy_group(targets, sources)
+        missing = [name for name in views if name not in seen]
+        if missing:
+            raise EngineError(f"the weights to pack lack {len(missing)} tensors of the layout, e.g. {missing[:3]}")
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _views_for(self, specs: Sequence[ParamSpec]) -> list[torch.Tensor]:
-        """The buffer's slices for ``specs`` laid out back to back (cached for the last layout)."""
+    def _views_for(self, specs: Sequence[ParamSpec]) -> dict[str, torch.Tensor]:
+        """The buffer's slices for ``specs`` laid out back to back, by name (cached for the last layout)."""
         key = tuple(specs)
         if self._views is None or self._views[0] != key:
             import torch
@@ -167,9 +193,9 @@ class SharedWeightBuffer:
             nbytes = sum(spec.nbytes for spec in specs)
             if nbytes != self.nbytes:
                 raise EngineError(f"the layout holds {nbytes} bytes, the shared buffer {self.nbytes}")
-            views, offset = [], 0
+            views, offset = {}, 0
             for spec in specs:
-                views.append(self.flat[offset : offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape))
+                views[spec.name] = self.flat[offset : offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
                 offset += spec.nbytes
             self._views = (key, views)
         return self._views[1]

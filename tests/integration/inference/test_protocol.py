@@ -254,7 +254,7 @@ def shared_buffer_of(control: ServerControl, scale: float):
     scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
     layout = shared_layout([spec_of(n, t) for n, t in scaled.items()])
     buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
-    buffer.pack(layout, scaled)
+    buffer.pack(layout, scaled.items())
     return buffer, layout
 
 
@@ -286,7 +286,7 @@ def test_shared_update_matches_the_disk_update(backend, through: str) -> None:
         assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
         from areal_tasks.engine.weights.disk import read_safetensors_dir
 
-        buffer.pack(layout, read_safetensors_dir(control.model_path))  # the original weights, same buffer
+        buffer.pack(layout, read_safetensors_dir(control.model_path).items())  # the original weights, same buffer
         meta = WeightUpdateMeta.shared(control.version + 1, (buffer.describe(),))
         run(update(meta))
         control.version = meta.version

@@ -65,11 +65,11 @@ def test_another_process_reads_what_was_packed_and_each_repack() -> None:
     buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
     try:
         json.dumps(buffer.describe())  # JSON-safe: it travels in an HTTP body
-        buffer.pack(layout, named)
+        buffer.pack(layout, named.items())
         expected = {n: t.double().sum().item() for n, t in named.items()}
         assert read_in_another_process(buffer, layout) == pytest.approx(expected)
         doubled = {n: t * 2 for n, t in named.items()}
-        buffer.pack(layout, doubled)
+        buffer.pack(layout, reversed(list(doubled.items())))  # any order
         assert read_in_another_process(buffer, layout) == pytest.approx({n: 2 * v for n, v in expected.items()})
         # the bytes are exactly one flattened bucket's (what a collective update broadcasts)
         assert torch.equal(open_shared_buffer(buffer.describe()), flatten_bucket(layout, doubled, torch.device("cpu")))
@@ -98,17 +98,33 @@ def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, mon
         buffer.close()
 
 
+def test_packing_in_small_groups_gives_the_same_bytes(monkeypatch) -> None:
+    import areal_tasks.engine.weights.shared as shared
+
+    named = tensors()
+    layout = shared_layout([spec_of(n, t) for n, t in named.items()])
+    monkeypatch.setattr(shared, "PACK_GROUP_BYTES", 1)  # a copy per tensor: a stream of gathered shards
+    buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
+    try:
+        buffer.pack(layout, named.items())
+        assert torch.equal(open_shared_buffer(buffer.describe()), flatten_bucket(layout, named, torch.device("cpu")))
+    finally:
+        buffer.close()
+
+
 def test_pack_refuses_tensors_that_do_not_match_the_layout() -> None:
     named = tensors()
     layout = shared_layout([spec_of(n, t) for n, t in named.items()])
     buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
     try:
-        with pytest.raises(EngineError, match="no such tensor"):
-            buffer.pack(layout, {k: v for k, v in named.items() if k != "steps"})
+        with pytest.raises(EngineError, match=r"lack 1 tensors of the layout, e.g. \['steps'\]"):
+            buffer.pack(layout, ((k, v) for k, v in named.items() if k != "steps"))
         with pytest.raises(EngineError, match="the bucket plan says"):
-            buffer.pack(layout, {**named, "head.weight": torch.zeros(4, 5)})
+            buffer.pack(layout, {**named, "head.weight": torch.zeros(4, 5)}.items())
+        with pytest.raises(EngineError, match="'extra' is not in the shared buffer's layout"):
+            buffer.pack(layout, [*named.items(), ("extra", torch.zeros(1))])
         with pytest.raises(EngineError, match="the layout holds .* bytes, the shared buffer"):
-            buffer.pack(layout[1:], named)
+            buffer.pack(layout[1:], named.items())
     finally:
         buffer.close()
 
