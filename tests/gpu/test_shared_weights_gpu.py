@@ -66,3 +66,27 @@ def test_a_server_process_maps_the_buffer_once_and_sees_every_repack() -> None:
         server.wait(timeout=60)
         buffer.close()
     assert server.returncode == 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_a_server_that_numbers_the_gpus_differently_picks_the_buffer_on_its_gpu_by_uuid() -> None:
+    """Two trainer ranks' buffers (GPUs 0 and 1); a server started with ``CUDA_VISIBLE_DEVICES=1``
+    calls its GPU cuda:0, and still reads the buffer of the rank on that GPU (matched by UUID)."""
+    import os
+
+    layout = shared_layout([spec_of("w", torch.empty(64, 64, dtype=torch.bfloat16))])
+    wire = [[s.name, s.dtype, list(s.shape)] for s in layout]
+    buffers = []
+    try:
+        for index, value in ((0, 1.0), (1, 2.0)):
+            device = torch.device("cuda", index)
+            buffer = SharedWeightBuffer(layout[0].nbytes, device)
+            buffer.pack(layout, [("w", torch.full((64, 64), value, device=device))])
+            buffers.append(buffer)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}
+        done = subprocess.run([sys.executable, "-c", SERVER, json.dumps([b.describe() for b in buffers]), json.dumps(wire)],
+                              input="go\n", capture_output=True, text=True, env=env, timeout=120, check=True)  # fmt: skip
+        assert json.loads(done.stdout) == {"w": 2.0 * 64 * 64}
+    finally:
+        for buffer in buffers:
+            buffer.close()
