@@ -22,6 +22,9 @@ Static bytes::
                N_t / (tp S) * 2 p                                      "adamw_pure": torch AdamW
                                                                        on params of dtype p
                0                                                       "none" (frozen / ref model)
+    publish    N * c   only with shared weight updates (``rollout.weight_update=shared``): the
+               buffer the servers copy the weights from, every published tensor in c, kept for
+               the run (``engine/weights/shared.py``)
 
 Activations, bytes per token of the micro-batch (the tokens one DP rank packs) per GPU, all divided
 by ``tp * sp`` (TP splits heads and MLP columns with sequence-parallel norms; Ulysses splits
@@ -219,11 +222,13 @@ class MemoryEstimate:
     late_transient_bytes: int
     gradient_checkpointing: bool
     chunked_ce: bool
+    #: the shared weight-update buffer (0 unless the engine publishes through shared memory).
+    publish_buffer_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:
-        """Parameters, gradients and optimizer state."""
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+        """Parameters, gradients and optimizer state (and the shared weight-update buffer)."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.publish_buffer_bytes
 
     @property
     def bytes_per_token(self) -> int:
@@ -253,13 +258,15 @@ def estimate_memory(
     gradient_checkpointing: bool = False,
     lora_rank: int | None = None,
     ce_chunk_tokens: int | None = None,
+    publish_buffer: bool = False,
 ) -> MemoryEstimate:
     """Estimate the memory of one GPU of a train engine (formulas in the module docstring).
 
     ``grad_dtype`` and ``compute_dtype`` default to ``param_dtype``. ``ce_chunk_tokens`` set means a
     chunked/fused cross-entropy that never holds more than that many tokens' logits. ``fsdp_wrap``
     is the engine's resolved unit layout when sharded: ``block`` or ``root``
-    (``EngineConfig.fsdp_wrap``).
+    (``EngineConfig.fsdp_wrap``). ``publish_buffer``: the engine keeps a shared weight-update
+    buffer (every published weight in the compute dtype).
     """
     if fsdp_wrap not in ("block", "root"):
         raise ConfigError(f"fsdp_wrap must be block or root, got {fsdp_wrap!r}")
@@ -321,6 +328,7 @@ def estimate_memory(
         late_transient_bytes=late,
         gradient_checkpointing=gradient_checkpointing,
         chunked_ce=chunked,
+        publish_buffer_bytes=dims.num_params * c if publish_buffer else 0,
     )
 
 
@@ -334,7 +342,8 @@ def max_tokens_for_budget(estimate: MemoryEstimate, budget_bytes: int, *, multip
         raise EngineError(
             f"the memory budget of {budget_bytes / GIB:.2f} GiB leaves room for {max(tokens, 0)} tokens per "
             f"micro-batch (static {estimate.static_bytes / GIB:.2f} GiB: params {estimate.param_bytes / GIB:.2f}, "
-            f"grads {estimate.grad_bytes / GIB:.2f}, optimizer {estimate.optimizer_bytes / GIB:.2f}; fixed "
+            f"grads {estimate.grad_bytes / GIB:.2f}, optimizer {estimate.optimizer_bytes / GIB:.2f}, shared "
+            f"weight-update buffer {estimate.publish_buffer_bytes / GIB:.2f}; fixed "
             f"{estimate.fixed_overhead_bytes / GIB:.2f} GiB; {estimate.bytes_per_token / 2**20:.2f} MiB per token), "
             f"fewer than {multiple}: shard over more GPUs, enable gradient checkpointing, use a chunked "
             "cross-entropy or raise memory_budget_gb"

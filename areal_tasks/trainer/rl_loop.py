@@ -89,7 +89,8 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, FSD
 
     algorithm = build_algorithm(cfg.algorithm)
     temperature, seed = logprob_temperature(cfg), cfg.experiment.seed
-    engines = {"actor": FSDPEngine(cfg.actor, model_dir, total_steps=n_steps, temperature=temperature, seed=seed)}
+    engines = {"actor": FSDPEngine(cfg.actor, model_dir, total_steps=n_steps, temperature=temperature, seed=seed,
+                                   shared_weight_buffer=cfg.rollout.weight_update == "shared")}  # fmt: skip
     if algorithm.needs_ref:
         ref_cfg = cfg.ref or cfg.actor
         engines["ref"] = FSDPEngine(ref_cfg, model_dir, total_steps=n_steps, trainable=False,

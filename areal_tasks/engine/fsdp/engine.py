@@ -60,9 +60,12 @@ class FSDPEngine(TrainEngine):
         attn_implementation: str | None = None,
         chunked_lm_head: bool = True,
         seed: int = 1,
+        shared_weight_buffer: bool = False,
     ) -> None:
         """``chunked_lm_head``: score log-probs with the chunked fused LM head (``lm_head.py``) where the
-        model qualifies, instead of materialising the logits of a whole micro-batch."""
+        model qualifies, instead of materialising the logits of a whole micro-batch.
+        ``shared_weight_buffer``: the engine will publish through shared memory, so a memory
+        budget must leave room for the buffer (a copy of the published weights)."""
         if config.backend != "fsdp":
             raise EngineError(f"FSDPEngine needs backend='fsdp', got {config.backend!r}")
         if temperature <= 0:
@@ -76,6 +79,7 @@ class FSDPEngine(TrainEngine):
         self._requested_dims = parallel
         self._attn_implementation = attn_implementation
         self._chunked_lm_head = chunked_lm_head
+        self._shared_weight_buffer = shared_weight_buffer
         self.seed = seed
         self._version = 0
         self.weight_groups: dict[tuple[str, int, str], Any] = {}
@@ -108,7 +112,7 @@ class FSDPEngine(TrainEngine):
         self._compiled, self._compile_reason = built.compiled, built.compile_reason
         self._compile_scope = built.compile_scope
         self._fsdp_wrap = built.fsdp_wrap
-        self.mb_spec = _micro_batch_spec(self.config, built, dims)
+        self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
         self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head,
@@ -429,8 +433,10 @@ def _local_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims) -> Any:
-    """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget."""
+def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims, *,
+                      shared_weight_buffer: bool = False) -> Any:
+    """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget
+    (less the shared weight-update buffer when the engine keeps one)."""
     from areal_tasks.engine.memory import estimate_memory, resolve_max_tokens_per_mb
 
     spec = config.micro_batch
@@ -442,6 +448,7 @@ def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDim
             fsdp_wrap=built.fsdp_wrap, gradient_checkpointing=config.gradient_checkpointing,
             lora_rank=config.lora.rank if config.lora.enabled else None,
             ce_chunk_tokens=built.lm_head.chunk if built.lm_head is not None else None,
+            publish_buffer=shared_weight_buffer,
         )
         cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)
     return dataclasses.replace(spec, pad_to_multiple_of=multiple, max_tokens_per_mb=cap)

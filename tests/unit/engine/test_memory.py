@@ -182,6 +182,20 @@ def test_max_tokens_for_budget_is_the_largest_fitting_multiple(checkpointing: bo
     assert max_tokens_for_budget(est, budget, multiple=1) >= tokens
 
 
+def test_a_shared_weight_update_buffer_is_one_compute_dtype_copy_of_the_weights() -> None:
+    """With shared weight updates every GPU rank keeps the published weights once more, in the
+    compute dtype, whatever the sharding: the budget leaves that much less for activations."""
+    plain = estimate_memory(QWEN2_7B, param_dtype="fp32", compute_dtype="bf16", dp=8)
+    shared = estimate_memory(QWEN2_7B, param_dtype="fp32", compute_dtype="bf16", dp=8, publish_buffer=True)
+    assert shared.publish_buffer_bytes == ModelDims.from_config(QWEN2_7B).num_params * 2
+    assert shared.static_bytes == plain.static_bytes + shared.publish_buffer_bytes
+    assert plain.publish_buffer_bytes == 0
+    room = 60 * GIB
+    assert max_tokens_for_budget(shared, room) < max_tokens_for_budget(plain, room)
+    with pytest.raises(EngineError, match=r"shared weight-update buffer 14\.\d\d"):
+        max_tokens_for_budget(estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, publish_buffer=True), 17 * GIB)
+
+
 def test_checkpointing_buys_more_tokens() -> None:
     plain = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
     ckpt = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, gradient_checkpointing=True)
@@ -220,3 +234,18 @@ def test_inputs_are_validated() -> None:
         estimate_memory(TINY, dp=0)
     with pytest.raises(ConfigError, match=r"lacks \['vocab_size'\]"):
         estimate_memory({k: v for k, v in TINY.items() if k != "vocab_size"})
+
+
+def test_the_engine_sizes_micro_batches_with_room_for_its_shared_weight_buffer() -> None:
+    from types import SimpleNamespace
+
+    from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.fsdp.engine import _micro_batch_spec
+    from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+
+    config = EngineConfig(micro_batch=MicroBatchSpec(memory_budget_gb=60))
+    built = SimpleNamespace(hf_config=QWEN2_7B, param_dtype_name="bfloat16", fsdp_wrap="block", lm_head=None)
+    dims = ParallelDims(dp=8)
+    plain = _micro_batch_spec(config, built, dims).max_tokens_per_mb
+    shared = _micro_batch_spec(config, built, dims, shared_weight_buffer=True).max_tokens_per_mb
+    assert 0 < shared < plain
