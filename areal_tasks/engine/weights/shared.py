@@ -13,8 +13,9 @@ and copies from it into its own weights while paused: one device-to-device copy.
   it, and a server on another GPU gets a clear error rather than a wrong device.
 * **CPU**: the buffer is a file in ``/dev/shm`` mapped by both sides (``torch.from_file``); the
   trainer deletes it when it closes the buffer (a server's mapping stays valid until it drops it).
-  The file's name carries the trainer's pid: making a buffer removes the files of trainers that
-  are gone (killed before they could delete theirs), so a crash does not keep host memory.
+  The file's name carries the trainer's PID namespace and pid: making a buffer removes the files
+  of trainers of the same namespace that are gone (killed before they could delete theirs), so a
+  crash does not keep host memory.
 
 No pickle crosses the wire: a description is a dict of strings and integers that only the two
 functions here read and write. The bytes are those of one flattened collective bucket
@@ -50,7 +51,7 @@ __all__ = ["SharedWeightBuffer", "open_shared_buffer", "pick_buffer", "shared_la
 CUDA_IPC, FILE = "cuda_ipc", "file"
 #: bytes of full tensors a pack holds before it copies them into the buffer (one ``_foreach_copy_``).
 PACK_GROUP_BYTES = 256 * 2**20
-#: a CPU buffer's file is ``<shm>/areal-weights-<trainer pid>-<buffer id>``.
+#: a CPU buffer's file is ``<shm>/areal-weights-<pid namespace>-<trainer pid>-<buffer id>``.
 _FILE_PREFIX = "areal-weights-"
 
 
@@ -84,17 +85,33 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``; "0" where unreadable):
+    a pid means a process only within its namespace, and containers may share ``/dev/shm``."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def _buffer_file_name(buffer_id: str) -> str:
+    return f"{_FILE_PREFIX}{_pid_namespace()}-{os.getpid()}-{buffer_id}"
+
+
 def _sweep_orphans(directory: Path) -> None:
-    """Delete buffer files of trainers that are gone (killed before they could delete their own)."""
+    """Delete buffer files of trainers that are gone (killed before they could delete their own):
+    those named with this PID namespace and a pid no process has. Files of other namespaces (other
+    containers sharing ``/dev/shm``) are left alone: their pids mean nothing here."""
+    namespace = _pid_namespace()
     for path in directory.glob(f"{_FILE_PREFIX}*"):
-        pid = path.name[len(_FILE_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        parts = path.name[len(_FILE_PREFIX):].split("-", 2)
+        if len(parts) != 3 or parts[0] != namespace or not parts[1].isdigit() or int(parts[1]) == os.getpid():
             continue
         try:
-            os.kill(int(pid), 0)
+            os.kill(int(parts[1]), 0)
         except ProcessLookupError:
             path.unlink(missing_ok=True)
-            logger.warning("removed %s: its trainer (pid %s) is gone", path, pid)
+            logger.warning("removed %s: its trainer (pid %s) is gone", path, parts[1])
         except PermissionError:  # a live process of another user
             continue
 
@@ -124,7 +141,7 @@ class SharedWeightBuffer:
         elif device.type == "cpu":
             directory = _shm_dir()
             _sweep_orphans(directory)
-            self._path = directory / f"{_FILE_PREFIX}{os.getpid()}-{self.buffer_id}"
+            self._path = directory / _buffer_file_name(self.buffer_id)
             self.flat = torch.from_file(str(self._path), shared=True, size=nbytes, dtype=torch.uint8)
             self._description = {"kind": FILE, "id": self.buffer_id, "nbytes": nbytes, "path": str(self._path)}
         else:

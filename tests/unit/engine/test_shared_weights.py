@@ -81,18 +81,23 @@ def test_another_process_reads_what_was_packed_and_each_repack() -> None:
 
 
 def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, monkeypatch) -> None:
+    """Only files of this PID namespace whose pid no process has: a live trainer's file, and one
+    of another namespace (a container sharing /dev/shm, where the pid means another process), stay."""
     import areal_tasks.engine.weights.shared as shared
 
     monkeypatch.setattr(shared, "_shm_dir", lambda: tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()  # a pid that has exited  # fmt: skip
-    orphan = tmp_path / f"areal-weights-{dead}-0123abcd"
-    alive = tmp_path / f"areal-weights-{os.getppid()}-4567ef01"  # the test runner's parent: still running
-    orphan.write_bytes(b"x" * 16)
-    alive.write_bytes(b"x" * 16)
+    namespace = shared._pid_namespace()
+    orphan = tmp_path / f"areal-weights-{namespace}-{dead}-0123abcd"
+    alive = tmp_path / f"areal-weights-{namespace}-{os.getppid()}-4567ef01"  # the test runner's parent
+    elsewhere = tmp_path / f"areal-weights-{namespace}1-{dead}-89ab2345"  # another container's trainer
+    for path in (orphan, alive, elsewhere):
+        path.write_bytes(b"x" * 16)
     buffer = SharedWeightBuffer(8, torch.device("cpu"))
     try:
-        assert not orphan.exists() and alive.exists()
+        assert not orphan.exists() and alive.exists() and elsewhere.exists()
+        assert Path(buffer.describe()["path"]).name.startswith(f"areal-weights-{namespace}-{os.getpid()}-")
         assert Path(buffer.describe()["path"]).parent == tmp_path
     finally:
         buffer.close()
