@@ -49,6 +49,8 @@ __all__ = [
     "WeightGroup",
     "GROUP_DESTROY_TIMEOUT_S",
     "abort_process_group",
+    "bucket_views",
+    "check_bucket_tensor",
     "flatten_bucket",
     "init_custom_process_group",
     "join_weight_group",
@@ -201,30 +203,54 @@ def spec_of(name: str, tensor: torch.Tensor) -> ParamSpec:
     return ParamSpec(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
 
+def bucket_views(flat: torch.Tensor, bucket: Sequence[ParamSpec]) -> dict[str, torch.Tensor]:
+    """The slices of the ``uint8`` tensor ``flat`` that hold ``bucket``'s tensors back to back, by
+    name, each viewed in its spec's dtype and shape (no copy). ``flat`` must hold exactly the
+    bucket's bytes (:class:`EngineError` otherwise)."""
+    import torch
+
+    nbytes = sum(spec.nbytes for spec in bucket)
+    if flat.numel() != nbytes:
+        raise EngineError(f"the flat tensor holds {flat.numel()} bytes, the bucket's {len(bucket)} tensors {nbytes}")
+    views, offset = {}, 0
+    for spec in bucket:
+        views[spec.name] = flat[offset : offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
+        offset += spec.nbytes
+    return views
+
+
+def check_bucket_tensor(spec: ParamSpec, tensor: torch.Tensor) -> None:
+    """Raise :class:`EngineError` unless ``tensor`` can fill ``spec``'s slice: the same shape, and
+    the same dtype or a floating-point one the copy casts to the spec's floating-point dtype."""
+    import torch
+
+    wire_dtype = getattr(torch, spec.dtype)
+    castable = tensor.is_floating_point() and wire_dtype.is_floating_point
+    if tuple(tensor.shape) != spec.shape or (tensor.dtype != wire_dtype and not castable):
+        raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
+
+
 def flatten_bucket(
     bucket: Sequence[ParamSpec], tensors: Mapping[str, torch.Tensor], device: torch.device
 ) -> torch.Tensor:
     """One bucket's wire tensor: the bytes of ``tensors[spec.name]`` back to back, in ``bucket`` order.
 
-    The wire tensor is allocated once and every tensor is copied straight into its slice; a
-    floating-point tensor is cast to its spec's floating-point dtype by that copy (the trainer's
-    fp32 master weights go out as bf16 without a cast copy first). Raises :class:`EngineError`
-    when a tensor is missing, has another shape, or has another dtype that is not such a cast.
+    The wire tensor is allocated once and every tensor is copied straight into its slice
+    (:func:`bucket_views`); a floating-point tensor is cast to its spec's floating-point dtype by
+    that copy (the trainer's fp32 master weights go out as bf16 without a cast copy first). Raises
+    :class:`EngineError` when a tensor is missing, has another shape, or has another dtype that is
+    not such a cast (:func:`check_bucket_tensor`).
     """
     import torch
 
     flat = torch.empty(sum(spec.nbytes for spec in bucket), dtype=torch.uint8, device=device)
-    offset = 0
+    views = bucket_views(flat, bucket)
     for spec in bucket:
         tensor = tensors.get(spec.name)
         if tensor is None:
             raise EngineError(f"weight bucket names {spec.name!r}, but no such tensor was given")
-        wire_dtype = getattr(torch, spec.dtype)
-        castable = tensor.is_floating_point() and wire_dtype.is_floating_point
-        if tuple(tensor.shape) != spec.shape or (tensor.dtype != wire_dtype and not castable):
-            raise EngineError(f"{spec.name}: tensor is {spec_of(spec.name, tensor)}, the bucket plan says {spec}")
-        flat[offset : offset + spec.nbytes].view(wire_dtype).view(spec.shape).copy_(tensor.detach())
-        offset += spec.nbytes
+        check_bucket_tensor(spec, tensor)
+        views[spec.name].copy_(tensor.detach())
     return flat
 
 

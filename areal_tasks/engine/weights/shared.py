@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.engine.weights.collective import spec_of
+from areal_tasks.engine.weights.collective import bucket_views, check_bucket_tensor
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -176,21 +176,19 @@ class SharedWeightBuffer:
         import torch
 
         views = self._views_for(specs)
+        by_name = {spec.name: spec for spec in specs}
         targets: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
         pending, seen = 0, set()
         for name, tensor in named:
-            target = views.get(name)
-            if target is None:
+            spec = by_name.get(name)
+            if spec is None:
                 raise EngineError(f"{name!r} is not in the shared buffer's layout ({len(views)} tensors)")
-            castable = tensor.is_floating_point() and target.is_floating_point()
-            if tensor.shape != target.shape or (tensor.dtype != target.dtype and not castable):
-                spec = specs[list(views).index(name)]
-                raise EngineError(f"{name}: tensor is {spec_of(name, tensor)}, the bucket plan says {spec}")
+            check_bucket_tensor(spec, tensor)
             seen.add(name)
-            targets.append(target)
+            targets.append(views[name])
             sources.append(tensor.detach())
-            pending += target.nbytes
+            pending += spec.nbytes
             if pending >= PACK_GROUP_BYTES:
                 _copy_group(targets, sources)
                 pending = 0
@@ -205,16 +203,10 @@ class SharedWeightBuffer:
         """The buffer's slices for ``specs`` laid out back to back, by name (cached for the last layout)."""
         key = tuple(specs)
         if self._views is None or self._views[0] != key:
-            import torch
-
             nbytes = sum(spec.nbytes for spec in specs)
             if nbytes != self.nbytes:
                 raise EngineError(f"the layout holds {nbytes} bytes, the shared buffer {self.nbytes}")
-            views, offset = {}, 0
-            for spec in specs:
-                views[spec.name] = self.flat[offset : offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
-                offset += spec.nbytes
-            self._views = (key, views)
+            self._views = (key, bucket_views(self.flat, specs))
         return self._views[1]
 
     def close(self) -> None:
