@@ -118,19 +118,35 @@ class WeightService:
                 self.runner.required_weight_names(), self.runner.device,
             )
 
-        async with self._lock:
-            if abort_all:
-                await self.abort_all("aborted by update_weights_from_disk")
-            version = weight_version if weight_version is not None else self._next_version()
-            try:
-                busy = await self._locked_update(stage, version)
-            except (InferenceError, OSError, ValueError) as exc:
-                logger.error("update_weights_from_disk(%s) failed: %s", model_path, exc)
-                return False, f"Failed to update weights: {exc}"
+        failed, busy, version = await self._versioned_update(
+            stage, weight_version, abort_all, "update_weights_from_disk", (InferenceError, OSError, ValueError),
+            detail=f"({model_path})",
+        )
+        if failed is not None:
+            return False, f"Failed to update weights: {failed}"
         logger.info("loaded weights from %s as version %s", model_path, version)
         if flush_cache and busy:
             return False, _FLUSH_FAILED
         return True, "Succeeded to update model weights."
+
+    async def _versioned_update(
+        self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], weight_version: str | None, abort_all: bool,
+        route: str, errors: tuple[type[BaseException], ...], *, detail: str = "", wait: bool = False,
+    ) -> tuple[BaseException | None, bool, str]:
+        """A disk or shared update (``route``) under the update lock: abort running requests when
+        asked, then stage and apply as ``weight_version`` (or the next version). Returns ``(the
+        error among errors that failed it, logged, or None; whether sequences still hold KV from
+        before it; the version)``."""
+        async with self._lock:
+            if abort_all:
+                await self.abort_all(f"aborted by {route}")
+            version = weight_version if weight_version is not None else self._next_version()
+            try:
+                busy = await self._locked_update(stage, version, wait=wait)
+            except errors as exc:
+                logger.error("%s%s failed: %s", route, detail, exc)
+                return exc, False, version
+        return None, busy, version
 
     async def update_from_shared(self, descriptions: list[dict], names: list[str], dtypes: list[str],
                                  shapes: list[list[int]], weight_version: str | None, abort_all: bool,
@@ -145,15 +161,12 @@ class WeightService:
                     raise
             return named
 
-        async with self._lock:
-            if abort_all:
-                await self.abort_all("aborted by update_weights_from_shared")
-            version = weight_version if weight_version is not None else self._next_version()
-            try:
-                busy = await self._locked_update(stage, version, wait=True)
-            except (InferenceError, RuntimeError, ValueError) as exc:
-                logger.error("update_weights_from_shared failed: %s", exc)
-                return False, f"Failed to update weights from shared memory: {exc}"
+        failed, busy, version = await self._versioned_update(
+            stage, weight_version, abort_all, "update_weights_from_shared", (InferenceError, RuntimeError, ValueError),
+            wait=True,
+        )
+        if failed is not None:
+            return False, f"Failed to update weights from shared memory: {failed}"
         if flush_cache and busy:
             return False, _FLUSH_FAILED
         return True, f"Succeeded to update model weights from shared memory. Weight version updated to {version}."
