@@ -26,7 +26,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from areal_tasks.errors import ConfigError
 
@@ -251,6 +251,13 @@ class InferenceEngine(ABC):
     loop (the rollout executor's). Implementations: the shared HTTP client core
     (``areal_tasks.inference.client``) with one thin protocol adapter per backend.
     """
+
+    #: whether :meth:`pause`, :meth:`update_weights`, :meth:`resume` and :meth:`swap_weights` may run
+    #: on an event loop other than the one the requests run on, while they run: a pause must then
+    #: hold the requests of every loop. The rollout executor sends weight swaps from a control loop
+    #: of its own when it may (``areal_tasks.rollout.control_loop``), so a swap does not queue
+    #: behind the episodes' work on theirs.
+    control_from_any_loop: ClassVar[bool] = False
 
     @abstractmethod
     async def agenerate(self, req: ModelRequest) -> ModelResponse:

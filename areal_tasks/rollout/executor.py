@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.errors import ConfigError, RolloutError, TrajectoryError
+from areal_tasks.rollout.control_loop import ControlLoop, prompt_thread_switches
 from areal_tasks.rollout.data_source import DataSource, Position
 from areal_tasks.rollout.staleness import STALENESS_BOUNDS, AdmissionRule, StalenessBound, select_batch
 from areal_tasks.rollout.stats import RolloutCounters, StalenessHistogram, batch_stats, staleness_of
@@ -144,6 +145,8 @@ class RolloutExecutor:
         self._state = "new"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        #: the loop weight swaps run on while the executor runs (made at the first such swap).
+        self._control: ControlLoop | None = None
 
     @classmethod
     def from_config(
@@ -219,6 +222,8 @@ class RolloutExecutor:
                                        "loop?); it is a daemon thread and dies with the process", _STOP_TIMEOUT_S)
                 elif loop is not None:  # never started, but engine calls ran on the loop
                     loop.run_until_complete(self._shutdown())
+                if self._control is not None:
+                    self._control.close(self._engine.aclose)
             finally:
                 self._stopped = True
                 self._stopped_at = time.monotonic()
@@ -278,10 +283,26 @@ class RolloutExecutor:
         One call instead of four saves three round trips to a rollout side in another process,
         all inside the servers' pause. For a collective update call it from a helper thread while
         the trainer broadcasts: the servers receive only once they are paused.
+
+        While the executor runs, and the engine allows it (``control_from_any_loop``), the swap's
+        requests go out from a control loop of its own (:mod:`areal_tasks.rollout.control_loop`),
+        not from the episodes' loop: it starts at once and reads the servers' answers as they
+        come, however busy the episodes keep their loop. The new version and admission then
+        reach the episodes' loop in order, before any later call to the executor.
         """
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ConfigError(f"version={version!r} must be an int >= 0")
-        return self._run(self._aswap, meta, buckets, version, mode, time.perf_counter())
+        submitted = time.perf_counter()
+        control = self._control_loop()
+        if control is None:
+            return self._run(self._aswap, meta, buckets, version, mode, submitted)
+        loop = self._loop
+        assert loop is not None
+        self._paused = True  # a flag the loop's admission reads: no admission until the version is set
+        with prompt_thread_switches():
+            parts = control.run(self._timed_swap, meta, buckets, mode, submitted)
+        loop.call_soon_threadsafe(self._swapped, version)
+        return parts
 
     def destroy_weight_groups(self) -> list[str]:
         """Make the servers leave the collective weight-update groups the engine joined; returns their names.
@@ -582,12 +603,31 @@ class RolloutExecutor:
 
     async def _aswap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
                      mode: PauseMode, submitted: float) -> dict[str, float]:  # fmt: skip
-        queued = time.perf_counter() - submitted
         self._paused = True  # no admission until the new version is set
-        parts = await self._engine.swap_weights(meta, buckets, mode)
+        parts = await self._timed_swap(meta, buckets, mode, submitted)
+        self._swapped(version)
+        return parts
+
+    async def _timed_swap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None,
+                          mode: PauseMode, submitted: float) -> dict[str, float]:  # fmt: skip
+        queued = time.perf_counter() - submitted
+        return {"queue": queued, **await self._engine.swap_weights(meta, buckets, mode)}
+
+    def _swapped(self, version: int) -> None:
+        """Loop side, after a swap: the new version, then admission again."""
         self._set_version(version)
         self._reopen()
-        return {"queue": queued, **parts}
+
+    def _control_loop(self) -> ControlLoop | None:
+        """The loop for swaps while the executor runs and its engine allows it, else None."""
+        if not getattr(self._engine, "control_from_any_loop", False) or self._on_loop_thread():
+            return None
+        with self._lock:
+            if self._state != "running" or self._loop is None:
+                return None
+            if self._control is None:
+                self._control = ControlLoop(f"rollout-control-{id(self):x}")
+            return self._control
 
     async def _aresume(self) -> None:
         await self._engine.resume()

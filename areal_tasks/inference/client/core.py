@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -103,6 +104,9 @@ class _LoopState:
 class RemoteInferenceEngine(InferenceEngine):
     """An :class:`InferenceEngine` over N HTTP servers of one backend.
 
+    Its controls (pause, weight updates, resume) may run on another event loop than its requests
+    (``control_from_any_loop``): a pause holds the requests of every loop that sends them.
+
     Args:
         addresses: the servers, ``host:port`` or base URLs.
         adapter: the backend's protocol (``make_adapter(name)``).
@@ -111,6 +115,8 @@ class RemoteInferenceEngine(InferenceEngine):
         sleep: the backoff sleep (tests record it).
         transport_factory: an ``httpx`` transport factory (tests use ``httpx.MockTransport``).
     """
+
+    control_from_any_loop = True
 
     def __init__(
         self,
@@ -145,6 +151,7 @@ class RemoteInferenceEngine(InferenceEngine):
         #: cache only when no sequence holds KV any more (see :meth:`update_weights`).
         self._pause_mode: PauseMode | None = None
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._loops_lock = threading.Lock()
         self._inflight: dict[str, InflightRequest] = {}
         #: background aborts of abandoned attempts (see :meth:`_abandon`), over all event loops.
         self._aborts: set[asyncio.Task[None]] = set()
@@ -205,7 +212,7 @@ class RemoteInferenceEngine(InferenceEngine):
     async def pause(self, mode: PauseMode = "abort") -> None:
         self._paused = True
         self._pause_mode = mode  # before the calls: a half-done pause may have kept KV somewhere
-        self._state().resumed.clear()
+        self._gate_requests(open_=False)
         await fan_out(
             self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.pause(mode),
             self.config.control_timeout_s, f"pause({mode})",
@@ -220,7 +227,7 @@ class RemoteInferenceEngine(InferenceEngine):
         )
         self._paused = False
         self._pause_mode = None
-        self._state().resumed.set()
+        self._gate_requests(open_=True)
         logger.info("resumed %d servers at version %d", len(self.addresses), self._version)
 
     async def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
@@ -246,14 +253,14 @@ class RemoteInferenceEngine(InferenceEngine):
         started = time.perf_counter()
         self._paused = True
         self._pause_mode = mode
-        self._state().resumed.clear()
+        self._gate_requests(open_=False)
         timings = await self._weights.swap(self.addresses, meta, call)
         self._version = meta.version
         self._timeline.updated(meta.version, paused=True)
         self._timeline.resuming()
         self._paused = False
         self._pause_mode = None
-        self._state().resumed.set()
+        self._gate_requests(open_=True)
         took = time.perf_counter() - started
         pause = max((t.get("pause_s", 0.0) for t in timings), default=0.0)
         resume = max((t.get("resume_s", 0.0) for t in timings), default=0.0)
@@ -353,8 +360,30 @@ class RemoteInferenceEngine(InferenceEngine):
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is None:
-            state = self._loops[loop] = _LoopState(self.config.max_concurrent, self._paused)
+            with self._loops_lock:  # a pause on another loop reads the states; it sets _paused first
+                state = self._loops.get(loop)
+                if state is None:
+                    state = self._loops[loop] = _LoopState(self.config.max_concurrent, self._paused)
         return state
+
+    def _gate_requests(self, *, open_: bool) -> None:
+        """Open (resume) or close (pause) the gate new attempts wait at, on every event loop that
+        sends requests. Another loop's gate changes on that loop's next turn
+        (``call_soon_threadsafe``): before it reads any answer to a call sent after this one, so
+        an attempt a pause aborted waits there for the resume."""
+        running = asyncio.get_running_loop()
+        self._state()
+        with self._loops_lock:
+            states = list(self._loops.items())
+        for loop, state in states:
+            change = state.resumed.set if open_ else state.resumed.clear
+            if loop is running:
+                change()
+                continue
+            try:
+                loop.call_soon_threadsafe(change)
+            except RuntimeError:  # that loop is closed: nothing waits on it any more
+                pass
 
     async def _wait_resumed(self, progress: InflightRequest) -> None:
         state = self._state()

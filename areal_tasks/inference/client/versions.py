@@ -18,11 +18,15 @@ server after it, wait there through the update and run on the new weights.
 The one case this cannot attribute is a piece whose answer was delayed in transit for longer than a
 whole pause-update-resume cycle (it would be tagged with the newer version), and a pause in a mode
 that keeps sequences running across the update (``retract``/``in_place``), whose pieces mix versions.
+
+The timeline is thread-safe: a weight swap may record its moments from another thread's event
+loop than the one reading them (``areal_tasks.rollout.control_loop``).
 """
 
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from collections.abc import Callable
 
@@ -35,30 +39,35 @@ class VersionTimeline:
         self._times: list[float] = [float("-inf")]
         self._versions: list[int] = [version]
         self._pending: int | None = None
+        self._lock = threading.Lock()
 
     def at(self, moment: float) -> int:
         """The version in effect at ``moment`` (a ``time.monotonic`` reading)."""
-        return self._versions[bisect.bisect_right(self._times, moment) - 1]
+        with self._lock:
+            return self._versions[bisect.bisect_right(self._times, moment) - 1]
 
     def updated(self, version: int, *, paused: bool) -> None:
         """Weights of ``version`` are loaded: in effect now, or at the next :meth:`resuming` if paused."""
-        if paused:
-            self._pending = version
-        else:
-            self._append(version)
+        with self._lock:
+            if paused:
+                self._pending = version
+            else:
+                self._append(version)
 
     def resuming(self) -> None:
         """The client is about to send a resume: a pending update takes effect from now."""
-        if self._pending is not None:
-            self._append(self._pending)
-            self._pending = None
+        with self._lock:
+            if self._pending is not None:
+                self._append(self._pending)
+                self._pending = None
 
     def reset(self, version: int) -> None:
         """The version was set by hand (``set_version``): it holds from now."""
-        self._pending = None
-        self._append(version)
+        with self._lock:
+            self._pending = None
+            self._append(version)
 
-    def _append(self, version: int) -> None:
+    def _append(self, version: int) -> None:  # under the lock
         now = self._clock()
         if now <= self._times[-1]:  # a coarse clock: keep the list strictly increasing
             now = self._times[-1] + 1e-9

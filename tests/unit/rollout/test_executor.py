@@ -8,6 +8,7 @@ then ``set_version``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -293,6 +294,61 @@ def test_swap_weights_is_pause_update_version_resume_in_one_call() -> None:
         assert len(batch) == 8 and {t.versions[-1] for t in batch} == {1}
         with pytest.raises(ConfigError, match="version"):
             ex.swap_weights(WeightUpdateMeta(type="disk", version=2, path="/nowhere"), None, -1)
+
+
+class ControlEngine(TimedEngine):
+    """A TimedEngine whose swap may run on any event loop; it records the thread each swap ran on."""
+
+    control_from_any_loop = True
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.swap_threads: list[str] = []
+
+    async def swap_weights(self, meta: Any, buckets: Any = None, mode: Any = "abort") -> dict[str, float]:
+        self.swap_threads.append(threading.current_thread().name)
+        self.updates.append(meta.version)
+        self.version = meta.version
+        return {"pause": 0.0, "transfer": 0.0, "resume": 0.0}
+
+
+class LoopBlockingWorkflow(FakeWorkflow):
+    """Once ``arm`` is set, the next episode step blocks the executor's event loop (a synchronous
+    wait, as a loop kept busy would) until ``unblock``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arm = threading.Event()
+        self.blocking = threading.Event()
+        self.unblock = threading.Event()
+
+    async def arun_episode(self, engine: Any, data: Any) -> Any:
+        while not self.arm.is_set():
+            await asyncio.sleep(0.001)
+        if not self.blocking.is_set():
+            self.blocking.set()
+            self.unblock.wait(T)  # deliberately blocks the loop
+        return await super().arun_episode(engine, data)
+
+
+def test_swap_weights_runs_on_a_control_loop_while_the_episodes_loop_is_blocked() -> None:
+    engine, workflow = ControlEngine(seed=12), LoopBlockingWorkflow()
+    with make(engine, workflow) as ex:
+        workflow.arm.set()
+        assert workflow.blocking.wait(T)
+        done: list[dict[str, float]] = []
+        swap = threading.Thread(target=lambda: done.append(
+            ex.swap_weights(WeightUpdateMeta(type="disk", version=1, path="/nowhere"), None, 1, "in_place")))
+        swap.start()
+        swap.join(T)  # the episodes' loop is still blocked: the swap did not need it
+        blocked_throughout = not workflow.unblock.is_set()
+        workflow.unblock.set()
+        assert done and blocked_throughout
+        assert set(done[0]) == {"queue", "pause", "transfer", "resume"}
+        assert engine.swap_threads == [f"rollout-control-{id(ex):x}"] and engine.updates == [1]
+        assert ex.stats()["version"] == 1 and ex.stats()["paused"] is False  # applied before this call
+        assert len(ex.prepare_batch(timeout_s=T)) == 8
+    assert engine.aclose_calls == 2  # the episodes' loop and the control loop each closed their connections
 
 
 def test_pause_before_start_starts_paused() -> None:
