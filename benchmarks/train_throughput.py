@@ -290,10 +290,9 @@ def main() -> None:
                         help="materialise the full logits instead of the chunked fused LM head")
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                         help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)")
-    parser.add_argument("--compile-scope", default="auto", choices=["auto", "decoder", "blocks", "pointwise"],
-                        help="what is compiled (EngineConfig.compile_scope): the whole decoder as one graph, "
-                             "whole decoder blocks, or only their norms and MLPs; auto = whole blocks with the "
-                             "engine's varlen attention")
+    parser.add_argument("--compile-scope", default="auto", choices=["auto", "blocks", "pointwise"],
+                        help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
+                             "their norms and MLPs; auto = whole blocks with the engine's varlen attention")
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise)")

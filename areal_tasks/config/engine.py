@@ -87,11 +87,10 @@ class EngineConfig:
     #: what ``compile`` covers: ``blocks`` compiles each whole decoder block (attention call, rotary
     #: embedding, residuals, norms and MLP as one graph a block: fewer kernels and far less host
     #: work; 66,100 against 62,100 tokens/s for the 0.5B shape on an H200); ``pointwise`` only each
-    #: block's norms and MLP, the attention eager; ``decoder`` the decoder's whole forward as one
-    #: graph (no per-block calls; needs ``fsdp_wrap`` to resolve to ``root``); ``auto`` = ``blocks`` where the attention runs
+    #: block's norms and MLP, the attention eager; ``auto`` = ``blocks`` where the attention runs
     #: inside a compiled graph (the engine's varlen attention on CUDA, no sequence parallelism), else
     #: ``pointwise``.
-    compile_scope: Literal["auto", "decoder", "blocks", "pointwise"] = "auto"
+    compile_scope: Literal["auto", "blocks", "pointwise"] = "auto"
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter

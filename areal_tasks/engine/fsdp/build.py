@@ -212,7 +212,7 @@ def build_model(
     blocks = find_decoder_blocks(model)
     do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
     scope = resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp,
-                                  device_type=device.type, fsdp_wrap=wrap) if do_compile else ""
+                                  device_type=device.type) if do_compile else ""
     compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope) if do_compile else []
     if wrap == "block":
         for block in blocks:

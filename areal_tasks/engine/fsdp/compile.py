@@ -5,12 +5,6 @@ element-wise kernels around them (RMSNorm's fp32 round trip, SiLU x up, the rota
 LM head's per-chunk soft-max work), and the host spends its time launching thousands of small
 kernels. ``EngineConfig.compile_scope`` picks what is compiled:
 
-* ``decoder``: the decoder's whole forward, embedding to final norm, as one graph (and one
-  backward graph): what ``blocks`` does, without the per-block calls. Each compiled call costs
-  host time of its own (guards, the autograd function, Inductor's wrapper), and at this width that
-  host time, 24 blocks times micro-batches times forward and backward, was what kept the GPU idle.
-  It needs the model as one FSDP unit (``fsdp_wrap=root``): per-block units run hooks around each
-  block, which stay eager only when each block is its own graph;
 * ``blocks``: each whole decoder block's forward (:func:`compile_whole_blocks`): the q/k/v
   reshapes, the rotary embedding, the attention call, the residual adds, the norms and the MLP
   run as one compiled graph a block (and one backward graph), so the autograd engine and Python see
@@ -34,7 +28,7 @@ the eager path (their DTensor and peft wrappers are not compiled here).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from areal_tasks.errors import EngineError
 
@@ -61,31 +55,19 @@ def should_compile(setting: str, device: torch.device, *, tp: int, lora: bool) -
     return True, f"compile={setting}"
 
 
-#: what ``EngineConfig.compile_scope`` may say.
-COMPILE_SCOPES = ("auto", "decoder", "blocks", "pointwise")
-
-
-def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, device_type: str,
-                          fsdp_wrap: str = "root") -> str:  # fmt: skip
-    """``decoder``, ``blocks`` or ``pointwise`` for ``EngineConfig.compile_scope`` (see the module
-    docstring); ``fsdp_wrap`` is the resolved FSDP wrapping (``root`` or ``block``)."""
+def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, device_type: str) -> str:
+    """``blocks`` or ``pointwise`` for ``EngineConfig.compile_scope`` (see the module docstring)."""
     from areal_tasks.engine.fsdp.attention import VARLEN_ATTN
 
-    if setting not in COMPILE_SCOPES:
-        raise EngineError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {setting!r}")
+    if setting not in ("auto", "blocks", "pointwise"):
+        raise EngineError(f"compile_scope must be auto, blocks or pointwise, got {setting!r}")
     if setting == "pointwise":
         return "pointwise"
     if sp > 1:
-        if setting in ("blocks", "decoder"):
-            raise EngineError(f"compile_scope={setting} needs sp=1: the Ulysses attention's all-to-all runs eager; "
+        if setting == "blocks":
+            raise EngineError("compile_scope=blocks needs sp=1: the Ulysses attention's all-to-all runs eager; "
                               "set compile_scope to pointwise or auto")
         return "pointwise"
-    if setting == "decoder":
-        if fsdp_wrap != "root":
-            raise EngineError("compile_scope=decoder compiles the whole decoder as one graph, which needs the model "
-                              f"as one FSDP unit (fsdp_wrap=root; it resolved to {fsdp_wrap}); with per-block "
-                              "units set compile_scope to blocks or auto")
-        return "decoder"
     # the engine's varlen attention traces on CUDA; on CPU it runs per sequence from the host bounds
     if setting == "blocks" or (attn_implementation == VARLEN_ATTN and device_type == "cuda"):
         return "blocks"
@@ -112,29 +94,6 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) 
     return compiled
 
 
-def compile_whole_decoder(model: torch.nn.Module) -> list[str]:
-    """Replace the decoder's ``forward`` (embedding, blocks, final norm) with one compiled graph,
-    on the instance (names, ties and checkpoints are untouched); returns its name."""
-    from areal_tasks.engine.fsdp.attention import probe_kernels
-
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if decoder is None or decoder is model:
-        raise EngineError(f"compile_scope=decoder needs a causal LM with a decoder (get_decoder()); "
-                          f"{type(model).__name__} has none: set compile_scope to blocks")  # fmt: skip
-    probe_kernels()  # in eager code: the compiled attention reads the result as a constant
-    decoder.forward = torch_compile(decoder.forward)
-    name = next((n for n, m in model.named_modules() if m is decoder), type(decoder).__name__)
-    logger.info("torch.compile: the whole decoder (%s) as one graph", name)
-    return [name]
-
-
-def torch_compile(fn: Any) -> Any:
-    """``torch.compile(fn, dynamic=True)``: packed micro-batches change length every call."""
-    import torch
-
-    return torch.compile(fn, dynamic=True)
-
-
 def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: ChunkedLMHead | None,
                   scope: str = "pointwise") -> list[str]:
     """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
@@ -143,14 +102,12 @@ def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chun
     from areal_tasks.engine.fsdp.lm_head import COMPILED_CHUNK_ELEMENTS, compile_chunk_kernels, default_chunk_size
     from areal_tasks.models.compile import compile_pointwise_modules
 
-    if scope == "decoder":
-        compiled = compile_whole_decoder(model)
-    elif scope == "blocks":
+    if scope == "blocks":
         compiled = compile_whole_blocks(model, blocks)
     elif scope == "pointwise":
         compiled = compile_pointwise_modules(model, blocks)
     else:
-        raise EngineError(f"compile scope must be decoder, blocks or pointwise, got {scope!r}")
+        raise EngineError(f"compile scope must be blocks or pointwise, got {scope!r}")
     if chunked_head is not None:
         compile_chunk_kernels()
         chunked_head.chunk = default_chunk_size(chunked_head.out_features, COMPILED_CHUNK_ELEMENTS)

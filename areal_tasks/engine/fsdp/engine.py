@@ -116,7 +116,7 @@ class FSDPEngine(TrainEngine):
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
         self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head,
-                                            host_bounds=built.compile_scope not in ("blocks", "decoder"))
+                                            host_bounds=built.compile_scope != "blocks")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
         if self.trainable:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from areal_tasks.engine.fsdp.attention import VARLEN_ATTN, register_varlen_attention
-from areal_tasks.engine.fsdp.compile import compile_whole_blocks, compile_whole_decoder, resolve_compile_scope
+from areal_tasks.engine.fsdp.compile import compile_whole_blocks, resolve_compile_scope
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import decoder_blocks
 
@@ -22,23 +22,16 @@ from areal_tasks.models.compile import decoder_blocks
         ("auto", VARLEN_ATTN, 2, "cuda", "pointwise"),
         ("blocks", "sdpa", 1, "cpu", "blocks"),
         ("pointwise", VARLEN_ATTN, 1, "cuda", "pointwise"),
-        ("decoder", VARLEN_ATTN, 1, "cuda", "decoder"),
-        ("decoder", "sdpa", 1, "cpu", "decoder"),
     ],
 )
 def test_scope_resolution(setting, attn, sp, device, scope):
     assert resolve_compile_scope(setting, attn_implementation=attn, sp=sp, device_type=device) == scope
 
 
-def test_whole_graph_scopes_with_ulysses_or_per_block_units_and_unknown_scopes_are_refused():
-    for scope in ("blocks", "decoder"):
-        with pytest.raises(EngineError, match=f"compile_scope={scope} needs sp=1"):
-            resolve_compile_scope(scope, attn_implementation=VARLEN_ATTN, sp=2, device_type="cuda")
-    with pytest.raises(EngineError, match="needs the model as one FSDP unit .*fsdp_wrap=root; it resolved to block"):
-        resolve_compile_scope("decoder", attn_implementation=VARLEN_ATTN, sp=1, device_type="cuda", fsdp_wrap="block")
-    assert resolve_compile_scope("blocks", attn_implementation=VARLEN_ATTN, sp=1, device_type="cuda",
-                                 fsdp_wrap="block") == "blocks"
-    with pytest.raises(EngineError, match="auto, decoder, blocks, pointwise"):
+def test_blocks_with_ulysses_and_unknown_scopes_are_refused():
+    with pytest.raises(EngineError, match="compile_scope=blocks needs sp=1"):
+        resolve_compile_scope("blocks", attn_implementation=VARLEN_ATTN, sp=2, device_type="cuda")
+    with pytest.raises(EngineError, match="auto, blocks or pointwise"):
         resolve_compile_scope("everything", attn_implementation=VARLEN_ATTN, sp=1, device_type="cuda")
 
 
@@ -147,34 +140,3 @@ def test_compiling_the_chunk_kernels_gives_the_lm_head_larger_chunks(tiny_qwen2,
     assert head.chunk == lm_head.default_chunk_size(head.out_features, lm_head.COMPILED_CHUNK_ELEMENTS)
     assert head.chunk == 2 * lm_head.default_chunk_size(head.out_features)
     assert f"lm_head chunks of {head.chunk}" in compiled
-
-
-def test_the_compiled_whole_decoder_matches_eager_in_one_graph_without_breaks(tiny_qwen2):
-    from torch._dynamo.utils import counters
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=register_varlen_attention(),
-                                                 dtype=torch.float32)
-    compiled = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=VARLEN_ATTN, dtype=torch.float32)
-    torch._dynamo.reset()
-    counters.clear()
-    assert compile_whole_decoder(compiled) == ["model"]
-    assert set(compiled.state_dict()) == set(eager.state_dict())  # the forward swapped on the instance only
-    vocab = eager.config.vocab_size
-    for seed, lengths in enumerate(LENGTHS[:3]):
-        inputs = _packed_inputs(lengths, vocab, seed)
-        want = eager(**inputs).logits
-        got = compiled(**inputs).logits
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        got.float().square().mean().backward()
-        want.float().square().mean().backward()
-        for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters()):
-            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
-    assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # every block, every length
-
-
-def test_a_model_without_a_decoder_is_refused_by_name():
-    with pytest.raises(EngineError, match="Linear has none: set compile_scope to blocks"):
-        compile_whole_decoder(torch.nn.Linear(2, 2))
