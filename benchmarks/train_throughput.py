@@ -219,6 +219,7 @@ def run(args: argparse.Namespace) -> dict:
         dtype=args.dtype,
         compile=args.compile,
         compile_scope=args.compile_scope,
+        compile_blocks_per_graph=args.compile_blocks_per_graph,
         fsdp_wrap=args.fsdp_wrap,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
@@ -264,7 +265,8 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
-        "fsdp_wrap": kernels["fsdp_wrap"], "step_times_s": times,
+        "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": args.compile_blocks_per_graph,
+        "step_times_s": times,
         "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
                    _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
         "profile": profile_summary,
@@ -293,6 +295,9 @@ def main() -> None:
     parser.add_argument("--compile-scope", default="auto", choices=["auto", "blocks", "pointwise"],
                         help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
                              "their norms and MLPs; auto = whole blocks with the engine's varlen attention")
+    parser.add_argument("--compile-blocks-per-graph", type=int, default=1,
+                        help="consecutive decoder blocks a compiled graph runs (EngineConfig.compile_blocks_per_graph; "
+                             "needs the model as one FSDP unit)")
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise)")
@@ -327,7 +332,8 @@ def main() -> None:
         out = args.out or RESULTS_DIR / (
             f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}"
             f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}"
-            f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}.json"
+            f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}"
+            f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

@@ -46,11 +46,11 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_factory():
-    """``factory(family, seed=0) -> Path`` of a cached tiny HF model directory."""
+    """``factory(family, seed=0, **config_overrides) -> Path`` of a cached tiny HF model directory."""
     from areal_tasks.models import build_tiny_model
 
-    def factory(family: str = "qwen2", seed: int = 0) -> Path:
-        return Path(build_tiny_model(family, seed=seed))
+    def factory(family: str = "qwen2", seed: int = 0, **config_overrides) -> Path:
+        return Path(build_tiny_model(family, seed=seed, **config_overrides))
 
     return factory
 

@@ -91,6 +91,12 @@ class EngineConfig:
     #: inside a compiled graph (the engine's varlen attention on CUDA, no sequence parallelism), else
     #: ``pointwise``.
     compile_scope: Literal["auto", "blocks", "pointwise"] = "auto"
+    #: with whole blocks compiled, this many consecutive blocks run as one compiled graph: each
+    #: compiled call costs host time of its own (guards, the autograd function, the kernel-launching
+    #: wrapper), so fewer calls leave the GPU less idle. Every group shares one graph, but it takes
+    #: about this many times as long to compile. More than 1 needs the model as one FSDP unit
+    #: (``fsdp_wrap`` resolving to ``root``): per-block units run hooks around every block.
+    compile_blocks_per_graph: int = 1
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter

@@ -58,6 +58,37 @@ def compile_pointwise_modules(model: torch.nn.Module, blocks: list[torch.nn.Modu
     return compiled
 
 
+def compile_block_group(blocks: list[torch.nn.Module]) -> Callable[..., Any]:
+    """One compiled forward that runs ``blocks`` in turn (each with the same keyword arguments) as
+    a single graph; groups of the same size share their graphs, as single blocks do (see
+    :func:`compile_block_forward`). Each block must return its hidden states as a tensor
+    (transformers 5 decoder layers do)."""
+    import torch
+
+    forwards = tuple(block.forward for block in blocks)
+
+    def run_group(hidden_states: torch.Tensor, *args: Any, _forwards: tuple = forwards, **kwargs: Any) -> Any:
+        for forward in _forwards:
+            hidden_states = forward(hidden_states, *args, **kwargs)
+            if not isinstance(hidden_states, torch.Tensor):
+                raise TypeError(f"a decoder block returned {type(hidden_states).__name__}, not its hidden states "
+                                "as a tensor; compile one block per graph for this model")  # fmt: skip
+        return hidden_states
+
+    compiled = torch.compile(run_group, dynamic=True)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            return compiled(*args, **kwargs)
+
+    return forward
+
+
+def pass_through(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+    """The forward of a block whose work the first block of its group does: its input, unchanged."""
+    return hidden_states
+
+
 def compile_block_forward(block: torch.nn.Module) -> Callable[..., Any]:
     """``block.forward`` through ``torch.compile`` (dynamic shapes), called with the module's integer
     attributes (``layer_idx``) traced as symbols rather than constants

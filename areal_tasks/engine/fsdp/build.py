@@ -25,7 +25,12 @@ from areal_tasks.engine.fsdp.attention import (
     register_varlen_attention,
     varlen_api_available,
 )
-from areal_tasks.engine.fsdp.compile import compile_model, resolve_compile_scope, should_compile
+from areal_tasks.engine.fsdp.compile import (
+    blocks_per_graph,
+    compile_model,
+    resolve_compile_scope,
+    should_compile,
+)
 from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
 from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
 from areal_tasks.errors import EngineError
@@ -213,7 +218,10 @@ def build_model(
     do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
     scope = resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp,
                                   device_type=device.type) if do_compile else ""
-    compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope) if do_compile else []
+    per_graph = blocks_per_graph(config.compile_blocks_per_graph, scope=scope, fsdp_wrap=wrap,
+                                 layer_types=getattr(hf_config, "layer_types", None))
+    compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope,
+                             blocks_per_graph=per_graph) if do_compile else []
     if wrap == "block":
         for block in blocks:
             fully_shard(block, **shard_kwargs)

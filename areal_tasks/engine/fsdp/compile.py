@@ -11,7 +11,12 @@ kernels. ``EngineConfig.compile_scope`` picks what is compiled:
   24 nodes instead of a few hundred. The attention stays one opaque kernel inside it (torch's
   varlen flash custom op); its sequence bounds reach it as a tensor and a symbolic ``max_len``, so
   a new micro-batch length does not recompile. The forward is replaced on the module instance, so
-  FSDP2's hooks on the block stay eager, and parameter names, ties and checkpoints are untouched;
+  FSDP2's hooks on the block stay eager, and parameter names, ties and checkpoints are untouched.
+  ``EngineConfig.compile_blocks_per_graph`` > 1 runs that many consecutive blocks as one graph
+  (the first block's forward runs the group, the others pass their input through): each compiled
+  call has a host cost of its own, which at this width kept the GPU idle. It needs the model as
+  one FSDP unit, and compiling takes about that many times as long (a whole 24-block decoder as
+  one graph did not finish compiling in 355 s on the H200 host);
 * ``pointwise``: only the non-attention children of each block (the MLP and the norms;
   :func:`areal_tasks.models.compile.compile_pointwise_modules`), for attentions that cannot be
   traced (Ulysses' all-to-all, the CPU per-sequence path that reads the host bounds);
@@ -74,28 +79,61 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
     return "pointwise"
 
 
-def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[str]:
+def blocks_per_graph(per_graph: int, *, scope: str, fsdp_wrap: str, layer_types: list[str] | None) -> int:
+    """The blocks a compiled graph runs (``EngineConfig.compile_blocks_per_graph``): ``per_graph``
+    where whole blocks are compiled (``scope``), else 1 (nothing to group: logged). Raises
+    EngineError when the blocks cannot share a graph."""
+    if isinstance(per_graph, bool) or not isinstance(per_graph, int) or per_graph < 1:
+        raise EngineError(f"compile_blocks_per_graph must be an integer >= 1, got {per_graph!r}")
+    if per_graph == 1:
+        return 1
+    if scope != "blocks":
+        logger.info("compile_blocks_per_graph=%d has no effect: %s", per_graph,
+                    f"compile_scope resolved to {scope}" if scope else "nothing is compiled")  # fmt: skip
+        return 1
+    if fsdp_wrap != "root":
+        raise EngineError(f"compile_blocks_per_graph={per_graph} runs several blocks in one graph, which needs the "
+                          f"model as one FSDP unit (fsdp_wrap=root; it resolved to {fsdp_wrap}): per-block units "
+                          "gather each block's parameters in hooks around it; set compile_blocks_per_graph=1")
+    if layer_types is not None and len(set(layer_types)) > 1:
+        raise EngineError(f"compile_blocks_per_graph={per_graph}: this model mixes layer types "
+                          f"({', '.join(sorted(set(layer_types)))}), whose blocks take different attention masks; "
+                          "set compile_blocks_per_graph=1")  # fmt: skip
+    return per_graph
+
+
+def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], per_graph: int = 1) -> list[str]:
     """Replace each block's ``forward`` with a compiled one (on the instance: FSDP2's hooks, which
-    run around ``forward``, stay eager) and compile the final norm; returns their names."""
+    run around ``forward``, stay eager) and compile the final norm; returns their names.
+
+    With ``per_graph > 1`` the first block of every ``per_graph`` consecutive ones runs them all as
+    one graph and the others pass their input through (call :func:`check_blocks_per_graph` first:
+    it needs the model as one FSDP unit: :func:`blocks_per_graph` says)."""
     from areal_tasks.engine.fsdp.attention import probe_kernels
-    from areal_tasks.models.compile import compile_block_forward
+    from areal_tasks.models.compile import compile_block_forward, compile_block_group, pass_through
 
     probe_kernels()  # in eager code: the compiled attention reads the result as a constant
     names = {id(module): name for name, module in model.named_modules()}
-    for block in blocks:
-        block.forward = compile_block_forward(block)
+    for start in range(0, len(blocks), per_graph):
+        group = blocks[start : start + per_graph]
+        if per_graph == 1:
+            group[0].forward = compile_block_forward(group[0])
+            continue
+        group[0].forward = compile_block_group(group)
+        for block in group[1:]:
+            block.forward = pass_through
     compiled = [names.get(id(block), type(block).__name__) for block in blocks]
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     final_norm = getattr(decoder, "norm", None)
     if final_norm is not None:
         final_norm.compile(dynamic=True)
         compiled.append(names.get(id(final_norm), "norm"))
-    logger.info("torch.compile: %d whole decoder blocks and the final norm", len(blocks))
+    logger.info("torch.compile: %d whole decoder blocks (%d a graph) and the final norm", len(blocks), per_graph)
     return compiled
 
 
 def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: ChunkedLMHead | None,
-                  scope: str = "pointwise") -> list[str]:
+                  scope: str = "pointwise", blocks_per_graph: int = 1) -> list[str]:
     """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
     the LM-head chunk kernels in place (the head then scores larger chunks:
     :data:`~areal_tasks.engine.fsdp.lm_head.COMPILED_CHUNK_ELEMENTS`); returns what was compiled."""
@@ -103,7 +141,7 @@ def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chun
     from areal_tasks.models.compile import compile_pointwise_modules
 
     if scope == "blocks":
-        compiled = compile_whole_blocks(model, blocks)
+        compiled = compile_whole_blocks(model, blocks, blocks_per_graph)
     elif scope == "pointwise":
         compiled = compile_pointwise_modules(model, blocks)
     else:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from areal_tasks.engine.fsdp.attention import VARLEN_ATTN, register_varlen_attention
-from areal_tasks.engine.fsdp.compile import compile_whole_blocks, resolve_compile_scope
+from areal_tasks.engine.fsdp.compile import blocks_per_graph, compile_whole_blocks, resolve_compile_scope
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import decoder_blocks
 
@@ -140,3 +140,56 @@ def test_compiling_the_chunk_kernels_gives_the_lm_head_larger_chunks(tiny_qwen2,
     assert head.chunk == lm_head.default_chunk_size(head.out_features, lm_head.COMPILED_CHUNK_ELEMENTS)
     assert head.chunk == 2 * lm_head.default_chunk_size(head.out_features)
     assert f"lm_head chunks of {head.chunk}" in compiled
+
+
+def test_groups_of_blocks_match_eager_under_checkpointing_and_share_one_graph(tiny_model_factory, monkeypatch):
+    import functools
+
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM
+
+    # the grouping is under test here; Inductor's code generation for whole blocks is covered above
+    # (on this CPU it would take a minute for a graph of two blocks)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+
+    path = tiny_model_factory("qwen2", num_hidden_layers=4)
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_varlen_attention(),
+                                                 dtype=torch.float32)
+    compiled = AutoModelForCausalLM.from_pretrained(path, attn_implementation=VARLEN_ATTN, dtype=torch.float32)
+    blocks = decoder_blocks(compiled)
+    assert len(blocks) == 4
+    for model in (compiled, eager):  # the recomputation replays a whole group
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    torch._dynamo.reset()
+    counters.clear()
+    compile_whole_blocks(compiled, blocks, per_graph=2)
+    assert set(compiled.state_dict()) == set(eager.state_dict())
+    vocab = eager.config.vocab_size
+    for seed, lengths in enumerate(LENGTHS[:2]):
+        inputs = _packed_inputs(lengths, vocab, seed)
+        want = eager(**inputs).logits
+        got = compiled(**inputs).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        got.float().square().mean().backward()
+        want.float().square().mean().backward()
+        for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert dict(counters["graph_break"]) == {}
+    # one graph for both groups (and the final norm's): not one per group
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_blocks_per_graph_is_refused_where_blocks_cannot_share_a_graph(caplog):
+    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * 8) == 4
+    caplog.set_level("INFO")
+    assert blocks_per_graph(4, scope="pointwise", fsdp_wrap="root", layer_types=None) == 1
+    assert blocks_per_graph(4, scope="", fsdp_wrap="block", layer_types=None) == 1
+    assert "compile_blocks_per_graph=4 has no effect: nothing is compiled" in caplog.text
+    with pytest.raises(EngineError, match="needs the model as one FSDP unit .*it resolved to block"):
+        blocks_per_graph(2, scope="blocks", fsdp_wrap="block", layer_types=None)
+    with pytest.raises(EngineError, match="mixes layer types .full_attention, sliding_attention"):
+        blocks_per_graph(2, scope="blocks", fsdp_wrap="root", layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(EngineError, match="integer >= 1, got 0"):
+        blocks_per_graph(0, scope="blocks", fsdp_wrap="root", layer_types=None)
