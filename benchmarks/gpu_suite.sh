@@ -72,6 +72,15 @@ save() {  # results and logs go to $OUT after every part, so a call cut short ke
     tar -czf "$OUT/results.tgz" benchmarks/results
 }
 
+keep_steps() {  # keep_steps WORK NAME: each eta's per-step metrics of a benchmark run, next to its JSON
+    local f eta
+    for f in "$LOGS/$1"/eta*/rl_metrics.jsonl; do
+        [[ -f $f ]] || continue
+        eta=$(basename "$(dirname "$f")")
+        cp "$f" "benchmarks/results/$2_${eta}_rl_metrics.jsonl"
+    done
+}
+
 dp2_wraps() {  # dp2_wraps SECONDS: dp=2 per block, then as one FSDP unit
     local name wrap
     for name in train_dp2:block train_dp2_root:root; do
@@ -113,7 +122,8 @@ for p in "$@"; do
         async_ipc) part async_ipc 500 python benchmarks/async_vs_sync.py --sft-steps ${SFT_STEPS:-200} --steps 10 \
                 --etas 0 2 --work "$LOGS/async_ipc_work" --out benchmarks/results/async_vs_sync_gpu_shared_ipc.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
-                rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3} ;;
+                rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3}
+            keep_steps async_ipc_work async_vs_sync_gpu_shared_ipc ;;
         lmhead) part lmhead 150 python benchmarks/lm_head_chunks.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;

@@ -93,9 +93,10 @@ class EngineConfig:
     compile_scope: Literal["auto", "blocks", "pointwise"] = "auto"
     #: with whole blocks compiled, this many consecutive blocks run as one compiled graph: each
     #: compiled call costs host time of its own (guards, the autograd function, the kernel-launching
-    #: wrapper), so fewer calls leave the GPU less idle. Every group shares one graph, but it takes
-    #: about this many times as long to compile. More than 1 needs the model as one FSDP unit
-    #: (``fsdp_wrap`` resolving to ``root``): per-block units run hooks around every block.
+    #: wrapper), so fewer calls leave the GPU less idle (0.5B shape on an H200: 70,663 tokens/s at
+    #: 1, 72,829 at 2, 76,999 at 4). Every group shares one graph, but it takes about this many
+    #: times as long to compile (4: about two minutes more). More than 1 needs the model as one
+    #: FSDP unit (``fsdp_wrap`` resolving to ``root``): per-block units run hooks around every block.
     compile_blocks_per_graph: int = 1
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
