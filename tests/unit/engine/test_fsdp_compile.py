@@ -49,6 +49,20 @@ def _packed_inputs(lengths: list[int], vocab: int, seed: int) -> dict:
             "max_length_k": max(lengths)}
 
 
+def assert_matches_eager(compiled, eager, lengths_list: list[list[int]]) -> None:
+    """Logits and accumulated gradients of ``compiled`` equal ``eager``'s on each packed micro-batch."""
+    vocab = eager.config.vocab_size
+    for seed, lengths in enumerate(lengths_list):
+        inputs = _packed_inputs(lengths, vocab, seed)
+        want = eager(**inputs).logits
+        got = compiled(**inputs).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        got.float().square().mean().backward()
+        want.float().square().mean().backward()
+        for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_compiled_blocks_match_eager_without_graph_breaks_or_per_length_recompiles(tiny_qwen2):
     from torch._dynamo.utils import counters
     from transformers import AutoModelForCausalLM
@@ -64,16 +78,7 @@ def test_compiled_blocks_match_eager_without_graph_breaks_or_per_length_recompil
     names = compile_whole_blocks(compiled, blocks)
     assert len(names) == len(blocks) + 1  # and the final norm
     assert set(compiled.state_dict()) == set(eager.state_dict())  # forwards swapped on instances only
-    vocab = eager.config.vocab_size
-    for seed, lengths in enumerate(LENGTHS):
-        inputs = _packed_inputs(lengths, vocab, seed)
-        want = eager(**inputs).logits
-        got = compiled(**inputs).logits
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        got.float().square().mean().backward()
-        want.float().square().mean().backward()
-        for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters()):
-            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_matches_eager(compiled, eager, LENGTHS)
     assert dict(counters["graph_break"]) == {}
     # a few graphs for every block and length (the blocks, the final norm, one re-specialisation):
     # not one per block or per micro-batch (host bounds in the kwargs would make it one per batch)
@@ -166,16 +171,7 @@ def test_groups_of_blocks_match_eager_under_checkpointing_and_share_one_graph(ti
     counters.clear()
     compile_whole_blocks(compiled, blocks, per_graph=2)
     assert set(compiled.state_dict()) == set(eager.state_dict())
-    vocab = eager.config.vocab_size
-    for seed, lengths in enumerate(LENGTHS[:2]):
-        inputs = _packed_inputs(lengths, vocab, seed)
-        want = eager(**inputs).logits
-        got = compiled(**inputs).logits
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        got.float().square().mean().backward()
-        want.float().square().mean().backward()
-        for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters()):
-            torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_matches_eager(compiled, eager, LENGTHS[:2])
     assert dict(counters["graph_break"]) == {}
     # one graph for both groups (and the final norm's): not one per group
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
