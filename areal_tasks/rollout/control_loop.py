@@ -20,6 +20,7 @@ swap only, so the control thread waits at most about half a millisecond each tim
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import sys
@@ -80,27 +81,31 @@ class ControlLoop:
         self._loop.run_forever()
 
     def run(self, coro_fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
-        """Run ``coro_fn(*args)`` on the loop and return its result (its exception is raised here)."""
-        if threading.current_thread() is self._thread:
-            raise RolloutError(f"{self.name}: run() would wait for its own event loop")
+        """Run ``coro_fn(*args)`` on the loop and return its result (its exception is raised here;
+        a call still running when the loop is closed raises RolloutError)."""
+        self._refuse_own_thread("run")
         with self._lock:
             if self._closed:
                 raise RolloutError(f"{self.name} is closed")
             future = asyncio.run_coroutine_threadsafe(coro_fn(*args), self._loop)
-        return future.result()
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise RolloutError(f"{self.name} was closed while this call ran") from None
 
     def close(self, finalizer: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> None:
-        """Run ``finalizer()`` on the loop (e.g. close its connections), then stop the loop and the
-        thread (bounded; a finaliser that fails or hangs is logged). Idempotent."""
+        """Cancel the calls still running, run ``finalizer()`` on the loop (e.g. close its
+        connections), then stop the loop and the thread (bounded; a finaliser that fails or hangs
+        is logged). Idempotent."""
+        self._refuse_own_thread("close")
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if finalizer is not None:
-            try:
-                asyncio.run_coroutine_threadsafe(finalizer(), self._loop).result(_CLOSE_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - closing goes on; the connections die with the loop
-                logger.warning("%s: closing its connections failed: %r", self.name, exc)
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(finalizer), self._loop).result(_CLOSE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - closing goes on; the connections die with the loop
+            logger.warning("%s: closing its connections failed: %r", self.name, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(_CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
@@ -108,3 +113,17 @@ class ControlLoop:
                            self.name, _CLOSE_TIMEOUT_S)  # fmt: skip
             return
         self._loop.close()
+
+    async def _shutdown(self, finalizer: Callable[[], Coroutine[Any, Any, Any]] | None) -> None:
+        current = asyncio.current_task()
+        running = [task for task in asyncio.all_tasks() if task is not current]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=_CLOSE_TIMEOUT_S / 2)
+        if finalizer is not None:
+            await finalizer()
+
+    def _refuse_own_thread(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise RolloutError(f"{self.name}: {what}() would wait for its own event loop")

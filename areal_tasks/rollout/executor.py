@@ -301,7 +301,11 @@ class RolloutExecutor:
         self._paused = True  # a flag the loop's admission reads: no admission until the version is set
         with prompt_thread_switches():
             parts = control.run(self._timed_swap, meta, buckets, mode, submitted)
-        loop.call_soon_threadsafe(self._swapped, version)
+        try:
+            loop.call_soon_threadsafe(self._swapped, version)
+        except RuntimeError:  # the loop is closed
+            raise RolloutError(f"the rollout executor was stopped while the weight swap to version {version} ran; "
+                               "the servers hold the new weights, the executor admits nothing more") from None
         return parts
 
     def destroy_weight_groups(self) -> list[str]:

@@ -58,6 +58,30 @@ def test_close_runs_the_finaliser_once_then_refuses_work(caplog):
     assert "closing its connections failed" in caplog.text
 
 
+def test_close_cancels_a_call_still_running_and_its_caller_gets_a_clear_error():
+    control = ControlLoop("test-control")
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    def call() -> None:
+        try:
+            control.run(forever)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            errors.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert started.wait(10)
+    control.close()
+    caller.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], RolloutError)
+    assert "test-control was closed while this call ran" in str(errors[0])
+
+
 def test_thread_switch_interval_is_lowered_only_inside_and_nests():
     before = sys.getswitchinterval()
     with prompt_thread_switches(0.0002):

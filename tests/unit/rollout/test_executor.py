@@ -351,6 +351,39 @@ def test_swap_weights_runs_on_a_control_loop_while_the_episodes_loop_is_blocked(
     assert engine.aclose_calls == 2  # the episodes' loop and the control loop each closed their connections
 
 
+class HangingSwapEngine(ControlEngine):
+    """A ControlEngine whose swap never finishes (a server that does not answer)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.swapping = threading.Event()
+
+    async def swap_weights(self, meta: Any, buckets: Any = None, mode: Any = "abort") -> dict[str, float]:
+        self.swapping.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_stop_during_a_swap_on_the_control_loop_fails_the_swap_clearly() -> None:
+    engine = HangingSwapEngine(seed=13)
+    ex = make(engine).start()
+    errors: list[BaseException] = []
+
+    def swap() -> None:
+        try:
+            ex.swap_weights(WeightUpdateMeta(type="disk", version=1, path="/nowhere"), None, 1, "in_place")
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            errors.append(exc)
+
+    caller = threading.Thread(target=swap)
+    caller.start()
+    assert engine.swapping.wait(T)
+    ex.stop()
+    caller.join(T)
+    assert len(errors) == 1 and isinstance(errors[0], RolloutError)
+    assert "was closed while this call ran" in str(errors[0])
+
+
 def test_pause_before_start_starts_paused() -> None:
     engine = TimedEngine(seed=10)
     ex = make(engine)
