@@ -10,9 +10,10 @@ generation whose length is Pareto-distributed, so episodes have the long tail re
 * ``rl_s``: the RL loop's wall time (sum of step times: waiting for the batch, training, the
   weight update; evaluation and start-up excluded), ``samples/s`` = samples trained / ``rl_s``;
 * ``wait_s``: time the trainer waited for rollouts; ``update_ms``: mean weight update (write or
-  pack, pause, load, resume) and ``paused_ms``: how long the servers were paused for it, with its
-  median over the updates after the first (``paused_p50``: the first also sets up the collective
-  group's communicator) and its mean parts (pause, transfer and load, resume);
+  pack, pause, load, resume) and ``paused_ms``: how long the servers were paused for it, each with
+  its median over the updates after the first (``update_p50``, ``paused_p50``: the first also sets
+  up the collective group's communicator or the shared buffer) and the pause's mean parts (queue:
+  waiting for a loop to send the swap, pause, transfer and load, resume);
 * ``reward``: the final mean eval reward (4 samples per eval prompt, temperature 1) and the start's;
 * staleness of the trained samples (mean, max).
 
@@ -71,8 +72,14 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
     cfg = load_config(CONFIG, rl_overrides(run_dir, model, eta, steps, extra))
     summary = run_train(cfg)
     rows = [json.loads(line) for line in (run_dir / "rl_metrics.jsonl").read_text().splitlines()]
+    return summarize(eta, rows, summary, cfg.train.batch_size)
+
+
+def summarize(eta: int, rows: list[dict[str, float]], summary: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """One eta's figures from its per-step metrics (``rows``) and its run summary."""
     rl_s = sum(r["perf/step_s"] for r in rows)
-    samples = len(rows) * cfg.train.batch_size
+    samples = len(rows) * batch_size
+    steady = rows[1:] or rows  # the first update also makes the collective group or the shared buffer
     staleness = summary["executor"]["staleness_hist"]
     n = sum(staleness.values())
     return {
@@ -88,8 +95,9 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
         # the pause's parts: aborting in-flight requests, the transfer and load, the resume
         **{f"{part}_ms": 1000 * sum(r.get(f"perf/weight_{part}_s", 0.0) for r in rows) / len(rows)
            for part in ("queue", "pause", "transfer", "resume", "pack")},  # fmt: skip
-        # the steady state: the first update also builds the collective group's communicator
-        "paused_p50_ms": 1000 * statistics.median(r["perf/servers_paused_s"] for r in rows[1:] or rows),
+        # the steady state: medians over the updates after the first
+        "update_p50_ms": 1000 * statistics.median(r["perf/weight_update_s"] for r in steady),
+        "paused_p50_ms": 1000 * statistics.median(r["perf/servers_paused_s"] for r in steady),
         "reward_before": summary["reward_before"],
         "reward_after": summary["reward_after"],
         "greedy_accuracy_after": summary["greedy_accuracy_after"],
@@ -104,7 +112,8 @@ def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> d
 
 def format_table(results: list[dict[str, Any]]) -> str:
     head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} " \
-           f"{'update_ms':>9} {'paused_ms':>9} {'paused_p50':>10} {'queue/pause/xfer/resume ms':>26} {'reward':>13} " \
+           f"{'update_ms':>9} {'update_p50':>10} {'paused_ms':>9} {'paused_p50':>10} {'queue/pause/xfer/resume ms':>26} " \
+           f"{'reward':>13} " \
            f"{'stale':>9} {'bound':>9} {'late':>5}"  # fmt: skip
     base = next((r for r in results if r["eta"] == 0), results[0])["samples_per_s"]
     lines = [head]
@@ -112,7 +121,8 @@ def format_table(results: list[dict[str, Any]]) -> str:
         parts = f"{r.get('queue_ms', 0.0):.0f}/{r['pause_ms']:.0f}/{r['transfer_ms']:.0f}/{r['resume_ms']:.0f}"
         lines.append(
             f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} {r['samples_per_s'] / base:>7.2f}x "
-            f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r['paused_ms']:>9.0f} "
+            f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r.get('update_p50_ms', float('nan')):>10.0f} "
+            f"{r['paused_ms']:>9.0f} "
             f"{r.get('paused_p50_ms', float('nan')):>10.0f} {parts:>26} "
             f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']} "
             f"{r.get('staleness_bound', 'sample'):>9} {r.get('late_samples', 0):>5}"
