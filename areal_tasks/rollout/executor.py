@@ -10,7 +10,9 @@ can be returned: with ``staleness_bound="sample"`` (the default) without breakin
 staleness deadline, with ``"admission"`` the first finished groups (eta then bounds admission only,
 and samples consumed past their deadline are counted in ``late_samples``); :meth:`~RolloutExecutor.pause`,
 :meth:`~RolloutExecutor.update_weights`, :meth:`~RolloutExecutor.resume` and
-:meth:`~RolloutExecutor.set_version` bracket a weight update. Too many failed episodes fail the
+:meth:`~RolloutExecutor.set_version` bracket a weight update, or :meth:`~RolloutExecutor.swap_weights`
+does it in one call, sent from a control loop of its own (``control_loop.py``) so that it does not
+queue behind the episodes. Too many failed episodes fail the
 executor, and the next ``prepare_batch`` raises :class:`~areal_tasks.errors.RolloutError` with the
 cause chained. See ``docs/rollout.md``.
 """
