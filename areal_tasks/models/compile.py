@@ -75,13 +75,7 @@ def compile_block_group(blocks: list[torch.nn.Module]) -> Callable[..., Any]:
                                 "as a tensor; compile one block per graph for this model")  # fmt: skip
         return hidden_states
 
-    compiled = torch.compile(run_group, dynamic=True)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
-            return compiled(*args, **kwargs)
-
-    return forward
+    return _compile_with_symbolic_module_ints(run_group)
 
 
 def pass_through(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
@@ -94,9 +88,15 @@ def compile_block_forward(block: torch.nn.Module) -> Callable[..., Any]:
     attributes (``layer_idx``) traced as symbols rather than constants
     (``allow_unspec_int_on_nn_module``): every block of a model then shares one set of graphs instead
     of recompiling block by block until Dynamo's recompile limit sends the later ones back to eager."""
+    return _compile_with_symbolic_module_ints(block.forward)
+
+
+def _compile_with_symbolic_module_ints(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=True)``, called with ``allow_unspec_int_on_nn_module`` (see
+    :func:`compile_block_forward`)."""
     import torch
 
-    compiled = torch.compile(block.forward, dynamic=True)
+    compiled = torch.compile(fn, dynamic=True)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):

@@ -119,8 +119,9 @@ class WeightPublisher:
         """Push the actor's weights as ``version``; returns timings (rank 0 has the server side).
 
         ``perf/weight_update_s`` is the whole update; ``perf/servers_paused_s`` the part this rank
-        waits for the servers' swap: ``perf/weight_queue_s`` (the swap waiting for the rollout
-        side's event loop, busy with the episodes in flight; the servers still generate), then
+        waits for the servers' swap: ``perf/weight_queue_s`` (the swap waiting for a loop on the
+        rollout side to send it: its own control loop, or before the executor starts the
+        episodes' loop; the servers still generate), then
         the servers' pause proper, made of ``perf/weight_pause_s`` (the pause: in-flight requests
         aborted or held), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load)
         and ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the

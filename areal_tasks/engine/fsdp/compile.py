@@ -107,8 +107,8 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     run around ``forward``, stay eager) and compile the final norm; returns their names.
 
     With ``per_graph > 1`` the first block of every ``per_graph`` consecutive ones runs them all as
-    one graph and the others pass their input through (call :func:`check_blocks_per_graph` first:
-    it needs the model as one FSDP unit: :func:`blocks_per_graph` says)."""
+    one graph and the others pass their input through. That needs the model as one FSDP unit:
+    take ``per_graph`` from :func:`blocks_per_graph`, which refuses the cases that cannot work."""
     from areal_tasks.engine.fsdp.attention import probe_kernels
     from areal_tasks.models.compile import compile_block_forward, compile_block_group, pass_through
 
