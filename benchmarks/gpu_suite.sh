@@ -12,7 +12,8 @@
 # rollout.staleness_bound=admission from the same warm start), async_shared (one GPU: server and
 # trainer colocated on it, disk weight updates, eta=0 and eta=2 in place), async_ipc (the same with
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
-# sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size),
+# sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size and
+# kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests),
 # train (train throughput, 1 GPU, compiled, profiled), train_groups (the same with 4 decoder blocks a
 # compiled graph; BLOCKS_PER_GRAPH sets another number), train_eager (the same without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
@@ -124,7 +125,8 @@ for p in "$@"; do
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
                 rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3}
             keep_steps async_ipc_work async_vs_sync_gpu_shared_ipc ;;
-        lmhead) part lmhead 150 python benchmarks/lm_head_chunks.py ;;
+        lmhead) part lmhead 240 python benchmarks/lm_head_chunks.py ;;
+        lmkernels) part lmkernels 150 python -m pytest -q tests/gpu/test_lm_head_kernels_gpu.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
         train_groups) part train1_groups 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \

@@ -2,7 +2,41 @@
 
 from __future__ import annotations
 
-__all__ = ["busy_fraction", "idle_gaps", "kernel_table", "print_kernel_table"]
+import re
+
+__all__ = ["KERNEL_KINDS", "busy_fraction", "device_time_by_kind", "idle_gaps", "kernel_kind", "kernel_table",
+           "print_kernel_table"]
+
+#: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
+KERNEL_KINDS: list[tuple[str, str]] = [
+    ("attention", r"flash|fmha|attention"),  # before matmul: flash kernels' names carry cutlass types
+    ("matmul", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|splitK"),
+    ("lm_head soft-max", r"partial_stats|combine_stats|logit_grad|logsumexp|_exp_gather|arange_eq_exp"),
+    ("optimizer and clipping", r"adam|multi_tensor|foreach|norm_kernel|lpnorm"),
+    ("compiled element-wise", r"^triton_"),
+    ("copies and casts", r"copy|cast|chunk_cat|memcpy|memset|CatArray|split_with_sizes|fill|zero"),
+]
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KERNEL_KINDS` kind of a device kernel's name, or ``other``."""
+    for kind, pattern in KERNEL_KINDS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def device_time_by_kind(events) -> dict[str, float]:
+    """Milliseconds of device kernels by :func:`kernel_kind` (``events`` is ``prof.events()``),
+    costliest first."""
+    from torch.autograd import DeviceType
+
+    totals: dict[str, float] = {}
+    for event in events:
+        if event.device_type == DeviceType.CUDA:
+            kind = kernel_kind(event.name)
+            totals[kind] = totals.get(kind, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:

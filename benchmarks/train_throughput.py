@@ -153,6 +153,8 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
                "gpu_busy_fraction": fraction}
     print(f"profiled step {summary['step_s']:.3f} s, GPU busy {summary['gpu_busy_s']:.3f} s "
           f"({100 * fraction:.1f} %)")
+    summary["device_ms_by_kind"] = device_time_by_kind(events)
+    print("device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items()))
     summary["idle_gaps"] = idle_gaps(events)
     print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
     for gap in summary["idle_gaps"]:

@@ -134,7 +134,9 @@ class FSDPEngine(TrainEngine):
         if self.role == "critic":
             head = "value head"
         elif self.lm_head is not None:
-            head = f"chunked fused (chunk {self.lm_head.chunk})"
+            from areal_tasks.engine.fsdp.lm_head import chunk_kernels_kind
+
+            head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels)"
         else:
             head = "full logits"
         compiled = (f"{len(self._compiled)} modules ({self._compile_scope})" if self._compiled

@@ -6,10 +6,11 @@ backward. :func:`chunked_next_token_stats` instead runs, for ``chunk`` positions
 matmul, the fp32 log-sum-exp, the gather of the label's logit and the entropy, and keeps only
 ``[N]`` vectors (log-sum-exp, entropy) for the backward, which recomputes each chunk's logits
 (:class:`_ChunkedStats`, a custom autograd function). The element-wise work on a chunk's logits
-lives in two pure functions (:func:`chunk_forward_stats`, :func:`chunk_logit_grad`) that the engine
-compiles on CUDA (:func:`compile_chunk_kernels`): fused, they read each chunk's bf16 logits once or
-twice instead of writing and re-reading fp32 copies per operation, which profiling showed to cost
-more than the matmuls at Qwen's 151,936-token vocabulary. Eager, a chunk's peak extra memory is
+lives in two pure functions (:func:`chunk_forward_stats`, :func:`chunk_logit_grad`); on CUDA the
+engine swaps in faster versions (:func:`compile_chunk_kernels`): two Triton kernels that read each
+chunk's bf16 logits once (``lm_head_kernels.py``), or the pure functions fused by ``torch.compile``,
+instead of writing and re-reading fp32 copies per operation, which profiling showed to cost more
+than the matmuls at Qwen's 151,936-token vocabulary. Eager, a chunk's peak extra memory is
 a few fp32 ``chunk x vocab`` temporaries (``CHUNK_ELEMENTS`` bounds one to 512 MiB). The weight
 gradient is accumulated in fp32 and rounded once, like the single matmul of the plain path.
 
@@ -108,20 +109,49 @@ def chunk_logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Te
     return grad.to(logits.dtype)
 
 
-#: the chunk functions actually called: compiled by :func:`compile_chunk_kernels` (CUDA), else eager.
-_kernels = {"forward": chunk_forward_stats, "grad": chunk_logit_grad}
+#: the chunk functions actually called: set by :func:`compile_chunk_kernels` (CUDA), else eager.
+_kernels: dict[str, Any] = {"forward": chunk_forward_stats, "grad": chunk_logit_grad, "kind": "eager"}
 
 
-def compile_chunk_kernels() -> None:
-    """Run the chunk functions through ``torch.compile`` from now on (once per process; idempotent).
+def compile_chunk_kernels(triton: bool | None = None) -> str:
+    """Use fast chunk kernels from now on (once per process; idempotent); returns which.
 
-    Dynamic shapes: the last chunk of a micro-batch is shorter, and one compiled kernel serves both.
+    ``triton`` (default: where Triton imports and CUDA is present): the hand-written kernels of
+    :mod:`~areal_tasks.engine.fsdp.lm_head_kernels` for CUDA logits, each reading a chunk once.
+    Otherwise, or for logits on another device, the pure functions above through ``torch.compile``,
+    with dynamic shapes (the last chunk of a micro-batch is shorter, and one compiled kernel serves
+    both).
     """
-    if _kernels["forward"] is not chunk_forward_stats:
-        return
-    _kernels["forward"] = torch.compile(chunk_forward_stats, dynamic=True)
-    _kernels["grad"] = torch.compile(chunk_logit_grad, dynamic=True)
-    logger.info("chunked LM head: element-wise chunk work compiled with torch.compile")
+    from areal_tasks.engine.fsdp import lm_head_kernels
+
+    use_triton = lm_head_kernels.kernels_available() if triton is None else triton
+    if use_triton and not lm_head_kernels.kernels_available():
+        raise EngineError("the LM head's Triton kernels need CUDA and the triton package")
+    kind = "triton" if use_triton else "inductor"
+    if _kernels.get("kind") == kind:
+        return kind
+    forward = torch.compile(chunk_forward_stats, dynamic=True)
+    grad = torch.compile(chunk_logit_grad, dynamic=True)
+    if use_triton:
+        forward = _on_cuda(lm_head_kernels.forward_stats, otherwise=forward)
+        grad = _on_cuda(lm_head_kernels.logit_grad, otherwise=grad)
+    _kernels.update(forward=forward, grad=grad, kind=kind)
+    logger.info("chunked LM head: element-wise chunk work by %s kernels", kind)
+    return kind
+
+
+def chunk_kernels_kind() -> str:
+    """Which chunk kernels the head runs: ``eager``, ``inductor`` or ``triton``."""
+    return str(_kernels["kind"])
+
+
+def _on_cuda(kernel: Any, *, otherwise: Any) -> Any:
+    """``kernel`` for CUDA logits (the first argument), ``otherwise`` for the rest."""
+
+    def run(logits: torch.Tensor, *args: Any) -> Any:
+        return (kernel if logits.is_cuda else otherwise)(logits, *args)
+
+    return run
 
 
 def accumulate_matmul(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -136,7 +136,7 @@ def test_compiling_the_chunk_kernels_gives_the_lm_head_larger_chunks(tiny_qwen2,
     from areal_tasks.engine.fsdp import lm_head
     from areal_tasks.engine.fsdp.compile import compile_model
 
-    for name in ("forward", "grad"):  # compile_chunk_kernels swaps them process-wide: restore after
+    for name in ("forward", "grad", "kind"):  # compile_chunk_kernels swaps them process-wide: restore after
         monkeypatch.setitem(lm_head._kernels, name, lm_head._kernels[name])
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
     head = lm_head.install_chunked_head(model)

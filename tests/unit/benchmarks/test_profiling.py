@@ -1,0 +1,41 @@
+"""``benchmarks/profiling.py`` sorts a step's device kernels into the kinds the train benchmark
+reports (matmuls, attention, the LM head's soft-max, optimizer, compiled element-wise, copies),
+by names as the H200 profiles print them, and sums their time per kind."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from torch.autograd import DeviceType
+
+from benchmarks.profiling import busy_fraction, device_time_by_kind, kernel_kind
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN", "matmul"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128, 128, 8, "
+     "2, 4, 2, false, false, cutlass::bfloat16_t>>", "attention"),
+    ("partial_stats_kernel", "lm_head soft-max"),
+    ("logit_grad_kernel", "lm_head soft-max"),
+    ("triton_red_fused__to_copy_exp_gather_logsumexp_mul_squeeze_0", "lm_head soft-max"),
+    ("triton_poi_fused__to_copy_add_arange_eq_exp_sub_unsqueeze_0", "lm_head soft-max"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer and clipping"),
+    ("triton_per_fused__to_copy_mean_mul_pow_rsqrt_0", "compiled element-wise"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", "copies and casts"),
+    ("Memcpy HtoD (Pinned -> Device)", "copies and casts"),
+    ("void at::native::embedding_backward_feature_kernel<float>", "other"),
+])
+def test_kernel_names_map_to_their_kind(name: str, kind: str) -> None:
+    assert kernel_kind(name) == kind
+
+
+def test_device_time_sums_kernels_by_kind_and_ignores_host_events() -> None:
+    def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event("nvjet_a", 0, 1500), event("nvjet_b", 2000, 2500), event("flash_fwd_kernel", 2500, 3000),
+              event("aten::mm", 0, 9000, DeviceType.CPU)]
+    assert device_time_by_kind(events) == {"matmul": 2.0, "attention": 0.5}
+    assert busy_fraction([(0, 1500), (1000, 2500)], 0, 5000) == pytest.approx(0.5)
