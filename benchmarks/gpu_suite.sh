@@ -14,8 +14,9 @@
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
 # sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size and
 # kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests),
-# train (train throughput, 1 GPU, compiled, profiled), train_groups (the same with 4 decoder blocks a
-# compiled graph; BLOCKS_PER_GRAPH sets another number), train_eager (the same without torch.compile),
+# train (train throughput, 1 GPU, compiled, profiled; TRAIN_ARGS adds options), train_groups (the same with 4
+# decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
+# LM head's logits kept for the backward), train_eager (the same without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
@@ -128,9 +129,11 @@ for p in "$@"; do
         lmhead) part lmhead 240 python benchmarks/lm_head_chunks.py ;;
         lmkernels) part lmkernels 150 python -m pytest -q tests/gpu/test_lm_head_kernels_gpu.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
-        train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ;;
-        train_groups) part train1_groups 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
-            --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} ;;
+        train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ${TRAIN_ARGS:-} ;;
+        train_groups) part train1_groups 300 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
+            --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} ${TRAIN_ARGS:-} ;;
+        train_kept) part train1_kept 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
+            --lm-head-keep-logits ${TRAIN_ARGS:-} ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \
             --out benchmarks/results/train_throughput_qwen2.5-0.5b_dp1sp1tp1_eager.json ;;
         train2) dp2_wraps 240

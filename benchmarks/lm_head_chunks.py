@@ -75,7 +75,7 @@ def use_kernels(kind: str) -> None:
 
 #: (split, block, warps) of the Triton forward tried by ``time_kernels`` (lm_head_kernels.FORWARD_*).
 FORWARD_CONFIGS = [(16384, 2048, 4), (32768, 4096, 8), (32768, 2048, 4), (65536, 4096, 8), (16384, 4096, 8),
-                   (32768, 8192, 16)]
+                   (32768, 8192, 16), (32768, 1024, 2), (65536, 2048, 4)]
 
 
 def time_call(call, repeats: int = 20) -> float:

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from profiling import busy_fraction, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
+from profiling import busy_fraction, device_time_by_kind, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> dict:
         compile_scope=args.compile_scope,
         compile_blocks_per_graph=args.compile_blocks_per_graph,
         fsdp_wrap=args.fsdp_wrap,
+        lm_head_keep_logits=args.lm_head_keep_logits,
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
                         total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
@@ -268,6 +269,7 @@ def run(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
         "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": args.compile_blocks_per_graph,
+        "lm_head_keep_logits": args.lm_head_keep_logits,
         "step_times_s": times,
         "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
                    _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
@@ -300,6 +302,9 @@ def main() -> None:
     parser.add_argument("--compile-blocks-per-graph", type=int, default=1,
                         help="consecutive decoder blocks a compiled graph runs (EngineConfig.compile_blocks_per_graph; "
                              "needs the model as one FSDP unit)")
+    parser.add_argument("--lm-head-keep-logits", action="store_true",
+                        help="the chunked LM head keeps the logits for the backward instead of recomputing them "
+                             "(EngineConfig.lm_head_keep_logits)")
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise)")
@@ -335,7 +340,8 @@ def main() -> None:
             f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}"
             f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}"
             f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}"
-            f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}.json"
+            f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}"
+            f"{'_kept_logits' if args.lm_head_keep_logits else ''}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

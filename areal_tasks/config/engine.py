@@ -98,6 +98,12 @@ class EngineConfig:
     #: times as long to compile (4: about two minutes more). More than 1 needs the model as one
     #: FSDP unit (``fsdp_wrap`` resolving to ``root``): per-block units run hooks around every block.
     compile_blocks_per_graph: int = 1
+    #: the actor's chunked LM head keeps each micro-batch's logits (``tokens x vocabulary`` in the
+    #: compute dtype: 5 GB for 16K tokens of Qwen2.5's 151,936-token vocabulary in bf16) from the
+    #: forward to the backward, which then reads them instead of recomputing them (one matmul of
+    #: ``2 x tokens x vocabulary x hidden`` FLOPs less a micro-batch). The memory budget's micro-batch
+    #: sizing counts them.
+    lm_head_keep_logits: bool = False
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter

@@ -50,8 +50,9 @@ tokens)::
 
 The CE term assumes the engine computes log-probabilities (``log_softmax(logits.float())`` then a
 gather) and drops the logits before backward; an entropy with gradient adds about ``8 V`` more. A
-chunked/fused cross-entropy (``ce_chunk_tokens = C``) keeps nothing per token; its ``12 C V`` bytes
-go to the fixed overhead instead. With a 150K vocabulary the unchunked CE term is 1.7 MiB per
+chunked/fused cross-entropy (``ce_chunk_tokens = C``) keeps nothing per token (``c V`` when it
+keeps the logits for the backward, ``ce_keep_logits``); its ``12 C V`` bytes go to the fixed
+overhead instead. With a 150K vocabulary the unchunked CE term is 1.7 MiB per
 token: with checkpointing it is 89-97% of the activations of Qwen2.5 0.5B-7B (bf16), and without
 it still over half for 0.5B.
 
@@ -258,12 +259,14 @@ def estimate_memory(
     gradient_checkpointing: bool = False,
     lora_rank: int | None = None,
     ce_chunk_tokens: int | None = None,
+    ce_keep_logits: bool = False,
     publish_buffer: bool = False,
 ) -> MemoryEstimate:
     """Estimate the memory of one GPU of a train engine (formulas in the module docstring).
 
     ``grad_dtype`` and ``compute_dtype`` default to ``param_dtype``. ``ce_chunk_tokens`` set means a
-    chunked/fused cross-entropy that never holds more than that many tokens' logits. ``fsdp_wrap``
+    chunked/fused cross-entropy that never holds more than that many tokens' logits; with
+    ``ce_keep_logits`` it keeps every token's logits (``c V`` bytes a token) for the backward. ``fsdp_wrap``
     is the engine's resolved unit layout when sharded: ``block`` or ``root``
     (``EngineConfig.fsdp_wrap``). ``publish_buffer``: the engine keeps a shared weight-update
     buffer (every published weight in the compute dtype).
@@ -293,7 +296,12 @@ def estimate_memory(
     h = dims.hidden_size
     head = h * (4 + c) + c * h
     chunked = ce_chunk_tokens is not None
-    ce_kept, ce_transient = (0, 0) if chunked else (4 * dims.vocab_size, max(8, c + 4) * dims.vocab_size)
+    if ce_keep_logits and not chunked:
+        raise ConfigError("ce_keep_logits needs the chunked cross-entropy (ce_chunk_tokens)")
+    if chunked:
+        ce_kept, ce_transient = (c * dims.vocab_size if ce_keep_logits else 0), 0
+    else:
+        ce_kept, ce_transient = 4 * dims.vocab_size, max(8, c + 4) * dims.vocab_size
     no_ckpt = dims.num_layers * layer + head + ce_kept + ce_transient
     ckpt = dims.num_layers * c * h + head + max(ce_kept + ce_transient, largest_layer)
     split = tp * sp

@@ -186,6 +186,8 @@ def build_model(
 
         lora_targets = config.lora.target_modules if config.lora.enabled else None
         lm_head = install_chunked_head(model, lora_targets=lora_targets)
+        if lm_head is not None:
+            lm_head.keep_logits = config.lm_head_keep_logits and trainable
     if config.gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora.enabled:

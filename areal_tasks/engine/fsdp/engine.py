@@ -136,7 +136,8 @@ class FSDPEngine(TrainEngine):
         elif self.lm_head is not None:
             from areal_tasks.engine.fsdp.lm_head import chunk_kernels_kind
 
-            head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels)"
+            kept = ", logits kept" if self.lm_head.keep_logits else ""
+            head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels{kept})"
         else:
             head = "full logits"
         compiled = (f"{len(self._compiled)} modules ({self._compile_scope})" if self._compiled
@@ -450,6 +451,7 @@ def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDim
             fsdp_wrap=built.fsdp_wrap, gradient_checkpointing=config.gradient_checkpointing,
             lora_rank=config.lora.rank if config.lora.enabled else None,
             ce_chunk_tokens=built.lm_head.chunk if built.lm_head is not None else None,
+            ce_keep_logits=built.lm_head is not None and built.lm_head.keep_logits,
             publish_buffer=shared_weight_buffer,
         )
         cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)

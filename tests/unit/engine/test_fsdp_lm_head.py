@@ -156,3 +156,61 @@ def test_unsupported_models_keep_the_plain_head(tiny_model_factory):
     assert install_chunked_head(model, lora_targets="lm_head") is None
     model.config.model_type = "gemma2"
     assert "gemma2" in chunked_head_unsupported_reason(model)
+
+
+def _counting_linear(monkeypatch) -> list[int]:
+    """Count the head's recomputing matmuls (``F.linear`` calls)."""
+    calls: list[int] = []
+    linear = torch.nn.functional.linear
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return linear(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counted)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_kept_logits_give_the_same_results_without_recomputing_them(bias, monkeypatch):
+    """``keep_logits``: the backward reads the forward's logits (no matmul recomputes them) and
+    every result and gradient is what the recomputing head gives."""
+    hidden, weight, b, labels, up_lp, up_ent = _inputs(seed=4, bias=bias)
+    params = (hidden, weight, b)
+    lp, ent = chunked_next_token_stats(hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True,
+                                       entropy_grad=True, chunk=5)
+    want = _grads((lp * up_lp).sum() + (ent * up_ent).sum(), params)
+    calls = _counting_linear(monkeypatch)
+    kept_lp, kept_ent = chunked_next_token_stats(hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True,
+                                                 entropy_grad=True, chunk=5, keep_logits=True)
+    assert not calls  # the forward writes the logits into the kept buffer
+    got = _grads((kept_lp * up_lp).sum() + (kept_ent * up_ent).sum(), params)
+    assert not calls  # and the backward reads them
+    torch.testing.assert_close(kept_lp, lp, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(kept_ent, ent, atol=1e-6, rtol=1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+def test_kept_logits_only_when_a_backward_will_read_them(monkeypatch):
+    """Without gradients nothing is kept: the chunks are scored as usual (the plain matmul path)."""
+    hidden, weight, _, labels, _, _ = _inputs(seed=5)
+    calls = _counting_linear(monkeypatch)
+    with torch.no_grad():
+        lp, _ = chunked_next_token_stats(hidden, weight, labels, chunk=5, keep_logits=True)
+    assert len(calls) == -(-N // 5)
+    ref, _ = next_token_stats(hidden.detach() @ weight.detach().t(), labels)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_head_module_passes_keep_logits_on(monkeypatch):
+    linear = torch.nn.Linear(H, V, bias=False)
+    head = ChunkedLMHead(linear, chunk=4, keep_logits=True)
+    assert "keep_logits=True" in repr(head)
+    hidden = torch.randn(1, N, H, requires_grad=True)
+    labels = torch.randint(0, V, (1, N))
+    calls = _counting_linear(monkeypatch)
+    with head.scoring(labels):
+        scores = head(hidden)
+    scores[..., 0].sum().backward()
+    assert not calls and hidden.grad is not None

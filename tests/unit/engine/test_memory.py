@@ -249,3 +249,30 @@ def test_the_engine_sizes_micro_batches_with_room_for_its_shared_weight_buffer()
     plain = _micro_batch_spec(config, built, dims).max_tokens_per_mb
     shared = _micro_batch_spec(config, built, dims, shared_weight_buffer=True).max_tokens_per_mb
     assert 0 < shared < plain
+
+
+def test_kept_logits_cost_one_compute_dtype_row_of_the_vocabulary_a_token() -> None:
+    """``ce_keep_logits``: the chunked head keeps every token's logits (``c V`` bytes) until the
+    backward, with and without checkpointing (the head's backward runs before any recomputed layer
+    needs room), and the engine's budgeted micro-batches shrink by that much."""
+    from types import SimpleNamespace
+
+    from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.fsdp.engine import _micro_batch_spec
+    from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+
+    for ckpt in (False, True):
+        plain = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt)
+        kept = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt,
+                               ce_keep_logits=True)
+        assert kept.logits_bytes_per_token == 2 * QWEN2_7B["vocab_size"]
+        assert kept.activation_bytes_per_token_no_ckpt == plain.activation_bytes_per_token_no_ckpt + 2 * 152064
+        assert kept.bytes_per_token > plain.bytes_per_token
+    with pytest.raises(ConfigError, match="ce_keep_logits needs the chunked cross-entropy"):
+        estimate_memory(QWEN2_7B, param_dtype="bf16", ce_keep_logits=True)
+    config = EngineConfig(micro_batch=MicroBatchSpec(memory_budget_gb=60))
+    head = SimpleNamespace(chunk=1024, keep_logits=False)
+    built = SimpleNamespace(hf_config=QWEN2_7B, param_dtype_name="bfloat16", fsdp_wrap="block", lm_head=head)
+    recomputing = _micro_batch_spec(config, built, ParallelDims(dp=8)).max_tokens_per_mb
+    head.keep_logits = True
+    assert 0 < _micro_batch_spec(config, built, ParallelDims(dp=8)).max_tokens_per_mb < recomputing
