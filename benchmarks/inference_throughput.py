@@ -242,8 +242,7 @@ def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefil
     import io
     import pstats
 
-    from profiling import busy_fraction  # benchmarks/, the script's directory
-    from torch.autograd import DeviceType
+    from profiling import busy_fraction, device_kernels  # benchmarks/, the script's directory
     from torch.profiler import ProfilerActivity, profile
 
     from areal_tasks.inference.server.engine import Engine
@@ -269,7 +268,7 @@ def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefil
     result: dict = {"wall_s": wall, "gpu_busy_fraction": None, "host_top": host_top}
     if on_gpu:
         events = prof.events()
-        kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+        kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
         if kernels:
             start = min(a for a, _ in kernels)
             result["gpu_busy_fraction"] = busy_fraction(kernels, start, start + wall * 1e6)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["KERNEL_KINDS", "busy_fraction", "device_time_by_kind", "idle_gaps", "kernel_kind", "kernel_table",
-           "print_kernel_table"]
+__all__ = ["KERNEL_KINDS", "busy_fraction", "device_kernels", "device_time_by_kind", "idle_gaps", "kernel_kind",
+           "kernel_table", "print_kernel_table"]
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
 KERNEL_KINDS: list[tuple[str, str]] = [
@@ -16,6 +16,15 @@ KERNEL_KINDS: list[tuple[str, str]] = [
     ("compiled element-wise", r"^triton_"),
     ("copies and casts", r"copy|cast|chunk_cat|memcpy|memset|CatArray|split_with_sizes|fill|zero"),
 ]
+
+
+def device_kernels(events) -> list:
+    """The device kernels (and copies) of ``prof.events()``: device events that are not the device-side
+    spans of annotated regions (``record_function`` ranges such as ``FSDP::pre_forward``, which
+    cover every kernel launched inside them and the idle time between)."""
+    from torch.autograd import DeviceType
+
+    return [e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
 
 
 def kernel_kind(name: str) -> str:
@@ -29,13 +38,10 @@ def kernel_kind(name: str) -> str:
 def device_time_by_kind(events) -> dict[str, float]:
     """Milliseconds of device kernels by :func:`kernel_kind` (``events`` is ``prof.events()``),
     costliest first."""
-    from torch.autograd import DeviceType
-
     totals: dict[str, float] = {}
-    for event in events:
-        if event.device_type == DeviceType.CUDA:
-            kind = kernel_kind(event.name)
-            totals[kind] = totals.get(kind, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
+    for event in device_kernels(events):
+        kind = kernel_kind(event.name)
+        totals[kind] = totals.get(kind, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
@@ -54,12 +60,8 @@ def kernel_table(events, calls: int, top: int = 20) -> list[dict]:
     """Device kernels of a torch-profiler run grouped by name, costliest first: per profiled call
     (``calls`` of them) the milliseconds and launches of each kernel name, and its share of the
     total. ``events`` is ``prof.events()``; kernels inside CUDA-graph replays count too."""
-    from torch.autograd import DeviceType
-
     totals: dict[str, list[float]] = {}
-    for event in events:
-        if event.device_type != DeviceType.CUDA:
-            continue
+    for event in device_kernels(events):
         entry = totals.setdefault(event.name, [0.0, 0])
         entry[0] += event.time_range.end - event.time_range.start
         entry[1] += 1
@@ -85,7 +87,7 @@ def idle_gaps(events, min_us: float = 500.0, top: int = 12) -> list[dict]:
     ``events`` is ``prof.events()``; times in microseconds from the first event."""
     from torch.autograd import DeviceType
 
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in device_kernels(events))
     host = [e for e in events if e.device_type == DeviceType.CPU]
     if not kernels:
         return []

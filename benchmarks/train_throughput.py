@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from profiling import busy_fraction, device_time_by_kind, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
+from profiling import busy_fraction, device_kernels, device_time_by_kind, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -124,8 +124,8 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
 
 def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators and
-    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction"}`` (None on CPU)."""
-    from torch.autograd import DeviceType
+    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction", "device_ms_by_kind", "idle_gaps"}`` (None on
+    CPU). Busy time counts device kernels only, not the device-side spans of annotated regions."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
@@ -147,7 +147,7 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     events = prof.events()
     start = min(e.time_range.start for e in events)
     end = max(e.time_range.end for e in events)
-    kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
     fraction = busy_fraction(kernels, start, end)
     summary = {"step_s": (end - start) / 1e6, "gpu_busy_s": fraction * (end - start) / 1e6,
                "gpu_busy_fraction": fraction}

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from benchmarks.profiling import busy_fraction, device_time_by_kind, kernel_kind
+from benchmarks.profiling import busy_fraction, device_kernels, device_time_by_kind, kernel_kind
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -31,11 +31,16 @@ def test_kernel_names_map_to_their_kind(name: str, kind: str) -> None:
     assert kernel_kind(name) == kind
 
 
-def test_device_time_sums_kernels_by_kind_and_ignores_host_events() -> None:
-    def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
-        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+def test_device_time_sums_kernels_by_kind_and_ignores_host_events_and_annotations() -> None:
+    """A ``record_function`` range also has a device-side span (first to last kernel inside it,
+    idle time included): it is neither a kernel nor busy time."""
+    def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA,
+              annotation: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               is_user_annotation=annotation)
 
     events = [event("nvjet_a", 0, 1500), event("nvjet_b", 2000, 2500), event("flash_fwd_kernel", 2500, 3000),
-              event("aten::mm", 0, 9000, DeviceType.CPU)]
+              event("aten::mm", 0, 9000, DeviceType.CPU), event("Optimizer.step#AdamW.step", 0, 8000, annotation=True)]
     assert device_time_by_kind(events) == {"matmul": 2.0, "attention": 0.5}
+    assert [e.name for e in device_kernels(events)] == ["nvjet_a", "nvjet_b", "flash_fwd_kernel"]
     assert busy_fraction([(0, 1500), (1000, 2500)], 0, 5000) == pytest.approx(0.5)
