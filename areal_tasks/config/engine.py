@@ -101,8 +101,9 @@ class EngineConfig:
     #: the actor's chunked LM head keeps each micro-batch's logits (``tokens x vocabulary`` in the
     #: compute dtype: 5 GB for 16K tokens of Qwen2.5's 151,936-token vocabulary in bf16) from the
     #: forward to the backward, which then reads them instead of recomputing them (one matmul of
-    #: ``2 x tokens x vocabulary x hidden`` FLOPs less a micro-batch). The memory budget's micro-batch
-    #: sizing counts them.
+    #: ``2 x tokens x vocabulary x hidden`` FLOPs less a micro-batch; 0.5B shape on an H200: matmul
+    #: time 151 -> 140 ms a step, 69,843 -> 72,995 tokens/s, peak memory +4.1 GiB). The memory
+    #: budget's micro-batch sizing counts them.
     lm_head_keep_logits: bool = False
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
