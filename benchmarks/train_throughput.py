@@ -305,9 +305,9 @@ def main() -> None:
     parser.add_argument("--lm-head-keep-logits", action="store_true",
                         help="the chunked LM head keeps the logits for the backward instead of recomputing them "
                              "(EngineConfig.lm_head_keep_logits)")
-    parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root"],
+    parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root", "none"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
-                             "shard group, one unit per decoder block otherwise)")
+                             "shard group, one unit per decoder block otherwise; none = no FSDP on one rank)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one extra step: the top operators, the GPU-busy fraction and every "
                              "host-device synchronisation with the Python line that caused it")

@@ -61,7 +61,8 @@ peak of a one-GPU Qwen2 training step (bf16 and fp32, with and without checkpoin
 vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet checked on GPUs.
 
 Fixed overhead: unsharded (``S = 1``) with a compute dtype narrower than the parameters, the
-compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
+compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then; without
+FSDP, ``fsdp_wrap="none"``, also its compute-dtype gradient buffer, ``N_t / tp * c``). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
 two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
 copy for the reduce-scatter; plus the chunked-CE buffer. With FSDP and the whole model as one unit
 (``fsdp_wrap="root"``): every parameter gathered, ``N / tp * c``, and at the end of backward every
@@ -267,12 +268,13 @@ def estimate_memory(
     ``grad_dtype`` and ``compute_dtype`` default to ``param_dtype``. ``ce_chunk_tokens`` set means a
     chunked/fused cross-entropy that never holds more than that many tokens' logits; with
     ``ce_keep_logits`` it keeps every token's logits (``c V`` bytes a token) for the backward. ``fsdp_wrap``
-    is the engine's resolved unit layout when sharded: ``block`` or ``root``
+    is the engine's resolved unit layout: ``block`` or ``root`` when sharded, ``none`` for the
+    engine's own flat buffers on one rank
     (``EngineConfig.fsdp_wrap``). ``publish_buffer``: the engine keeps a shared weight-update
     buffer (every published weight in the compute dtype).
     """
-    if fsdp_wrap not in ("block", "root"):
-        raise ConfigError(f"fsdp_wrap must be block or root, got {fsdp_wrap!r}")
+    if fsdp_wrap not in ("block", "root", "none"):
+        raise ConfigError(f"fsdp_wrap must be block, root or none, got {fsdp_wrap!r}")
     for name, value in (("dp", dp), ("tp", tp), ("sp", sp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -312,6 +314,9 @@ def estimate_memory(
         # one rank per shard group: the root's compute-dtype copy of every parameter lives from the
         # forward to the end of the backward (``build.py``)
         fixed += n_params * c // tp
+    if fsdp_wrap == "none":
+        # no FSDP (``flat_params.py``): the compute-dtype gradients are a persistent flat buffer
+        fixed += n_train * c // tp
     if shard > 1 and fsdp_wrap == "root":
         # one unit: every parameter gathered in c from the forward to the end of the backward; the
         # backward leaves every gradient unsharded in c, reduced through an fp32 copy

@@ -10,7 +10,8 @@ On CUDA the element-wise pieces are compiled before sharding (``compile.py``). U
 ``EngineConfig.fsdp_wrap`` (:func:`resolve_fsdp_wrap`): with a single rank per shard group (one GPU,
 or tp only) only the root is wrapped by default, as there is nothing to shard and per-block hooks
 cost host time that a 0.5B model's step cannot hide; with several ranks too when the whole model
-gathered is small for the GPU.
+gathered is small for the GPU. ``fsdp_wrap="none"`` (one rank) skips FSDP: flat master and compute
+buffers (``flat_params.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import torch
 
     from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.fsdp.flat_params import FlatParams
     from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
     from areal_tasks.engine.fsdp.parallel_dims import EngineMesh
 
@@ -64,8 +66,10 @@ class BuiltModel:
     compile_reason: str = ""
     #: ``blocks`` (whole decoder blocks compiled), ``pointwise`` or ``""`` (eager).
     compile_scope: str = ""
-    #: the FSDP2 unit layout built: ``block`` or ``root`` (:func:`resolve_fsdp_wrap`).
+    #: the FSDP2 unit layout built: ``block``, ``root`` or ``none`` (:func:`resolve_fsdp_wrap`).
     fsdp_wrap: str = "block"
+    #: with ``none``: the flat master/compute buffers the engine steps through (``flat_params.py``).
+    flat: FlatParams | None = None
 
 
 def compute_dtype_name(dtype: str, device: torch.device) -> str:
@@ -93,8 +97,11 @@ def resolve_fsdp_wrap(wrap: str, shard_ranks: int, *, unsharded_bytes: int | Non
     :data:`ROOT_WRAP_MAX_FRACTION` of ``device_bytes`` (measured on two H200s for the 0.5B shape:
     99,800 tokens/s as one unit against 70,100 per block). Otherwise, and without a GPU's size
     (CPU), it is ``block``, which keeps one block unsharded at a time."""
-    if wrap not in ("auto", "block", "root"):
-        raise EngineError(f"fsdp_wrap must be auto, block or root, got {wrap!r}")
+    if wrap not in ("auto", "block", "root", "none"):
+        raise EngineError(f"fsdp_wrap must be auto, block, root or none, got {wrap!r}")
+    if wrap == "none" and shard_ranks != 1:
+        raise EngineError(f"fsdp_wrap=none keeps whole parameters on one rank, but the shard group (dp x sp) has "
+                          f"{shard_ranks} ranks; use root or block")
     if wrap != "auto":
         return wrap
     if shard_ranks == 1:
@@ -224,13 +231,31 @@ def build_model(
                                  layer_types=getattr(hf_config, "layer_types", None))
     compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope,
                              blocks_per_graph=per_graph) if do_compile else []
-    if wrap == "block":
-        for block in blocks:
-            fully_shard(block, **shard_kwargs)
-    fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
+    flat = None
+    if wrap == "none":
+        flat = _flatten(model, config, dims, device, param_dtype, trainable)
+    else:
+        if wrap == "block":
+            for block in blocks:
+                fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("model %s: %d parameters (sharded view), compute dtype %s, FSDP units: %s",
                 type(model).__name__, n_params, dtype_name, wrap)
     return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
                       lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap,
-                      compile_scope=scope)
+                      compile_scope=scope, flat=flat)
+
+
+def _flatten(model: torch.nn.Module, config: EngineConfig, dims: Any, device: torch.device,
+             param_dtype: torch.dtype, trainable: bool) -> FlatParams:
+    """``fsdp_wrap=none``: the model on ``device`` with its parameters in flat buffers (refusing
+    what they cannot hold)."""
+    from areal_tasks.engine.fsdp.flat_params import FlatParams
+
+    for name, unsupported in (("tensor parallelism (tp > 1)", dims.tp > 1), ("LoRA", config.lora.enabled),
+                              ("cpu_offload", config.cpu_offload)):
+        if unsupported:
+            raise EngineError(f"fsdp_wrap=none does not support {name}; use fsdp_wrap=root")
+    model.to(device)
+    return FlatParams(model, param_dtype, trainable=trainable)

@@ -91,10 +91,11 @@ def blocks_per_graph(per_graph: int, *, scope: str, fsdp_wrap: str, layer_types:
         logger.info("compile_blocks_per_graph=%d has no effect: %s", per_graph,
                     f"compile_scope resolved to {scope}" if scope else "nothing is compiled")  # fmt: skip
         return 1
-    if fsdp_wrap != "root":
+    if fsdp_wrap == "block":
         raise EngineError(f"compile_blocks_per_graph={per_graph} runs several blocks in one graph, which needs the "
-                          f"model as one FSDP unit (fsdp_wrap=root; it resolved to {fsdp_wrap}): per-block units "
-                          "gather each block's parameters in hooks around it; set compile_blocks_per_graph=1")
+                          "model as one FSDP unit or no FSDP (fsdp_wrap=root or none; it resolved to block): "
+                          "per-block units gather each block's parameters in hooks around it; set "
+                          "compile_blocks_per_graph=1")
     if layer_types is not None and len(set(layer_types)) > 1:
         raise EngineError(f"compile_blocks_per_graph={per_graph}: this model mixes layer types "
                           f"({', '.join(sorted(set(layer_types)))}), whose blocks take different attention masks; "

@@ -19,6 +19,7 @@ device, so the host can queue the next micro-batch's kernels while the device ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -112,6 +113,8 @@ class FSDPEngine(TrainEngine):
         self._compiled, self._compile_reason = built.compiled, built.compile_reason
         self._compile_scope = built.compile_scope
         self._fsdp_wrap = built.fsdp_wrap
+        #: ``fsdp_wrap=none``: the flat master/compute buffers every step runs through, else None
+        self._flat = built.flat
         self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
@@ -199,20 +202,24 @@ class FSDPEngine(TrainEngine):
         # one FSDP unit: gather (and cast) the parameters once a step, not once a micro-batch; the
         # last backward reshards (also after an error, so no later step keeps them gathered)
         keep_gathered = backward and self._fsdp_wrap == "root" and len(device_mbs) > 1
+        computing = self._flat.computing() if self._flat is not None else contextlib.nullcontext()
         try:
-            for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
-                if keep_gathered:
-                    self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
-                with torch.set_grad_enabled(backward):
-                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                    loss, stats = loss_fn(outputs, mb)
-                    if backward:
-                        if weight > 0:
-                            (loss * (weight / total_weight * grad_scale)).backward()
-                        else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
-                            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
-                if weight > 0:
-                    sums.add({"loss": loss, **stats}, weight)
+            with computing:
+                for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
+                    if keep_gathered:
+                        self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
+                    with torch.set_grad_enabled(backward):
+                        outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                        loss, stats = loss_fn(outputs, mb)
+                        if backward:
+                            if weight > 0:
+                                (loss * (weight / total_weight * grad_scale)).backward()
+                            else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
+                                (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+                    if backward and self._flat is not None:
+                        self._flat.accumulate()  # into the fp32 master gradients, one kernel
+                    if weight > 0:
+                        sums.add({"loss": loss, **stats}, weight)
         finally:
             if keep_gathered:
                 self.model.set_reshard_after_backward(True)
@@ -237,7 +244,10 @@ class FSDPEngine(TrainEngine):
 
     def zero_grad(self) -> None:
         self._require_trainable()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._flat is not None:
+            self._flat.zero_grad()  # zeroes the flat buffers (they stay allocated); .grad is None until used
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
         import torch
@@ -253,7 +263,8 @@ class FSDPEngine(TrainEngine):
         else:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
             stats["update_skipped"] = 1.0
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._flat is None:  # free the gradients until the next step (flat buffers stay allocated)
+            self.optimizer.zero_grad(set_to_none=True)
         return stats
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
@@ -279,7 +290,8 @@ class FSDPEngine(TrainEngine):
         self._require_init()
         self.model.eval()
         plan, device_mbs, bounds = self._plan(batch)
-        with torch.no_grad():
+        computing = self._flat.computing() if self._flat is not None else contextlib.nullcontext()
+        with torch.no_grad(), computing:
             outs = [self.forward_mb(mb, with_entropy=with_entropy, bounds=b) for mb, b in zip(device_mbs, bounds)]
         return {key: plan.merge([o[key] for o in outs]) for key in outs[0]}
 

@@ -179,11 +179,12 @@ def test_groups_of_blocks_match_eager_under_checkpointing_and_share_one_graph(ti
 
 def test_blocks_per_graph_is_refused_where_blocks_cannot_share_a_graph(caplog):
     assert blocks_per_graph(4, scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * 8) == 4
+    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="none", layer_types=None) == 4  # no FSDP hooks at all
     caplog.set_level("INFO")
     assert blocks_per_graph(4, scope="pointwise", fsdp_wrap="root", layer_types=None) == 1
     assert blocks_per_graph(4, scope="", fsdp_wrap="block", layer_types=None) == 1
     assert "compile_blocks_per_graph=4 has no effect: nothing is compiled" in caplog.text
-    with pytest.raises(EngineError, match="needs the model as one FSDP unit .*it resolved to block"):
+    with pytest.raises(EngineError, match="needs the model as one FSDP unit or no FSDP .*it resolved to block"):
         blocks_per_graph(2, scope="blocks", fsdp_wrap="block", layer_types=None)
     with pytest.raises(EngineError, match="mixes layer types .full_attention, sliding_attention"):
         blocks_per_graph(2, scope="blocks", fsdp_wrap="root", layer_types=["sliding_attention", "full_attention"])

@@ -75,7 +75,7 @@ def test_sharded_model_as_one_fsdp_unit_by_hand() -> None:
     per_block = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8)
     assert one_unit.fixed_overhead_bytes == 2 * one_unit.num_params > 3 * per_block.fixed_overhead_bytes
     assert one_unit.late_transient_bytes == 6 * one_unit.num_params
-    with pytest.raises(ConfigError, match="fsdp_wrap must be block or root"):
+    with pytest.raises(ConfigError, match="fsdp_wrap must be block, root or none"):
         estimate_memory(TINY, param_dtype="bf16", dp=2, fsdp_wrap="auto")
 
 
@@ -90,7 +90,7 @@ def test_fsdp_wrap_resolves_by_shard_group_size() -> None:
     assert resolve_fsdp_wrap("auto", 2, unsharded_bytes=494_000_000 * 8, device_bytes=None) == "block"
     assert resolve_fsdp_wrap("block", 2, unsharded_bytes=1, device_bytes=h200) == "block"
     assert resolve_fsdp_wrap("root", 4) == "root" and resolve_fsdp_wrap("block", 1) == "block"
-    with pytest.raises(EngineError, match="fsdp_wrap must be auto, block or root, got 'blocks'"):
+    with pytest.raises(EngineError, match="fsdp_wrap must be auto, block, root or none, got 'blocks'"):
         resolve_fsdp_wrap("blocks", 2)
 
 
@@ -276,3 +276,13 @@ def test_kept_logits_cost_one_compute_dtype_row_of_the_vocabulary_a_token() -> N
     recomputing = _micro_batch_spec(config, built, ParallelDims(dp=8)).max_tokens_per_mb
     head.keep_logits = True
     assert 0 < _micro_batch_spec(config, built, ParallelDims(dp=8)).max_tokens_per_mb < recomputing
+
+
+def test_without_fsdp_the_compute_dtype_gradients_are_a_persistent_buffer() -> None:
+    """``fsdp_wrap="none"``: the engine's flat bf16 gradient buffer lives all step, on top of the
+    one-rank layout's compute copy of the weights; sharded layouts cannot be ``none``."""
+    root = estimate_memory(QWEN2_7B, param_dtype="fp32", compute_dtype="bf16", fsdp_wrap="root")
+    none = estimate_memory(QWEN2_7B, param_dtype="fp32", compute_dtype="bf16", fsdp_wrap="none")
+    assert none.fixed_overhead_bytes == root.fixed_overhead_bytes + ModelDims.from_config(QWEN2_7B).num_params * 2
+    with pytest.raises(ConfigError, match="fsdp_wrap must be block, root or none"):
+        estimate_memory(QWEN2_7B, fsdp_wrap="flat")

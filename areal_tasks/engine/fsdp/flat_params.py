@@ -1,0 +1,155 @@
+"""One rank without FSDP (``fsdp_wrap="none"``): flat fp32 master weights and gradients, and a
+compute-dtype copy of the weights that the model runs with.
+
+With one rank per shard group FSDP2 shards nothing, yet it still does per-parameter host work
+every step: it casts each parameter before the forward and, at the end of each backward, copies
+the gradients into a reduce buffer, "reduces" them on the one rank and wraps each in a new
+DTensor. On an H200 the 0.5B shape's step left the GPU idle 6-9 ms at the end of the backward
+while the host did that, and clipping and AdamW then walked 290 DTensor gradients.
+
+:class:`FlatParams` keeps what the engine trains in four flat buffers instead:
+
+- ``master`` (fp32): the model's own parameters are re-pointed at views of it, so the optimizer,
+  state dicts, checkpoints and weight export see the same plain fp32 tensors as before;
+- ``compute`` (the compute dtype, e.g. bf16): one leaf parameter per master parameter, a view of
+  it, installed on the modules for the duration of a step (:meth:`computing`) and refreshed from
+  the masters by one copy when the step starts;
+- ``compute_grad`` and ``master_grad``: the compute parameters' gradients are views of the first,
+  so autograd accumulates into it in place; after each backward one kernel adds it into the
+  second in fp32 (:meth:`accumulate`) and zeroes it. The master parameters' ``.grad`` are then
+  views of ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did.
+
+Tied parameters (Qwen2.5-0.5B's embeddings and LM head) are one master and one compute parameter,
+installed on every module that holds them. Only for a plain dense model on one rank: no tensor
+parallelism (its parameters are DTensors), no LoRA (peft's frozen base would need no gradient
+buffers), no CPU offload; the engine refuses those by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from areal_tasks.errors import EngineError
+
+__all__ = ["FlatParams"]
+
+
+@dataclass
+class _Slot:
+    """Where a parameter is attached: ``module._parameters[name]``."""
+
+    module: torch.nn.Module
+    name: str
+
+
+class FlatParams:
+    """The flat buffers of one model (see the module docstring). Build it after the model is on its
+    device and before the optimizer; ``trainable`` = whether gradients are kept at all."""
+
+    def __init__(self, model: torch.nn.Module, compute_dtype: torch.dtype, *, trainable: bool = True) -> None:
+        self.model = model
+        self.compute_dtype = compute_dtype
+        self.params: list[torch.nn.Parameter] = []
+        slots: dict[int, list[_Slot]] = {}
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is None:
+                    continue
+                if id(param) not in slots:
+                    self.params.append(param)
+                    slots[id(param)] = []
+                slots[id(param)].append(_Slot(module, name))
+        if not self.params:
+            raise EngineError("fsdp_wrap=none: the model has no parameters")
+        devices = {p.device for p in self.params}
+        if len(devices) != 1 or any(p.dtype != torch.float32 for p in self.params):
+            raise EngineError(f"fsdp_wrap=none needs fp32 parameters on one device, got devices {devices} and "
+                              f"dtypes {sorted({str(p.dtype) for p in self.params})}")
+        (device,) = devices
+        self._slots = [slots[id(p)] for p in self.params]
+        sizes = [p.numel() for p in self.params]
+        total = sum(sizes)
+        self.master = torch.empty(total, dtype=torch.float32, device=device)
+        self.compute = torch.empty(total, dtype=compute_dtype, device=device)
+        with torch.no_grad():
+            for param, view in zip(self.params, self._views(self.master, sizes)):
+                view.copy_(param.reshape(-1))
+                param.data = view.view(param.shape)
+        self.compute_params = [
+            torch.nn.Parameter(view.view(param.shape), requires_grad=param.requires_grad and trainable)
+            for param, view in zip(self.params, self._views(self.compute, sizes))
+        ]
+        self.trainable = trainable and any(p.requires_grad for p in self.params)
+        self.compute_grad = self.master_grad = None
+        if self.trainable:
+            self.compute_grad = torch.zeros(total, dtype=compute_dtype, device=device)
+            self.master_grad = torch.zeros(total, dtype=torch.float32, device=device)
+            for cp, view in zip(self.compute_params, self._views(self.compute_grad, sizes)):
+                if cp.requires_grad:
+                    cp.grad = view.view(cp.shape)
+            self._master_grad_views = [view.view(p.shape) for p, view in zip(self.params, self._views(
+                self.master_grad, sizes))]
+        self._installed = False
+
+    @staticmethod
+    def _views(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+        return list(torch.split(flat, sizes))
+
+    @property
+    def numel(self) -> int:
+        return self.master.numel()
+
+    # ------------------------------------------------------------------ steps
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """Within the block the modules hold the compute parameters, refreshed from the masters on
+        entry; on exit (also after an error) the masters are back. Not reentrant."""
+        if self._installed:
+            raise EngineError("FlatParams.computing is already active (it is not reentrant)")
+        with torch.no_grad():
+            self.compute.copy_(self.master)
+        self._install(self.compute_params)
+        try:
+            yield
+        finally:
+            self._install(self.params)
+
+    def accumulate(self) -> None:
+        """Add the compute gradients of the backward just run into the fp32 master gradients and
+        zero them (one kernel each)."""
+        if not self.trainable:
+            raise EngineError("this model was flattened without gradients (trainable=False)")
+        with torch.no_grad():
+            self.master_grad.add_(self.compute_grad)
+            self.compute_grad.zero_()
+        self._attach_master_grads()
+
+    def zero_grad(self) -> None:
+        """Zero both gradient buffers and detach the master parameters' ``.grad`` until the next
+        :meth:`accumulate` (as ``set_to_none`` would: a checkpoint loader initialises a fresh
+        optimizer's state only while no parameter has a gradient)."""
+        if not self.trainable:
+            return
+        with torch.no_grad():
+            self.master_grad.zero_()
+            self.compute_grad.zero_()
+        for param in self.params:
+            param.grad = None
+
+    # --------------------------------------------------------------- helpers
+    def _install(self, params: list[torch.nn.Parameter]) -> None:
+        for param, slots in zip(params, self._slots):
+            for slot in slots:
+                slot.module._parameters[slot.name] = param
+        self._installed = params is self.compute_params
+
+    def _attach_master_grads(self) -> None:
+        """Point every trainable master parameter's ``.grad`` at its view of ``master_grad`` (an
+        optimizer's ``zero_grad(set_to_none=True)`` or a user may have dropped it)."""
+        for param, view in zip(self.params, self._master_grad_views):
+            if param.requires_grad and param.grad is not view:
+                param.grad = view
