@@ -15,6 +15,7 @@ engine's ``compile_scope="blocks"``, the server's captured decode steps in
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -103,3 +104,18 @@ def _compile_with_symbolic_module_ints(fn: Callable[..., Any]) -> Callable[..., 
             return compiled(*args, **kwargs)
 
     return forward
+
+
+@functools.cache
+def triton_on_cuda() -> bool:
+    """Whether hand-written Triton kernels can run here: Triton imports and a CUDA device is present
+    (False with the CPU build of torch, which ships no Triton)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

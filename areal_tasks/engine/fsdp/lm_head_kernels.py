@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import EngineError
+from areal_tasks.models.compile import triton_on_cuda as kernels_available
 
 __all__ = ["FORWARD_BLOCK", "GRAD_BLOCK", "forward_stats", "kernels_available", "logit_grad"]
 
@@ -44,18 +45,6 @@ FORWARD_WARPS = 4
 #: vocabulary entries per program of the gradient kernel, and its warps.
 GRAD_BLOCK = 4096
 GRAD_WARPS = 8
-
-
-@functools.cache
-def kernels_available() -> bool:
-    """True when Triton imports and a CUDA device is present."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @functools.cache

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from areal_tasks.models.compile import triton_on_cuda
+
 __all__ = ["decode_attention", "kernel_available", "kernel_fits", "launch_decode_attention", "reference_decode_attention"]
 
 #: keys and values per loop iteration, and warps per program (measured on an H200: see benchmarks.md).
@@ -35,16 +37,9 @@ BLOCK = 64
 NUM_WARPS = 4
 
 
-@functools.cache
 def kernel_available() -> bool:
     """True when Triton imports and a CUDA device is present."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return triton_on_cuda()
 
 
 def kernel_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from areal_tasks.config.engine import EngineConfig, LoRAConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -22,18 +21,6 @@ from areal_tasks.engine.fsdp.export import iter_full_tensors
 from areal_tasks.engine.fsdp.flat_params import FlatParams
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 from areal_tasks.errors import EngineError
-
-
-def packed_batch(seed: int = 0, n_seqs: int = 6, vocab: int = 200) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 18, (n_seqs,), generator=gen)
-    cu = torch.zeros(n_seqs + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, 0)
-    total = int(cu[-1])
-    mask = torch.ones(total, dtype=torch.int32)
-    mask[cu[:-1].long()] = 0
-    return {"input_ids": torch.randint(0, vocab, (total,), generator=gen), "cu_seqlens": cu, "loss_mask": mask,
-            "advantages": torch.randn(total, generator=gen)}
 
 
 def policy_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
@@ -46,16 +33,6 @@ def weight(mb: dict) -> float:
     return float(mb["loss_mask"].sum())
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    if started:
-        dist.destroy_process_group()
-
-
 def engine(model_dir: str, wrap: str, *, dtype: str = "auto", **overrides) -> FSDPEngine:
     config = EngineConfig(optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.5), micro_batch=MicroBatchSpec(n_mbs=2),
                           fsdp_wrap=wrap, dtype=dtype, **overrides)
@@ -64,7 +41,7 @@ def engine(model_dir: str, wrap: str, *, dtype: str = "auto", **overrides) -> FS
     return built
 
 
-def run(model_dir: str, wrap: str, **kwargs) -> dict:
+def run(model_dir: str, wrap: str, packed_batch, **kwargs) -> dict:
     """Gradients of one batch, two training steps, then a forward and the exported weights."""
     e = engine(model_dir, wrap, **kwargs)
     e.accumulate_gradients(packed_batch(0), policy_loss, weight)
@@ -80,9 +57,9 @@ def run(model_dir: str, wrap: str, **kwargs) -> dict:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])  # recomputed blocks still see the compute copy
-def test_no_fsdp_trains_bit_for_bit_like_one_fsdp_unit(tiny_qwen2, world_of_one, checkpointing) -> None:
-    fsdp = run(str(tiny_qwen2), "root", gradient_checkpointing=checkpointing)
-    flat = run(str(tiny_qwen2), "none", gradient_checkpointing=checkpointing)
+def test_no_fsdp_trains_bit_for_bit_like_one_fsdp_unit(tiny_qwen2, world_of_one, packed_batch, checkpointing) -> None:
+    fsdp = run(str(tiny_qwen2), "root", packed_batch, gradient_checkpointing=checkpointing)
+    flat = run(str(tiny_qwen2), "none", packed_batch, gradient_checkpointing=checkpointing)
     assert flat["kernels"]["fsdp_wrap"] == "none" and flat["types"] == {torch.nn.Parameter}
     assert flat["losses"] == fsdp["losses"]
     for key in ("grads", "forward", "weights"):
@@ -91,8 +68,9 @@ def test_no_fsdp_trains_bit_for_bit_like_one_fsdp_unit(tiny_qwen2, world_of_one,
             torch.testing.assert_close(tensor, fsdp[key][name], atol=0, rtol=0, msg=f"{key} {name}")
 
 
-def test_a_bf16_compute_copy_matches_fsdp_mixed_precision(tiny_qwen2, world_of_one) -> None:
-    fsdp, flat = run(str(tiny_qwen2), "root", dtype="bfloat16"), run(str(tiny_qwen2), "none", dtype="bfloat16")
+def test_a_bf16_compute_copy_matches_fsdp_mixed_precision(tiny_qwen2, world_of_one, packed_batch) -> None:
+    fsdp = run(str(tiny_qwen2), "root", packed_batch, dtype="bfloat16")
+    flat = run(str(tiny_qwen2), "none", packed_batch, dtype="bfloat16")
     assert flat["losses"] == pytest.approx(fsdp["losses"], rel=1e-3)
     for name, grad in flat["grads"].items():
         assert grad.dtype == torch.float32  # fp32 master gradients
@@ -129,7 +107,7 @@ def test_micro_batches_add_up_in_fp32_and_modules_get_the_masters_back(tiny_mode
     assert model.lm_head.weight.dtype == torch.float32  # restored after the error too
 
 
-def test_checkpoint_restores_and_continues_identically(tiny_qwen2, world_of_one, tmp_path) -> None:
+def test_checkpoint_restores_and_continues_identically(tiny_qwen2, world_of_one, packed_batch, tmp_path) -> None:
     first = engine(str(tiny_qwen2), "none")
     first.train_batch(packed_batch(1), policy_loss, weight)
     first.save(str(tmp_path / "ckpt"), "dcp")
@@ -145,8 +123,9 @@ def test_checkpoint_restores_and_continues_identically(tiny_qwen2, world_of_one,
     second.destroy()
 
 
-def test_a_critic_trains_without_fsdp(tiny_qwen2, world_of_one) -> None:
-    fsdp, flat = run(str(tiny_qwen2), "root", value_head=True), run(str(tiny_qwen2), "none", value_head=True)
+def test_a_critic_trains_without_fsdp(tiny_qwen2, world_of_one, packed_batch) -> None:
+    fsdp = run(str(tiny_qwen2), "root", packed_batch, value_head=True)
+    flat = run(str(tiny_qwen2), "none", packed_batch, value_head=True)
     assert flat["losses"] == fsdp["losses"]
 
 

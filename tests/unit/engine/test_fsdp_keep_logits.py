@@ -6,24 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
-
-
-def packed_batch(seed: int = 0, n_seqs: int = 6, vocab: int = 200) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 18, (n_seqs,), generator=gen)
-    cu = torch.zeros(n_seqs + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, 0)
-    total = int(cu[-1])
-    mask = torch.ones(total, dtype=torch.int32)
-    mask[cu[:-1].long()] = 0
-    return {"input_ids": torch.randint(0, vocab, (total,), generator=gen), "cu_seqlens": cu, "loss_mask": mask,
-            "advantages": torch.randn(total, generator=gen)}
 
 
 def policy_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
@@ -32,17 +19,7 @@ def policy_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
     return loss, {"entropy": (outputs["entropy"].detach() * mask).sum() / mask.sum().clamp(min=1.0)}
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    if started:
-        dist.destroy_process_group()
-
-
-def gradients(model_dir: str, keep: bool, *, trainable: bool = True) -> tuple[FSDPEngine, dict, dict]:
+def gradients(model_dir: str, keep: bool, packed_batch, *, trainable: bool = True) -> tuple[FSDPEngine, dict, dict]:
     config = EngineConfig(micro_batch=MicroBatchSpec(n_mbs=2), lm_head_keep_logits=keep)
     engine = FSDPEngine(config, model_dir, parallel=ParallelDims(dp=1), trainable=trainable, grad_entropy=True)
     engine.initialize()
@@ -52,16 +29,16 @@ def gradients(model_dir: str, keep: bool, *, trainable: bool = True) -> tuple[FS
     return engine, stats, engine.full_gradients()
 
 
-def test_kept_logits_train_like_recomputed_ones(tiny_qwen2, world_of_one) -> None:
-    recomputing, want_stats, want = gradients(str(tiny_qwen2), keep=False)
-    keeping, stats, got = gradients(str(tiny_qwen2), keep=True)
+def test_kept_logits_train_like_recomputed_ones(tiny_qwen2, world_of_one, packed_batch) -> None:
+    recomputing, want_stats, want = gradients(str(tiny_qwen2), False, packed_batch)
+    keeping, stats, got = gradients(str(tiny_qwen2), True, packed_batch)
     assert keeping.lm_head is not None and keeping.lm_head.keep_logits
     assert "logits kept" in keeping.kernels["lm_head"] and "logits kept" not in recomputing.kernels["lm_head"]
     assert stats == pytest.approx(want_stats, rel=1e-6, abs=1e-7)
     assert got.keys() == want.keys() and got
     for name, grad in got.items():
         torch.testing.assert_close(grad, want[name], atol=1e-6, rtol=1e-5, msg=name)
-    frozen, _, _ = gradients(str(tiny_qwen2), keep=True, trainable=False)
+    frozen, _, _ = gradients(str(tiny_qwen2), True, packed_batch, trainable=False)
     assert not frozen.lm_head.keep_logits  # a reference model never runs a backward
     for engine in (recomputing, keeping, frozen):
         engine.destroy()
