@@ -245,7 +245,7 @@ class FSDPEngine(TrainEngine):
     def zero_grad(self) -> None:
         self._require_trainable()
         if self._flat is not None:
-            self._flat.zero_grad()  # zeroes the flat buffers (they stay allocated); .grad is None until used
+            self._flat.zero_grad()  # no kernel: the next accumulation overwrites the flat buffer
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -263,8 +263,7 @@ class FSDPEngine(TrainEngine):
         else:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
             stats["update_skipped"] = 1.0
-        if self._flat is None:  # free the gradients until the next step (flat buffers stay allocated)
-            self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         return stats
 
     def full_gradients(self) -> dict[str, torch.Tensor]:

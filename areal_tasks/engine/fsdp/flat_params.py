@@ -16,7 +16,7 @@ while the host did that, and clipping and AdamW then walked 290 DTensor gradient
   the masters by one copy when the step starts;
 - ``compute_grad`` and ``master_grad``: the compute parameters' gradients are views of the first,
   so autograd accumulates into it in place; after each backward one kernel adds it into the
-  second in fp32 (:meth:`accumulate`) and zeroes it. The master parameters' ``.grad`` are then
+  second in fp32 (:meth:`accumulate`; the first after :meth:`zero_grad` copies) and one zeroes it. The master parameters' ``.grad`` are then
   views of ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did.
 
 Tied parameters (Qwen2.5-0.5B's embeddings and LM head) are one master and one compute parameter,
@@ -94,6 +94,8 @@ class FlatParams:
             self._master_grad_views = [view.view(p.shape) for p, view in zip(self.params, self._views(
                 self.master_grad, sizes))]
         self._installed = False
+        #: the master gradients hold nothing yet: the next :meth:`accumulate` writes instead of adding
+        self._fresh = True
 
     @staticmethod
     def _views(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -115,6 +117,11 @@ class FlatParams:
         self._install(self.compute_params)
         try:
             yield
+        except BaseException:
+            if self.trainable:  # a backward cut short may have left gradients that were never accumulated
+                with torch.no_grad():
+                    self.compute_grad.zero_()
+            raise
         finally:
             self._install(self.params)
 
@@ -124,19 +131,22 @@ class FlatParams:
         if not self.trainable:
             raise EngineError("this model was flattened without gradients (trainable=False)")
         with torch.no_grad():
-            self.master_grad.add_(self.compute_grad)
+            if self._fresh:
+                self.master_grad.copy_(self.compute_grad)
+            else:
+                self.master_grad.add_(self.compute_grad)
             self.compute_grad.zero_()
+        self._fresh = False
         self._attach_master_grads()
 
     def zero_grad(self) -> None:
-        """Zero both gradient buffers and detach the master parameters' ``.grad`` until the next
-        :meth:`accumulate` (as ``set_to_none`` would: a checkpoint loader initialises a fresh
-        optimizer's state only while no parameter has a gradient)."""
+        """Forget the master gradients: their ``.grad`` is None until the next :meth:`accumulate`,
+        which overwrites the buffer instead of adding to it (no zeroing kernel), as
+        ``set_to_none`` would (a checkpoint loader initialises a fresh optimizer's state only while
+        no parameter has a gradient)."""
         if not self.trainable:
             return
-        with torch.no_grad():
-            self.master_grad.zero_()
-            self.compute_grad.zero_()
+        self._fresh = True
         for param in self.params:
             param.grad = None
 

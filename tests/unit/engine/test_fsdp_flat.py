@@ -100,8 +100,17 @@ def test_micro_batches_add_up_in_fp32_and_modules_get_the_masters_back(tiny_mode
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and g.dtype == torch.float32 for g in grads)
     assert not flat.compute_grad.any() and flat.master_grad.any()
+    accumulated = flat.master_grad.clone()
     flat.zero_grad()
-    assert not flat.master_grad.any() and all(p.grad is None for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())
+    with flat.computing():  # after zero_grad the next accumulation starts afresh
+        model(input_ids=ids).logits.float().square().mean().backward()
+    flat.accumulate()
+    torch.testing.assert_close(flat.master_grad, accumulated / 2, atol=1e-6, rtol=1e-3)
+    with pytest.raises(RuntimeError, match="cut short"), flat.computing():
+        model(input_ids=ids).logits.float().square().mean().backward()
+        raise RuntimeError("a step cut short after its backward")
+    assert not flat.compute_grad.any()  # nothing half-accumulated leaks into the next step
     with pytest.raises(EngineError, match="not reentrant"), flat.computing(), flat.computing():
         pass
     assert model.lm_head.weight.dtype == torch.float32  # restored after the error too
