@@ -18,7 +18,8 @@
 # decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
 # LM head's logits kept for the backward), train_flat (4 blocks a graph, logits kept, and no FSDP:
 # fsdp_wrap=none), train_eager (the same without torch.compile),
-# train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu), bcast (NCCL broadcast between
+# train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu),
+# flatgpu (fsdp_wrap=none against one FSDP unit on a GPU), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
@@ -144,6 +145,7 @@ for p in "$@"; do
         wrap) dp2_wraps 200 ;;
         gputests) part gputests 420 python -m pytest -q -m gpu tests/gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         fsdpgpu) part fsdpgpu 150 python -m pytest -q tests/gpu/test_fsdp_gpu.py ;;
+        flatgpu) part flatgpu 240 python -m pytest -q tests/gpu/test_flat_params_gpu.py ;;
         bcast) part bcast 120 python benchmarks/weight_broadcast.py ;;
         *) echo "unknown part $p" ;;
     esac

@@ -96,7 +96,8 @@ class EngineConfig:
     #: wrapper), so fewer calls leave the GPU less idle (0.5B shape on an H200: 70,663 tokens/s at
     #: 1, 72,829 at 2, 76,999 at 4). Every group shares one graph, but it takes about this many
     #: times as long to compile (4: about two minutes more). More than 1 needs the model as one
-    #: FSDP unit (``fsdp_wrap`` resolving to ``root``): per-block units run hooks around every block.
+    #: FSDP unit or none (``fsdp_wrap`` resolving to ``root`` or ``none``): per-block units run hooks
+    #: around every block.
     compile_blocks_per_graph: int = 1
     #: the actor's chunked LM head keeps each micro-batch's logits (``tokens x vocabulary`` in the
     #: compute dtype: 5 GB for 16K tokens of Qwen2.5's 151,936-token vocabulary in bf16) from the
