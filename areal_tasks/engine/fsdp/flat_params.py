@@ -101,10 +101,6 @@ class FlatParams:
     def _views(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
         return list(torch.split(flat, sizes))
 
-    @property
-    def numel(self) -> int:
-        return self.master.numel()
-
     # ------------------------------------------------------------------ steps
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
