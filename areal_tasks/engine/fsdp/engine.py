@@ -202,9 +202,8 @@ class FSDPEngine(TrainEngine):
         # one FSDP unit: gather (and cast) the parameters once a step, not once a micro-batch; the
         # last backward reshards (also after an error, so no later step keeps them gathered)
         keep_gathered = backward and self._fsdp_wrap == "root" and len(device_mbs) > 1
-        computing = self._flat.computing() if self._flat is not None else contextlib.nullcontext()
         try:
-            with computing:
+            with self._computing():
                 for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
                     if keep_gathered:
                         self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
@@ -229,6 +228,11 @@ class FSDPEngine(TrainEngine):
         result: TrainStats = {k: v / total_weight for k, v in zip(keys, reduced)}
         result["n_tokens"] = n_tokens
         return result
+
+    def _computing(self) -> contextlib.AbstractContextManager[None]:
+        """Around a step's forwards and backwards: with ``fsdp_wrap=none`` the modules hold the
+        compute-dtype copy of the weights (``flat_params.py``); with FSDP nothing (its hooks do it)."""
+        return self._flat.computing() if self._flat is not None else contextlib.nullcontext()
 
     def accumulate_gradients(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
         """Forward/backward of ``batch`` into the gradients, without stepping (``train_batch`` minus the step).
@@ -289,8 +293,7 @@ class FSDPEngine(TrainEngine):
         self._require_init()
         self.model.eval()
         plan, device_mbs, bounds = self._plan(batch)
-        computing = self._flat.computing() if self._flat is not None else contextlib.nullcontext()
-        with torch.no_grad(), computing:
+        with torch.no_grad(), self._computing():
             outs = [self.forward_mb(mb, with_entropy=with_entropy, bounds=b) for mb, b in zip(device_mbs, bounds)]
         return {key: plan.merge([o[key] for o in outs]) for key in outs[0]}
 
