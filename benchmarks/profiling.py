@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["KERNEL_KINDS", "busy_fraction", "device_kernels", "device_time_by_kind", "idle_gaps", "kernel_kind",
-           "kernel_table", "print_kernel_table"]
+           "kernel_table", "print_kernel_table", "top_kernels_by_kind"]
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
 KERNEL_KINDS: list[tuple[str, str]] = [
@@ -43,6 +43,19 @@ def device_time_by_kind(events) -> dict[str, float]:
         kind = kernel_kind(event.name)
         totals[kind] = totals.get(kind, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def top_kernels_by_kind(events, top: int = 5) -> dict[str, list[dict]]:
+    """For each :func:`kernel_kind`, its ``top`` costliest kernel names with their milliseconds and
+    launches (``events`` is ``prof.events()``): what a kind's time, ``other`` above all, is made of."""
+    totals: dict[str, dict[str, list[float]]] = {}
+    for event in device_kernels(events):
+        entry = totals.setdefault(kernel_kind(event.name), {}).setdefault(event.name, [0.0, 0])
+        entry[0] += (event.time_range.end - event.time_range.start) / 1e3
+        entry[1] += 1
+    return {kind: [{"kernel": name, "ms": ms, "launches": int(count)}
+                   for name, (ms, count) in sorted(names.items(), key=lambda item: -item[1][0])[:top]]
+            for kind, names in totals.items()}
 
 
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:

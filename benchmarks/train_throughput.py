@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from profiling import busy_fraction, device_kernels, device_time_by_kind, idle_gaps  # benchmarks/ is the script's directory, first on sys.path
+from profiling import busy_fraction, device_kernels, device_time_by_kind, idle_gaps, top_kernels_by_kind  # benchmarks/ is the script's directory, first on sys.path
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -124,7 +124,8 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
 
 def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators and
-    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction", "device_ms_by_kind", "idle_gaps"}`` (None on
+    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels",
+    "idle_gaps"}`` (None on
     CPU). Busy time counts device kernels only, not the device-side spans of annotated regions."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -155,6 +156,9 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
           f"({100 * fraction:.1f} %)")
     summary["device_ms_by_kind"] = device_time_by_kind(events)
     print("device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items()))
+    summary["device_top_kernels"] = top_kernels_by_kind(events)
+    for kind, rows in summary["device_top_kernels"].items():
+        print(f"  {kind}: " + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}" for r in rows))
     summary["idle_gaps"] = idle_gaps(events)
     print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
     for gap in summary["idle_gaps"]:

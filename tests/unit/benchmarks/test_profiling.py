@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from benchmarks.profiling import busy_fraction, device_kernels, device_time_by_kind, kernel_kind
+from benchmarks.profiling import busy_fraction, device_kernels, device_time_by_kind, kernel_kind, top_kernels_by_kind
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -44,3 +44,16 @@ def test_device_time_sums_kernels_by_kind_and_ignores_host_events_and_annotation
     assert device_time_by_kind(events) == {"matmul": 2.0, "attention": 0.5}
     assert [e.name for e in device_kernels(events)] == ["nvjet_a", "nvjet_b", "flash_fwd_kernel"]
     assert busy_fraction([(0, 1500), (1000, 2500)], 0, 5000) == pytest.approx(0.5)
+
+
+def test_top_kernels_by_kind_lists_each_kinds_costliest_names() -> None:
+    def kernel(name: str, start: float, end: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, time_range=SimpleNamespace(start=start, end=end),
+                               is_user_annotation=False)
+
+    events = [kernel("nvjet_a", 0, 1000), kernel("nvjet_b", 1000, 4000), kernel("nvjet_a", 4000, 5000),
+              kernel("void at::native::embedding_backward_feature_kernel<float>", 5000, 5500)]
+    top = top_kernels_by_kind(events, top=1)
+    assert top["matmul"] == [{"kernel": "nvjet_b", "ms": 3.0, "launches": 1}]
+    assert top["other"][0]["launches"] == 1 and top["other"][0]["ms"] == 0.5
+    assert top_kernels_by_kind(events)["matmul"][1] == {"kernel": "nvjet_a", "ms": 2.0, "launches": 2}
