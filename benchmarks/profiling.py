@@ -9,7 +9,7 @@ __all__ = ["KERNEL_KINDS", "busy_fraction", "device_kernels", "device_time_by_ki
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
 KERNEL_KINDS: list[tuple[str, str]] = [
-    ("attention", r"flash|fmha|attention"),  # before matmul: flash kernels' names carry cutlass types
+    ("attention", r"flash|fmha|attention|sdpa"),  # before matmul: flash and cuDNN kernels' names carry cutlass/sm90 types
     ("matmul", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|splitK"),
     ("lm_head soft-max", r"partial_stats|combine_stats|logit_grad|logsumexp|_exp_gather|arange_eq_exp"),
     ("optimizer and clipping", r"adam|multi_tensor|foreach|norm_kernel|lpnorm"),

@@ -3,7 +3,11 @@
 A randomly initialised model of the chosen shape (``qwen2.5-0.5b``: hidden 896, 24 layers, 14 heads,
 2 KV heads, intermediate 4864, vocab 151936, tied embeddings; ``tiny`` for a CPU smoke run) trains
 on batches of long-tailed sequence lengths (lognormal, clipped to ``[32, tokens_per_mb]``, as RL
-rollouts produce) packed into micro-batches of at most ``--tokens-per-mb`` tokens. After
+rollouts produce) packed into micro-batches of at most ``--tokens-per-mb`` tokens. A batch holds
+``--mbs-per-step`` micro-batches' worth of tokens; the sequences that the engine's packing would put
+in a further, nearly empty micro-batch (a long-tail mix never packs exactly) are left out, so a step
+runs exactly ``--mbs-per-step`` micro-batches (``--spill`` keeps them: a sliver micro-batch of
+38-188 tokens a step, as every run before the eighth session had). After
 ``--warmup`` steps, ``--steps`` timed ``train_batch`` calls (forward, backward, clipping, AdamW)
 are measured.
 
@@ -57,6 +61,7 @@ from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+from areal_tasks.engine.microbatch import split_into_micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +108,23 @@ def long_tail_batch(total_tokens: int, max_len: int, vocab: int, seed: int) -> d
         "loss_mask": torch.ones(total, dtype=torch.int32),
         "advantages": torch.randn(total, generator=gen),
     }
+
+
+def fill_micro_batches(batch: dict[str, torch.Tensor], spec: MicroBatchSpec, n_mbs: int) -> dict[str, torch.Tensor]:
+    """``batch`` without the sequences the engine's packing puts after its first ``n_mbs``
+    micro-batches (first-fit decreasing leaves later bins' placements unchanged, so the rest packs
+    into exactly ``n_mbs``)."""
+    from areal_tasks.engine.microbatch import select_sequences
+
+    plan = split_into_micro_batches(batch, spec)
+    if plan.n_micro_batches <= n_mbs:
+        return batch
+    kept = sorted(i for indices in plan.indices[:n_mbs] for i in indices)
+    filled = select_sequences(batch, kept)
+    repacked = split_into_micro_batches(filled, spec).n_micro_batches
+    if repacked != n_mbs:
+        raise RuntimeError(f"the kept sequences pack into {repacked} micro-batches, not {n_mbs}")
+    return filled
 
 
 def pg_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
@@ -201,6 +223,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _device_allocations() -> int:
+    """How many times the caching allocator has asked the driver for memory (cudaMalloc) so far;
+    0 without CUDA. Growing during timed steps means shapes the cache could not serve."""
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+
+
 def _init_distributed() -> None:
     """``env://`` under torchrun, else a world of one."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -238,7 +268,11 @@ def run(args: argparse.Namespace) -> dict:
     n_params = sum(p.numel() for p in engine.model.parameters())  # DTensor numel is the global size
     batches = [long_tail_batch(args.mbs_per_step * tokens_per_mb, tokens_per_mb, shape["vocab_size"],
                                seed=1000 * step + info.dp_rank) for step in range(args.warmup + args.steps)]
+    if not args.spill:
+        batches = [fill_micro_batches(b, cfg.micro_batch, args.mbs_per_step) for b in batches]
+    mbs_run = [split_into_micro_batches(b, cfg.micro_batch).n_micro_batches for b in batches[args.warmup:]]
     times, tokens, flops = [], [], []
+    allocs_before = _device_allocations()
     graphs_after_warmup = 0
     profile_summary = None
     for step, batch in enumerate(batches):
@@ -258,6 +292,7 @@ def run(args: argparse.Namespace) -> dict:
                                    dtype=torch.float64, device=engine.device)
             dist.all_reduce(step_fl)
             flops.append(float(step_fl))
+    device_allocs = _device_allocations() - allocs_before
     gpus = world
     tokens_per_s = sum(tokens) / sum(times)
     mfu = sum(flops) / sum(times) / (args.peak_flops * gpus)
@@ -275,6 +310,9 @@ def run(args: argparse.Namespace) -> dict:
         "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": args.compile_blocks_per_graph,
         "lm_head_keep_logits": args.lm_head_keep_logits,
         "step_times_s": times,
+        "micro_batches_per_step": mbs_run, "spill": args.spill,
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "device_allocations_in_timed_steps": device_allocs,
         "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
                    _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
         "profile": profile_summary,
@@ -312,6 +350,9 @@ def main() -> None:
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root", "none"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise; none = no FSDP on one rank)")
+    parser.add_argument("--spill", action="store_true",
+                        help="keep every generated sequence, even those that spill into a nearly empty extra "
+                             "micro-batch (the setting of the runs before the eighth session)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one extra step: the top operators, the GPU-busy fraction and every "
                              "host-device synchronisation with the Python line that caused it")
@@ -332,6 +373,9 @@ def main() -> None:
                  f" ({result['dynamo']['graphs_compiled_in_timed_steps']} compiled in the timed steps)"),
                 ("step times", " ".join(f"{t:.3f}" for t in result["step_times_s"])),
                 ("tokens/step", f"{result['tokens_per_step']:.0f}"),
+                ("micro-batches/step", " ".join(str(n) for n in result["micro_batches_per_step"])
+                 + (" (spilled)" if result["spill"] else "")),
+                ("cudaMalloc in timed steps", str(result["device_allocations_in_timed_steps"])),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
                 ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]
@@ -345,7 +389,9 @@ def main() -> None:
             f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}"
             f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}"
             f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}"
-            f"{'_kept_logits' if args.lm_head_keep_logits else ''}.json"
+            f"{'_kept_logits' if args.lm_head_keep_logits else ''}"
+            f"{'_' + args.attn_implementation if args.attn_implementation else ''}"
+            f"{'_spill' if args.spill else ''}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.engine.fsdp.attention import (
     VARLEN_ATTN,
+    VARLEN_CUDNN_ATTN,
     flash_attn_installed,
     register_varlen_attention,
+    register_varlen_cudnn_attention,
     varlen_api_available,
 )
 from areal_tasks.engine.fsdp.compile import (
@@ -130,12 +132,18 @@ def _gpu_bytes(device: torch.device) -> int | None:
 def _attn_implementation(requested: str | None, sp: int, device: torch.device) -> str:
     """The attention the model is loaded with.
 
-    ``sp > 1``: the Ulysses attention. Otherwise the requested one, or by default: flash-attn's
+    ``areal_varlen_cudnn`` (asked for by name; CUDA, sp=1): the engine's varlen attention with
+    cuDNN's fused kernel. ``sp > 1``: the Ulysses attention. Otherwise the requested one, or by default: flash-attn's
     ``flash_attention_2`` on CUDA when installed, else the engine's ``areal_varlen`` (on CUDA torch's
     varlen flash kernel, on CPU one SDPA call per sequence; see ``attention.py``), else (CUDA with a
     torch without the varlen API) transformers' ``sdpa``, which builds the block-diagonal mask from
     the packed position ids.
     """
+    if requested == VARLEN_CUDNN_ATTN:
+        if sp > 1 or device.type != "cuda":
+            raise EngineError(f"attn_implementation={VARLEN_CUDNN_ATTN!r} needs CUDA and sp=1 (got {device.type}, "
+                              f"sp={sp}); use {VARLEN_ATTN!r}")
+        return register_varlen_cudnn_attention()
     if sp > 1:
         if requested not in (None, "sdpa", "flash_attention_2", VARLEN_ATTN):
             raise EngineError(f"sequence parallelism brings its own attention; attn_implementation={requested!r}")

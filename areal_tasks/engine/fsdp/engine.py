@@ -254,8 +254,6 @@ class FSDPEngine(TrainEngine):
             self.optimizer.zero_grad(set_to_none=True)
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
-        import torch
-
         self.zero_grad()
         stats = self.accumulate_gradients(batch, loss_fn, loss_weight_fn)
         grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))  # one read-back

@@ -128,7 +128,6 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """The L2 norm of all gradients of ``params`` across every shard (fp32 scalar, same on all ranks)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     # Keyed by a rank-independent description of (mesh, sharded dims), so every rank issues the
     # same all-reduces in the same order.
@@ -183,7 +182,6 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     decides to skip the step.
     """
     import torch
-    from torch.distributed.tensor import DTensor
 
     norm = global_grad_norm(params)
     if max_norm > 0:

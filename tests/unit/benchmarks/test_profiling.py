@@ -17,6 +17,7 @@ from benchmarks.profiling import busy_fraction, device_kernels, device_time_by_k
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64, 128, 128, 8, "
      "2, 4, 2, false, false, cutlass::bfloat16_t>>", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0", "attention"),
     ("partial_stats_kernel", "lm_head soft-max"),
     ("logit_grad_kernel", "lm_head soft-max"),
     ("triton_red_fused__to_copy_exp_gather_logsumexp_mul_squeeze_0", "lm_head soft-max"),

@@ -1,0 +1,156 @@
+"""Varlen attention kernels on packed micro-batches: torch's flash kernel against cuDNN's fused
+attention (``areal_tasks/engine/fsdp/cudnn_attention.py``), forward and forward+backward.
+
+The layer is the Qwen2.5-0.5B shape's (14 query heads, 2 key/value heads, head dimension 64, bf16).
+Length mixes: the train benchmark's long-tail micro-batch of 16K tokens (the first of its first
+step's two), the same tokens as 4 sequences of 4,096, and 64 sequences of 256. For each kernel the
+median of ``--iters`` timed calls (CUDA events), the attention TFLOP/s (causal: ``2 x 2 x H x D x
+sum(L^2) / 2`` forward, 2.5 times that backward), and the largest difference of its output and
+gradients from the flash kernel's and from an fp32 per-sequence reference.
+
+Prints a table and writes ``benchmarks/results/varlen_attention.json``. Needs CUDA.
+
+Usage::
+
+    python benchmarks/varlen_attention.py [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_throughput import fill_micro_batches, long_tail_batch  # noqa: E402  (benchmarks/ sibling)
+
+from areal_tasks.config.micro_batch import MicroBatchSpec  # noqa: E402
+from areal_tasks.engine.fsdp.attention import varlen_packed  # noqa: E402
+from areal_tasks.engine.fsdp.cudnn_attention import cudnn_varlen_packed, register_cudnn_ops  # noqa: E402
+from areal_tasks.engine.microbatch import split_into_micro_batches  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "varlen_attention.json"
+HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
+
+
+def length_mixes(tokens: int) -> dict[str, list[int]]:
+    spec = MicroBatchSpec(n_mbs=1, max_tokens_per_mb=tokens)
+    batch = fill_micro_batches(long_tail_batch(2 * tokens, tokens, 1000, seed=0), spec, 2)
+    cu = split_into_micro_batches(batch, spec).micro_batches[0]["cu_seqlens"]
+    long_tail = (cu[1:] - cu[:-1]).tolist()
+    return {"long-tail 16K": long_tail, "4 x 4096": [tokens // 4] * 4, "64 x 256": [tokens // 64] * 64}
+
+
+def attention_flops(lengths: list[int]) -> float:
+    """Forward FLOPs of causal attention (score and value matmuls, half the square)."""
+    return 2 * 2 * HEADS * HEAD_DIM * sum(n * n for n in lengths) / 2
+
+
+def _reference(q, k, v, lengths, scale):
+    outs, start = [], 0
+    for n in lengths:
+        qs, ks, vs = (t[start:start + n].float().transpose(0, 1) for t in (q, k, v))
+        rep = HEADS // KV_HEADS
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            qs, ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0), is_causal=True, scale=scale
+        ).transpose(0, 1))
+        start += n
+    return torch.cat(outs)
+
+
+def _time(fn: Callable[[], object], iters: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` calls after two warm-up calls."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
+    device = torch.device("cuda")
+    total, scale = sum(lengths), HEAD_DIM**-0.5
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(total, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(total, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
+    grad = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    max_len = max(lengths)
+    kernels = {
+        "flash": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale),
+        "cudnn": lambda a, b, c: cudnn_varlen_packed(a, b, c, cu, max_len, scaling=scale),
+    }
+    reference = _reference(q, k, v, lengths, scale)
+    fwd_flops = attention_flops(lengths)
+    results, outputs = [], {}
+    for kernel, fn in kernels.items():
+        row = {"mix": name, "kernel": kernel, "tokens": total, "sequences": len(lengths), "max_len": max_len}
+        try:
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*leaves)
+            grads = torch.autograd.grad(out, leaves, grad)
+            outputs[kernel] = (out.detach(), grads)
+            with torch.no_grad():
+                row["forward_ms"] = _time(lambda: fn(q, k, v), iters)
+
+            def forward_backward():
+                ls = [t.detach().requires_grad_() for t in (q, k, v)]
+                torch.autograd.grad(fn(*ls), ls, grad)
+
+            row["forward_backward_ms"] = _time(forward_backward, iters)
+            row["forward_tflops"] = fwd_flops / row["forward_ms"] / 1e9
+            row["forward_backward_tflops"] = 3.5 * fwd_flops / row["forward_backward_ms"] / 1e9
+            row["max_abs_diff_vs_fp32"] = float((out.float() - reference).abs().max())
+            if kernel != "flash" and "flash" in outputs:
+                ref_out, ref_grads = outputs["flash"]
+                row["max_abs_diff_vs_flash"] = {
+                    "out": float((out.float() - ref_out.float()).abs().max()),
+                    **{f"d{n}": float((g.float() - r.float()).abs().max()) for n, g, r in zip("qkv", grads, ref_grads)},
+                }
+        except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        results.append(row)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("varlen_attention.py needs CUDA (it times GPU kernels)")
+    register_cudnn_ops()
+    rows = [row for name, lengths in length_mixes(args.tokens).items() for row in run_mix(name, lengths, args.iters)]
+    print(f"{'mix':<14} {'kernel':<6} {'seqs':>5} {'fwd ms':>8} {'TFLOP/s':>8} {'f+b ms':>8} {'TFLOP/s':>8} "
+          f"{'vs fp32':>8}  vs flash (out/dq/dk/dv)")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mix']:<14} {r['kernel']:<6} {r['sequences']:>5}  {r['error']}")
+            continue
+        diffs = r.get("max_abs_diff_vs_flash")
+        print(f"{r['mix']:<14} {r['kernel']:<6} {r['sequences']:>5} {r['forward_ms']:>8.3f} {r['forward_tflops']:>8.1f} "
+              f"{r['forward_backward_ms']:>8.3f} {r['forward_backward_tflops']:>8.1f} {r['max_abs_diff_vs_fp32']:>8.4f}  "
+              + ("/".join(f"{v:.3g}" for v in diffs.values()) if diffs else "-"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "cudnn": torch.backends.cudnn.version(), "heads": HEADS, "kv_heads": KV_HEADS,
+                                    "head_dim": HEAD_DIM, "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
