@@ -17,9 +17,8 @@
 # train (train throughput, 1 GPU, compiled, profiled; TRAIN_ARGS adds options), train_groups (the same with 4
 # decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
 # LM head's logits kept for the backward), train_flat (4 blocks a graph, logits kept, and no FSDP:
-# fsdp_wrap=none), train_cudnn (train_flat with cuDNN's varlen attention), attnbench (flash against
-# cuDNN varlen attention kernels, benchmarks/varlen_attention.py), cudnnattn (the cuDNN attention's
-# GPU tests), train_eager (the same without torch.compile),
+# fsdp_wrap=none), attnbench (the varlen flash attention by length mix, benchmarks/varlen_attention.py),
+# train_eager (train without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu),
 # flatgpu (fsdp_wrap=none against one FSDP unit on a GPU), bcast (NCCL broadcast between
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
@@ -138,11 +137,7 @@ for p in "$@"; do
             --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} ${TRAIN_ARGS:-} ;;
         train_flat) part train1_flat 300 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
             --fsdp-wrap none --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} --lm-head-keep-logits ${TRAIN_ARGS:-} ;;
-        train_cudnn) part train1_cudnn 300 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
-            --fsdp-wrap none --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} --lm-head-keep-logits \
-            --attn-implementation areal_varlen_cudnn ${TRAIN_ARGS:-} ;;
         attnbench) part attnbench 150 python benchmarks/varlen_attention.py ;;
-        cudnnattn) part cudnnattn 240 python -m pytest -q tests/gpu/test_cudnn_attention_gpu.py ;;
         train_kept) part train1_kept 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
             --lm-head-keep-logits ${TRAIN_ARGS:-} ;;
         train_eager) part train1_eager 120 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --compile off \

@@ -223,12 +223,16 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _device_allocations() -> int:
-    """How many times the caching allocator has asked the driver for memory (cudaMalloc) so far;
-    0 without CUDA. Growing during timed steps means shapes the cache could not serve."""
+def _allocator_counts() -> dict[str, int]:
+    """The caching allocator's driver calls so far: ``cudaMalloc`` (``num_device_alloc``),
+    ``cudaFree`` (``num_device_free``) and the retries after an allocation failed and the cache
+    was emptied (``num_alloc_retries``); zeros without CUDA. Growing during timed steps means
+    shapes the cache could not serve."""
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
     if not torch.cuda.is_available():
-        return 0
-    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+        return dict.fromkeys(keys, 0)
+    stats = torch.cuda.memory_stats()
+    return {key: int(stats.get(key, 0)) for key in keys}
 
 
 def _init_distributed() -> None:
@@ -272,7 +276,7 @@ def run(args: argparse.Namespace) -> dict:
         batches = [fill_micro_batches(b, cfg.micro_batch, args.mbs_per_step) for b in batches]
     mbs_run = [split_into_micro_batches(b, cfg.micro_batch).n_micro_batches for b in batches[args.warmup:]]
     times, tokens, flops = [], [], []
-    allocs_before = _device_allocations()
+    allocator_before = _allocator_counts()
     graphs_after_warmup = 0
     profile_summary = None
     for step, batch in enumerate(batches):
@@ -292,7 +296,7 @@ def run(args: argparse.Namespace) -> dict:
                                    dtype=torch.float64, device=engine.device)
             dist.all_reduce(step_fl)
             flops.append(float(step_fl))
-    device_allocs = _device_allocations() - allocs_before
+    allocator_calls = {k: v - allocator_before[k] for k, v in _allocator_counts().items()}
     gpus = world
     tokens_per_s = sum(tokens) / sum(times)
     mfu = sum(flops) / sum(times) / (args.peak_flops * gpus)
@@ -312,7 +316,7 @@ def run(args: argparse.Namespace) -> dict:
         "step_times_s": times,
         "micro_batches_per_step": mbs_run, "spill": args.spill,
         "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "device_allocations_in_timed_steps": device_allocs,
+        "allocator_calls_in_timed_steps": allocator_calls,
         "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
                    _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
         "profile": profile_summary,
@@ -375,7 +379,8 @@ def main() -> None:
                 ("tokens/step", f"{result['tokens_per_step']:.0f}"),
                 ("micro-batches/step", " ".join(str(n) for n in result["micro_batches_per_step"])
                  + (" (spilled)" if result["spill"] else "")),
-                ("cudaMalloc in timed steps", str(result["device_allocations_in_timed_steps"])),
+                ("allocator in timed steps", "cudaMalloc {num_device_alloc}, cudaFree {num_device_free}, "
+                 "retries {num_alloc_retries}".format(**result["allocator_calls_in_timed_steps"])),
                 ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
                 ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
                 ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]

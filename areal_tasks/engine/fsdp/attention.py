@@ -7,8 +7,7 @@ applies:
 
 * CUDA with flash-attn installed: ``flash_attn_varlen_func`` (one kernel, no mask);
 * CUDA, fp16/bf16, no dropout: torch's own flash kernel through ``torch.nn.attention.varlen``
-  (:func:`varlen_packed`; torch >= 2.10, no extra package), or with ``kernel="cudnn"`` cuDNN's
-  fused attention over ragged sequences (``cudnn_attention.py``; also no sliding window);
+  (:func:`varlen_packed`; torch >= 2.10, no extra package);
 * off CUDA: one causal SDPA call per sequence (``sum(L^2)`` work; a ``T x T`` mask over a
   micro-batch of many short sequences cost most of a CPU training step);
 * otherwise (CUDA with fp32, dropout, or a torch without the varlen API): one SDPA call with a
@@ -16,7 +15,7 @@ applies:
 
 Without sequence parallelism the engine registers :func:`varlen_attention_forward` with transformers
 as ``attn_implementation="areal_varlen"`` (the default on CPU, and on CUDA when flash-attn is absent,
-see ``build.py``), and the same with cuDNN's kernel as ``areal_varlen_cudnn`` (CUDA only): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
+see ``build.py``): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
 (``cu_seq_lens_q``, ``max_length_q``, ``areal_seq_bounds``) and calls ``packed_attention``.
 transformers' own ``sdpa`` would build the same ``T x T`` mask from the position ids; measured on one
 H200 (Qwen2.5-0.5B shape, 16K-token micro-batches, long-tail lengths, torch 2.11) the block-mask
@@ -48,9 +47,6 @@ logger = logging.getLogger(__name__)
 
 BOUNDS_KWARG = "areal_seq_bounds"
 VARLEN_ATTN = "areal_varlen"
-VARLEN_CUDNN_ATTN = "areal_varlen_cudnn"
-#: the engine's packed-sequence attentions (run inside compiled decoder blocks on CUDA)
-VARLEN_ATTNS = (VARLEN_ATTN, VARLEN_CUDNN_ATTN)
 
 #: largest head dimension the flash kernels take.
 _MAX_FLASH_HEAD_DIM = 256
@@ -207,20 +203,9 @@ def _max_len(cu_seqlens: torch.Tensor, bounds: tuple[int, ...] | None, max_len: 
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())  # reads a device value back: pass bounds instead
 
 
-def packed_kernel(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | None = None,
-                  prefer: str = "flash") -> str:
-    """Which kernel :func:`packed_attention` uses for ``q``: ``cudnn`` (when preferred; an
-    :class:`EngineError` where it cannot run), ``flash_attn``, ``varlen``, ``per_sequence`` (off
-    CUDA) or ``block_mask``."""
-    if prefer == "cudnn":
-        from areal_tasks.engine.fsdp.cudnn_attention import cudnn_varlen_supported
-
-        if not cudnn_varlen_supported(q, dropout, sliding_window):
-            raise EngineError(
-                f"{VARLEN_CUDNN_ATTN} attention needs CUDA with cuDNN, fp16/bf16, no attention dropout, no sliding "
-                f"window and a head dimension of at most 128 (got {q.device.type}, {q.dtype}, dropout {dropout}, "
-                f"window {sliding_window}, head dim {q.shape[-1]}); use {VARLEN_ATTN!r} instead")
-        return "cudnn"
+def packed_kernel(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | None = None) -> str:
+    """Which kernel :func:`packed_attention` uses for ``q``: ``flash_attn``, ``varlen``,
+    ``per_sequence`` (off CUDA) or ``block_mask``."""
     if q.is_cuda and flash_attn_installed():
         return "flash_attn"
     if varlen_supported(q, dropout, sliding_window):
@@ -259,24 +244,16 @@ def packed_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
-    prefer: str = "flash",
 ) -> torch.Tensor:
     """Block-diagonal causal attention of ``[1, H, T, D]`` tensors (``k``/``v`` may have fewer heads).
 
-    ``bounds`` (the host copy of ``cu_seqlens``) or ``max_len`` spare a device-to-host read;
-    ``prefer="cudnn"`` runs cuDNN's kernel (see :func:`packed_kernel`).
+    ``bounds`` (the host copy of ``cu_seqlens``) or ``max_len`` spare a device-to-host read.
     """
     import torch
 
     if q.shape[0] != 1:
         raise EngineError(f"packed attention expects one packed row, got batch size {q.shape[0]}")
-    kernel = packed_kernel(q, dropout, sliding_window, prefer)
-    if kernel == "cudnn":
-        from areal_tasks.engine.fsdp.cudnn_attention import cudnn_varlen_packed
-
-        out = cudnn_varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens,
-                                  _max_len(cu_seqlens, bounds, max_len), scaling=scaling)
-        return out.transpose(0, 1).unsqueeze(0)
+    kernel = packed_kernel(q, dropout, sliding_window)
     if kernel == "flash_attn":
         return _flash_varlen(q, k, v, cu_seqlens.to(torch.int32), _max_len(cu_seqlens, bounds, max_len),
                              scaling, dropout, sliding_window)
@@ -307,40 +284,7 @@ def varlen_attention_forward(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``areal_varlen``: :func:`_packed_forward` with torch's flash kernel on CUDA."""
-    return _packed_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window,
-                           "flash", kwargs)
-
-
-def varlen_cudnn_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``areal_varlen_cudnn``: :func:`_packed_forward` with cuDNN's fused attention."""
-    return _packed_forward(module, query, key, value, attention_mask, dropout, scaling, sliding_window,
-                           "cudnn", kwargs)
-
-
-def _packed_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float,
-    scaling: float | None,
-    sliding_window: int | None,
-    prefer: str,
-    kwargs: dict[str, Any],
-) -> tuple[torch.Tensor, None]:
-    """transformers attention interface of the engine's attentions: ``[B, H, S, D]`` in, ``[B, S, H, D]`` out.
+    """transformers attention interface of ``areal_varlen``: ``[B, H, S, D]`` in, ``[B, S, H, D]`` out.
 
     With ``cu_seq_lens_q`` in the kwargs (the engine's packed micro-batches, one row) it runs
     :func:`packed_attention`. Without it (a plain call of the model) every row is one causal
@@ -352,7 +296,7 @@ def _packed_forward(
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
         if attention_mask is not None:
-            raise EngineError(f"{VARLEN_ATTN}/{VARLEN_CUDNN_ATTN} attention takes packed sequences (cu_seq_lens_q), not an attention "
+            raise EngineError(f"{VARLEN_ATTN} attention takes packed sequences (cu_seq_lens_q), not an attention "
                               "mask; use attn_implementation='sdpa' for padded batches")
         rep = query.shape[1] // key.shape[1]
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -363,7 +307,7 @@ def _packed_forward(
         return out.transpose(1, 2), None
     out = packed_attention(
         query, key, value, cu, bounds=kwargs.get(BOUNDS_KWARG), max_len=kwargs.get("max_length_q"),
-        scaling=scaling, dropout=drop, sliding_window=sliding_window, prefer=prefer,
+        scaling=scaling, dropout=drop, sliding_window=sliding_window,
     )
     return out.transpose(1, 2), None
 
@@ -394,12 +338,3 @@ def register_attention(name: str, forward: Any) -> str:
 def register_varlen_attention() -> str:
     """Register :func:`varlen_attention_forward` as ``areal_varlen``; returns the name."""
     return register_attention(VARLEN_ATTN, varlen_attention_forward)
-
-
-def register_varlen_cudnn_attention() -> str:
-    """Register :func:`varlen_cudnn_attention_forward` as ``areal_varlen_cudnn`` (and cuDNN's
-    custom ops, in eager code); returns the name."""
-    from areal_tasks.engine.fsdp.cudnn_attention import register_cudnn_ops
-
-    register_cudnn_ops()
-    return register_attention(VARLEN_CUDNN_ATTN, varlen_cudnn_attention_forward)

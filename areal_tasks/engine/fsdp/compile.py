@@ -62,7 +62,7 @@ def should_compile(setting: str, device: torch.device, *, tp: int, lora: bool) -
 
 def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, device_type: str) -> str:
     """``blocks`` or ``pointwise`` for ``EngineConfig.compile_scope`` (see the module docstring)."""
-    from areal_tasks.engine.fsdp.attention import VARLEN_ATTNS
+    from areal_tasks.engine.fsdp.attention import VARLEN_ATTN
 
     if setting not in ("auto", "blocks", "pointwise"):
         raise EngineError(f"compile_scope must be auto, blocks or pointwise, got {setting!r}")
@@ -74,7 +74,7 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
                               "set compile_scope to pointwise or auto")
         return "pointwise"
     # the engine's varlen attention traces on CUDA; on CPU it runs per sequence from the host bounds
-    if setting == "blocks" or (attn_implementation in VARLEN_ATTNS and device_type == "cuda"):
+    if setting == "blocks" or (attn_implementation == VARLEN_ATTN and device_type == "cuda"):
         return "blocks"
     return "pointwise"
 

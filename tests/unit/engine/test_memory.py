@@ -83,6 +83,10 @@ def test_fsdp_wrap_resolves_by_shard_group_size() -> None:
     from areal_tasks.engine.fsdp.build import resolve_fsdp_wrap
 
     assert [resolve_fsdp_wrap("auto", n) for n in (1, 2, 8)] == ["root", "block", "block"]
+    # one GPU without tp, LoRA or offload: no FSDP at all (flat buffers)
+    assert resolve_fsdp_wrap("auto", 1, flat_capable=True) == "none"
+    assert resolve_fsdp_wrap("auto", 2, flat_capable=True, unsharded_bytes=1, device_bytes=10**9) == "root"
+    assert resolve_fsdp_wrap("root", 1, flat_capable=True) == "root"
     # several ranks: one unit when the model gathered is small for the GPU, per block otherwise
     h200 = 141 * 2**30
     assert resolve_fsdp_wrap("auto", 2, unsharded_bytes=494_000_000 * 8, device_bytes=h200) == "root"
