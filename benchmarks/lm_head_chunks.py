@@ -25,6 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from profiling import cuda_median_ms  # benchmarks/ is the script's directory, first on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "lm_head_chunks.json"
 
@@ -78,23 +80,6 @@ FORWARD_CONFIGS = [(16384, 2048, 4), (32768, 4096, 8), (32768, 2048, 4), (65536,
                    (32768, 8192, 16), (32768, 1024, 2), (65536, 2048, 4)]
 
 
-def time_call(call, repeats: int = 20) -> float:
-    """Median ms of ``call`` on the GPU after three warm-ups."""
-    import torch
-
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def time_kernels(kind: str, args: argparse.Namespace) -> list[dict]:
     """Each chunk kernel alone on one chunk of the engine's size: median ms and TB/s (for Triton,
     the forward at each of :data:`FORWARD_CONFIGS`, the module's own first)."""
@@ -109,14 +94,14 @@ def time_kernels(kind: str, args: argparse.Namespace) -> list[dict]:
     g_lp, g_ent = torch.randn(rows, device="cuda", generator=g), torch.randn(rows, device="cuda", generator=g)
     log_z, _, entropy = lm_head._kernels["forward"](logits, labels, 1.0, True)
     nbytes = logits.numel() * logits.element_size()
-    grad_ms = time_call(lambda: lm_head._kernels["grad"](logits, labels, log_z, entropy, g_lp, g_ent, 1.0))
+    grad_ms = cuda_median_ms(lambda: lm_head._kernels["grad"](logits, labels, log_z, entropy, g_lp, g_ent, 1.0))
     default = (lm_head_kernels.FORWARD_SPLIT, lm_head_kernels.FORWARD_BLOCK, lm_head_kernels.FORWARD_WARPS)
     configs = [default] + [c for c in FORWARD_CONFIGS if c != default] if kind == "triton" else [None]
     out = []
     for config in configs:
         if config is not None:
             lm_head_kernels.FORWARD_SPLIT, lm_head_kernels.FORWARD_BLOCK, lm_head_kernels.FORWARD_WARPS = config
-        forward_ms = time_call(lambda: lm_head._kernels["forward"](logits, labels, 1.0, True))
+        forward_ms = cuda_median_ms(lambda: lm_head._kernels["forward"](logits, labels, 1.0, True))
         out.append({"kernels": kind, "chunk_rows": rows, "forward_config": config, "forward_ms": forward_ms,
                     "forward_tb_s": nbytes / forward_ms / 1e9, "grad_ms": grad_ms,
                     "grad_tb_s": 2 * nbytes / grad_ms / 1e9})

@@ -1,10 +1,12 @@
-"""Helpers the benchmark scripts share for reading torch profiler traces."""
+"""Helpers the benchmark scripts share for timing GPU work and reading torch profiler traces."""
 
 from __future__ import annotations
 
 import re
+import statistics
+from collections.abc import Callable
 
-__all__ = ["KERNEL_KINDS", "busy_fraction", "device_kernels", "device_time_by_kind", "idle_gaps", "kernel_kind",
+__all__ = ["KERNEL_KINDS", "busy_fraction", "cuda_median_ms", "device_kernels", "device_time_by_kind", "idle_gaps", "kernel_kind",
            "kernel_table", "print_kernel_table", "top_kernels_by_kind"]
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
@@ -16,6 +18,24 @@ KERNEL_KINDS: list[tuple[str, str]] = [
     ("compiled element-wise", r"^triton_"),
     ("copies and casts", r"copy|cast|chunk_cat|memcpy|memset|CatArray|split_with_sizes|fill|zero"),
 ]
+
+
+def cuda_median_ms(call: Callable[[], object], repeats: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of ``call`` on the current CUDA stream (CUDA events around each of
+    ``repeats`` calls, after ``warmup`` untimed ones)."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def device_kernels(events) -> list:

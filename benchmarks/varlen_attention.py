@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import fill_micro_batches, long_tail_batch  # noqa: E402  (benchmarks/ sibling)
+from profiling import cuda_median_ms  # noqa: E402  (benchmarks/ siblings)
+from train_throughput import fill_micro_batches, long_tail_batch  # noqa: E402
 
 from areal_tasks.config.micro_batch import MicroBatchSpec  # noqa: E402
 from areal_tasks.engine.fsdp.attention import varlen_packed  # noqa: E402
@@ -69,21 +68,6 @@ def _reference(q, k, v, lengths, scale):
     return torch.cat(outs)
 
 
-def _time(fn: Callable[[], object], iters: int) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` calls after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
     device = torch.device("cuda")
     total, scale = sum(lengths), HEAD_DIM**-0.5
@@ -105,13 +89,13 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
             out = fn(*leaves)
             grads = torch.autograd.grad(out, leaves, grad)
             with torch.no_grad():
-                row["forward_ms"] = _time(lambda: fn(q, k, v), iters)
+                row["forward_ms"] = cuda_median_ms(lambda: fn(q, k, v), iters, warmup=2)
 
             def forward_backward():
                 ls = [t.detach().requires_grad_() for t in (q, k, v)]
                 torch.autograd.grad(fn(*ls), ls, grad)
 
-            row["forward_backward_ms"] = _time(forward_backward, iters)
+            row["forward_backward_ms"] = cuda_median_ms(forward_backward, iters, warmup=2)
             row["forward_tflops"] = fwd_flops / row["forward_ms"] / 1e9
             row["forward_backward_tflops"] = 3.5 * fwd_flops / row["forward_backward_ms"] / 1e9
             row["max_abs_diff_vs_fp32"] = float((out.detach().float() - reference).abs().max())
