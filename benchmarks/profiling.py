@@ -55,27 +55,37 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+def _kernel_totals(events) -> dict[str, list[float]]:
+    """Device kernel name -> [microseconds, launches] over ``prof.events()``."""
+    totals: dict[str, list[float]] = {}
+    for event in device_kernels(events):
+        entry = totals.setdefault(event.name, [0.0, 0])
+        entry[0] += event.time_range.end - event.time_range.start
+        entry[1] += 1
+    return totals
+
+
+def _totals_by_kind(events) -> dict[str, dict[str, list[float]]]:
+    """:func:`kernel_kind` -> :func:`_kernel_totals` of that kind's kernels."""
+    by_kind: dict[str, dict[str, list[float]]] = {}
+    for name, entry in _kernel_totals(events).items():
+        by_kind.setdefault(kernel_kind(name), {})[name] = entry
+    return by_kind
+
+
 def device_time_by_kind(events) -> dict[str, float]:
     """Milliseconds of device kernels by :func:`kernel_kind` (``events`` is ``prof.events()``),
     costliest first."""
-    totals: dict[str, float] = {}
-    for event in device_kernels(events):
-        kind = kernel_kind(event.name)
-        totals[kind] = totals.get(kind, 0.0) + (event.time_range.end - event.time_range.start) / 1e3
+    totals = {kind: sum(us for us, _ in names.values()) / 1e3 for kind, names in _totals_by_kind(events).items()}
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
 def top_kernels_by_kind(events, top: int = 5) -> dict[str, list[dict]]:
     """For each :func:`kernel_kind`, its ``top`` costliest kernel names with their milliseconds and
     launches (``events`` is ``prof.events()``): what a kind's time, ``other`` above all, is made of."""
-    totals: dict[str, dict[str, list[float]]] = {}
-    for event in device_kernels(events):
-        entry = totals.setdefault(kernel_kind(event.name), {}).setdefault(event.name, [0.0, 0])
-        entry[0] += (event.time_range.end - event.time_range.start) / 1e3
-        entry[1] += 1
-    return {kind: [{"kernel": name, "ms": ms, "launches": int(count)}
-                   for name, (ms, count) in sorted(names.items(), key=lambda item: -item[1][0])[:top]]
-            for kind, names in totals.items()}
+    return {kind: [{"kernel": name, "ms": us / 1e3, "launches": int(count)}
+                   for name, (us, count) in sorted(names.items(), key=lambda item: -item[1][0])[:top]]
+            for kind, names in _totals_by_kind(events).items()}
 
 
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
@@ -93,11 +103,7 @@ def kernel_table(events, calls: int, top: int = 20) -> list[dict]:
     """Device kernels of a torch-profiler run grouped by name, costliest first: per profiled call
     (``calls`` of them) the milliseconds and launches of each kernel name, and its share of the
     total. ``events`` is ``prof.events()``; kernels inside CUDA-graph replays count too."""
-    totals: dict[str, list[float]] = {}
-    for event in device_kernels(events):
-        entry = totals.setdefault(event.name, [0.0, 0])
-        entry[0] += event.time_range.end - event.time_range.start
-        entry[1] += 1
+    totals = _kernel_totals(events)
     whole = sum(us for us, _ in totals.values()) or 1.0
     rows = [{"kernel": name, "ms_per_call": us / 1e3 / calls, "launches_per_call": count / calls,
              "share": us / whole}

@@ -62,7 +62,7 @@ from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
-from areal_tasks.engine.microbatch import split_into_micro_batches
+from areal_tasks.engine.microbatch import select_sequences, split_into_micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,6 @@ def fill_micro_batches(batch: dict[str, torch.Tensor], spec: MicroBatchSpec, n_m
     """``batch`` without the sequences the engine's packing puts after its first ``n_mbs``
     micro-batches (first-fit decreasing leaves later bins' placements unchanged, so the rest packs
     into exactly ``n_mbs``)."""
-    from areal_tasks.engine.microbatch import select_sequences
-
     plan = split_into_micro_batches(batch, spec)
     if plan.n_micro_batches <= n_mbs:
         return batch

@@ -221,8 +221,7 @@ def build_model(
     wrap = resolve_fsdp_wrap(config.fsdp_wrap, mesh.fsdp_mesh.size(),
                              unsharded_bytes=_unsharded_bytes(model, param_dtype, dims.tp),
                              device_bytes=_gpu_bytes(device) if not config.cpu_offload else None,
-                             flat_capable=(device.type == "cuda" and dims.tp == 1 and not config.lora.enabled
-                                           and not config.cpu_offload))
+                             flat_capable=device.type == "cuda" and not _flat_blockers(config, dims))
     # Root-only: one unit, gathered once per forward and kept for the backward (a reshard there
     # would only be undone by the backward's all-gather).
     shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload,
@@ -257,9 +256,15 @@ def _flatten(model: torch.nn.Module, config: EngineConfig, dims: Any, device: to
     what they cannot hold)."""
     from areal_tasks.engine.fsdp.flat_params import FlatParams
 
-    for name, unsupported in (("tensor parallelism (tp > 1)", dims.tp > 1), ("LoRA", config.lora.enabled),
-                              ("cpu_offload", config.cpu_offload)):
-        if unsupported:
-            raise EngineError(f"fsdp_wrap=none does not support {name}; use fsdp_wrap=root")
+    blockers = _flat_blockers(config, dims)
+    if blockers:
+        raise EngineError(f"fsdp_wrap=none does not support {blockers[0]}; use fsdp_wrap=root")
     model.to(device)
     return FlatParams(model, param_dtype, trainable=trainable)
+
+
+def _flat_blockers(config: EngineConfig, dims: Any) -> list[str]:
+    """What keeps a model out of the flat buffers of ``fsdp_wrap=none`` (empty when they can hold
+    it): ``fsdp_wrap=auto`` picks them on a GPU only when nothing does, and ``none`` refuses the first."""
+    return [name for name, present in (("tensor parallelism (tp > 1)", dims.tp > 1), ("LoRA", config.lora.enabled),
+                                       ("cpu_offload", config.cpu_offload)) if present]
