@@ -23,7 +23,11 @@ kernels. ``EngineConfig.compile_scope`` picks what is compiled:
 * either way, the decoder's final norm and the chunked LM head's element-wise functions
   (:func:`~areal_tasks.engine.fsdp.lm_head.compile_chunk_kernels`).
 
-All with dynamic shapes: packed micro-batches change length every step.
+All with dynamic shapes: packed micro-batches change length every step. Two things keep one graph
+serving every length and its index arithmetic free of run-time divisions: the head dimension is
+made static (``models/compile.py``, ``attention.py``), and mix-order reduction fusion runs without
+its size check (:func:`~areal_tasks.models.compile.length_agnostic_options`), which otherwise
+guarded the graphs on the micro-batch length and recompiled them for a short one.
 
 ``EngineConfig.compile``: ``auto`` compiles on CUDA only (on CPU, Inductor's C++ compile costs more
 than it saves on test-sized models), ``on`` always, ``off`` never. Tensor parallelism and LoRA keep
@@ -111,7 +115,8 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     one graph and the others pass their input through. That needs the model as one FSDP unit:
     take ``per_graph`` from :func:`blocks_per_graph`, which refuses the cases that cannot work."""
     from areal_tasks.engine.fsdp.attention import probe_kernels
-    from areal_tasks.models.compile import compile_block_forward, compile_block_group, pass_through
+    from areal_tasks.models.compile import (compile_block_forward, compile_block_group, length_agnostic_options,
+                                            pass_through)
 
     probe_kernels()  # in eager code: the compiled attention reads the result as a constant
     names = {id(module): name for name, module in model.named_modules()}
@@ -127,7 +132,7 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     final_norm = getattr(decoder, "norm", None)
     if final_norm is not None:
-        final_norm.compile(dynamic=True)
+        final_norm.compile(dynamic=True, options=length_agnostic_options())
         compiled.append(names.get(id(final_norm), "norm"))
     logger.info("torch.compile: %d whole decoder blocks (%d a graph) and the final norm", len(blocks), per_graph)
     return compiled

@@ -190,3 +190,37 @@ def test_blocks_per_graph_is_refused_where_blocks_cannot_share_a_graph(caplog):
         blocks_per_graph(2, scope="blocks", fsdp_wrap="root", layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(EngineError, match="integer >= 1, got 0"):
         blocks_per_graph(0, scope="blocks", fsdp_wrap="root", layer_types=None)
+
+
+class _Heads(torch.nn.Module):
+    """A stand-in attention: reshapes by its ``head_dim``, as transformers' attentions do."""
+
+    def __init__(self, head_dim: int, static: bool) -> None:
+        super().__init__()
+        self.head_dim, self.static = head_dim, static
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from areal_tasks.engine.fsdp.attention import _static_head_dim
+
+        if self.static:
+            _static_head_dim(self)
+        return x.view(x.shape[0], -1, self.head_dim) * 2
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_compiled_attention_makes_head_dim_a_constant(static):
+    """Blocks compile with module ints symbolic (one graph for every layer_idx); the attention then
+    pins ``head_dim`` to its value, so the graph's index arithmetic has no run-time divisor: a new
+    head_dim needs a new graph. Without it (the control) one symbolic graph serves both."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    module = _Heads(8, static)
+    compiled = torch.compile(module, backend=counter, dynamic=True)
+    x = torch.randn(3, 32)
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        torch.testing.assert_close(compiled(x), x.view(3, -1, 8) * 2)
+        module.head_dim = 4
+        torch.testing.assert_close(compiled(x), x.view(3, -1, 4) * 2)
+    assert counter.frame_count == (2 if static else 1)
