@@ -30,7 +30,8 @@ from areal_tasks.api.train_engine import Batch, LossFn, LossWeightFn, ParallelIn
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
-from areal_tasks.engine.fsdp.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
+from areal_tasks.engine.fsdp.optim import (build_lr_scheduler, build_optimizer, clip_coefficient, clip_grad_norm,
+                                          global_grad_norm)
 from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
 from areal_tasks.errors import EngineError
 
@@ -186,7 +187,16 @@ class FSDPEngine(TrainEngine):
         dist.all_reduce(tensor, group=self.mesh.dp_group)
         return tensor.tolist()
 
-    def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> TrainStats:
+    def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> _PendingStats:
+        """Forward (and backward) of every micro-batch; the stats stay on the device until
+        :meth:`_PendingStats.read` (a step can queue its optimizer work first). With the flat
+        buffers the weights' cast to the compute dtype is queued first, so the device runs it while
+        the host plans the micro-batches."""
+        with self._computing():
+            return self._run_micro_batches(batch, loss_fn, loss_weight_fn, backward=backward)
+
+    def _run_micro_batches(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *,
+                           backward: bool) -> _PendingStats:
         import torch
 
         plan, device_mbs, bounds = self._plan(batch)
@@ -203,31 +213,25 @@ class FSDPEngine(TrainEngine):
         # last backward reshards (also after an error, so no later step keeps them gathered)
         keep_gathered = backward and self._fsdp_wrap == "root" and len(device_mbs) > 1
         try:
-            with self._computing():
-                for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
-                    if keep_gathered:
-                        self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
-                    with torch.set_grad_enabled(backward):
-                        outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                        loss, stats = loss_fn(outputs, mb)
-                        if backward:
-                            if weight > 0:
-                                (loss * (weight / total_weight * grad_scale)).backward()
-                            else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
-                                (sum(v.sum() for v in outputs.values()) * 0.0).backward()
-                    if backward and self._flat is not None:
-                        self._flat.accumulate()  # into the fp32 master gradients, one kernel
-                    if weight > 0:
-                        sums.add({"loss": loss, **stats}, weight)
+            for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
+                if keep_gathered:
+                    self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
+                with torch.set_grad_enabled(backward):
+                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                    loss, stats = loss_fn(outputs, mb)
+                    if backward:
+                        if weight > 0:
+                            (loss * (weight / total_weight * grad_scale)).backward()
+                        else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
+                            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+                if backward and self._flat is not None:
+                    self._flat.accumulate()  # into the fp32 master gradients
+                if weight > 0:
+                    sums.add({"loss": loss, **stats}, weight)
         finally:
             if keep_gathered:
                 self.model.set_reshard_after_backward(True)
-        totals = sums.totals()  # the step's one read-back of device values
-        keys = sorted(totals)
-        reduced = self._all_reduce_dp([totals[k] for k in keys]) if keys else []
-        result: TrainStats = {k: v / total_weight for k, v in zip(keys, reduced)}
-        result["n_tokens"] = n_tokens
-        return result
+        return _PendingStats(self, sums, total_weight, n_tokens)
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """Around a step's forwards and backwards: with ``fsdp_wrap=none`` the modules hold the
@@ -239,12 +243,15 @@ class FSDPEngine(TrainEngine):
 
         Gradients add up over calls until the next ``train_batch``/``zero_grad``; useful to inspect them.
         """
+        return self._accumulate(batch, loss_fn, loss_weight_fn).read()
+
+    def _accumulate(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> _PendingStats:
         self._require_trainable()
         self.model.train()
-        stats = self._run(batch, loss_fn, loss_weight_fn, backward=True)
+        pending = self._run(batch, loss_fn, loss_weight_fn, backward=True)
         if self.tensor_parallel is not None:
             self.tensor_parallel.sync_partial_grads()
-        return stats
+        return pending
 
     def zero_grad(self) -> None:
         self._require_trainable()
@@ -254,19 +261,55 @@ class FSDPEngine(TrainEngine):
             self.optimizer.zero_grad(set_to_none=True)
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
+        """Gradients of ``batch``, clipped, and one optimizer step; a non-finite gradient norm skips
+        the step (``update_skipped``). With the flat buffers and the fused AdamW (one GPU) the
+        update kernel clips and skips on the device (:meth:`_fused_step`), so the host reads
+        nothing back until the whole step is queued: the device never waits for the host mid-step."""
         self.zero_grad()
-        stats = self.accumulate_gradients(batch, loss_fn, loss_weight_fn)
-        grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))  # one read-back
-        stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        stats["grad_norm"] = grad_norm
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-            stats["update_skipped"] = 0.0
+        pending = self._accumulate(batch, loss_fn, loss_weight_fn)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self._skips_on_device:
+            norm = global_grad_norm(self.params)
+            self._fused_step(norm)
+            stats = pending.read()  # the step's read-back, after the update is queued
+            grad_norm = float(norm)
+            stepped = math.isfinite(grad_norm)
         else:
+            norm = clip_grad_norm(self.params, self.config.optimizer.grad_clip)
+            stats = pending.read()
+            grad_norm = float(norm)
+            stepped = math.isfinite(grad_norm)
+            if stepped:
+                self.optimizer.step()
+        if not stepped:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-            stats["update_skipped"] = 1.0
+        stats.update(lr=lr, grad_norm=grad_norm, update_skipped=0.0 if stepped else 1.0)
         self.zero_grad()
         return stats
+
+    def _fused_step(self, norm: torch.Tensor) -> None:
+        """One fused AdamW step that clips and skips on the device: the gradients are divided by
+        the inverse clipping factor inside the update kernel (its ``grad_scale``, a pass over the
+        gradients fewer than scaling them first) and a non-finite ``norm`` skips the update and
+        the step count (its ``found_inf``)."""
+        import torch
+
+        coef = clip_coefficient(norm, self.config.optimizer.grad_clip)
+        self.optimizer.found_inf = (~torch.isfinite(norm)).to(torch.float32)
+        if coef is not None:
+            self.optimizer.grad_scale = coef.reciprocal().to(torch.float32)
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf
+            if coef is not None:
+                del self.optimizer.grad_scale
+
+    @property
+    def _skips_on_device(self) -> bool:
+        """Whether the fused AdamW skips a non-finite step on the device (plain tensors on CUDA:
+        the flat buffers; FSDP's DTensors do not mix with the plain ``found_inf`` flag)."""
+        return self._flat is not None and bool(self.optimizer.defaults.get("fused"))
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """``{parameter name: full gradient}`` gathered from all shards (a collective; on every rank)."""
@@ -283,7 +326,7 @@ class FSDPEngine(TrainEngine):
     def eval_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
         self._require_init()
         self.model.eval()
-        return self._run(batch, loss_fn, loss_weight_fn, backward=False)
+        return self._run(batch, loss_fn, loss_weight_fn, backward=False).read()
 
     def forward_batch(self, batch: Batch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         import torch
@@ -372,6 +415,23 @@ class FSDPEngine(TrainEngine):
         self.model = self.optimizer = self.lr_scheduler = None
         self._weight_specs = self.staged_weights = None
         self._initialized = False
+
+
+class _PendingStats:
+    """A step's losses and stats, still on the device: :meth:`read` reads them back (once, all
+    together) and averages them over the batch's loss weight, across dp ranks too."""
+
+    def __init__(self, engine: FSDPEngine, sums: _WeightedSums, total_weight: float, n_tokens: float) -> None:
+        self._engine, self._sums = engine, sums
+        self._total_weight, self._n_tokens = total_weight, n_tokens
+
+    def read(self) -> TrainStats:
+        totals = self._sums.totals()
+        keys = sorted(totals)
+        reduced = self._engine._all_reduce_dp([totals[k] for k in keys]) if keys else []
+        result: TrainStats = {k: v / self._total_weight for k, v in zip(keys, reduced)}
+        result["n_tokens"] = self._n_tokens
+        return result
 
 
 class _WeightedSums:

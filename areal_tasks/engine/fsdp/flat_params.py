@@ -14,10 +14,15 @@ while the host did that, and clipping and AdamW then walked 290 DTensor gradient
 - ``compute`` (the compute dtype, e.g. bf16): one leaf parameter per master parameter, a view of
   it, installed on the modules for the duration of a step (:meth:`computing`) and refreshed from
   the masters by one copy when the step starts;
-- ``compute_grad`` and ``master_grad``: the compute parameters' gradients are views of the first,
-  so autograd accumulates into it in place; after each backward one kernel adds it into the
-  second in fp32 (:meth:`accumulate`; the first after :meth:`zero_grad` copies) and one zeroes it. The master parameters' ``.grad`` are then
-  views of ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did.
+- ``compute_grad`` and ``master_grad``: the compute parameters have no ``.grad`` when a backward
+  starts, so autograd hands each one the gradient tensor it computed, without a kernel (a
+  ``.grad`` already there would cost an add per parameter, and zeroing it one more pass). After
+  each backward :meth:`accumulate` gathers them into ``compute_grad`` with one batched
+  concatenation, adds that into ``master_grad`` in fp32 (the first after :meth:`zero_grad`
+  copies) and drops them. The master parameters' ``.grad`` are views of ``master_grad``:
+  micro-batches add up in fp32, as FSDP's fp32 reduction did. Measured on the H200 (0.5B shape,
+  two micro-batches a step): the per-parameter adds and the zeroing took 3.4 ms of device time
+  and 590 kernel launches a step.
 
 Tied parameters (Qwen2.5-0.5B's embeddings and LM head) are one master and one compute parameter,
 installed on every module that holds them. Only for a plain dense model on one rank: no tensor
@@ -88,9 +93,6 @@ class FlatParams:
         if self.trainable:
             self.compute_grad = torch.zeros(total, dtype=compute_dtype, device=device)
             self.master_grad = torch.zeros(total, dtype=torch.float32, device=device)
-            for cp, view in zip(self.compute_params, self._views(self.compute_grad, sizes)):
-                if cp.requires_grad:
-                    cp.grad = view.view(cp.shape)
             self._master_grad_views = [view.view(p.shape) for p, view in zip(self.params, self._views(
                 self.master_grad, sizes))]
         self._installed = False
@@ -115,23 +117,27 @@ class FlatParams:
             yield
         except BaseException:
             if self.trainable:  # a backward cut short may have left gradients that were never accumulated
-                with torch.no_grad():
-                    self.compute_grad.zero_()
+                self._drop_compute_grads()
             raise
         finally:
             self._install(self.params)
 
     def accumulate(self) -> None:
-        """Add the compute gradients of the backward just run into the fp32 master gradients and
-        zero them (one kernel each)."""
+        """Add the compute gradients of the backward just run into the fp32 master gradients (one
+        batched concatenation into ``compute_grad``, one add) and drop them. A parameter that
+        got no gradient (unused in the micro-batch, or frozen) adds zeros."""
         if not self.trainable:
             raise EngineError("this model was flattened without gradients (trainable=False)")
         with torch.no_grad():
+            pieces = [param.grad.reshape(-1) if param.grad is not None
+                      else torch.zeros(param.numel(), dtype=self.compute_dtype, device=self.compute.device)
+                      for param in self.compute_params]
+            torch.cat(pieces, out=self.compute_grad)
             if self._fresh:
                 self.master_grad.copy_(self.compute_grad)
             else:
                 self.master_grad.add_(self.compute_grad)
-            self.compute_grad.zero_()
+        self._drop_compute_grads()
         self._fresh = False
         self._attach_master_grads()
 
@@ -147,6 +153,10 @@ class FlatParams:
             param.grad = None
 
     # --------------------------------------------------------------- helpers
+    def _drop_compute_grads(self) -> None:
+        for param in self.compute_params:
+            param.grad = None
+
     def _install(self, params: list[torch.nn.Parameter]) -> None:
         for param, slots in zip(params, self._slots):
             for slot in slots:

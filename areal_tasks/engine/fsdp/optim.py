@@ -184,9 +184,8 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     import torch
 
     norm = global_grad_norm(params)
-    if max_norm > 0:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        coef = torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))  # no read-back to decide
+    coef = clip_coefficient(norm, max_norm)
+    if coef is not None:
         by_kind: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
         for p in params:
             if p.grad is not None:
@@ -196,3 +195,15 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
             for group in by_kind.values():
                 torch._foreach_mul_(group, coef.to(group[0].device, group[0].dtype))
     return norm
+
+
+def clip_coefficient(norm: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+    """The factor that brings gradients of global norm ``norm`` to at most ``max_norm``, as a device
+    tensor (no read-back to decide): ``min(1, max_norm / norm)``, and 1 where the norm is not finite
+    (the step is skipped then). None when ``max_norm`` is 0 (no clipping)."""
+    import torch
+
+    if max_norm <= 0:
+        return None
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return torch.where(torch.isfinite(norm), coef, torch.ones_like(coef))

@@ -99,7 +99,7 @@ def test_micro_batches_add_up_in_fp32_and_modules_get_the_masters_back(tiny_mode
     assert all(p.dtype == torch.float32 for p in model.parameters())
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and g.dtype == torch.float32 for g in grads)
-    assert not flat.compute_grad.any() and flat.master_grad.any()
+    assert all(p.grad is None for p in flat.compute_params) and flat.master_grad.any()
     accumulated = flat.master_grad.clone()
     flat.zero_grad()
     assert all(p.grad is None for p in model.parameters())
@@ -110,7 +110,7 @@ def test_micro_batches_add_up_in_fp32_and_modules_get_the_masters_back(tiny_mode
     with pytest.raises(RuntimeError, match="cut short"), flat.computing():
         model(input_ids=ids).logits.float().square().mean().backward()
         raise RuntimeError("a step cut short after its backward")
-    assert not flat.compute_grad.any()  # nothing half-accumulated leaks into the next step
+    assert all(p.grad is None for p in flat.compute_params)  # nothing half-accumulated leaks into the next step
     with pytest.raises(EngineError, match="not reentrant"), flat.computing(), flat.computing():
         pass
     assert model.lm_head.weight.dtype == torch.float32  # restored after the error too
@@ -144,3 +144,62 @@ def test_what_it_cannot_hold_is_refused_by_name(tiny_qwen2, world_of_one) -> Non
     assert resolve_fsdp_wrap("none", 1) == "none"
     with pytest.raises(EngineError, match="fsdp_wrap=none does not support LoRA"):
         engine(str(tiny_qwen2), "none", lora=LoRAConfig(enabled=True))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_non_finite_gradient_skips_the_step_and_a_finite_one_takes_it(tiny_qwen2, world_of_one, packed_batch,
+                                                                          fused) -> None:
+    """Fused AdamW over the flat buffers (as on a GPU) decides the skip on the device from its
+    ``found_inf`` flag and reads nothing back before the step is queued; the unfused optimizer
+    decides on the host. Either way a NaN gradient leaves weights, optimizer state and step count
+    as they were, and the next finite batch trains."""
+    from areal_tasks.engine.fsdp.optim import build_optimizer, build_lr_scheduler
+
+    e = engine(str(tiny_qwen2), "none")
+    e.optimizer = build_optimizer(e.params, e.config.optimizer, fused=fused)
+    e.lr_scheduler = build_lr_scheduler(e.optimizer, e.config.lr_schedule, 4)
+    assert e._skips_on_device is fused
+    e.train_batch(packed_batch(1), policy_loss, weight)
+    before = {k: v.clone() for k, v in iter_full_tensors(e.model, e.device)}
+    state = {k: v.clone() for k, v in e.optimizer.state[e.params[0]].items()}
+
+    def nan_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
+        loss, stats = policy_loss(outputs, mb)
+        return loss * float("nan"), stats
+
+    stats = e.train_batch(packed_batch(2), nan_loss, weight)
+    assert stats["update_skipped"] == 1.0 and not torch.isfinite(torch.tensor(stats["grad_norm"]))
+    for name, value in iter_full_tensors(e.model, e.device):
+        assert torch.equal(value, before[name]), name
+    for key, value in e.optimizer.state[e.params[0]].items():
+        assert torch.equal(value, state[key]), key
+    assert not hasattr(e.optimizer, "found_inf")
+    stats = e.train_batch(packed_batch(2), policy_loss, weight)
+    assert stats["update_skipped"] == 0.0 and stats["grad_norm"] > 0
+    assert float(e.optimizer.state[e.params[0]]["step"]) == float(state["step"]) + 1
+    changed = [name for name, value in iter_full_tensors(e.model, e.device) if not torch.equal(value, before[name])]
+    assert changed
+    assert not hasattr(e.optimizer, "grad_scale")
+
+
+def test_the_fused_step_clips_inside_the_update_like_clipping_first(tiny_qwen2, world_of_one, packed_batch) -> None:
+    """The device path divides the gradients by the inverse clipping factor inside the fused
+    update; from the same start it trains like clipping the gradients first and stepping (the
+    clip is active: grad_clip 0.5 is below these gradients' norm)."""
+    from areal_tasks.engine.fsdp.optim import build_optimizer
+
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        e = engine(str(tiny_qwen2), "none")
+        e.optimizer = build_optimizer(e.params, e.config.optimizer, fused=fused)
+        stats = [e.train_batch(packed_batch(seed), policy_loss, weight) for seed in (1, 2)]
+        results.append((stats, {k: v.clone() for k, v in iter_full_tensors(e.model, e.device)}))
+        e.destroy()
+    (host_stats, host_weights), (device_stats, device_weights) = results
+    assert all(s["grad_norm"] > 0.5 for s in host_stats)
+    for host, device in zip(host_stats, device_stats):
+        assert device["grad_norm"] == pytest.approx(host["grad_norm"], rel=1e-5)
+        assert device["loss"] == pytest.approx(host["loss"], rel=1e-5)
+    for name, value in device_weights.items():
+        torch.testing.assert_close(value, host_weights[name], atol=1e-6, rtol=1e-5, msg=name)
