@@ -147,3 +147,38 @@ def idle_gaps(events, min_us: float = 500.0, top: int = 12) -> list[dict]:
                 names.append(name)
         rows.append({"start_ms": (a - origin) / 1e3, "ms": (b - a) / 1e3, "host": names[:6]})
     return rows
+
+
+#: gap-length bins of :func:`idle_summary`, in microseconds
+IDLE_BINS_US = (20.0, 100.0, 500.0)
+
+
+def idle_summary(events, tenths: int = 10) -> dict:
+    """Where the device waited, in milliseconds: before its first kernel (``lead_ms``), after its
+    last (``tail_ms``), between kernels by gap length (``by_length``: count and total per bin of
+    :data:`IDLE_BINS_US`: many short gaps mean launch-bound stretches, a few long ones host work),
+    and per tenth of the profiled span (``by_tenth_ms``: which phase of the step waits)."""
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in device_kernels(events))
+    if not kernels:
+        return {}
+    origin = min(e.time_range.start for e in events)
+    end = max(e.time_range.end for e in events)
+    span = (end - origin) / tenths
+    edges = (0.0, *IDLE_BINS_US, float("inf"))
+    bins = [{"range_us": f"{lo:g}-{hi:g}", "count": 0, "ms": 0.0} for lo, hi in zip(edges, edges[1:])]
+    by_tenth = [0.0] * tenths
+    gaps, reach = [], kernels[0][1]
+    for a, b in kernels[1:]:
+        if a > reach:
+            gaps.append((reach, a))
+        reach = max(reach, b)
+    for a, b in gaps:
+        length = b - a
+        slot = next(i for i, (lo, hi) in enumerate(zip(edges, edges[1:])) if lo <= length < hi)
+        bins[slot]["count"] += 1
+        bins[slot]["ms"] += length / 1e3
+        for i in range(tenths):  # the gap's overlap with each tenth
+            lo, hi = origin + i * span, origin + (i + 1) * span
+            by_tenth[i] += max(0.0, min(b, hi) - max(a, lo)) / 1e3
+    return {"lead_ms": (kernels[0][0] - origin) / 1e3, "tail_ms": (end - reach) / 1e3, "by_length": bins,
+            "by_tenth_ms": by_tenth}

@@ -56,7 +56,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from profiling import busy_fraction, device_kernels, device_time_by_kind, idle_gaps, top_kernels_by_kind  # benchmarks/ is the script's directory, first on sys.path
+from profiling import (  # benchmarks/ is the script's directory, first on sys.path
+    busy_fraction, device_kernels, device_time_by_kind, idle_gaps, idle_summary, top_kernels_by_kind)
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -146,7 +147,7 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
 def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators and
     returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels",
-    "idle_gaps"}`` (None on
+    "idle_gaps", "idle"}`` (None on
     CPU). Busy time counts device kernels only, not the device-side spans of annotated regions."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -184,6 +185,10 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
     for gap in summary["idle_gaps"]:
         print(f"  at {gap['start_ms']:8.1f} ms  {gap['ms']:6.2f} ms  {' > '.join(gap['host'])[:200]}")
+    summary["idle"] = idle = idle_summary(events)
+    print(f"device idle: {idle['lead_ms']:.2f} ms before the first kernel, {idle['tail_ms']:.2f} ms after the last; "
+          "between kernels " + ", ".join(f"{b['range_us']} us: {b['count']} gaps {b['ms']:.1f} ms" for b in idle["by_length"]))
+    print("device idle per tenth of the step (ms): " + " ".join(f"{v:.1f}" for v in idle["by_tenth_ms"]))
     return summary
 
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from benchmarks.profiling import busy_fraction, device_kernels, device_time_by_kind, kernel_kind, top_kernels_by_kind
+from benchmarks.profiling import (busy_fraction, device_kernels, device_time_by_kind, idle_summary, kernel_kind,
+                                 top_kernels_by_kind)
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -58,3 +59,20 @@ def test_top_kernels_by_kind_lists_each_kinds_costliest_names() -> None:
     assert top["matmul"] == [{"kernel": "nvjet_b", "ms": 3.0, "launches": 1}]
     assert top["other"][0]["launches"] == 1 and top["other"][0]["ms"] == 0.5
     assert top_kernels_by_kind(events)["matmul"][1] == {"kernel": "nvjet_a", "ms": 2.0, "launches": 2}
+
+
+def test_idle_summary_bins_the_gaps_and_places_them_in_the_step() -> None:
+    """Kernels at 100-200, 210-300 (a 10 us gap), 400-500 (100 us), 1500-1600 (1 ms); host events
+    from 0 to 2000 us: 0.1 ms before the first kernel, 0.4 ms after the last."""
+    def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               is_user_annotation=False)
+
+    events = [event("aten::mm", 0, 2000, DeviceType.CPU), event("k1", 100, 200), event("k2", 210, 300),
+              event("k3", 400, 500), event("k4", 1500, 1600)]
+    idle = idle_summary(events, tenths=2)
+    assert idle["lead_ms"] == pytest.approx(0.1) and idle["tail_ms"] == pytest.approx(0.4)
+    assert [(b["count"], round(b["ms"], 3)) for b in idle["by_length"]] == [(1, 0.01), (0, 0.0), (1, 0.1), (1, 1.0)]
+    # the 1 ms gap (500-1500) straddles the halves at 1000 us
+    assert idle["by_tenth_ms"] == pytest.approx([0.01 + 0.1 + 0.5, 0.5])
+    assert idle_summary([event("aten::mm", 0, 10, DeviceType.CPU)]) == {}
