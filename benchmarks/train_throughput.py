@@ -26,8 +26,10 @@ device kernels' intervals over the step's wall time; the rest is the device wait
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
 on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
-("Train throughput (H200)"); one GPU now runs 107,399 tokens/s, 44.7% MFU (no FSDP, four blocks a
-compiled graph, the LM head's logits kept: ``bash benchmarks/gpu_suite.sh train_flat``).
+("Train throughput (H200)"); one GPU now runs 113,660 tokens/s, 47.3% MFU (no FSDP, four blocks a
+compiled graph, the LM head's logits kept: ``bash benchmarks/gpu_suite.sh train_flat``). With
+``--profile`` the JSON also records where the device waited (``profile.idle``: before the first
+kernel, after the last, by gap length and by tenth of the step).
 
 Usage::
 

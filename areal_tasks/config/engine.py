@@ -113,7 +113,8 @@ class EngineConfig:
     #: unsharded); ``none`` (one rank, no tensor parallelism, LoRA or offload): no FSDP at all; the
     #: engine keeps flat fp32 master weights and gradients and a compute-dtype copy of the weights
     #: itself, without FSDP's per-parameter host work each step (``engine/fsdp/flat_params.py``;
-    #: 0.5B shape on an H200: 107,399 tokens/s against 97,346 as one unit). ``auto`` = ``none`` on
+    #: 0.5B shape on an H200: 107,399 tokens/s against 97,346 as one unit on the same code; 113,660
+    #: since the ninth session's changes). ``auto`` = ``none`` on
     #: one GPU where it applies, ``root`` on one rank otherwise (the CPU included), and with several
     #: ranks ``root`` on GPUs when the whole model gathered (parameters and gradients,
     #: ``N (2c + 4) / tp`` bytes) takes at most 5% of the GPU's memory (about 0.8B parameters in
