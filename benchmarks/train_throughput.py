@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -241,6 +242,14 @@ def _allocator_counts() -> dict[str, int]:
     return {key: int(stats.get(key, 0)) for key in keys}
 
 
+def _freeze_gc() -> None:
+    """Collect once, move every live object out of the collector's view and switch automatic
+    collection off (``--freeze-gc``): no collection pause can fall inside a timed step."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
 def _init_distributed() -> None:
     """``env://`` under torchrun, else a world of one."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -291,6 +300,8 @@ def run(args: argparse.Namespace) -> dict:
         stats = engine.train_batch(batch, pg_loss, token_weight)
         _sync()
         elapsed = time.perf_counter() - start
+        if args.freeze_gc and step == max(args.warmup, 1) - 1:
+            _freeze_gc()
         if args.profile and step == max(args.warmup, 1) - 1:
             profile_summary = _profile_step(engine, batch)
         if step == args.warmup - 1:
@@ -303,6 +314,9 @@ def run(args: argparse.Namespace) -> dict:
             dist.all_reduce(step_fl)
             flops.append(float(step_fl))
     allocator_calls = {k: v - allocator_before[k] for k, v in _allocator_counts().items()}
+    if args.freeze_gc:
+        gc.enable()
+        gc.unfreeze()
     gpus = world
     tokens_per_s = sum(tokens) / sum(times)
     mfu = sum(flops) / sum(times) / (args.peak_flops * gpus)
@@ -321,6 +335,7 @@ def run(args: argparse.Namespace) -> dict:
         "lm_head_keep_logits": args.lm_head_keep_logits,
         "step_times_s": times,
         "micro_batches_per_step": mbs_run, "spill": args.spill,
+        "gc": "frozen and off after the warm-up" if args.freeze_gc else "default",
         "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "allocator_calls_in_timed_steps": allocator_calls,
         "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
@@ -363,6 +378,9 @@ def main() -> None:
     parser.add_argument("--spill", action="store_true",
                         help="keep every generated sequence, even those that spill into a nearly empty extra "
                              "micro-batch (the setting of the runs before the eighth session)")
+    parser.add_argument("--freeze-gc", action="store_true",
+                        help="after the warm-up, collect once, gc.freeze() and gc.disable() (Python's garbage "
+                             "collector cannot pause a timed or profiled step)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one extra step: the top operators, the GPU-busy fraction and every "
                              "host-device synchronisation with the Python line that caused it")
@@ -402,7 +420,8 @@ def main() -> None:
             f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}"
             f"{'_kept_logits' if args.lm_head_keep_logits else ''}"
             f"{'_' + args.attn_implementation if args.attn_implementation else ''}"
-            f"{'_spill' if args.spill else ''}.json"
+            f"{'_spill' if args.spill else ''}"
+            f"{'_frozen_gc' if args.freeze_gc else ''}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
