@@ -268,19 +268,17 @@ class FSDPEngine(TrainEngine):
         self.zero_grad()
         pending = self._accumulate(batch, loss_fn, loss_weight_fn)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        if self._skips_on_device:
+        on_device = self._skips_on_device
+        if on_device:
             norm = global_grad_norm(self.params)
-            self._fused_step(norm)
-            stats = pending.read()  # the step's read-back, after the update is queued
-            grad_norm = float(norm)
-            stepped = math.isfinite(grad_norm)
+            self._fused_step(norm)  # queued before anything is read back
         else:
             norm = clip_grad_norm(self.params, self.config.optimizer.grad_clip)
-            stats = pending.read()
-            grad_norm = float(norm)
-            stepped = math.isfinite(grad_norm)
-            if stepped:
-                self.optimizer.step()
+        stats = pending.read()  # the step's read-back
+        grad_norm = float(norm)
+        stepped = math.isfinite(grad_norm)
+        if stepped and not on_device:
+            self.optimizer.step()
         if not stepped:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
         stats.update(lr=lr, grad_norm=grad_norm, update_skipped=0.0 if stepped else 1.0)
