@@ -6,8 +6,8 @@ import re
 import statistics
 from collections.abc import Callable
 
-__all__ = ["KERNEL_KINDS", "busy_fraction", "cuda_median_ms", "device_kernels", "device_time_by_kind", "idle_gaps", "kernel_kind",
-           "kernel_table", "print_kernel_table", "top_kernels_by_kind"]
+__all__ = ["IDLE_BINS_US", "KERNEL_KINDS", "busy_fraction", "cuda_median_ms", "device_kernels", "device_time_by_kind",
+           "idle_gaps", "idle_summary", "kernel_kind", "kernel_table", "print_kernel_table", "top_kernels_by_kind"]
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
 KERNEL_KINDS: list[tuple[str, str]] = [
@@ -120,23 +120,32 @@ def print_kernel_table(title: str, rows: list[dict], width: int = 70) -> None:
         print(f"{name:<{width}} {row['ms_per_call']:>8.3f} {row['launches_per_call']:>9.1f} {100 * row['share']:>5.1f}%")
 
 
+def _device_gaps(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(the device kernels' intervals, sorted; the stretches between them with no kernel running),
+    in microseconds of ``prof.events()``."""
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in device_kernels(events))
+    gaps: list[tuple[float, float]] = []
+    if kernels:
+        reach = kernels[0][1]
+        for a, b in kernels[1:]:
+            if a > reach:
+                gaps.append((reach, a))
+            reach = max(reach, b)
+    return kernels, gaps
+
+
 def idle_gaps(events, min_us: float = 500.0, top: int = 12) -> list[dict]:
     """The longest stretches with no device kernel running, each with the host operators that ran
     during it (the outermost ones first: what the host was busy with while the device waited).
     ``events`` is ``prof.events()``; times in microseconds from the first event."""
     from torch.autograd import DeviceType
 
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in device_kernels(events))
+    kernels, all_gaps = _device_gaps(events)
     host = [e for e in events if e.device_type == DeviceType.CPU]
     if not kernels:
         return []
     origin = min(e.time_range.start for e in events)
-    gaps, reach = [], kernels[0][1]
-    for a, b in kernels[1:]:
-        if a - reach >= min_us:
-            gaps.append((reach, a))
-        reach = max(reach, b)
-    gaps.sort(key=lambda g: g[0] - g[1])
+    gaps = sorted((g for g in all_gaps if g[1] - g[0] >= min_us), key=lambda g: g[0] - g[1])
     rows = []
     for a, b in gaps[:top]:
         overlapping = [(min(b, e.time_range.end) - max(a, e.time_range.start), e.name) for e in host
@@ -158,20 +167,16 @@ def idle_summary(events, tenths: int = 10) -> dict:
     last (``tail_ms``), between kernels by gap length (``by_length``: count and total per bin of
     :data:`IDLE_BINS_US`: many short gaps mean launch-bound stretches, a few long ones host work),
     and per tenth of the profiled span (``by_tenth_ms``: which phase of the step waits)."""
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in device_kernels(events))
+    kernels, gaps = _device_gaps(events)
     if not kernels:
         return {}
     origin = min(e.time_range.start for e in events)
     end = max(e.time_range.end for e in events)
+    reach = max(b for _, b in kernels)
     span = (end - origin) / tenths
     edges = (0.0, *IDLE_BINS_US, float("inf"))
     bins = [{"range_us": f"{lo:g}-{hi:g}", "count": 0, "ms": 0.0} for lo, hi in zip(edges, edges[1:])]
     by_tenth = [0.0] * tenths
-    gaps, reach = [], kernels[0][1]
-    for a, b in kernels[1:]:
-        if a > reach:
-            gaps.append((reach, a))
-        reach = max(reach, b)
     for a, b in gaps:
         length = b - a
         slot = next(i for i, (lo, hi) in enumerate(zip(edges, edges[1:])) if lo <= length < hi)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from benchmarks.profiling import (busy_fraction, device_kernels, device_time_by_kind, idle_summary, kernel_kind,
-                                 top_kernels_by_kind)
+from benchmarks.profiling import (busy_fraction, device_kernels, device_time_by_kind, idle_gaps, idle_summary,
+                                 kernel_kind, top_kernels_by_kind)
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -76,3 +76,15 @@ def test_idle_summary_bins_the_gaps_and_places_them_in_the_step() -> None:
     # the 1 ms gap (500-1500) straddles the halves at 1000 us
     assert idle["by_tenth_ms"] == pytest.approx([0.01 + 0.1 + 0.5, 0.5])
     assert idle_summary([event("aten::mm", 0, 10, DeviceType.CPU)]) == {}
+
+
+def test_idle_gaps_lists_the_long_stretches_longest_first_with_the_host_work_meanwhile() -> None:
+    def event(name: str, start: float, end: float, device: DeviceType = DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               is_user_annotation=False)
+
+    events = [event("aten::mm", 0, 3000, DeviceType.CPU), event("aten::pin_memory", 600, 1400, DeviceType.CPU),
+              event("k1", 0, 100), event("k2", 50, 600), event("k3", 1400, 1500), event("k4", 2100, 2200)]
+    rows = idle_gaps(events, min_us=500.0)
+    assert [(r["start_ms"], r["ms"]) for r in rows] == [(0.6, 0.8), (1.5, 0.6)]  # k1 and k2 overlap: no gap
+    assert rows[0]["host"] == ["aten::mm", "aten::pin_memory"] and rows[1]["host"] == ["aten::mm"]
