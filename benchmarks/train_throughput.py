@@ -262,6 +262,38 @@ def _init_distributed() -> None:
         dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
 
 
+def _timed_synced(engine: FSDPEngine, batches: list[dict]) -> tuple[list[float], list[dict]]:
+    """Each step between two synchronisations: its wall time includes the host's ramp before the
+    device has work queued."""
+    times, results = [], []
+    for batch in batches:
+        _sync()
+        start = time.perf_counter()
+        results.append(engine.train_batch(batch, pg_loss, token_weight))
+        _sync()
+        times.append(time.perf_counter() - start)
+    return times, results
+
+
+def _timed_pipelined(engine: FSDPEngine, batches: list[dict]) -> tuple[list[float], list[dict]]:
+    """The steps back to back: step ``k``'s stats are read after step ``k + 1`` is submitted. A
+    step's time runs from the previous read-back to its own, so the times sum to the window
+    between a synchronisation before the first step and the last read-back."""
+    times, results = [], []
+    _sync()
+    last = time.perf_counter()
+    previous = None
+    for batch in [*batches, None]:
+        submitted = engine.submit_train_batch(batch, pg_loss, token_weight) if batch is not None else None
+        if previous is not None:
+            results.append(previous.result())
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        previous = submitted
+    return times, results
+
+
 def run(args: argparse.Namespace) -> dict:
     _init_distributed()
     world = dist.get_world_size()
@@ -290,29 +322,26 @@ def run(args: argparse.Namespace) -> dict:
     if not args.spill:
         batches = [fill_micro_batches(b, cfg.micro_batch, args.mbs_per_step) for b in batches]
     mbs_run = [split_into_micro_batches(b, cfg.micro_batch).n_micro_batches for b in batches[args.warmup:]]
-    times, tokens, flops = [], [], []
+    for step, batch in enumerate(batches[:args.warmup]):
+        engine.train_batch(batch, pg_loss, token_weight)
+    _sync()
+    graphs_after_warmup = _dynamo_counts()["unique_graphs"]
+    if args.freeze_gc:
+        _freeze_gc()
+    profile_summary = _profile_step(engine, batches[max(args.warmup, 1) - 1]) if args.profile else None
+    timed = batches[args.warmup:]
     allocator_before = _allocator_counts()
-    graphs_after_warmup = 0
-    profile_summary = None
-    for step, batch in enumerate(batches):
-        _sync()
-        start = time.perf_counter()
-        stats = engine.train_batch(batch, pg_loss, token_weight)
-        _sync()
-        elapsed = time.perf_counter() - start
-        if args.freeze_gc and step == max(args.warmup, 1) - 1:
-            _freeze_gc()
-        if args.profile and step == max(args.warmup, 1) - 1:
-            profile_summary = _profile_step(engine, batch)
-        if step == args.warmup - 1:
-            graphs_after_warmup = _dynamo_counts()["unique_graphs"]
-        if step >= args.warmup:
-            times.append(elapsed)
-            tokens.append(stats["n_tokens"])
-            step_fl = torch.tensor([step_flops(batch, n_params, shape) if info.is_dp_head else 0.0],
-                                   dtype=torch.float64, device=engine.device)
-            dist.all_reduce(step_fl)
-            flops.append(float(step_fl))
+    if args.sync_every_step:
+        times, results = _timed_synced(engine, timed)
+    else:
+        times, results = _timed_pipelined(engine, timed)
+    tokens = [stats["n_tokens"] for stats in results]
+    flops = []
+    for batch in timed:
+        step_fl = torch.tensor([step_flops(batch, n_params, shape) if info.is_dp_head else 0.0],
+                               dtype=torch.float64, device=engine.device)
+        dist.all_reduce(step_fl)
+        flops.append(float(step_fl))
     allocator_calls = {k: v - allocator_before[k] for k, v in _allocator_counts().items()}
     if args.freeze_gc:
         gc.enable()
@@ -334,6 +363,8 @@ def run(args: argparse.Namespace) -> dict:
         "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": args.compile_blocks_per_graph,
         "lm_head_keep_logits": args.lm_head_keep_logits,
         "step_times_s": times,
+        "timing": "each step synchronised" if args.sync_every_step else
+                  "pipelined: step k's stats read after step k+1 is submitted",
         "micro_batches_per_step": mbs_run, "spill": args.spill,
         "gc": "frozen and off after the warm-up" if args.freeze_gc else "default",
         "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
@@ -381,6 +412,10 @@ def main() -> None:
     parser.add_argument("--freeze-gc", action="store_true",
                         help="after the warm-up, collect once, gc.freeze() and gc.disable() (Python's garbage "
                              "collector cannot pause a timed or profiled step)")
+    parser.add_argument("--sync-every-step", action="store_true",
+                        help="time each step on its own, between two device synchronisations (the measurement "
+                             "before the tenth session); by default the timed steps run back to back, each "
+                             "step's stats read after the next step is submitted, as the SFT loop does")
     parser.add_argument("--profile", action="store_true",
                         help="profile one extra step: the top operators, the GPU-busy fraction and every "
                              "host-device synchronisation with the Python line that caused it")
@@ -421,7 +456,8 @@ def main() -> None:
             f"{'_kept_logits' if args.lm_head_keep_logits else ''}"
             f"{'_' + args.attn_implementation if args.attn_implementation else ''}"
             f"{'_spill' if args.spill else ''}"
-            f"{'_frozen_gc' if args.freeze_gc else ''}.json"
+            f"{'_frozen_gc' if args.freeze_gc else ''}"
+            f"{'_synced' if args.sync_every_step else ''}.json"
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))

@@ -54,6 +54,27 @@ SaveFormat = Literal["hf", "dcp"]
 TrainStats = dict[str, float]
 
 
+class SubmittedStep(abc.ABC):
+    """An optimizer step that :meth:`TrainEngine.submit_train_batch` queued: its stats are read back
+    by :meth:`result`. Read the steps in the order they were submitted, on every rank (the read can
+    be a data-parallel collective)."""
+
+    @abc.abstractmethod
+    def result(self) -> TrainStats:
+        """The step's stats, as :meth:`TrainEngine.train_batch` returns them (waits for the device;
+        later calls return the same values)."""
+
+
+class CompletedStep(SubmittedStep):
+    """A step whose stats are already on the host (engines that cannot queue a step)."""
+
+    def __init__(self, stats: TrainStats) -> None:
+        self._stats = dict(stats)
+
+    def result(self) -> TrainStats:
+        return dict(self._stats)
+
+
 @dataclass(frozen=True)
 class ParallelInfo:
     """Where this rank sits in the engine's device mesh."""
@@ -93,6 +114,13 @@ class TrainEngine(abc.ABC):
         data-parallel ranks, ``grad_norm`` (before clipping), ``lr`` (used for this step) and
         ``n_tokens`` (summed over data-parallel ranks). Does not step the LR schedule.
         """
+
+    def submit_train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> SubmittedStep:
+        """:meth:`train_batch` without waiting for its stats: the step's work is queued and
+        :meth:`SubmittedStep.result` reads them back. A loop that reads step ``k``'s stats after
+        submitting step ``k + 1`` lets the host prepare the next step while the device still runs
+        this one. The default runs :meth:`train_batch` at once."""
+        return CompletedStep(self.train_batch(batch, loss_fn, loss_weight_fn))
 
     @abc.abstractmethod
     def eval_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:

@@ -89,10 +89,13 @@ class RLStep:
                 "raise train.batch_size or lower ppo_n_minibatches"
             )
         bounds = [round(i * n_seqs / n_mb) for i in range(n_mb + 1)]
+        # every mini-batch's step is queued before any is read back: the host splits the next
+        # mini-batch while the device runs the previous one
+        steps = [engine.submit_train_batch(select_sequences(share, range(lo, hi)), loss_fn, weight_fn)
+                 for lo, hi in zip(bounds, bounds[1:])]
         totals: dict[str, float] = {}
-        for lo, hi in zip(bounds, bounds[1:]):
-            stats = engine.train_batch(select_sequences(share, range(lo, hi)), loss_fn, weight_fn)
-            for key, value in stats.items():
+        for step in steps:
+            for key, value in step.result().items():
                 totals[key] = totals.get(key, 0.0) + float(value) / n_mb
         return totals
 

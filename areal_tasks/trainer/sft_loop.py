@@ -1,9 +1,10 @@
 """The SFT loop of one train rank: demonstrations -> packed batches -> FSDP engine steps -> HF model.
 
 Every rank builds the same global batch for a step (the data order depends only on the seed), takes
-its data-parallel share (``dp_split``) and calls ``train_batch`` with the SFT loss; the engine
-weights micro-batches and ranks by loss tokens, so the logged loss is the token-mean negative
-log-likelihood of the whole global batch. Rank 0 shows a progress bar and appends one JSON line per
+its data-parallel share (``dp_split``) and submits it with the SFT loss (``submit_train_batch``: a
+step's stats are read after the next step is submitted); the engine weights micro-batches and ranks
+by loss tokens, so the logged loss is the token-mean negative log-likelihood of the whole global
+batch. Rank 0 shows a progress bar and appends one JSON line per
 step to the metrics file. The model is saved in HF format at the end (every rank takes part).
 """
 
@@ -26,6 +27,7 @@ from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.trainer.sft_data import Transcript, pack_transcripts, sft_loss, sft_loss_weight
 
 if TYPE_CHECKING:
+    from areal_tasks.api.train_engine import SubmittedStep
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.config.job import JobConfig
 
@@ -105,15 +107,9 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
         paths.metrics.parent.mkdir(parents=True, exist_ok=True)
         paths.metrics.write_text("", encoding="utf-8")
     bar = tqdm(range(steps), desc="sft", disable=not is_main, dynamic_ncols=True)
-    for step in bar:
-        torch.manual_seed(seed * 1_000_003 + step)
-        random.seed(seed * 1_000_003 + step)
-        picked = step_indices(len(transcripts), cfg.train.batch_size, step, seed, cfg.dataset.shuffle)
-        batch = pack_transcripts([transcripts[i] for i in picked])
-        local = dp_split(batch, info.dp_size, granularity=granularity)[info.dp_rank] if info.dp_size > 1 else batch
-        started = time.perf_counter()
-        stats = engine.train_batch(local, sft_loss, sft_loss_weight)
-        engine.step_lr_scheduler()
+
+    def record(step: int, submitted: SubmittedStep, started: float) -> None:
+        stats = submitted.result()
         if not math.isfinite(stats["loss"]):
             raise EngineError(f"SFT step {step}: the loss is {stats['loss']}")
         if is_main:
@@ -122,6 +118,24 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
                    "n_tokens": stats["n_tokens"], "step_s": time.perf_counter() - started}
             with paths.metrics.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
+
+    # a step's stats are read after the next step is submitted: the host packs the next batch while
+    # the device still runs this one
+    previous: tuple[int, SubmittedStep, float] | None = None
+    for step in bar:
+        torch.manual_seed(seed * 1_000_003 + step)
+        random.seed(seed * 1_000_003 + step)
+        picked = step_indices(len(transcripts), cfg.train.batch_size, step, seed, cfg.dataset.shuffle)
+        batch = pack_transcripts([transcripts[i] for i in picked])
+        local = dp_split(batch, info.dp_size, granularity=granularity)[info.dp_rank] if info.dp_size > 1 else batch
+        started = time.perf_counter()
+        submitted = engine.submit_train_batch(local, sft_loss, sft_loss_weight)
+        engine.step_lr_scheduler()
+        if previous is not None:
+            record(*previous)
+        previous = (step, submitted, started)
+    if previous is not None:
+        record(*previous)
     bar.close()
     engine.save(str(paths.model_dir), format="hf")
     engine.destroy()

@@ -26,13 +26,15 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.train_engine import Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, TrainEngine, TrainStats
+from areal_tasks.api.train_engine import (Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, SubmittedStep, TrainEngine,
+                                         TrainStats)
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
 from areal_tasks.engine.fsdp.optim import (build_lr_scheduler, build_optimizer, clip_coefficient, clip_grad_norm,
                                           global_grad_norm)
 from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
+from areal_tasks.engine.fsdp.step_stats import PendingStats, QueuedStep, WeightedSums
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -187,16 +189,16 @@ class FSDPEngine(TrainEngine):
         dist.all_reduce(tensor, group=self.mesh.dp_group)
         return tensor.tolist()
 
-    def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> _PendingStats:
+    def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> PendingStats:
         """Forward (and backward) of every micro-batch; the stats stay on the device until
-        :meth:`_PendingStats.read` (a step can queue its optimizer work first). With the flat
+        :meth:`PendingStats.read` (a step can queue its optimizer work first). With the flat
         buffers the weights' cast to the compute dtype is queued first, so the device runs it while
         the host plans the micro-batches."""
         with self._computing():
             return self._run_micro_batches(batch, loss_fn, loss_weight_fn, backward=backward)
 
     def _run_micro_batches(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *,
-                           backward: bool) -> _PendingStats:
+                           backward: bool) -> PendingStats:
         import torch
 
         plan, device_mbs, bounds = self._plan(batch)
@@ -208,7 +210,7 @@ class FSDPEngine(TrainEngine):
             raise EngineError("the loss weights of the whole batch sum to 0 on every rank: nothing to train on")
         # FSDP averages gradients over dp x sp; each rank's term is already exactly weighted.
         grad_scale = float(self.mesh.fsdp_mesh.size())
-        sums = _WeightedSums()
+        sums = WeightedSums()
         # one FSDP unit: gather (and cast) the parameters once a step, not once a micro-batch; the
         # last backward reshards (also after an error, so no later step keeps them gathered)
         keep_gathered = backward and self._fsdp_wrap == "root" and len(device_mbs) > 1
@@ -231,7 +233,7 @@ class FSDPEngine(TrainEngine):
         finally:
             if keep_gathered:
                 self.model.set_reshard_after_backward(True)
-        return _PendingStats(self, sums, total_weight, n_tokens)
+        return PendingStats(self._all_reduce_dp, sums, total_weight, n_tokens)
 
     def _computing(self) -> contextlib.AbstractContextManager[None]:
         """Around a step's forwards and backwards: with ``fsdp_wrap=none`` the modules hold the
@@ -245,7 +247,7 @@ class FSDPEngine(TrainEngine):
         """
         return self._accumulate(batch, loss_fn, loss_weight_fn).read()
 
-    def _accumulate(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> _PendingStats:
+    def _accumulate(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> PendingStats:
         self._require_trainable()
         self.model.train()
         pending = self._run(batch, loss_fn, loss_weight_fn, backward=True)
@@ -262,28 +264,33 @@ class FSDPEngine(TrainEngine):
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
         """Gradients of ``batch``, clipped, and one optimizer step; a non-finite gradient norm skips
-        the step (``update_skipped``). With the flat buffers and the fused AdamW (one GPU) the
-        update kernel clips and skips on the device (:meth:`_fused_step`), so the host reads
-        nothing back until the whole step is queued: the device never waits for the host mid-step."""
+        the step (``update_skipped``): :meth:`submit_train_batch`, then its stats."""
+        return self.submit_train_batch(batch, loss_fn, loss_weight_fn).result()
+
+    def submit_train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> SubmittedStep:
+        """Queue :meth:`train_batch`'s work and return before reading anything back.
+
+        With the flat buffers and the fused AdamW (one GPU) the update kernel clips and skips on the
+        device (:meth:`_fused_step`), so the host never waits for the device: the returned step's
+        ``result()`` is the step's only read-back, and a loop that submits the next batch first
+        keeps the device busy while the host prepares it. Otherwise (CPU, FSDP's sharded
+        gradients) the host reads the gradient norm to decide the step, and only the losses wait."""
         self.zero_grad()
         pending = self._accumulate(batch, loss_fn, loss_weight_fn)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        on_device = self._skips_on_device
-        if on_device:
+        if self._skips_on_device:
             norm = global_grad_norm(self.params)
-            self._fused_step(norm)  # queued before anything is read back
+            self._fused_step(norm)
+            step = QueuedStep(pending, norm, lr, skip_logged=False)
         else:
-            norm = clip_grad_norm(self.params, self.config.optimizer.grad_clip)
-        stats = pending.read()  # the step's read-back
-        grad_norm = float(norm)
-        stepped = math.isfinite(grad_norm)
-        if stepped and not on_device:
-            self.optimizer.step()
-        if not stepped:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-        stats.update(lr=lr, grad_norm=grad_norm, update_skipped=0.0 if stepped else 1.0)
+            grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+            step = QueuedStep(pending, grad_norm, lr, skip_logged=True)
         self.zero_grad()
-        return stats
+        return step
 
     def _fused_step(self, norm: torch.Tensor) -> None:
         """One fused AdamW step that clips and skips on the device: the gradients are divided by
@@ -413,56 +420,6 @@ class FSDPEngine(TrainEngine):
         self.model = self.optimizer = self.lr_scheduler = None
         self._weight_specs = self.staged_weights = None
         self._initialized = False
-
-
-class _PendingStats:
-    """A step's losses and stats, still on the device: :meth:`read` reads them back (once, all
-    together) and averages them over the batch's loss weight, across dp ranks too."""
-
-    def __init__(self, engine: FSDPEngine, sums: _WeightedSums, total_weight: float, n_tokens: float) -> None:
-        self._engine, self._sums = engine, sums
-        self._total_weight, self._n_tokens = total_weight, n_tokens
-
-    def read(self) -> TrainStats:
-        totals = self._sums.totals()
-        keys = sorted(totals)
-        reduced = self._engine._all_reduce_dp([totals[k] for k in keys]) if keys else []
-        result: TrainStats = {k: v / self._total_weight for k, v in zip(keys, reduced)}
-        result["n_tokens"] = self._n_tokens
-        return result
-
-
-class _WeightedSums:
-    """Weighted sums of per-micro-batch losses/stats: tensors stay on their device (no read-back per
-    micro-batch), Python numbers on the host; :meth:`totals` reads everything back once."""
-
-    def __init__(self) -> None:
-        self.host: dict[str, float] = {}
-        self.device: dict[str, Any] = {}
-
-    def add(self, values: dict[str, Any], weight: float) -> None:
-        import torch
-
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise EngineError(f"loss/stat {key!r} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-                term = value.detach().reshape(()).to(torch.float64) * weight
-                self.device[key] = term if key not in self.device else self.device[key] + term
-            else:
-                self.host[key] = self.host.get(key, 0.0) + float(value) * weight
-
-    def totals(self) -> dict[str, float]:
-        import torch
-
-        out = dict(self.host)
-        if self.device:
-            keys = list(self.device)
-            first = self.device[keys[0]].device
-            values = torch.stack([self.device[k].to(first) for k in keys]).tolist()
-            for key, value in zip(keys, values):
-                out[key] = out.get(key, 0.0) + value
-        return out
 
 
 def _to_device(mb: Batch, device: torch.device) -> Batch:
