@@ -68,6 +68,53 @@ def _reference(q, k, v, lengths, scale):
     return torch.cat(outs)
 
 
+class _FlashNativeGQA(torch.autograd.Function):
+    """torch's flash kernels called directly with the key/value heads as they are (the kernel maps
+    every group of query heads onto its key/value head): no repeated copies forward, no sum over
+    the copies backward. torch 2.11's ``varlen_attn`` has no ``enable_gqa`` and repeats them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_len, scale):
+        out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, seed, offset,
+            scale=ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def _flex_kernel(lengths: list[int], scale: float):
+    """FlexAttention (Triton, compiled) over the whole packed row with a document-causal block mask
+    (blocks outside every sequence are skipped), native GQA; returns (call, mask build ms)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    device = torch.device("cuda")
+    total = sum(lengths)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    build = lambda: create_block_mask(document_causal, None, None, total, total, device=device)  # noqa: E731
+    mask = build()
+    mask_ms = cuda_median_ms(build, 5, warmup=1)
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def call(q, k, v):
+        out = flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=mask,
+                   scale=scale, enable_gqa=True)
+        return out[0].transpose(0, 1)
+
+    return call, mask_ms
+
+
 def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
     device = torch.device("cuda")
     total, scale = sum(lengths), HEAD_DIM**-0.5
@@ -78,12 +125,23 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
     grad = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     max_len = max(lengths)
-    kernels = {"flash": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale)}
+    kernels = {"flash": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale),
+               "flash_gqa": lambda a, b, c: _FlashNativeGQA.apply(a, b, c, cu, max_len, scale)}
+    extra: dict[str, dict] = {}
+    try:
+        kernels["flex"], mask_ms = _flex_kernel(lengths, scale)
+        extra["flex"] = {"mask_build_ms": mask_ms}
+    except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
+        results_error = f"{type(exc).__name__}: {exc}"[:400]
+        extra["flex"] = {"error": results_error}
     reference = _reference(q, k, v, lengths, scale)
     fwd_flops = attention_flops(lengths)
-    results = []
+    results = [] if "error" not in extra.get("flex", {}) else [
+        {"mix": name, "kernel": "flex", "tokens": total, "sequences": len(lengths), **extra["flex"]}]
+    flash_grads = None
     for kernel, fn in kernels.items():
-        row = {"mix": name, "kernel": kernel, "tokens": total, "sequences": len(lengths), "max_len": max_len}
+        row = {"mix": name, "kernel": kernel, "tokens": total, "sequences": len(lengths), "max_len": max_len,
+               **extra.get(kernel, {})}
         try:
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             out = fn(*leaves)
@@ -100,6 +158,11 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
             row["forward_backward_tflops"] = 3.5 * fwd_flops / row["forward_backward_ms"] / 1e9
             row["max_abs_diff_vs_fp32"] = float((out.detach().float() - reference).abs().max())
             row["grad_norms"] = [float(g.float().norm()) for g in grads]
+            if kernel == "flash":
+                flash_grads = grads
+            elif flash_grads is not None:
+                row["max_grad_diff_vs_flash"] = max(float((g.float() - f.float()).abs().max())
+                                                   for g, f in zip(grads, flash_grads))
         except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         results.append(row)
@@ -115,14 +178,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("varlen_attention.py needs CUDA (it times GPU kernels)")
     rows = [row for name, lengths in length_mixes(args.tokens).items() for row in run_mix(name, lengths, args.iters)]
-    print(f"{'mix':<14} {'kernel':<6} {'seqs':>5} {'fwd ms':>8} {'TFLOP/s':>8} {'f+b ms':>8} {'TFLOP/s':>8} "
-          f"{'vs fp32':>8}")
+    print(f"{'mix':<14} {'kernel':<9} {'seqs':>5} {'fwd ms':>8} {'TFLOP/s':>8} {'f+b ms':>8} {'TFLOP/s':>8} "
+          f"{'vs fp32':>8} {'mask ms':>8}")
     for r in rows:
         if "error" in r:
-            print(f"{r['mix']:<14} {r['kernel']:<6} {r['sequences']:>5}  {r['error']}")
+            print(f"{r['mix']:<14} {r['kernel']:<9} {r['sequences']:>5}  {r['error']}")
             continue
-        print(f"{r['mix']:<14} {r['kernel']:<6} {r['sequences']:>5} {r['forward_ms']:>8.3f} {r['forward_tflops']:>8.1f} "
-              f"{r['forward_backward_ms']:>8.3f} {r['forward_backward_tflops']:>8.1f} {r['max_abs_diff_vs_fp32']:>8.4f}")
+        mask = f"{r['mask_build_ms']:>8.3f}" if "mask_build_ms" in r else f"{'-':>8}"
+        print(f"{r['mix']:<14} {r['kernel']:<9} {r['sequences']:>5} {r['forward_ms']:>8.3f} {r['forward_tflops']:>8.1f} "
+              f"{r['forward_backward_ms']:>8.3f} {r['forward_backward_tflops']:>8.1f} {r['max_abs_diff_vs_fp32']:>8.4f} {mask}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                     "heads": HEADS, "kv_heads": KV_HEADS,
