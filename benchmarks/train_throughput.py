@@ -9,7 +9,11 @@ in a further, nearly empty micro-batch (a long-tail mix never packs exactly) are
 runs exactly ``--mbs-per-step`` micro-batches (``--spill`` keeps them: a sliver micro-batch of
 38-188 tokens a step, as every run before the eighth session had). After
 ``--warmup`` steps, ``--steps`` timed ``train_batch`` calls (forward, backward, clipping, AdamW)
-are measured.
+are measured, back to back as a training loop runs them: each step is submitted
+(``engine.submit_train_batch``) before the previous step's stats are read, and a step's time runs
+from one read-back to the next, so the times add up to the whole window. ``--sync-every-step``
+times each step between two device synchronisations instead (the measurement before the tenth
+session: it includes the host's ramp at every step's start, while the device has nothing queued).
 
 MFU = (6 * params * tokens + attention FLOPs) / step time / peak FLOP/s (per GPU, ``--peak-flops``,
 default 795e12 for bf16 on an H200). Attention FLOPs count the causal score and value matmuls of
@@ -20,9 +24,10 @@ checkpointing is not counted (that would be hardware FLOPs utilisation).
 Prints a table and writes JSON (``benchmarks/results/train_throughput_<preset>_dp<d>sp<s>tp<t>.json``
 by default), both naming the attention and LM-head paths the engine ran (``engine.kernels``: e.g.
 ``areal_varlen`` attention, the chunked fused LM head). ``--attn-implementation sdpa`` and
-``--no-chunked-head`` select the previous paths for comparison. ``--profile`` profiles one extra
-step: the costliest operators by device and by host time, and the GPU-busy fraction (union of the
-device kernels' intervals over the step's wall time; the rest is the device waiting for the host).
+``--no-chunked-head`` select the previous paths for comparison. ``--profile`` profiles the
+warm-up's last two batches again, back to back (one step with ``--sync-every-step``): the
+costliest operators by device and by host time, and the GPU-busy fraction (union of the device
+kernels' intervals over the profiled span; the rest is the device waiting for the host).
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
 on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
@@ -147,19 +152,25 @@ def step_flops(batch: dict, n_params: int, shape: dict) -> float:
     return 6.0 * n_params * float(lengths.sum()) + attn
 
 
-def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
-    """One extra (untimed) step under the torch profiler; rank 0 prints the costliest operators and
-    returns ``{"step_s", "gpu_busy_s", "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels",
-    "idle_gaps", "idle"}`` (None on
-    CPU). Busy time counts device kernels only, not the device-side spans of annotated regions."""
+def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
+    """Extra (untimed) steps under the torch profiler: one step on its own, or several back to back
+    as the pipelined timing runs them (each step's stats read after the next is submitted). Rank 0
+    prints the costliest operators and returns ``{"steps", "step_s", "gpu_busy_s",
+    "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels", "idle_gaps", "idle"}`` (None on
+    CPU), times per step (the profiled span over ``steps``). Busy time counts device kernels only,
+    not the device-side spans of annotated regions."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     _sync()
     with profile(activities=activities) as prof, _synchronisations() as syncs:
-        engine.train_batch(batch, pg_loss, token_weight)
+        if len(batches) == 1:
+            engine.train_batch(batches[0], pg_loss, token_weight)
+        else:
+            _timed_pipelined(engine, batches)
     _sync()
+    n = len(batches)
     if dist.get_rank() != 0:
         return None
     averages = prof.key_averages()
@@ -175,11 +186,11 @@ def _profile_step(engine: FSDPEngine, batch: dict) -> dict | None:
     end = max(e.time_range.end for e in events)
     kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
     fraction = busy_fraction(kernels, start, end)
-    summary = {"step_s": (end - start) / 1e6, "gpu_busy_s": fraction * (end - start) / 1e6,
+    summary = {"steps": n, "step_s": (end - start) / 1e6 / n, "gpu_busy_s": fraction * (end - start) / 1e6 / n,
                "gpu_busy_fraction": fraction}
-    print(f"profiled step {summary['step_s']:.3f} s, GPU busy {summary['gpu_busy_s']:.3f} s "
+    print(f"profiled {n} step(s): {summary['step_s']:.3f} s a step, GPU busy {summary['gpu_busy_s']:.3f} s "
           f"({100 * fraction:.1f} %)")
-    summary["device_ms_by_kind"] = device_time_by_kind(events)
+    summary["device_ms_by_kind"] = {kind: ms / n for kind, ms in device_time_by_kind(events).items()}
     print("device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items()))
     summary["device_top_kernels"] = top_kernels_by_kind(events)
     for kind, rows in summary["device_top_kernels"].items():
@@ -328,7 +339,12 @@ def run(args: argparse.Namespace) -> dict:
     graphs_after_warmup = _dynamo_counts()["unique_graphs"]
     if args.freeze_gc:
         _freeze_gc()
-    profile_summary = _profile_step(engine, batches[max(args.warmup, 1) - 1]) if args.profile else None
+    if args.profile:  # the warm-up's last batches again: one step, or two back to back as timed
+        last = max(args.warmup, 1)
+        profiled = batches[last - 1:last] if args.sync_every_step else batches[max(last - 2, 0):last]
+        profile_summary = _profile_step(engine, profiled)
+    else:
+        profile_summary = None
     timed = batches[args.warmup:]
     allocator_before = _allocator_counts()
     if args.sync_every_step:
@@ -417,8 +433,9 @@ def main() -> None:
                              "before the tenth session); by default the timed steps run back to back, each "
                              "step's stats read after the next step is submitted, as the SFT loop does")
     parser.add_argument("--profile", action="store_true",
-                        help="profile one extra step: the top operators, the GPU-busy fraction and every "
-                             "host-device synchronisation with the Python line that caused it")
+                        help="profile extra steps on the warm-up's last batches (two back to back, or one with "
+                             "--sync-every-step): the top operators, the GPU-busy fraction, device time by kind per "
+                             "step and every host-device synchronisation with the Python line that caused it")
     parser.add_argument("--peak-flops", type=float, default=795e12, help="peak FLOP/s of one device")
     parser.add_argument("--model-root", default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
                         help="where rank 0 writes the random model (a folder every rank can read)")

@@ -25,8 +25,10 @@ back to the host) entirely.
 
 The varlen API changed between torch releases (2.10: ``is_causal``; later: ``window_size``,
 ``scale``, ``enable_gqa``), so :func:`varlen_packed` inspects the signature once and adapts:
-without ``scale`` the query is pre-scaled, without ``enable_gqa`` the key/value heads are repeated,
-and without ``window_size`` sliding-window layers use the block mask.
+without ``scale`` the query is pre-scaled, without ``enable_gqa`` grouped key/value heads go to
+torch's flash kernels through the engine's own custom op (``flash_gqa.py``; 28% faster forward +
+backward than repeating the heads on one H200; a sliding window still repeats them), and without
+``window_size`` sliding-window layers use the block mask.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 _UNPROBED: Any = object()
 _flash_attn: Any = _UNPROBED
 _varlen: Any = _UNPROBED
+_gqa_op: Any = _UNPROBED
 
 
 def flash_attn_installed() -> bool:
@@ -111,10 +114,21 @@ def _varlen_api() -> tuple[Callable[..., Any], frozenset[str]] | None:
     return _varlen
 
 
+def _native_gqa() -> Callable[..., Any]:
+    """:func:`flash_gqa.flash_varlen_gqa` (imported once: importing it registers its custom ops)."""
+    global _gqa_op
+    if _gqa_op is _UNPROBED:
+        from areal_tasks.engine.fsdp.flash_gqa import flash_varlen_gqa
+
+        _gqa_op = flash_varlen_gqa
+    return _gqa_op
+
+
 def probe_kernels() -> None:
     """Look up the optional attention kernels now, in eager code (before blocks are compiled)."""
     flash_attn_installed()
-    _varlen_api()
+    if _varlen_api() is not None:
+        _native_gqa()
 
 
 def varlen_api_available() -> bool:
@@ -153,6 +167,14 @@ def varlen_packed(
     if api is None:
         raise EngineError("torch.nn.attention.varlen is not available in this torch (needs torch >= 2.10)")
     fn, params = api
+    head_dim = q.shape[-1]
+    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and q.shape[1] % k.shape[1] != 0:
+        raise EngineError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+    if grouped and "enable_gqa" not in params and sliding_window is None:
+        # torch's flash kernels over the grouped heads as they are, through the engine's own op
+        return _native_gqa()(q, k, v, cu, max_len, head_dim**-0.5 if scaling is None else scaling)
     kwargs: dict[str, Any] = {}
     if "window_size" in params:  # (-1, 0): causal; (w - 1, 0): causal within the last w keys
         kwargs["window_size"] = (-1, 0) if sliding_window is None else (int(sliding_window) - 1, 0)
@@ -162,7 +184,6 @@ def varlen_packed(
         if sliding_window is not None:
             raise EngineError("this torch's varlen_attn has no window_size: sliding-window layers need the block mask")
         kwargs["is_causal"] = True
-    head_dim = q.shape[-1]
     default_scale = head_dim**-0.5
     # plain arithmetic, not math.isclose: inside a compiled block head_dim is symbolic
     if scaling is not None and abs(scaling - default_scale) > 1e-6 * default_scale:
@@ -170,15 +191,12 @@ def varlen_packed(
             kwargs["scale"] = float(scaling)
         else:  # the kernel applies 1/sqrt(D): fold the rest into the query
             q = q * (scaling * math.sqrt(head_dim))
-    if k.shape[1] != q.shape[1]:
-        if q.shape[1] % k.shape[1] != 0:
-            raise EngineError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+    if grouped:
         if "enable_gqa" in params:
             kwargs["enable_gqa"] = True
-        else:
+        else:  # a sliding window on a torch without enable_gqa: repeat the key/value heads
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
     # max_len as given: inside a compiled block it is a symbolic int, and int() would specialise on it
     return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kwargs)
 
