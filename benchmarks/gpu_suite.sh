@@ -16,8 +16,8 @@
 # kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests),
 # train (train throughput, 1 GPU, compiled, profiled; TRAIN_ARGS adds options), train_groups (the same with 4
 # decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
-# LM head's logits kept for the backward), train_flat (4 blocks a graph, logits kept, and no FSDP:
-# fsdp_wrap=none), attnbench (the varlen flash attention by length mix, benchmarks/varlen_attention.py),
+# LM head's logits kept for the backward), train_flat (8 blocks a graph, logits kept, and no FSDP:
+# fsdp_wrap=none; BLOCKS_PER_GRAPH sets another number), attnbench (the varlen flash attention by length mix, benchmarks/varlen_attention.py),
 # train_eager (train without torch.compile),
 # train2 (dp=2 per-block, dp=2 as one FSDP unit, and tp=2 on two GPUs), wrap (train2 without tp=2), gputests (every test marked gpu),
 # flatgpu (fsdp_wrap=none against one FSDP unit on a GPU), bcast (NCCL broadcast between
@@ -136,7 +136,7 @@ for p in "$@"; do
         train_groups) part train1_groups 300 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
             --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} ${TRAIN_ARGS:-} ;;
         train_flat) part train1_flat 300 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
-            --fsdp-wrap none --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-4} --lm-head-keep-logits ${TRAIN_ARGS:-} ;;
+            --fsdp-wrap none --compile-blocks-per-graph ${BLOCKS_PER_GRAPH:-8} --lm-head-keep-logits ${TRAIN_ARGS:-} ;;
         attnbench) part attnbench 150 python benchmarks/varlen_attention.py ;;
         train_kept) part train1_kept 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile \
             --lm-head-keep-logits ${TRAIN_ARGS:-} ;;

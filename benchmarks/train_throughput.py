@@ -31,8 +31,9 @@ kernels' intervals over the profiled span; the rest is the device waiting for th
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
 on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
-("Train throughput (H200)"); one GPU now runs 113,660 tokens/s, 47.3% MFU (no FSDP, four blocks a
-compiled graph, the LM head's logits kept: ``bash benchmarks/gpu_suite.sh train_flat``). With
+("Train throughput (H200)"); one GPU now runs 118,794 tokens/s, 49.4% MFU on the 5-step batches
+(no FSDP, four blocks a compiled graph, the LM head's logits kept) and 115,559, 48.1% over 10
+steps with eight blocks a graph (``bash benchmarks/gpu_suite.sh train_flat``). With
 ``--profile`` the JSON also records where the device waited (``profile.idle``: before the first
 kernel, after the last, by gap length and by tenth of the step).
 
