@@ -70,10 +70,11 @@ class HostCopy:
         first = scalars[0].device
         stacked = torch.stack([t.detach().reshape(()).to(first, torch.float64) for t in scalars])
         if stacked.is_cuda:
-            self._host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-            self._host.copy_(stacked, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+            with torch.cuda.device(stacked.device):  # the copy and the event on that device's stream
+                self._host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                self._host.copy_(stacked, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
         else:
             self._host = stacked
 
@@ -96,12 +97,14 @@ class PendingStats:
 
     def stage(self, extra: Sequence[torch.Tensor] = ()) -> StagedStats:
         """Queue the copy of the stats and of ``extra`` to the host; nothing waits yet."""
-        return StagedStats(self, HostCopy([*self._sums.device.values(), *extra]))
+        device = list(self._sums.device.values())
+        return StagedStats(self, HostCopy([*device, *extra]), len(device))
 
     def read(self) -> TrainStats:
         return self.stage().read()[0]
 
     def finish(self, device_values: list[float]) -> TrainStats:
+        """The stats from the read-back of the device sums (in their order): averaged, dp-reduced."""
         totals = self._sums.totals(device_values)
         keys = sorted(totals)
         reduced = self._all_reduce([totals[k] for k in keys]) if keys else []
@@ -113,9 +116,8 @@ class PendingStats:
 class StagedStats:
     """:class:`PendingStats` whose copy to the host is queued."""
 
-    def __init__(self, pending: PendingStats, copy: HostCopy) -> None:
-        self._pending, self._copy = pending, copy
-        self._n_stats = len(pending._sums.device)
+    def __init__(self, pending: PendingStats, copy: HostCopy, n_stats: int) -> None:
+        self._pending, self._copy, self._n_stats = pending, copy, n_stats
 
     def read(self) -> tuple[TrainStats, list[float]]:
         """(the stats, the ``extra`` values in their order): waits for the copy, then the dp all-reduce."""
