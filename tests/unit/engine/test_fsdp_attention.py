@@ -66,16 +66,24 @@ def old_api(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False
     return _reference_varlen(query, key, value, cu_seq_q, max_q, max_k)
 
 
+def native_gqa(query, key, value, cu_seqlens, max_len, scale):
+    """Stands in for ``flash_gqa.flash_varlen_gqa`` (torch's flash kernels need CUDA)."""
+    assert cu_seqlens.dtype == torch.int32 and key.shape[1] < query.shape[1]
+    return _reference_varlen(query, key, value, cu_seqlens, max_len, max_len, scale=scale, gqa=True)
+
+
 @pytest.mark.parametrize("api", [new_api, old_api], ids=["torch>=2.11-style", "torch-2.10-style"])
 @pytest.mark.parametrize("scaling", [None, 0.1])  # None: the default 1/sqrt(16) = 0.25
 @pytest.mark.parametrize("window", [None, 3])
 def test_varlen_adapter_matches_each_sequence_alone(api, scaling, window, monkeypatch):
-    """``varlen_packed`` translates causal / sliding window / scale / GQA for either varlen signature."""
+    """``varlen_packed`` translates causal / sliding window / scale / GQA for either varlen signature
+    (grouped heads on the old one go to the engine's own op, here a CPU stand-in)."""
     import inspect
 
     import areal_tasks.engine.fsdp.attention as attn
 
     monkeypatch.setattr(attn, "_varlen_api", lambda: (api, frozenset(inspect.signature(api).parameters)))
+    monkeypatch.setattr(attn, "_gqa_op", native_gqa)
     if api is old_api and window is not None:
         with pytest.raises(attn.EngineError, match="window_size"):
             attn.varlen_packed(torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), torch.zeros(4, 2, 8),
