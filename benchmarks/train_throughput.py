@@ -158,8 +158,9 @@ def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
     as the pipelined timing runs them (each step's stats read after the next is submitted). Rank 0
     prints the costliest operators and returns ``{"steps", "step_s", "gpu_busy_s",
     "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels", "idle_gaps", "idle"}`` (None on
-    CPU), times per step (the profiled span over ``steps``). Busy time counts device kernels only,
-    not the device-side spans of annotated regions."""
+    CPU): ``step_s``, ``gpu_busy_s`` and ``device_ms_by_kind`` per step (the profiled span over
+    ``steps``), the top kernels, idle gaps and idle summary over the whole span. Busy time counts
+    device kernels only, not the device-side spans of annotated regions."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
@@ -195,7 +196,8 @@ def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
     print("device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items()))
     summary["device_top_kernels"] = top_kernels_by_kind(events)
     for kind, rows in summary["device_top_kernels"].items():
-        print(f"  {kind}: " + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}" for r in rows))
+        print(f"  {kind} (all {n} steps): " + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}"
+                                                       for r in rows))
     summary["idle_gaps"] = idle_gaps(events)
     print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
     for gap in summary["idle_gaps"]:
@@ -203,7 +205,7 @@ def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
     summary["idle"] = idle = idle_summary(events)
     print(f"device idle: {idle['lead_ms']:.2f} ms before the first kernel, {idle['tail_ms']:.2f} ms after the last; "
           "between kernels " + ", ".join(f"{b['range_us']} us: {b['count']} gaps {b['ms']:.1f} ms" for b in idle["by_length"]))
-    print("device idle per tenth of the step (ms): " + " ".join(f"{v:.1f}" for v in idle["by_tenth_ms"]))
+    print("device idle per tenth of the profiled span (ms): " + " ".join(f"{v:.1f}" for v in idle["by_tenth_ms"]))
     return summary
 
 

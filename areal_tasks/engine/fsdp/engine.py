@@ -12,9 +12,11 @@ however the batch is split over micro-batches and ranks.
 
 Host/device traffic: a batch is split into micro-batches on the host (the split reads lengths),
 the loss weights are computed there, and the micro-batches go to the device in one batch of
-non-blocking copies; per-micro-batch losses and stats stay on the device until one read-back at
-the end of the step. The per-micro-batch hot path (forward, loss, backward) never waits for the
-device, so the host can queue the next micro-batch's kernels while the device runs.
+non-blocking copies; per-micro-batch losses and stats stay on the device until the step's one
+read-back. The per-micro-batch hot path (forward, loss, backward) never waits for the device, so
+the host can queue the next micro-batch's kernels while the device runs. ``submit_train_batch``
+returns with the whole step queued and its read-back still to come (``step_stats.QueuedStep``): a
+loop can queue the next step before it reads this one.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.train_engine import (Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, SubmittedStep, TrainEngine,
-                                         TrainStats)
+from areal_tasks.api.train_engine import (Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, SubmittedStep,
+                                         TrainEngine, TrainStats)
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
