@@ -7,7 +7,10 @@ step's two), the same tokens as 4 sequences of 4,096, and 64 sequences of 256. F
 median of ``--iters`` timed calls (CUDA events), the attention TFLOP/s (causal: ``2 x 2 x H x D x
 sum(L^2) / 2`` forward, 2.5 times that backward), and the largest difference of the output from an
 fp32 per-sequence reference. Short sequences run far below the kernel's peak: the cost per token
-has a floor that long sequences amortise.
+has a floor that long sequences amortise. Kernels: ``flash`` (the key/value heads repeated up to
+the query heads first), ``flash_gqa`` (the engine's path: on a torch without ``enable_gqa`` the
+grouped heads go to the flash kernels as they are, ``engine/fsdp/flash_gqa.py``) and ``flex``
+(FlexAttention with a document-causal block mask; the time to build the mask is its own column).
 
 The eighth session also timed cuDNN's fused attention over ragged sequences here (commit
 ``f531263``, ``benchmarks/results/varlen_attention_cudnn.json``): torch 2.11's
@@ -36,7 +39,7 @@ from profiling import cuda_median_ms  # noqa: E402  (benchmarks/ siblings)
 from train_throughput import fill_micro_batches, long_tail_batch  # noqa: E402
 
 from areal_tasks.config.micro_batch import MicroBatchSpec  # noqa: E402
-from areal_tasks.engine.fsdp.attention import varlen_packed  # noqa: E402
+from areal_tasks.engine.fsdp.attention import repeat_heads, varlen_packed  # noqa: E402
 from areal_tasks.engine.microbatch import split_into_micro_batches  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "varlen_attention.json"
@@ -66,28 +69,6 @@ def _reference(q, k, v, lengths, scale):
         ).transpose(0, 1))
         start += n
     return torch.cat(outs)
-
-
-class _FlashNativeGQA(torch.autograd.Function):
-    """torch's flash kernels called directly with the key/value heads as they are (the kernel maps
-    every group of query heads onto its key/value head): no repeated copies forward, no sum over
-    the copies backward. torch 2.11's ``varlen_attn`` has no ``enable_gqa`` and repeats them."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu, max_len, scale):
-        out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse, cu, seed, offset)
-        ctx.max_len, ctx.scale = max_len, scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse, cu, seed, offset = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            grad.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, seed, offset,
-            scale=ctx.scale)
-        return dq, dk, dv, None, None, None
 
 
 def _flex_kernel(lengths: list[int], scale: float):
@@ -125,19 +106,22 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
     grad = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     max_len = max(lengths)
-    kernels = {"flash": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale),
-               "flash_gqa": lambda a, b, c: _FlashNativeGQA.apply(a, b, c, cu, max_len, scale)}
+    rep = HEADS // KV_HEADS
+    kernels = {  # flash: the key/value heads repeated first; flash_gqa: the engine's path, grouped heads as they are
+        "flash": lambda a, b, c: varlen_packed(a, repeat_heads(b, rep), repeat_heads(c, rep), cu, max_len,
+                                               scaling=scale),
+        "flash_gqa": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale),
+    }
     extra: dict[str, dict] = {}
+    results = []
     try:
         kernels["flex"], mask_ms = _flex_kernel(lengths, scale)
         extra["flex"] = {"mask_build_ms": mask_ms}
     except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
-        results_error = f"{type(exc).__name__}: {exc}"[:400]
-        extra["flex"] = {"error": results_error}
+        results.append({"mix": name, "kernel": "flex", "tokens": total, "sequences": len(lengths),
+                        "error": f"{type(exc).__name__}: {exc}"[:400]})
     reference = _reference(q, k, v, lengths, scale)
     fwd_flops = attention_flops(lengths)
-    results = [] if "error" not in extra.get("flex", {}) else [
-        {"mix": name, "kernel": "flex", "tokens": total, "sequences": len(lengths), **extra["flex"]}]
     flash_grads = None
     for kernel, fn in kernels.items():
         row = {"mix": name, "kernel": kernel, "tokens": total, "sequences": len(lengths), "max_len": max_len,
