@@ -9,10 +9,11 @@ on ``--tokens`` positions of a bf16 ``--hidden`` x ``--vocab`` head (Qwen2.5-0.5
 each kind of chunk kernels (``--kernels``: ``inductor``, the pure functions through
 ``torch.compile``; ``triton``, the hand-written kernels of ``lm_head_kernels.py``): the median of
 ``--repeats`` timed forward+backward passes after two warm-ups, and the peak memory above the
-inputs. Checks that every row gives the same log-probs and gradients as the first (to bf16
-rounding). Then each kind's two kernels alone on one chunk of the engine's size (2**28): median
-time and the bandwidth of one read of the logits (forward) or a read and a write (gradient); the
-Triton forward at a few launch configurations (:data:`FORWARD_CONFIGS`).
+inputs; the engine's chunk size (2**28) once more with the logits kept (``keep_logits``). Checks
+that every row gives the same log-probs and gradients as the first (to bf16 rounding). Then each
+kind's two kernels alone on one chunk of the engine's size (2**28): median time and the bandwidth
+of one read of the logits (forward) or a read and a write (gradient); the Triton forward at a few
+launch configurations (:data:`FORWARD_CONFIGS`).
 Prints tables and writes ``benchmarks/results/lm_head_chunks.json``. CUDA only.
 """
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "lm_head_chunks.json"
 
 
-def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs) -> dict:
+def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs, keep_logits: bool = False) -> dict:
     import torch
 
     from areal_tasks.engine.fsdp.lm_head import chunked_next_token_stats, default_chunk_size
@@ -43,7 +44,8 @@ def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs)
         h = hidden.detach().requires_grad_(True)
         w = weight.detach().requires_grad_(True)
         logprob, entropy = chunked_next_token_stats(h, w, labels, with_entropy=with_entropy,
-                                                    entropy_grad=with_entropy, chunk=chunk)  # fmt: skip
+                                                    entropy_grad=with_entropy, chunk=chunk,
+                                                    keep_logits=keep_logits)  # fmt: skip
         loss = logprob.sum() + (entropy.sum() * 0.01 if entropy is not None else 0.0)
         loss.backward()
         return logprob.detach(), h.grad, w.grad
@@ -62,7 +64,7 @@ def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs)
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-    return {"chunk_elements": elements, "chunk_rows": chunk, "entropy": with_entropy,
+    return {"chunk_elements": elements, "chunk_rows": chunk, "entropy": with_entropy, "keep_logits": keep_logits,
             "ms": statistics.median(times), "peak_extra_gib": peak, "result": result}  # fmt: skip
 
 
@@ -70,7 +72,7 @@ def use_kernels(kind: str) -> None:
     """Make ``kind`` the chunk kernels of the LM head from now on."""
     from areal_tasks.engine.fsdp import lm_head
 
-    lm_head._kernels.update(forward=lm_head.chunk_forward_stats, grad=lm_head.chunk_logit_grad, kind="eager")
+    lm_head._kernels.update(lm_head.eager_kernels())
     if lm_head.compile_chunk_kernels(triton=kind == "triton") != kind:
         raise SystemExit(f"could not select the {kind} chunk kernels")
 
@@ -134,8 +136,10 @@ def main() -> None:
     for kind in args.kernels:
         use_kernels(kind)
         for with_entropy in (False, True):
-            for power in args.powers:
-                row = {"kernels": kind, **measure(args, 2**power, with_entropy, inputs)}
+            # the engine's chunk size once more with the logits kept (one matmul each way, the
+            # gradient written over them)
+            for power, keep in [(power, False) for power in args.powers] + [(28, True)]:
+                row = {"kernels": kind, **measure(args, 2**power, with_entropy, inputs, keep)}
                 result = row.pop("result")
                 reference = references.setdefault(with_entropy, result)
                 row["max_logprob_diff"] = float((result[0] - reference[0]).abs().max())
@@ -143,10 +147,11 @@ def main() -> None:
                                               / reference[1].float().norm())  # fmt: skip
                 rows.append(row)
         kernel_rows.extend(time_kernels(kind, args))
-    print(f"{'kernels':>8} {'entropy':>7} {'chunk 2^k':>9} {'rows':>6} {'fwd+bwd ms':>10} {'peak GiB':>8} "
+    print(f"{'kernels':>8} {'entropy':>7} {'kept':>5} {'chunk 2^k':>9} {'rows':>6} {'fwd+bwd ms':>10} {'peak GiB':>8} "
           f"{'d logprob':>9} {'d grad_h':>9}")
     for row in rows:
-        print(f"{row['kernels']:>8} {str(row['entropy']):>7} {row['chunk_elements'].bit_length() - 1:>9} "
+        print(f"{row['kernels']:>8} {str(row['entropy']):>7} {str(row['keep_logits']):>5} "
+              f"{row['chunk_elements'].bit_length() - 1:>9} "
               f"{row['chunk_rows']:>6} {row['ms']:>10.2f} {row['peak_extra_gib']:>8.2f} "
               f"{row['max_logprob_diff']:>9.1e} {row['max_grad_h_rel']:>9.1e}")  # fmt: skip
     print(f"\none chunk of {kernel_rows[0]['chunk_rows']} rows, each kernel alone")

@@ -88,6 +88,23 @@ def test_logit_grad_takes_an_expanded_upstream_gradient() -> None:
     torch.testing.assert_close(got.float(), want.float(), atol=1e-6, rtol=8e-3)
 
 
+def test_logit_grad_in_place_overwrites_the_logits_with_their_gradient() -> None:
+    """The kept-logits backward writes the gradient over the logits: the same values as a new tensor."""
+    from areal_tasks.engine.fsdp.lm_head_kernels import logit_grad_in_place
+    from areal_tasks.errors import EngineError
+
+    logits, labels = logits_and_labels(33, GRAD_BLOCK * 2 + 5, seed=11)
+    log_z, _, entropy = lm_head.chunk_forward_stats(logits, labels, 0.8, True)
+    g_lp = torch.randn(33, device="cuda")
+    want = logit_grad(logits, labels, log_z, entropy, g_lp, None, 0.8)
+    pointer = logits.data_ptr()
+    got = logit_grad_in_place(logits, labels, log_z, entropy, g_lp, None, 0.8)
+    assert got.data_ptr() == pointer
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(EngineError, match="out must be contiguous"):
+        logit_grad(want, labels, log_z, entropy, g_lp, None, 0.8, out=want.float())
+
+
 def test_logit_grad_without_upstream_is_zero() -> None:
     logits, labels = logits_and_labels(3, 100)
     log_z, _, entropy = lm_head.chunk_forward_stats(logits, labels, 1.0, True)
@@ -102,12 +119,14 @@ def test_kernels_refuse_strided_logits() -> None:
         forward_stats(logits[:, :32], labels, 1.0, False)
 
 
+@pytest.mark.parametrize("keep_logits", [False, True])
 @pytest.mark.parametrize("entropy_grad", [False, True])
 @pytest.mark.parametrize("plain_sum", [False, True])  # d/d logprob of logprob.sum(): an expanded scalar
-def test_chunked_head_with_the_kernels_equals_full_logits(entropy_grad: bool, plain_sum: bool, monkeypatch) -> None:
+def test_chunked_head_with_the_kernels_equals_full_logits(entropy_grad: bool, plain_sum: bool, keep_logits: bool,
+                                                          monkeypatch) -> None:
     from areal_tasks.engine.fsdp.logprobs import next_token_stats
 
-    for name in ("forward", "grad", "kind"):  # compile_chunk_kernels swaps them process-wide
+    for name in ("forward", "grad", "grad_in_place", "kind"):  # compile_chunk_kernels swaps them process-wide
         monkeypatch.setitem(lm_head._kernels, name, lm_head._kernels[name])
     assert lm_head.compile_chunk_kernels(triton=True) == "triton"
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -125,7 +144,7 @@ def test_chunked_head_with_the_kernels_equals_full_logits(entropy_grad: bool, pl
     ref_loss = logprob_term(ref_lp) + ((ref_ent if entropy_grad else ref_ent.detach()) * up_ent).sum()
     ref = torch.autograd.grad(ref_loss, [hidden, weight])
     lp, ent = lm_head.chunked_next_token_stats(hidden, weight, labels, temperature=0.8, with_entropy=True,
-                                               entropy_grad=entropy_grad, chunk=128)
+                                               entropy_grad=entropy_grad, chunk=128, keep_logits=keep_logits)
     got = torch.autograd.grad(logprob_term(lp) + (ent * up_ent).sum(), [hidden, weight])
     torch.testing.assert_close(lp, ref_lp, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ent, ref_ent, atol=1e-4, rtol=1e-4)

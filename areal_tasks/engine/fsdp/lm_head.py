@@ -109,8 +109,24 @@ def chunk_logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Te
     return grad.to(logits.dtype)
 
 
+def _in_place(grad_fn: Any) -> Any:
+    """``grad_fn``'s gradient written over the logits it was computed from (a copy back)."""
+
+    def run(logits: torch.Tensor, *args: Any) -> torch.Tensor:
+        return logits.copy_(grad_fn(logits, *args))
+
+    return run
+
+
+def eager_kernels() -> dict[str, Any]:
+    """The pure chunk functions, run eagerly (what :data:`_kernels` starts as)."""
+    return {"forward": chunk_forward_stats, "grad": chunk_logit_grad, "grad_in_place": _in_place(chunk_logit_grad),
+            "kind": "eager"}
+
+
 #: the chunk functions actually called: set by :func:`compile_chunk_kernels` (CUDA), else eager.
-_kernels: dict[str, Any] = {"forward": chunk_forward_stats, "grad": chunk_logit_grad, "kind": "eager"}
+#: ``grad_in_place`` writes the gradient over the logits (the kept-logits backward).
+_kernels: dict[str, Any] = eager_kernels()
 
 
 def compile_chunk_kernels(triton: bool | None = None) -> str:
@@ -132,10 +148,12 @@ def compile_chunk_kernels(triton: bool | None = None) -> str:
         return kind
     forward = torch.compile(chunk_forward_stats, dynamic=True)
     grad = torch.compile(chunk_logit_grad, dynamic=True)
+    grad_in_place = _in_place(grad)  # the compiled function stays pure: the copy back runs outside it
     if use_triton:
         forward = _on_cuda(lm_head_kernels.forward_stats, otherwise=forward)
         grad = _on_cuda(lm_head_kernels.logit_grad, otherwise=grad)
-    _kernels.update(forward=forward, grad=grad, kind=kind)
+        grad_in_place = _on_cuda(lm_head_kernels.logit_grad_in_place, otherwise=grad_in_place)
+    _kernels.update(forward=forward, grad=grad, grad_in_place=grad_in_place, kind=kind)
     logger.info("chunked LM head: element-wise chunk work by %s kernels", kind)
     return kind
 
@@ -186,17 +204,16 @@ class _ChunkedStats(torch.autograd.Function):
                 entropy_grad: bool, keep_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         forward_stats = _kernels["forward"]
         parts = []
-        # kept: every chunk's logits written into one [N, V] buffer for the backward, which then
-        # needs no second matmul to recompute them
-        kept = (torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.result_type(hidden, weight),
-                            device=hidden.device) if keep_logits else None)
+        # kept: the micro-batch's logits in one [N, V] buffer, written by one matmul, which the
+        # backward turns into their gradient in place (no second matmul, no second buffer)
+        kept = None
+        if keep_logits:
+            kept = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.result_type(hidden, weight),
+                               device=hidden.device)
+            _linear_into(kept, hidden, weight, bias)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
-            if kept is None:
-                logits = torch.nn.functional.linear(hidden[rows], weight, bias)
-            else:
-                logits = kept[rows]
-                _linear_into(logits, hidden[rows], weight, bias)
+            logits = torch.nn.functional.linear(hidden[rows], weight, bias) if kept is None else kept[rows]
             parts.append(forward_stats(logits, labels[rows], temperature, with_entropy))
             del logits
         log_z, logprob, entropy = (torch.cat(p) for p in zip(*parts))
@@ -217,15 +234,18 @@ class _ChunkedStats(torch.autograd.Function):
         nones = (None,) * 6
         if g_logprob is None and g_entropy is None:
             return None, None, None, *nones
-        logit_grad = _kernels["grad"]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if kept is not None:
+            return (*_kept_logits_backward(ctx, kept, hidden, weight, bias, labels, log_z, entropy, g_logprob,
+                                           g_entropy, (need_h, need_w, need_b)), *nones)  # fmt: skip
+        logit_grad = _kernels["grad"]
         grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
         for start in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
-            logits = torch.nn.functional.linear(h, weight, bias) if kept is None else kept[rows]
+            logits = torch.nn.functional.linear(h, weight, bias)
             grad = logit_grad(logits, labels[rows], log_z[rows], entropy[rows],
                               None if g_logprob is None else g_logprob[rows],
                               None if g_entropy is None else g_entropy[rows], ctx.temperature)
@@ -238,6 +258,30 @@ class _ChunkedStats(torch.autograd.Function):
                 grad_b += grad.float().sum(0)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), *nones)
+
+
+def _kept_logits_backward(ctx: Any, kept: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None, labels: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
+                          g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None,
+                          needs: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+    """The backward of :class:`_ChunkedStats` from kept logits. Their gradient is written over them
+    a chunk at a time; then each of the hidden states', weight's and bias' gradients is one product
+    over the whole micro-batch. (Per chunk, the weight gradient's ``[V, H]`` fp32 accumulator was
+    read and written once a chunk, and the skinny products ran below the GEMMs' best rate.)
+    The kept buffer is consumed: its version is bumped, so a second backward through the same graph
+    (``retain_graph=True``) raises instead of reading gradients as logits."""
+    grad_in_place = _kernels["grad_in_place"]
+    for start in range(0, kept.shape[0], ctx.chunk):
+        rows = slice(start, start + ctx.chunk)
+        grad_in_place(kept[rows], labels[rows], log_z[rows], entropy[rows],
+                      None if g_logprob is None else g_logprob[rows],
+                      None if g_entropy is None else g_entropy[rows], ctx.temperature)
+    torch.autograd.graph.increment_version(kept)  # a kernel's write through a pointer bumps nothing
+    need_h, need_w, need_b = needs
+    grad_h = torch.matmul(kept, weight).to(hidden.dtype) if need_h else None
+    grad_w = torch.matmul(kept.t(), hidden).to(weight.dtype) if need_w else None
+    grad_b = kept.sum(0, dtype=torch.float32).to(bias.dtype) if need_b else None
+    return grad_h, grad_w, grad_b
 
 
 def chunked_next_token_stats(
@@ -258,9 +302,10 @@ def chunked_next_token_stats(
     ``[N]``. Equal to :func:`areal_tasks.engine.fsdp.logprobs.next_token_stats` of the full logits,
     gradients included (the entropy's only with ``entropy_grad``; it is detached otherwise), with
     ``chunk`` positions' logits alive at a time (default :func:`default_chunk_size`).
-    ``keep_logits``: with gradients enabled, keep every chunk's logits (``N x V`` in the compute
-    dtype) until the backward instead of recomputing them there: one matmul of ``2 N V H`` FLOPs
-    less, for that memory.
+    ``keep_logits``: with gradients enabled, compute the logits (``N x V`` in the compute dtype) with
+    one matmul and keep them until the backward instead of recomputing them there: one matmul of
+    ``2 N V H`` FLOPs less, for that memory; the backward overwrites them with their gradient, so
+    the graph can be run backward once only.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise EngineError(f"chunked LM head expects hidden [N, H] and weight [V, H], got "

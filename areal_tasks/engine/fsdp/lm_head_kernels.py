@@ -34,7 +34,7 @@ import torch
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import triton_on_cuda as kernels_available
 
-__all__ = ["FORWARD_BLOCK", "GRAD_BLOCK", "forward_stats", "kernels_available", "logit_grad"]
+__all__ = ["FORWARD_BLOCK", "GRAD_BLOCK", "forward_stats", "kernels_available", "logit_grad", "logit_grad_in_place"]
 
 #: vocabulary entries per program of the forward (a row is split over several: one program a row
 #: streamed at 1.3 TB/s on an H200), per loop iteration, and its warps. The fastest of the
@@ -172,12 +172,18 @@ def forward_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float
 
 def logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
                g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None,
-               temperature: float) -> torch.Tensor:
+               temperature: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """The gradient with respect to a chunk's logits, in their dtype (the kernel version of
-    ``lm_head.chunk_logit_grad``); ``entropy`` is only read when ``g_entropy`` is given."""
+    ``lm_head.chunk_logit_grad``); ``entropy`` is only read when ``g_entropy`` is given. ``out``
+    (contiguous, the logits' shape and dtype) receives it instead of a new tensor; it may be the
+    logits themselves: each program reads its block before writing it."""
     _check(logits, labels)
     rows, vocab = logits.shape
-    grad = torch.empty_like(logits)
+    if out is not None and (out.shape != logits.shape or out.dtype != logits.dtype or not out.is_contiguous()
+                            or out.device != logits.device):
+        raise EngineError(f"logit_grad: out must be contiguous like the logits ({tuple(logits.shape)}, "
+                          f"{logits.dtype}), got {tuple(out.shape)}, {out.dtype}, strides {out.stride()}")
+    grad = torch.empty_like(logits) if out is None else out
     if g_logprob is None and g_entropy is None:
         return grad.zero_()
     if rows:
@@ -193,6 +199,12 @@ def logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Tensor, 
                 HAS_ENTROPY=g_entropy is not None, BLOCK=GRAD_BLOCK, num_warps=GRAD_WARPS,
             )
     return grad
+
+
+def logit_grad_in_place(logits: torch.Tensor, *args: Any) -> torch.Tensor:
+    """:func:`logit_grad` written over the logits (the kept-logits backward: no second ``[n, V]``
+    buffer); returns them."""
+    return logit_grad(logits, *args, out=logits)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -192,6 +192,17 @@ def test_kept_logits_give_the_same_results_without_recomputing_them(bias, monkey
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
+def test_kept_logits_are_consumed_by_their_backward():
+    """The backward writes the gradient over the kept logits: a second backward through the same
+    graph raises (autograd's version check) instead of reading gradients as logits."""
+    hidden, weight, _, labels, up_lp, _ = _inputs(seed=6)
+    lp, _ = chunked_next_token_stats(hidden, weight, labels, chunk=5, keep_logits=True)
+    loss = (lp * up_lp).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_kept_logits_only_when_a_backward_will_read_them(monkeypatch):
     """Without gradients nothing is kept: the chunks are scored as usual (the plain matmul path)."""
     hidden, weight, _, labels, _, _ = _inputs(seed=5)
