@@ -45,3 +45,32 @@ def test_no_fsdp_trains_like_one_fsdp_unit_on_a_gpu(tiny_qwen2) -> None:
     assert losses[-1] < losses[0], losses
     for name, value in weights.items():
         torch.testing.assert_close(value.float(), root_weights[name].float(), atol=2e-2, rtol=2e-2, msg=name)
+
+
+def test_the_gradient_kernel_adds_up_like_the_torch_ops() -> None:
+    """``flat_grad_kernels``: two micro-batches' bf16 gradients (one parameter unused, sizes off the
+    kernel's block) land in the fp32 master gradients exactly as the concatenation and add do."""
+    import copy
+
+    from areal_tasks.engine.fsdp import flat_grad_kernels
+    from areal_tasks.engine.fsdp.flat_params import FlatParams
+
+    if not flat_grad_kernels.kernels_available():
+        pytest.skip("needs Triton")
+    torch.manual_seed(0)
+    width = flat_grad_kernels.BLOCK + 3
+    model = torch.nn.Sequential(torch.nn.Linear(37, width), torch.nn.Linear(width, 5), torch.nn.Linear(5, 5)).cuda()
+    reference_model = copy.deepcopy(model)
+    flat, reference = FlatParams(model, torch.bfloat16), FlatParams(reference_model, torch.bfloat16)
+    assert flat.grad_table is not None
+    reference.grad_table = None  # the torch-op path
+    inputs = [torch.randn(4, 37, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for params, net in ((flat, model), (reference, reference_model)):
+        with params.computing():
+            for x in inputs:  # the third layer stays unused: its gradient is None
+                net[1](net[0](x)).float().square().sum().backward()
+                params.accumulate()
+    assert flat.compute_grad is None  # the kernel path never needed the concatenation buffer
+    torch.testing.assert_close(flat.master_grad, reference.master_grad, atol=0, rtol=0)
+    assert flat.master_grad.abs().sum() > 0
+    assert not model[2].weight.grad.any()

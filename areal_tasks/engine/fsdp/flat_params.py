@@ -14,15 +14,17 @@ while the host did that, and clipping and AdamW then walked 290 DTensor gradient
 - ``compute`` (the compute dtype, e.g. bf16): one leaf parameter per master parameter, a view of
   it, installed on the modules for the duration of a step (:meth:`computing`) and refreshed from
   the masters by one copy when the step starts;
-- ``compute_grad`` and ``master_grad``: the compute parameters have no ``.grad`` when a backward
-  starts, so autograd hands each one the gradient tensor it computed, without a kernel (a
-  ``.grad`` already there would cost an add per parameter, and zeroing it one more pass). After
-  each backward :meth:`accumulate` gathers them into ``compute_grad`` with one batched
-  concatenation, adds that into ``master_grad`` in fp32 (the first after :meth:`zero_grad`
-  copies) and drops them. The master parameters' ``.grad`` are views of ``master_grad``:
-  micro-batches add up in fp32, as FSDP's fp32 reduction did. Measured on the H200 (0.5B shape,
-  two micro-batches a step): the per-parameter adds and the zeroing took 3.4 ms of device time
-  and 590 kernel launches a step.
+- ``master_grad``: the compute parameters have no ``.grad`` when a backward starts, so autograd
+  hands each one the gradient tensor it computed, without a kernel (a ``.grad`` already there
+  would cost an add per parameter, and zeroing it one more pass). After each backward
+  :meth:`accumulate` adds them into ``master_grad`` in fp32 (the first after :meth:`zero_grad`
+  writes) and drops them. On CUDA with Triton that is one kernel reading every gradient where
+  autograd left it (``flat_grad_kernels.py``); elsewhere (or for a gradient the kernel cannot
+  read) a batched concatenation into a flat compute-dtype buffer (``compute_grad``, allocated on
+  first use) and one casting copy or add. The master parameters' ``.grad`` are views of
+  ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did. Measured on the
+  H200 (0.5B shape, two micro-batches a step): the per-parameter adds and the zeroing this
+  replaced took 3.4 ms of device time and 590 kernel launches a step.
 
 Tied parameters (Qwen2.5-0.5B's embeddings and LM head) are one master and one compute parameter,
 installed on every module that holds them. Only for a plain dense model on one rank: no tensor
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from areal_tasks.engine.fsdp import flat_grad_kernels
 from areal_tasks.errors import EngineError
 
 __all__ = ["FlatParams"]
@@ -89,10 +92,14 @@ class FlatParams:
             for param, view in zip(self.params, self._views(self.compute, sizes))
         ]
         self.trainable = trainable and any(p.requires_grad for p in self.params)
-        self.compute_grad = self.master_grad = None
+        self.compute_grad: torch.Tensor | None = None  # the torch-op path's buffer, on first use
+        self.master_grad = None
+        #: the one-kernel accumulation's tables (CUDA with Triton), else None
+        self.grad_table: flat_grad_kernels.BlockTable | None = None
         if self.trainable:
-            self.compute_grad = torch.zeros(total, dtype=compute_dtype, device=device)
             self.master_grad = torch.zeros(total, dtype=torch.float32, device=device)
+            if device.type == "cuda" and flat_grad_kernels.kernels_available():
+                self.grad_table = flat_grad_kernels.BlockTable(sizes, device)
             self._master_grad_views = [view.view(p.shape) for p, view in zip(self.params, self._views(
                 self.master_grad, sizes))]
         self._installed = False
@@ -124,19 +131,19 @@ class FlatParams:
 
     def accumulate(self) -> None:
         """Add the compute gradients of the backward just run into the fp32 master gradients (one
-        batched concatenation into ``compute_grad``, one add) and drop them. A parameter that
-        got no gradient (unused in the micro-batch, or frozen) adds zeros."""
+        kernel, or a batched concatenation and one add: see the module docstring) and drop them.
+        A parameter that got no gradient (unused in the micro-batch, or frozen) adds zeros."""
         if not self.trainable:
             raise EngineError("this model was flattened without gradients (trainable=False)")
+        grads = [param.grad for param in self.compute_params]
         with torch.no_grad():
-            pieces = [param.grad.reshape(-1) if param.grad is not None
-                      else torch.zeros(param.numel(), dtype=self.compute_dtype, device=self.compute.device)
-                      for param in self.compute_params]
-            torch.cat(pieces, out=self.compute_grad)
-            if self._fresh:
-                self.master_grad.copy_(self.compute_grad)
+            if self.grad_table is not None and all(
+                    grad is None or (grad.dtype == self.compute_dtype and grad.is_contiguous()) for grad in grads):
+                flat_grad_kernels.accumulate_into(self.master_grad, grads, self.grad_table, self.compute,
+                                                  fresh=self._fresh)  # fmt: skip
             else:
-                self.master_grad.add_(self.compute_grad)
+                self._accumulate_by_ops(grads)
+        del grads
         self._drop_compute_grads()
         self._fresh = False
         self._attach_master_grads()
@@ -153,6 +160,19 @@ class FlatParams:
             param.grad = None
 
     # --------------------------------------------------------------- helpers
+    def _accumulate_by_ops(self, grads: list[torch.Tensor | None]) -> None:
+        """:meth:`accumulate` in torch ops: one batched concatenation, one casting copy or add."""
+        if self.compute_grad is None:
+            self.compute_grad = torch.empty_like(self.compute)
+        pieces = [grad.reshape(-1) if grad is not None
+                  else torch.zeros(param.numel(), dtype=self.compute_dtype, device=self.compute.device)
+                  for grad, param in zip(grads, self.compute_params)]
+        torch.cat(pieces, out=self.compute_grad)
+        if self._fresh:
+            self.master_grad.copy_(self.compute_grad)
+        else:
+            self.master_grad.add_(self.compute_grad)
+
     def _drop_compute_grads(self) -> None:
         for param in self.compute_params:
             param.grad = None
