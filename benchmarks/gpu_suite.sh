@@ -14,7 +14,8 @@
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
 # sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size and
 # kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests),
-# train (train throughput, 1 GPU, compiled, profiled; TRAIN_ARGS adds options), train_groups (the same with 4
+# train (train throughput, 1 GPU, the engine's defaults: compiled, no FSDP, 8 blocks a compiled graph and the
+# logits kept, all by auto; profiled; TRAIN_ARGS adds options), train_groups (the same with 4
 # decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
 # LM head's logits kept for the backward), train_flat (8 blocks a graph, logits kept, and no FSDP:
 # fsdp_wrap=none; BLOCKS_PER_GRAPH sets another number), attnbench (the varlen flash attention by length mix, benchmarks/varlen_attention.py),

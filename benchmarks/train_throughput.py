@@ -308,6 +308,19 @@ def _timed_pipelined(engine: FSDPEngine, batches: list[dict]) -> tuple[list[floa
     return times, results
 
 
+def _blocks_per_graph(text: str) -> int | str:
+    """``--compile-blocks-per-graph``: ``auto`` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer >= 1, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> dict:
     _init_distributed()
     world = dist.get_world_size()
@@ -322,7 +335,7 @@ def run(args: argparse.Namespace) -> dict:
         compile_scope=args.compile_scope,
         compile_blocks_per_graph=args.compile_blocks_per_graph,
         fsdp_wrap=args.fsdp_wrap,
-        lm_head_keep_logits=args.lm_head_keep_logits,
+        lm_head_keep_logits={"on": True, "off": False}.get(args.lm_head_keep_logits, "auto"),
     )
     engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
                         total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
@@ -379,8 +392,10 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
-        "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": args.compile_blocks_per_graph,
-        "lm_head_keep_logits": args.lm_head_keep_logits,
+        "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": engine.blocks_per_graph,
+        "lm_head_keep_logits": engine.lm_head is not None and engine.lm_head.keep_logits,
+        "settings": {"compile_blocks_per_graph": args.compile_blocks_per_graph,
+                     "lm_head_keep_logits": args.lm_head_keep_logits},
         "step_times_s": times,
         "timing": "each step synchronised" if args.sync_every_step else
                   "pipelined: step k's stats read after step k+1 is submitted",
@@ -416,12 +431,13 @@ def main() -> None:
     parser.add_argument("--compile-scope", default="auto", choices=["auto", "blocks", "pointwise"],
                         help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
                              "their norms and MLPs; auto = whole blocks with the engine's varlen attention")
-    parser.add_argument("--compile-blocks-per-graph", type=int, default=1,
+    parser.add_argument("--compile-blocks-per-graph", type=_blocks_per_graph, default="auto",
                         help="consecutive decoder blocks a compiled graph runs (EngineConfig.compile_blocks_per_graph; "
-                             "needs the model as one FSDP unit)")
-    parser.add_argument("--lm-head-keep-logits", action="store_true",
+                             "more than 1 needs the model as one FSDP unit or none; auto = up to 8 where it can)")
+    parser.add_argument("--lm-head-keep-logits", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
                         help="the chunked LM head keeps the logits for the backward instead of recomputing them "
-                             "(EngineConfig.lm_head_keep_logits)")
+                             "(EngineConfig.lm_head_keep_logits; the flag alone = on; auto = where the token cap's "
+                             "logits take at most 5%% of the GPU)")
     parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root", "none"],
                         help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
                              "shard group, one unit per decoder block otherwise; none = no FSDP on one rank)")
@@ -472,8 +488,8 @@ def main() -> None:
             f"train_throughput_{result['preset']}_dp{result['dp']}sp{result['sp']}tp{result['tp']}"
             f"{'' if args.fsdp_wrap == 'auto' else '_' + args.fsdp_wrap}"
             f"{'' if args.compile_scope == 'auto' else '_' + args.compile_scope}"
-            f"{'' if args.compile_blocks_per_graph == 1 else f'_{args.compile_blocks_per_graph}blocks'}"
-            f"{'_kept_logits' if args.lm_head_keep_logits else ''}"
+            f"{'' if args.compile_blocks_per_graph == 'auto' else f'_{args.compile_blocks_per_graph}blocks'}"
+            f"{ {'auto': '', 'on': '_kept_logits', 'off': '_recomputed_logits'}[args.lm_head_keep_logits] }"
             f"{'_' + args.attn_implementation if args.attn_implementation else ''}"
             f"{'_spill' if args.spill else ''}"
             f"{'_frozen_gc' if args.freeze_gc else ''}"

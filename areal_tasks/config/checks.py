@@ -95,7 +95,8 @@ def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) 
     for problem in engine.micro_batch.problems():
         p.add(f"{role}.micro_batch", problem)
     p.number(f"{role}.ppo_n_minibatches", engine.ppo_n_minibatches, low=1)
-    p.number(f"{role}.compile_blocks_per_graph", engine.compile_blocks_per_graph, low=1)
+    if engine.compile_blocks_per_graph != "auto":
+        p.number(f"{role}.compile_blocks_per_graph", engine.compile_blocks_per_graph, low=1)
     if engine.value_head and role != "critic":
         p.add(f"{role}.value_head", f"only the critic has a value head; set {role}.value_head=false")
     if role == "critic" and not engine.value_head:

@@ -94,18 +94,23 @@ class EngineConfig:
     #: with whole blocks compiled, this many consecutive blocks run as one compiled graph: each
     #: compiled call costs host time of its own (guards, the autograd function, the kernel-launching
     #: wrapper), so fewer calls leave the GPU less idle (0.5B shape on an H200: 70,663 tokens/s at
-    #: 1, 72,829 at 2, 76,999 at 4). Every group shares one graph, but it takes about this many
-    #: times as long to compile (4: about two minutes more). More than 1 needs the model as one
-    #: FSDP unit or none (``fsdp_wrap`` resolving to ``root`` or ``none``): per-block units run hooks
-    #: around every block.
-    compile_blocks_per_graph: int = 1
+    #: 1, 72,829 at 2, 76,999 at 4; later, with no FSDP and the logits kept, 111,917 at 4 and
+    #: 115,559 at 8). Every group shares one graph, but it takes about this many times as long to
+    #: compile (8 blocks of the 0.5B shape: about 100 s). More than 1 needs the model as one FSDP
+    #: unit or none (``fsdp_wrap`` resolving to ``root`` or ``none``) and one layer type. ``auto`` =
+    #: the largest divisor of the number of blocks up to 8 where that holds (every group the same
+    #: size: one graph to compile), else 1.
+    compile_blocks_per_graph: int | Literal["auto"] = "auto"
     #: the actor's chunked LM head keeps each micro-batch's logits (``tokens x vocabulary`` in the
     #: compute dtype: 5 GB for 16K tokens of Qwen2.5's 151,936-token vocabulary in bf16) from the
-    #: forward to the backward, which then reads them instead of recomputing them (one matmul of
-    #: ``2 x tokens x vocabulary x hidden`` FLOPs less a micro-batch; 0.5B shape on an H200: matmul
-    #: time 151 -> 140 ms a step, 69,843 -> 72,995 tokens/s, peak memory +4.1 GiB). The memory
-    #: budget's micro-batch sizing counts them.
-    lm_head_keep_logits: bool = False
+    #: forward, which computes them with one matmul, to the backward, which overwrites them with
+    #: their gradient instead of recomputing them (one matmul of ``2 x tokens x vocabulary x hidden``
+    #: FLOPs less a micro-batch; 0.5B shape on an H200: matmul time 151 -> 140 ms a step, 69,843 ->
+    #: 72,995 tokens/s, peak memory +4.1 GiB). The memory budget's micro-batch sizing counts them.
+    #: ``auto`` = keep them on a GPU when micro-batches have an explicit token cap
+    #: (``micro_batch.max_tokens_per_mb``) whose logits take at most 5% of its memory; without a
+    #: cap (micro-batches of any length) or with one sized from ``memory_budget_gb``, recompute.
+    lm_head_keep_logits: bool | Literal["auto"] = "auto"
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
     #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter

@@ -70,6 +70,8 @@ class BuiltModel:
     fsdp_wrap: str = "block"
     #: with ``none``: the flat master/compute buffers the engine steps through (``flat_params.py``).
     flat: FlatParams | None = None
+    #: decoder blocks a compiled graph runs (:func:`blocks_per_graph`; 1 when not grouped).
+    blocks_per_graph: int = 1
 
 
 def compute_dtype_name(dtype: str, device: torch.device) -> str:
@@ -120,7 +122,7 @@ def _unsharded_bytes(model: torch.nn.Module, param_dtype: torch.dtype, tp: int) 
     return params * (2 * param_dtype.itemsize + 4) // max(tp, 1)
 
 
-def _gpu_bytes(device: torch.device) -> int | None:
+def gpu_memory_bytes(device: torch.device) -> int | None:
     """The GPU's total memory, or None on the CPU."""
     import torch
 
@@ -196,7 +198,8 @@ def build_model(
         lora_targets = config.lora.target_modules if config.lora.enabled else None
         lm_head = install_chunked_head(model, lora_targets=lora_targets)
         if lm_head is not None:
-            lm_head.keep_logits = config.lm_head_keep_logits and trainable
+            # ``auto`` is settled with the micro-batch token cap (``engine.py``); until then, recompute
+            lm_head.keep_logits = config.lm_head_keep_logits is True and trainable
     if config.gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora.enabled:
@@ -220,7 +223,7 @@ def build_model(
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.cpu_offload else OffloadPolicy()
     wrap = resolve_fsdp_wrap(config.fsdp_wrap, mesh.fsdp_mesh.size(),
                              unsharded_bytes=_unsharded_bytes(model, param_dtype, dims.tp),
-                             device_bytes=_gpu_bytes(device) if not config.cpu_offload else None,
+                             device_bytes=gpu_memory_bytes(device) if not config.cpu_offload else None,
                              flat_capable=device.type == "cuda" and not _flat_blockers(config, dims))
     # Root-only: one unit, gathered once per forward and kept for the backward (a reshard there
     # would only be undone by the backward's all-gather).
@@ -231,7 +234,7 @@ def build_model(
     scope = resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp,
                                   device_type=device.type) if do_compile else ""
     per_graph = blocks_per_graph(config.compile_blocks_per_graph, scope=scope, fsdp_wrap=wrap,
-                                 layer_types=getattr(hf_config, "layer_types", None))
+                                 layer_types=getattr(hf_config, "layer_types", None), num_blocks=len(blocks))
     compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope,
                              blocks_per_graph=per_graph) if do_compile else []
     flat = None
@@ -247,7 +250,7 @@ def build_model(
                 type(model).__name__, n_params, dtype_name, wrap)
     return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
                       lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap,
-                      compile_scope=scope, flat=flat)
+                      compile_scope=scope, flat=flat, blocks_per_graph=per_graph)
 
 
 def _flatten(model: torch.nn.Module, config: EngineConfig, dims: Any, device: torch.device,

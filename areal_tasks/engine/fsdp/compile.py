@@ -83,12 +83,27 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
     return "pointwise"
 
 
-def blocks_per_graph(per_graph: int, *, scope: str, fsdp_wrap: str, layer_types: list[str] | None) -> int:
+#: ``compile_blocks_per_graph=auto``: at most this many blocks a graph. On an H200 (0.5B shape, 24
+#: blocks) 8 ran 3.3% faster than 4 over 10 steps; a whole 24-block decoder as one graph did not
+#: finish compiling in 355 s.
+AUTO_BLOCKS_PER_GRAPH = 8
+
+
+def blocks_per_graph(per_graph: int | str, *, scope: str, fsdp_wrap: str, layer_types: list[str] | None,
+                     num_blocks: int) -> int:
     """The blocks a compiled graph runs (``EngineConfig.compile_blocks_per_graph``): ``per_graph``
     where whole blocks are compiled (``scope``), else 1 (nothing to group: logged). Raises
-    EngineError when the blocks cannot share a graph."""
+    EngineError when the blocks cannot share a graph. ``auto``: the largest divisor of
+    ``num_blocks`` up to :data:`AUTO_BLOCKS_PER_GRAPH` where blocks can share a graph, else 1."""
+    if per_graph == "auto":
+        mixed = layer_types is not None and len(set(layer_types)) > 1
+        if scope != "blocks" or fsdp_wrap == "block" or mixed or num_blocks < 1:
+            return 1
+        chosen = max(d for d in range(1, min(AUTO_BLOCKS_PER_GRAPH, num_blocks) + 1) if num_blocks % d == 0)
+        logger.info("compile_blocks_per_graph=auto: %d of the %d decoder blocks a compiled graph", chosen, num_blocks)
+        return chosen
     if isinstance(per_graph, bool) or not isinstance(per_graph, int) or per_graph < 1:
-        raise EngineError(f"compile_blocks_per_graph must be an integer >= 1, got {per_graph!r}")
+        raise EngineError(f"compile_blocks_per_graph must be auto or an integer >= 1, got {per_graph!r}")
     if per_graph == 1:
         return 1
     if scope != "blocks":

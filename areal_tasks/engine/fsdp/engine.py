@@ -117,9 +117,11 @@ class FSDPEngine(TrainEngine):
         self.lm_head = built.lm_head
         self._compiled, self._compile_reason = built.compiled, built.compile_reason
         self._compile_scope = built.compile_scope
+        self._blocks_per_graph = built.blocks_per_graph
         self._fsdp_wrap = built.fsdp_wrap
         #: ``fsdp_wrap=none``: the flat master/compute buffers every step runs through, else None
         self._flat = built.flat
+        _settle_keep_logits(self.config, built, self.device, trainable=self.trainable)
         self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
@@ -148,9 +150,17 @@ class FSDPEngine(TrainEngine):
             head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels{kept})"
         else:
             head = "full logits"
-        compiled = (f"{len(self._compiled)} modules ({self._compile_scope})" if self._compiled
+        per_graph = f", {self._blocks_per_graph} blocks a graph" if self._blocks_per_graph > 1 else ""
+        compiled = (f"{len(self._compiled)} modules ({self._compile_scope}{per_graph})" if self._compiled
                     else f"off ({self._compile_reason})")
         return {"attention": str(attn), "lm_head": head, "compile": compiled, "fsdp_wrap": self._fsdp_wrap}
+
+    @property
+    def blocks_per_graph(self) -> int:
+        """Decoder blocks a compiled graph runs (``EngineConfig.compile_blocks_per_graph`` resolved; 1
+        when blocks are not grouped or not compiled)."""
+        self._require_init()
+        return self._blocks_per_graph
 
     @property
     def parallel(self) -> ParallelInfo:
@@ -463,6 +473,25 @@ def _local_device() -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.device, *, trainable: bool) -> None:
+    """``lm_head_keep_logits=auto``: keep the logits where micro-batches have an explicit token cap
+    whose logits fit a share of the GPU (:func:`~areal_tasks.engine.fsdp.lm_head.auto_keep_logits`;
+    a cap sized from the memory budget would shrink to make room for them, so it keeps nothing)."""
+    import torch
+
+    from areal_tasks.engine.fsdp.build import gpu_memory_bytes
+    from areal_tasks.engine.fsdp.lm_head import auto_keep_logits
+
+    head = built.lm_head
+    if config.lm_head_keep_logits != "auto" or head is None or not trainable:
+        return
+    spec = config.micro_batch
+    head.keep_logits = auto_keep_logits(
+        token_cap=spec.max_tokens_per_mb if spec.memory_budget_gb is None else None, vocab_size=head.out_features,
+        itemsize=getattr(torch, built.param_dtype_name).itemsize, device_bytes=gpu_memory_bytes(device),
+    )
 
 
 def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims, *,

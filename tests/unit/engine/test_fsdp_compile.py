@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from areal_tasks.engine.fsdp.attention import VARLEN_ATTN, register_varlen_attention
-from areal_tasks.engine.fsdp.compile import blocks_per_graph, compile_whole_blocks, resolve_compile_scope
+from areal_tasks.engine.fsdp.compile import (AUTO_BLOCKS_PER_GRAPH, blocks_per_graph, compile_whole_blocks,
+                                             resolve_compile_scope)
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import decoder_blocks
 
@@ -178,18 +179,39 @@ def test_groups_of_blocks_match_eager_under_checkpointing_and_share_one_graph(ti
 
 
 def test_blocks_per_graph_is_refused_where_blocks_cannot_share_a_graph(caplog):
-    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * 8) == 4
-    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="none", layer_types=None) == 4  # no FSDP hooks at all
+    kw = {"num_blocks": 8}
+    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * 8, **kw) == 4
+    assert blocks_per_graph(4, scope="blocks", fsdp_wrap="none", layer_types=None, **kw) == 4  # no FSDP hooks at all
     caplog.set_level("INFO")
-    assert blocks_per_graph(4, scope="pointwise", fsdp_wrap="root", layer_types=None) == 1
-    assert blocks_per_graph(4, scope="", fsdp_wrap="block", layer_types=None) == 1
+    assert blocks_per_graph(4, scope="pointwise", fsdp_wrap="root", layer_types=None, **kw) == 1
+    assert blocks_per_graph(4, scope="", fsdp_wrap="block", layer_types=None, **kw) == 1
     assert "compile_blocks_per_graph=4 has no effect: nothing is compiled" in caplog.text
     with pytest.raises(EngineError, match="needs the model as one FSDP unit or no FSDP .*it resolved to block"):
-        blocks_per_graph(2, scope="blocks", fsdp_wrap="block", layer_types=None)
+        blocks_per_graph(2, scope="blocks", fsdp_wrap="block", layer_types=None, **kw)
     with pytest.raises(EngineError, match="mixes layer types .full_attention, sliding_attention"):
-        blocks_per_graph(2, scope="blocks", fsdp_wrap="root", layer_types=["sliding_attention", "full_attention"])
-    with pytest.raises(EngineError, match="integer >= 1, got 0"):
-        blocks_per_graph(0, scope="blocks", fsdp_wrap="root", layer_types=None)
+        blocks_per_graph(2, scope="blocks", fsdp_wrap="root", layer_types=["sliding_attention", "full_attention"], **kw)
+    with pytest.raises(EngineError, match="auto or an integer >= 1, got 0"):
+        blocks_per_graph(0, scope="blocks", fsdp_wrap="root", layer_types=None, **kw)
+    with pytest.raises(EngineError, match="auto or an integer >= 1, got 'eight'"):
+        blocks_per_graph("eight", scope="blocks", fsdp_wrap="root", layer_types=None, **kw)
+
+
+@pytest.mark.parametrize(("num_blocks", "want"), [(24, 8), (28, 7), (32, 8), (36, 6), (2, 2), (1, 1), (13, 1)])
+def test_auto_blocks_per_graph_divides_the_blocks_evenly(num_blocks: int, want: int) -> None:
+    """``auto``: every group the same size (one graph to compile), at most AUTO_BLOCKS_PER_GRAPH."""
+    assert AUTO_BLOCKS_PER_GRAPH == 8
+    assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="none", layer_types=None, num_blocks=num_blocks) == want
+    assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * num_blocks,
+                            num_blocks=num_blocks) == want
+
+
+def test_auto_blocks_per_graph_is_one_where_blocks_cannot_share_a_graph() -> None:
+    """Where a number > 1 would be refused, ``auto`` quietly runs one block a graph."""
+    assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="block", layer_types=None, num_blocks=24) == 1
+    assert blocks_per_graph("auto", scope="pointwise", fsdp_wrap="none", layer_types=None, num_blocks=24) == 1
+    assert blocks_per_graph("auto", scope="", fsdp_wrap="root", layer_types=None, num_blocks=24) == 1
+    mixed = ["sliding_attention", "full_attention"] * 12
+    assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="root", layer_types=mixed, num_blocks=24) == 1
 
 
 class _Heads(torch.nn.Module):

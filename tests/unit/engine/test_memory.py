@@ -102,11 +102,11 @@ def test_gpu_memory_is_read_for_a_cuda_device(monkeypatch: pytest.MonkeyPatch) -
     """``auto`` wrapping reads the GPU's memory (a NameError here once broke every GPU run)."""
     from types import SimpleNamespace
 
-    from areal_tasks.engine.fsdp.build import _gpu_bytes
+    from areal_tasks.engine.fsdp.build import gpu_memory_bytes
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
-    assert _gpu_bytes(torch.device("cuda", 0)) == 141 << 30
-    assert _gpu_bytes(torch.device("cpu")) is None
+    assert gpu_memory_bytes(torch.device("cuda", 0)) == 141 << 30
+    assert gpu_memory_bytes(torch.device("cpu")) is None
 
 
 def test_lora_counts_only_adapters_as_trainable() -> None:
