@@ -31,9 +31,9 @@ kernels' intervals over the profiled span; the rest is the device waiting for th
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
 on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
-("Train throughput (H200)"); one GPU now runs 118,794 tokens/s, 49.4% MFU on the 5-step batches
-(no FSDP, four blocks a compiled graph, the LM head's logits kept) and 115,559, 48.1% over 10
-steps with eight blocks a graph (``bash benchmarks/gpu_suite.sh train_flat``). With
+("Train throughput (H200)"); one GPU now runs 122,005 tokens/s, 50.7% MFU on the 5-step batches
+with the engine's defaults (no FSDP, eight blocks a compiled graph and the LM head's logits kept,
+all by ``auto``; ``bash benchmarks/gpu_suite.sh train``) and 116,320, 48.4% over 10 steps. With
 ``--profile`` the JSON also records where the device waited (``profile.idle``: before the first
 kernel, after the last, by gap length and by tenth of the step).
 
