@@ -62,7 +62,9 @@ vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet 
 
 Fixed overhead: unsharded (``S = 1``) with a compute dtype narrower than the parameters, the
 compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then; without
-FSDP, ``fsdp_wrap="none"``, also its compute-dtype gradient buffer, ``N_t / tp * c``). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
+FSDP, ``fsdp_wrap="none"``, also its compute-dtype gradients, ``N_t / tp * c``: a flat buffer on the
+torch-op path, autograd's per-parameter gradients until the one-kernel accumulation adds them up
+on CUDA). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final norm) and
 two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
 copy for the reduce-scatter; plus the chunked-CE buffer. With FSDP and the whole model as one unit
 (``fsdp_wrap="root"``): every parameter gathered, ``N / tp * c``, and at the end of backward every
@@ -315,7 +317,8 @@ def estimate_memory(
         # forward to the end of the backward (``build.py``)
         fixed += n_params * c // tp
     if fsdp_wrap == "none":
-        # no FSDP (``flat_params.py``): the compute-dtype gradients are a persistent flat buffer
+        # no FSDP (``flat_params.py``): the compute-dtype gradients of a whole backward (a flat buffer,
+        # or autograd's own tensors until the kernel adds them into the fp32 masters)
         fixed += n_train * c // tp
     if shard > 1 and fsdp_wrap == "root":
         # one unit: every parameter gathered in c from the forward to the end of the backward; the
