@@ -196,10 +196,8 @@ def build_model(
         from areal_tasks.engine.fsdp.lm_head import install_chunked_head
 
         lora_targets = config.lora.target_modules if config.lora.enabled else None
+        # whether it keeps the logits is settled with the micro-batch token cap (``engine.py``)
         lm_head = install_chunked_head(model, lora_targets=lora_targets)
-        if lm_head is not None:
-            # ``auto`` is settled with the micro-batch token cap (``engine.py``); until then, recompute
-            lm_head.keep_logits = config.lm_head_keep_logits is True and trainable
     if config.gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora.enabled:

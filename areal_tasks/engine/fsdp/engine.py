@@ -476,22 +476,26 @@ def _local_device() -> torch.device:
 
 
 def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.device, *, trainable: bool) -> None:
-    """``lm_head_keep_logits=auto``: keep the logits where micro-batches have an explicit token cap
-    whose logits fit a share of the GPU (:func:`~areal_tasks.engine.fsdp.lm_head.auto_keep_logits`;
-    a cap sized from the memory budget would shrink to make room for them, so it keeps nothing)."""
+    """Whether the chunked LM head keeps the logits (``lm_head_keep_logits``): never without a
+    backward; ``auto`` where micro-batches have an explicit token cap whose logits fit a share of
+    the GPU (:func:`~areal_tasks.engine.fsdp.lm_head.auto_keep_logits`; a cap sized from the memory
+    budget would shrink to make room for them, so it keeps nothing)."""
     import torch
 
     from areal_tasks.engine.fsdp.build import gpu_memory_bytes
     from areal_tasks.engine.fsdp.lm_head import auto_keep_logits
 
-    head = built.lm_head
-    if config.lm_head_keep_logits != "auto" or head is None or not trainable:
+    head, setting = built.lm_head, config.lm_head_keep_logits
+    if head is None:
         return
-    spec = config.micro_batch
-    head.keep_logits = auto_keep_logits(
-        token_cap=spec.max_tokens_per_mb if spec.memory_budget_gb is None else None, vocab_size=head.out_features,
-        itemsize=getattr(torch, built.param_dtype_name).itemsize, device_bytes=gpu_memory_bytes(device),
-    )
+    if setting == "auto":
+        spec = config.micro_batch
+        setting = auto_keep_logits(
+            token_cap=spec.max_tokens_per_mb if spec.memory_budget_gb is None else None,
+            vocab_size=head.out_features, itemsize=getattr(torch, built.param_dtype_name).itemsize,
+            device_bytes=gpu_memory_bytes(device),
+        )
+    head.keep_logits = setting is True and trainable
 
 
 def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims, *,

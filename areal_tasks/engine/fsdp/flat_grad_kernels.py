@@ -29,7 +29,7 @@ import torch
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import triton_on_cuda as kernels_available
 
-__all__ = ["BLOCK", "BlockTable", "accumulate_into", "kernels_available"]
+__all__ = ["BLOCK", "BlockTable", "accumulate_into", "can_read", "kernels_available"]
 
 #: gradient elements per program (and its warps): a 16 KB read of bf16 and 32 KB of fp32 each way.
 BLOCK = 8192
@@ -82,6 +82,11 @@ class BlockTable:
         self.total = sum(sizes)
 
 
+def can_read(grad: torch.Tensor | None, like: torch.Tensor) -> bool:
+    """Whether :func:`accumulate_into` takes ``grad``: None, or contiguous of ``like``'s dtype and device."""
+    return grad is None or (grad.dtype == like.dtype and grad.device == like.device and grad.is_contiguous())
+
+
 def accumulate_into(out: torch.Tensor, grads: list[torch.Tensor | None], table: BlockTable, like: torch.Tensor,
                     *, fresh: bool) -> None:
     """``out[offset_i : offset_i + n_i] (+)= grads[i]`` in fp32 for every parameter ``i`` of
@@ -99,9 +104,9 @@ def accumulate_into(out: torch.Tensor, grads: list[torch.Tensor | None], table: 
         if grad is None:
             addresses.append(0)
             continue
-        if grad.dtype != like.dtype or grad.device != out.device or not grad.is_contiguous():
+        if not can_read(grad, like):
             raise EngineError(f"accumulate_into: gradient {index} is {grad.dtype}, strides {grad.stride()} on "
-                              f"{grad.device}; the kernel reads contiguous {like.dtype} on {out.device}")
+                              f"{grad.device}; the kernel reads contiguous {like.dtype} on {like.device}")
         addresses.append(grad.data_ptr())
     # pinned and non-blocking: a pageable copy would wait for everything queued on the stream
     table_of_addresses = torch.tensor(addresses, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)

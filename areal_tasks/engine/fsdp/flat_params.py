@@ -137,13 +137,11 @@ class FlatParams:
             raise EngineError("this model was flattened without gradients (trainable=False)")
         grads = [param.grad for param in self.compute_params]
         with torch.no_grad():
-            if self.grad_table is not None and all(
-                    grad is None or (grad.dtype == self.compute_dtype and grad.is_contiguous()) for grad in grads):
+            if self.grad_table is not None and all(flat_grad_kernels.can_read(g, self.compute) for g in grads):
                 flat_grad_kernels.accumulate_into(self.master_grad, grads, self.grad_table, self.compute,
                                                   fresh=self._fresh)  # fmt: skip
             else:
                 self._accumulate_by_ops(grads)
-        del grads
         self._drop_compute_grads()
         self._fresh = False
         self._attach_master_grads()
