@@ -11,12 +11,13 @@ TORCH_VERSION ?= 2.13.0
 EXTRAS ?= train,serve,storage,tracking,airflow,dev
 PYTEST_ARGS ?=
 
-.PHONY: setup test run ui lock clean help
+.PHONY: setup test lint format run ui lock clean help
 
 help:
 	@echo "make run    - run the training DAG end to end on the embedded default (airflow dags test)"
 	@echo "make ui     - the Airflow and MLflow UIs on 127.0.0.1 over the last run's data"
-	@echo "make test   - run the whole test suite"
+	@echo "make test   - run the whole test suite (ruff's lint and format checks first)"
+	@echo "make lint   - ruff check + ruff format --check; make format applies them"
 	@echo "make setup  - create $(VENV) and install the project (idempotent)"
 	@echo "make lock   - refresh constraints.txt from the current venv"
 
@@ -35,8 +36,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup vllm-env browser
+test: setup lint vllm-env browser
 	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
+
+# ruff's lint and format checks (configured in pyproject.toml); `make format` applies the formatter
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # `airflow dags test areal_rl_training` under runs/demo (Airflow and MLflow on SQLite); runs/latest links to it
 run: setup

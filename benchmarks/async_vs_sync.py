@@ -48,8 +48,15 @@ def warm_start(work: Path, sft_steps: int, extra: list[str]) -> str:
     from areal_tasks.config import load_config
     from areal_tasks.trainer.sft import run_sft
 
-    cfg = load_config(CONFIG, [*extra, f"experiment.run_dir={work / 'sft'}", f"train.sft_warmup_steps={sft_steps}",
-                               f"train.total_steps={sft_steps + 1}"])  # fmt: skip
+    cfg = load_config(
+        CONFIG,
+        [
+            *extra,
+            f"experiment.run_dir={work / 'sft'}",
+            f"train.sft_warmup_steps={sft_steps}",
+            f"train.total_steps={sft_steps + 1}",
+        ],
+    )
     return str(run_sft(cfg))
 
 
@@ -58,10 +65,16 @@ def rl_overrides(run_dir: Path, model: str, eta: int, steps: int, extra: list[st
     then what this benchmark fixes, last so that it wins: above all the warm-started ``model``,
     whatever ``model.path`` the extras name (that one is what the warm start started from)."""
     return [
-        f"rollout.workflow.name={WORKFLOW}", "saver.freq_steps=null", "actor.optimizer.lr=2e-4", *extra,
-        f"experiment.run_dir={run_dir}", f"model.path={model}", "train.sft_warmup_steps=0",
-        f"train.total_steps={steps}", f"rollout.max_head_offpolicyness={eta}",
-    ]  # fmt: skip
+        f"rollout.workflow.name={WORKFLOW}",
+        "saver.freq_steps=null",
+        "actor.optimizer.lr=2e-4",
+        *extra,
+        f"experiment.run_dir={run_dir}",
+        f"model.path={model}",
+        "train.sft_warmup_steps=0",
+        f"train.total_steps={steps}",
+        f"rollout.max_head_offpolicyness={eta}",
+    ]
 
 
 def run_one(work: Path, model: str, eta: int, steps: int, extra: list[str]) -> dict[str, Any]:
@@ -93,8 +106,10 @@ def summarize(eta: int, rows: list[dict[str, float]], summary: dict[str, Any], b
         "update_ms": 1000 * sum(r["perf/weight_update_s"] for r in rows) / len(rows),
         "paused_ms": 1000 * sum(r["perf/servers_paused_s"] for r in rows) / len(rows),
         # the pause's parts: aborting in-flight requests, the transfer and load, the resume
-        **{f"{part}_ms": 1000 * sum(r.get(f"perf/weight_{part}_s", 0.0) for r in rows) / len(rows)
-           for part in ("queue", "pause", "transfer", "resume", "pack")},  # fmt: skip
+        **{
+            f"{part}_ms": 1000 * sum(r.get(f"perf/weight_{part}_s", 0.0) for r in rows) / len(rows)
+            for part in ("queue", "pause", "transfer", "resume", "pack")
+        },
         # the steady state: medians over the updates after the first
         "update_p50_ms": 1000 * statistics.median(r["perf/weight_update_s"] for r in steady),
         "paused_p50_ms": 1000 * statistics.median(r["perf/servers_paused_s"] for r in steady),
@@ -111,17 +126,21 @@ def summarize(eta: int, rows: list[dict[str, float]], summary: dict[str, Any], b
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    head = f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} " \
-           f"{'update_ms':>9} {'update_p50':>10} {'paused_ms':>9} {'paused_p50':>10} {'queue/pause/xfer/resume ms':>26} " \
-           f"{'reward':>13} " \
-           f"{'stale':>9} {'bound':>9} {'late':>5}"  # fmt: skip
+    head = (
+        f"{'eta':>3} {'samples':>7} {'rl_s':>7} {'samples/s':>9} {'speed-up':>8} {'wait_s':>7} {'train_s':>7} "
+        f"{'update_ms':>9} {'update_p50':>10} {'paused_ms':>9} {'paused_p50':>10} {'queue/pause/xfer/resume ms':>26} "
+        f"{'reward':>13} "
+        f"{'stale':>9} {'bound':>9} {'late':>5}"
+    )
     base = next((r for r in results if r["eta"] == 0), results[0])["samples_per_s"]
     lines = [head]
     for r in results:
         parts = f"{r.get('queue_ms', 0.0):.0f}/{r['pause_ms']:.0f}/{r['transfer_ms']:.0f}/{r['resume_ms']:.0f}"
         lines.append(
-            f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} {r['samples_per_s'] / base:>7.2f}x "
-            f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} {r.get('update_p50_ms', float('nan')):>10.0f} "
+            f"{r['eta']:>3} {r['samples']:>7} {r['rl_s']:>7.1f} {r['samples_per_s']:>9.1f} "
+            f"{r['samples_per_s'] / base:>7.2f}x "
+            f"{r['wait_s']:>7.1f} {r['train_s']:>7.1f} {r['update_ms']:>9.0f} "
+            f"{r.get('update_p50_ms', float('nan')):>10.0f} "
             f"{r['paused_ms']:>9.0f} "
             f"{r.get('paused_p50_ms', float('nan')):>10.0f} {parts:>26} "
             f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']} "
@@ -160,13 +179,25 @@ def main() -> None:
         payload = {
             "benchmark": "async_vs_sync",
             "device": device,
-            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                     "gpus": torch.cuda.device_count(),
-                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-            "settings": {"steps": args.steps, "etas": args.etas, "sft_steps": None if args.model else args.sft_steps,
-                         "workflow": WORKFLOW, "config": str(CONFIG.relative_to(ROOT)), "overrides": args.overrides,
-                         "tail": {k: os.environ.get(k) for k in ("AREAL_BENCH_TAIL_ALPHA", "AREAL_BENCH_TAIL_MIN",
-                                                                 "AREAL_BENCH_TAIL_MAX")}},  # fmt: skip
+            "host": {
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+                "torch": torch.__version__,
+                "gpus": torch.cuda.device_count(),
+                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            },
+            "settings": {
+                "steps": args.steps,
+                "etas": args.etas,
+                "sft_steps": None if args.model else args.sft_steps,
+                "workflow": WORKFLOW,
+                "config": str(CONFIG.relative_to(ROOT)),
+                "overrides": args.overrides,
+                "tail": {
+                    k: os.environ.get(k)
+                    for k in ("AREAL_BENCH_TAIL_ALPHA", "AREAL_BENCH_TAIL_MIN", "AREAL_BENCH_TAIL_MAX")
+                },
+            },
             "results": results,
             "table": table,
             "total_s": time.perf_counter() - started,

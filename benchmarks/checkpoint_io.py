@@ -81,8 +81,16 @@ class LoraEngine:
         from areal_tasks.models import build_tiny_model
 
         torch.manual_seed(0)
-        self.model_path = str(build_tiny_model("qwen2", seed=0, hidden_size=hidden, intermediate_size=2 * hidden,
-                                               num_hidden_layers=layers, head_dim=hidden // 4))  # fmt: skip
+        self.model_path = str(
+            build_tiny_model(
+                "qwen2",
+                seed=0,
+                hidden_size=hidden,
+                intermediate_size=2 * hidden,
+                num_hidden_layers=layers,
+                head_dim=hidden // 4,
+            )
+        )
         base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
         self.model = get_peft_model(base, lora)
@@ -113,7 +121,7 @@ def _raw_copy(storage: Storage, payload: bytes) -> tuple[float, float]:
     start = time.perf_counter()
     with storage.atomic_write("raw/blob.bin") as handle:
         for offset in range(0, len(view), CHUNK):
-            handle.write(view[offset: offset + CHUNK])
+            handle.write(view[offset : offset + CHUNK])
     write = time.perf_counter() - start
     start = time.perf_counter()
     back = storage.read_bytes("raw/blob.bin")
@@ -147,11 +155,18 @@ def bench_full(url: str, options: dict | None, param_mb: int, repeats: int) -> d
         storage.delete("step_1", recursive=True)
     save, load, rw, rr = min(saves), min(loads), min(raw_w), min(raw_r)
     return {
-        "data_bytes": data, "save_s": save, "load_s": load, "raw_write_s": rw, "raw_read_s": rr,
-        "save_mbps": data / MiB / save, "load_mbps": data / MiB / load,
-        "raw_write_mbps": data / MiB / rw, "raw_read_mbps": data / MiB / rr,
-        "save_ratio": rw / save, "load_ratio": rr / load,
-    }  # fmt: skip
+        "data_bytes": data,
+        "save_s": save,
+        "load_s": load,
+        "raw_write_s": rw,
+        "raw_read_s": rr,
+        "save_mbps": data / MiB / save,
+        "load_mbps": data / MiB / load,
+        "raw_write_mbps": data / MiB / rw,
+        "raw_read_mbps": data / MiB / rr,
+        "save_ratio": rw / save,
+        "load_ratio": rr / load,
+    }
 
 
 def bench_async(url: str, options: dict | None, param_mb: int) -> dict[str, Any]:
@@ -174,21 +189,37 @@ def bench_lora(url: str, options: dict | None, hidden: int, layers: int) -> dict
         engine.step()
         start = time.perf_counter()
         meta = manager.save(step, {"actor": engine}, TrainerState(step=step)).wait()
-        rows.append({"step": step, "data_bytes": _data_bytes(meta), "referenced_bytes": meta.sizes.referenced,
-                     "logical_bytes": meta.sizes.logical, "save_s": time.perf_counter() - start})  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "data_bytes": _data_bytes(meta),
+                "referenced_bytes": meta.sizes.referenced,
+                "logical_bytes": meta.sizes.logical,
+                "save_s": time.perf_counter() - start,
+            }
+        )
     trainable = sum(p.numel() * 4 for p in engine.model.parameters() if p.requires_grad)
     total = sum(p.numel() * 4 for p in engine.model.parameters())
-    return {"params_bytes": total, "adapter_bytes": trainable, "saves": rows,
-            "incremental_fraction": rows[-1]["data_bytes"] / rows[0]["data_bytes"]}  # fmt: skip
+    return {
+        "params_bytes": total,
+        "adapter_bytes": trainable,
+        "saves": rows,
+        "incremental_fraction": rows[-1]["data_bytes"] / rows[0]["data_bytes"],
+    }
 
 
 def _print(results: dict[str, Any]) -> None:
     print(f"\nfull save/load, {results['param_mb']} MiB of parameters + AdamW state (best of {results['repeats']})")
-    print(f"{'storage':<8} {'data MiB':>9} {'save MB/s':>10} {'raw write':>10} {'ratio':>6} "
-          f"{'load MB/s':>10} {'raw read':>9} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'storage':<8} {'data MiB':>9} {'save MB/s':>10} {'raw write':>10} {'ratio':>6} "
+        f"{'load MB/s':>10} {'raw read':>9} {'ratio':>6}"
+    )
     for name, row in results["full"].items():
-        print(f"{name:<8} {row['data_bytes'] / MiB:>9.1f} {row['save_mbps']:>10.0f} {row['raw_write_mbps']:>10.0f} "
-              f"{row['save_ratio']:>6.2f} {row['load_mbps']:>10.0f} {row['raw_read_mbps']:>9.0f} {row['load_ratio']:>6.2f}")
+        print(
+            f"{name:<8} {row['data_bytes'] / MiB:>9.1f} {row['save_mbps']:>10.0f} {row['raw_write_mbps']:>10.0f} "
+            f"{row['save_ratio']:>6.2f} {row['load_mbps']:>10.0f} {row['raw_read_mbps']:>9.0f} "
+            f"{row['load_ratio']:>6.2f}"
+        )
     print("\nasync save: trainer blocked vs whole save")
     for name, row in results["async"].items():
         print(f"{name:<8} blocked {row['blocking_s']:.3f}s of {row['total_s']:.3f}s")
@@ -196,10 +227,14 @@ def _print(results: dict[str, Any]) -> None:
     print(f"{'storage':<8} {'step':>4} {'written MiB':>12} {'referenced MiB':>15} {'save s':>7}")
     for name, lora in results["lora"].items():
         for row in lora["saves"]:
-            print(f"{name:<8} {row['step']:>4} {row['data_bytes'] / MiB:>12.3f} {row['referenced_bytes'] / MiB:>15.3f} "
-                  f"{row['save_s']:>7.3f}")  # fmt: skip
-        print(f"{name:<8} incremental / full bytes = {lora['incremental_fraction']:.4f} "
-              f"(adapters {lora['adapter_bytes'] / MiB:.2f} MiB of {lora['params_bytes'] / MiB:.1f} MiB parameters)")
+            print(
+                f"{name:<8} {row['step']:>4} {row['data_bytes'] / MiB:>12.3f} {row['referenced_bytes'] / MiB:>15.3f} "
+                f"{row['save_s']:>7.3f}"
+            )
+        print(
+            f"{name:<8} incremental / full bytes = {lora['incremental_fraction']:.4f} "
+            f"(adapters {lora['adapter_bytes'] / MiB:.2f} MiB of {lora['params_bytes'] / MiB:.1f} MiB parameters)"
+        )
 
 
 def main() -> None:
@@ -212,8 +247,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    results: dict[str, Any] = {"param_mb": args.param_mb, "repeats": args.repeats, "torch": torch.__version__,
-                               "full": {}, "async": {}, "lora": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "param_mb": args.param_mb,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "full": {},
+        "async": {},
+        "lora": {},
+    }
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
         targets: list[tuple[str, str, dict | None]] = [("local", f"file://{tmp}/local", None)]
         server = None

@@ -3,12 +3,13 @@
 The captured decode step attends ``--batch`` rows, each one new query per head, to its own slot of
 the cache through a ``[B, 1, 1, L]`` mask, with the ``g`` query heads that share a key/value head
 laid along the query axis (``inference/server/attention.py``). This times that call on CUDA events
-inside a CUDA graph (as the server runs it) for each SDPA backend that accepts it (cuDNN, memory-efficient, math), with a boolean mask and with
-an additive one in the model's dtype, plus the same product written as two batched matmuls and a
-soft-max (``manual``; with the scores kept in fp32: ``manual fp32 scores``), and the server's
-Triton kernel (``inference/server/decode_kernel.py``) at several block sizes and warp counts, at
-several KV lengths. The cache read alone (keys and values once) sets a
-floor: its bytes over the GPU's memory bandwidth are printed as ``floor us`` for a rate of 4.0 TB/s.
+inside a CUDA graph (as the server runs it) for each SDPA backend that accepts it (cuDNN,
+memory-efficient, math), with a boolean mask and with an additive one in the model's dtype, plus the
+same product written as two batched matmuls and a soft-max (``manual``; with the scores kept in
+fp32: ``manual fp32 scores``), and the server's Triton kernel
+(``inference/server/decode_kernel.py``) at several block sizes and warp counts, at several KV
+lengths. The cache read alone (keys and values once) sets a floor: its bytes over the GPU's memory
+bandwidth are printed as ``floor us`` for a rate of 4.0 TB/s.
 
 Prints a table and writes JSON (``benchmarks/results/decode_attention.json``).
 
@@ -26,10 +27,9 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from areal_tasks.inference.server.decode_kernel import BLOCK, NUM_WARPS, launch_decode_attention, kernel_available
+from areal_tasks.inference.server.decode_kernel import BLOCK, NUM_WARPS, kernel_available, launch_decode_attention
 
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "math": SDPBackend.MATH}
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 FLOOR_BYTES_PER_S = 4.0e12
 #: (keys per loop iteration, warps) of the Triton kernel to time.
 TRITON_CONFIGS = ((32, 2), (64, 4), (64, 2), (128, 4), (128, 8))
@@ -46,9 +46,12 @@ def manual_fp32_scores(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     """:func:`manual` with the scores kept in fp32 (``bmm`` with ``out_dtype``, CUDA only): the
     precision of the fused kernels, which round only the probabilities to bf16."""
     batch, heads, group, dim = query.shape
-    scores = torch.bmm(query.reshape(batch * heads, group, dim),
-                       key.reshape(batch * heads, -1, dim).transpose(1, 2), out_dtype=torch.float32)
-    scores = scores.view(batch, heads, group, -1) * dim ** -0.5
+    scores = torch.bmm(
+        query.reshape(batch * heads, group, dim),
+        key.reshape(batch * heads, -1, dim).transpose(1, 2),
+        out_dtype=torch.float32,
+    )
+    scores = scores.view(batch, heads, group, -1) * dim**-0.5
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(value.dtype)
     return torch.matmul(probs, value)
 
@@ -89,17 +92,22 @@ def run(args: argparse.Namespace) -> list[dict]:
         key, value = store_k[:, :, :length], store_v[:, :, :length]
         query = torch.randn(args.batch, args.kv_heads, group, args.head_dim, device=device, dtype=dtype)
         filled = torch.randint(length // 2, length + 1, (args.batch,), device=device)
-        allowed = (torch.arange(length, device=device).view(1, 1, 1, -1) < filled.view(-1, 1, 1, 1))
+        allowed = torch.arange(length, device=device).view(1, 1, 1, -1) < filled.view(-1, 1, 1, 1)
         additive = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
         floor = 2 * key.numel() * key.element_size() / FLOOR_BYTES_PER_S * 1e6
         reference = manual(query.float(), key.float(), value.float(), allowed)
-        cases = [(f"{name}, {kind} mask", backend, mask)
-                 for name, backend in BACKENDS.items() for kind, mask in (("bool", allowed), ("additive", additive))]
+        cases = [
+            (f"{name}, {kind} mask", backend, mask)
+            for name, backend in BACKENDS.items()
+            for kind, mask in (("bool", allowed), ("additive", additive))
+        ]
         with torch.inference_mode():
             for label, backend, mask in cases:
+
                 def call(backend=backend, mask=mask) -> torch.Tensor:
                     with sdpa_kernel([backend]):
                         return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+
                 try:
                     error = (call().float() - reference).abs().max().item()
                     micros = time_us(call, args.iters)
@@ -107,8 +115,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                     rows.append({"kv_len": length, "variant": label, "us": None, "note": str(exc).splitlines()[0][:80]})
                     continue
                 rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
-            for label, fn in (("manual, eager", manual), ("manual, compiled", compiled_manual),
-                              ("manual fp32 scores, compiled", compiled_fp32)):
+            for label, fn in (
+                ("manual, eager", manual),
+                ("manual, compiled", compiled_manual),
+                ("manual fp32 scores, compiled", compiled_fp32),
+            ):
                 try:
                     error = (fn(query, key, value, allowed).float() - reference).abs().max().item()
                     micros = time_us(lambda fn=fn: fn(query, key, value, allowed), args.iters)
@@ -122,20 +133,31 @@ def run(args: argparse.Namespace) -> list[dict]:
             scale = args.head_dim**-0.5
             for block, warps in TRITON_CONFIGS:
                 for kind, mask in (("bool", allowed), ("additive", additive)):
-                    label = f"triton {block}x{warps}w, {kind}" + (" (default)" if (block, warps) == (BLOCK, NUM_WARPS) else "")
+                    label = f"triton {block}x{warps}w, {kind}" + (
+                        " (default)" if (block, warps) == (BLOCK, NUM_WARPS) else ""
+                    )
                     out = torch.empty_like(query)
 
                     def kernel(mask=mask, out=out, block=block, warps=warps) -> torch.Tensor:
                         launch_decode_attention(query, key, value, mask, scale, out, block=block, num_warps=warps)
                         return out
+
                     try:
                         error = (kernel().float() - reference).abs().max().item()
                         micros = time_us(kernel, args.iters)
                     except Exception as exc:  # noqa: BLE001 - a configuration Triton cannot build is reported
-                        rows.append({"kv_len": length, "variant": label, "us": None,
-                                     "note": f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"})
+                        rows.append(
+                            {
+                                "kv_len": length,
+                                "variant": label,
+                                "us": None,
+                                "note": f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}",
+                            }
+                        )
                         continue
-                    rows.append({"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error})
+                    rows.append(
+                        {"kv_len": length, "variant": label, "us": micros, "floor_us": floor, "max_error": error}
+                    )
     return rows
 
 
@@ -153,17 +175,26 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     rows = run(args)
-    print(f"decode attention, one layer: batch {args.batch}, {args.heads} query / {args.kv_heads} kv heads, "
-          f"head dim {args.head_dim}, bf16 ({torch.cuda.get_device_name()})")
+    print(
+        f"decode attention, one layer: batch {args.batch}, {args.heads} query / {args.kv_heads} kv heads, "
+        f"head dim {args.head_dim}, bf16 ({torch.cuda.get_device_name()})"
+    )
     print(f"{'kv len':>6}  {'variant':<34} {'us':>8} {'floor us':>9} {'max error':>10}")
     for row in rows:
         if row["us"] is None:
             print(f"{row['kv_len']:>6}  {row['variant']:<34} {'refused':>8}  {row['note']}")
             continue
-        print(f"{row['kv_len']:>6}  {row['variant']:<34} {row['us']:>8.1f} {row['floor_us']:>9.1f} {row['max_error']:>10.4f}")
+        print(
+            f"{row['kv_len']:>6}  {row['variant']:<34} {row['us']:>8.1f} {row['floor_us']:>9.1f} "
+            f"{row['max_error']:>10.4f}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "gpu": torch.cuda.get_device_name(),
-                                          "torch": torch.__version__, "rows": rows}, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {"args": vars(args), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+            indent=1,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -47,9 +47,16 @@ logger = logging.getLogger(__name__)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 PRESETS = {
-    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768),
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
 }
 #: comparison runs against the default server (``--variants``): label and RunnerConfig overrides.
 VARIANTS = {
@@ -96,8 +103,14 @@ def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict
     futures, seqs = [], []
     for i, prompt in enumerate(prompts):
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        seqs.append(Sequence(rid=f"b{i}", group=SequenceGroup(list(prompt)), params=params,
-                             on_finish=lambda s, f=fut: f.set_result(s)))
+        seqs.append(
+            Sequence(
+                rid=f"b{i}",
+                group=SequenceGroup(list(prompt)),
+                params=params,
+                on_finish=lambda s, f=fut: f.set_result(s),
+            )
+        )
         futures.append(fut)
     start = time.perf_counter()
     engine.submit(seqs)
@@ -114,8 +127,9 @@ def warm_up(engine, prompts: list[list[int]]) -> None:
     run_engine(engine, prompts, 4, {"temperature": 0.0})
 
 
-def timed_engine_run(engine, prompts: list[list[int]], new_tokens: int, sampling: dict,
-                     repeats: int) -> tuple[float, list[list[int]], dict]:
+def timed_engine_run(
+    engine, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int
+) -> tuple[float, list[list[int]], dict]:
     """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
     the engine's decode counters over that run: steps, host milliseconds a step and the part of
     them the host waited for the device (near the whole step: device-bound; near zero: host-bound)."""
@@ -127,8 +141,11 @@ def timed_engine_run(engine, prompts: list[list[int]], new_tokens: int, sampling
         steps = after.decode_steps_total - before.decode_steps_total
         host = after.decode_seconds_total - before.decode_seconds_total
         waited = after.decode_wait_seconds_total - before.decode_wait_seconds_total
-        anatomy = {"decode_steps": steps, "ms_per_step": 1e3 * host / max(steps, 1),
-                   "wait_ms_per_step": 1e3 * waited / max(steps, 1)}
+        anatomy = {
+            "decode_steps": steps,
+            "ms_per_step": 1e3 * host / max(steps, 1),
+            "wait_ms_per_step": 1e3 * waited / max(steps, 1),
+        }
         if best is None or seconds < best[0]:
             best = (seconds, outputs, anatomy)
     assert best is not None
@@ -164,10 +181,15 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
         host, device = timed(lambda: runner.decode(slots, tokens, positions))
         rows.append({"what": f"decode forward, KV length {kv_len}", "host_ms": host, "device_ms": device})
     logits = runner.decode(slots, tokens, [0] * batch)
-    for label, params in (("greedy", SamplingParams(temperature=0.0)), ("T=1", SamplingParams(temperature=1.0)),
-                          ("T=1 top_p=0.9", SamplingParams(temperature=1.0, top_p=0.9))):
+    for label, params in (
+        ("greedy", SamplingParams(temperature=0.0)),
+        ("T=1", SamplingParams(temperature=1.0)),
+        ("T=1 top_p=0.9", SamplingParams(temperature=1.0, top_p=0.9)),
+    ):
+
         def draw(params=params) -> None:
             sample(logits, SamplingBatch.build([params] * batch, [None] * batch, logits.device), runner.greedy)
+
         host, device = timed(draw)
         rows.append({"what": f"sampling, {label}", "host_ms": host, "device_ms": device})
     # a prefill batch of a shape the runner has not seen (27 ragged prompts), then the same again:
@@ -180,7 +202,9 @@ def forward_and_sampling_times(runner, batch: int, iters: int = 20) -> list[dict
         runner.prefill_batch(prefill_slots, prompts)
         torch.cuda.synchronize(runner.device)
         wall = 1e3 * (time.perf_counter() - started)
-        rows.append({"what": f"prefill, new shape ({len(prompts)} ragged), {label}", "host_ms": wall, "device_ms": None})
+        rows.append(
+            {"what": f"prefill, new shape ({len(prompts)} ragged), {label}", "host_ms": wall, "device_ms": None}
+        )
     for slot in prefill_slots:
         runner.cache.release(slot)
     # admission prefills of equal-length prompts (the benchmark's): wall and device time of one call,
@@ -283,11 +307,17 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[float
         if model.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+            ids,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         if model.device.type == "cuda":
             torch.cuda.synchronize()
-    return time.perf_counter() - start, out[:, ids.shape[1]:].tolist()
+    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
 
 
 @torch.inference_mode()
@@ -330,8 +360,9 @@ async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> floa
     async def run(tokens: int) -> float:
         body = {"sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
         start = time.perf_counter()
-        answers = await asyncio.gather(*(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}),
-                                                        3600.0) for p in prompts))
+        answers = await asyncio.gather(
+            *(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}), 3600.0) for p in prompts)
+        )
         elapsed = time.perf_counter() - start
         if any(status != 200 for status, _ in answers):
             raise RuntimeError(f"/generate failed: {next(text for status, text in answers if status != 200)}")
@@ -355,32 +386,46 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    argv = [sys.executable, "-m", "areal_tasks.cli", "serve", "--model", str(model_dir), "--port", str(port),
-            "--dtype", args.dtype, "--device", args.device, "--max-running-requests", str(args.concurrency),
-            "--context-length", str(args.prompt_len + args.new_tokens + 8)]
+    argv = [
+        sys.executable,
+        "-m",
+        "areal_tasks.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--max-running-requests",
+        str(args.concurrency),
+        "--context-length",
+        str(args.prompt_len + args.new_tokens + 8),
+    ]
     if args.num_threads:
         argv += ["--num-threads", str(args.num_threads)]
     if args.disable_torch_compile:
         argv.append("--disable-torch-compile")
-    log = tempfile.NamedTemporaryFile(prefix="areal_serve_", suffix=".log", delete=False)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        while True:
-            if proc.poll() is not None:
-                tail = Path(log.name).read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"areal serve exited with {proc.returncode}; its log ({log.name}) ends:\n{tail}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        return asyncio.run(_http_run(url, prompts, args.new_tokens))
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        log.close()
+    with tempfile.NamedTemporaryFile(prefix="areal_serve_", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            while True:
+                if proc.poll() is not None:
+                    tail = Path(log.name).read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"areal serve exited with {proc.returncode}; its log ({log.name}) ends:\n{tail}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.5)
+            return asyncio.run(_http_run(url, prompts, args.new_tokens))
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -396,16 +441,31 @@ def main() -> None:
     parser.add_argument("--sampling", action="store_true", help="also run temperature 1, top_p 0.9")
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
     parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--disable-torch-compile", action="store_true",
-                        help="keep the server's norms and MLPs eager (compiled by default on CUDA)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="on CUDA, comma-separated comparison runs of the greedy engine against the default "
-                             f"server: {', '.join(f'{k} ({v[0]})' for k, v in VARIANTS.items())}; empty for none")
-    parser.add_argument("--max-prefill-tokens", type=int, default=8192,
-                        help="prompt tokens prefilled per engine iteration at most (the server's default)")
+    parser.add_argument(
+        "--disable-torch-compile",
+        action="store_true",
+        help="keep the server's norms and MLPs eager (compiled by default on CUDA)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="on CUDA, comma-separated comparison runs of the greedy engine against the default "
+        f"server: {', '.join(f'{k} ({v[0]})' for k, v in VARIANTS.items())}; empty for none",
+    )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=8192,
+        help="prompt tokens prefilled per engine iteration at most (the server's default)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile one greedy run of N new tokens (host: cProfile, device: torch profiler)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -416,7 +476,9 @@ def main() -> None:
     except ValueError:
         parser.error(f"--hf-batches takes comma-separated batch sizes, got {args.hf_batches!r}")
     if any(b < 1 for b in hf_batches):
-        parser.error(f"--hf-batches sizes must be at least 1 (leave it empty to skip generate), got {args.hf_batches!r}")
+        parser.error(
+            f"--hf-batches sizes must be at least 1 (leave it empty to skip generate), got {args.hf_batches!r}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -437,10 +499,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(args.preset, Path(tmp))
         prompts = make_prompts(args.concurrency, args.prompt_len)
-        runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
-                                           max_running_requests=args.concurrency,
-                                           context_length=args.prompt_len + args.new_tokens + 8,
-                                           torch_compile=not args.disable_torch_compile))
+        runner = build_runner(
+            RunnerConfig(
+                str(model_dir),
+                dtype=args.dtype,
+                device=str(device),
+                max_running_requests=args.concurrency,
+                context_length=args.prompt_len + args.new_tokens + 8,
+                torch_compile=not args.disable_torch_compile,
+            )
+        )
         dtype = runner.dtype
         cuda_graphs = bool(getattr(runner, "capture", False))
         compiled = bool(runner.compiled)
@@ -448,15 +516,31 @@ def main() -> None:
         engine.start()
         try:
             warm_up(engine, prompts)
-            seconds, outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
-                                                         args.repeats)
-            add({"system": "embedded engine, greedy", "batch": args.concurrency, "seconds": seconds,
-                 "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+            seconds, outputs, anatomy = timed_engine_run(
+                engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats
+            )
+            add(
+                {
+                    "system": "embedded engine, greedy",
+                    "batch": args.concurrency,
+                    "seconds": seconds,
+                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
+                    **anatomy,
+                }
+            )
             if args.sampling:
-                seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
-                                                       {"temperature": 1.0, "top_p": 0.9}, args.repeats)
-                add({"system": "embedded engine, T=1 top_p=0.9", "batch": args.concurrency, "seconds": seconds,
-                     "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+                seconds, _, anatomy = timed_engine_run(
+                    engine, prompts, args.new_tokens, {"temperature": 1.0, "top_p": 0.9}, args.repeats
+                )
+                add(
+                    {
+                        "system": "embedded engine, T=1 top_p=0.9",
+                        "batch": args.concurrency,
+                        "seconds": seconds,
+                        "tokens_per_s": args.concurrency * args.new_tokens / seconds,
+                        **anatomy,
+                    }
+                )
         finally:
             engine.shutdown()
         # the same engine reading each step back before launching the next (SGLang's
@@ -465,10 +549,16 @@ def main() -> None:
         engine.start()
         try:
             warm_up(engine, prompts)
-            seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0},
-                                                   args.repeats)
-            add({"system": "embedded engine, greedy, no overlap", "batch": args.concurrency, "seconds": seconds,
-                 "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+            seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats)
+            add(
+                {
+                    "system": "embedded engine, greedy, no overlap",
+                    "batch": args.concurrency,
+                    "seconds": seconds,
+                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
+                    **anatomy,
+                }
+            )
         finally:
             engine.shutdown()
         profiled = profile_engine(runner, prompts, args.profile, args.max_prefill_tokens) if args.profile else None
@@ -479,31 +569,54 @@ def main() -> None:
             torch.cuda.empty_cache()
         for variant in variants if device.type == "cuda" and compiled else ():
             label, overrides, engine_overrides = VARIANTS[variant]
-            runner = build_runner(RunnerConfig(str(model_dir), dtype=args.dtype, device=str(device),
-                                               max_running_requests=args.concurrency,
-                                               context_length=args.prompt_len + args.new_tokens + 8, **overrides))
+            runner = build_runner(
+                RunnerConfig(
+                    str(model_dir),
+                    dtype=args.dtype,
+                    device=str(device),
+                    max_running_requests=args.concurrency,
+                    context_length=args.prompt_len + args.new_tokens + 8,
+                    **overrides,
+                )
+            )
             engine = Engine(runner, **{"max_prefill_tokens": args.max_prefill_tokens, **engine_overrides})
             engine.start()
             try:
                 warm_up(engine, prompts)
-                seconds, other_outputs, anatomy = timed_engine_run(engine, prompts, args.new_tokens,
-                                                                   {"temperature": 0.0}, args.repeats)
-                add({"system": f"embedded engine, greedy, {label}", "batch": args.concurrency,
-                     "seconds": seconds, "tokens_per_s": args.concurrency * args.new_tokens / seconds, **anatomy})
+                seconds, other_outputs, anatomy = timed_engine_run(
+                    engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats
+                )
+                add(
+                    {
+                        "system": f"embedded engine, greedy, {label}",
+                        "batch": args.concurrency,
+                        "seconds": seconds,
+                        "tokens_per_s": args.concurrency * args.new_tokens / seconds,
+                        **anatomy,
+                    }
+                )
             finally:
                 engine.shutdown()
             same = sum(a == b for a, b in zip(other_outputs, outputs))
             print(f"{label} vs the default server: {same}/{len(outputs)} greedy outputs identical")
-            step_parts += [{**row, "what": f"{row['what']} ({variant})"}
-                           for row in forward_and_sampling_times(runner, args.concurrency)
-                           if row["what"].startswith("decode forward")]
+            step_parts += [
+                {**row, "what": f"{row['what']} ({variant})"}
+                for row in forward_and_sampling_times(runner, args.concurrency)
+                if row["what"].startswith("decode forward")
+            ]
             kernels[variant] = decode_kernels(runner, args.concurrency)
             del engine, runner
             torch.cuda.empty_cache()
         if args.http:
             seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))
-            add({"system": "areal serve over HTTP, greedy", "batch": args.concurrency, "seconds": seconds,
-                         "tokens_per_s": args.concurrency * args.new_tokens / seconds})
+            add(
+                {
+                    "system": "areal serve over HTTP, greedy",
+                    "batch": args.concurrency,
+                    "seconds": seconds,
+                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
+                }
+            )
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         checked = min(args.check, len(prompts))
         references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]
@@ -512,33 +625,53 @@ def main() -> None:
         for batch in hf_batches:
             hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
             seconds = min(hf_generate(model, prompts[:batch], args.new_tokens)[0] for _ in range(args.repeats))
-            add({"system": "transformers generate", "batch": batch, "seconds": seconds,
-                         "tokens_per_s": batch * args.new_tokens / seconds})
+            add(
+                {
+                    "system": "transformers generate",
+                    "batch": batch,
+                    "seconds": seconds,
+                    "tokens_per_s": batch * args.new_tokens / seconds,
+                }
+            )
     report = {
-        "preset": args.preset, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "preset": args.preset,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
-        "concurrency": args.concurrency, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-        "repeats": args.repeats, "cuda_graphs": cuda_graphs, "torch_compile": compiled,
-        "greedy_parity": {"checked": checked, "identical": identical, "mean_matching_prefix": prefix,
-                          "divergence_logit_gaps": gaps},
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "concurrency": args.concurrency,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "cuda_graphs": cuda_graphs,
+        "torch_compile": compiled,
+        "greedy_parity": {
+            "checked": checked,
+            "identical": identical,
+            "mean_matching_prefix": prefix,
+            "divergence_logit_gaps": gaps,
+        },
         "rows": rows,
         "profile": profiled,
         "step_parts": step_parts,
         "decode_kernels": kernels,
     }
-    print(f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
-          f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)")
+    print(
+        f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
+        f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)"
+    )
     print(f"{'system':<38} {'batch':>6} {'seconds':>9} {'tokens/s':>12} {'ms/step':>8} {'wait ms':>8}")
     for row in rows:
         step = f"{row['ms_per_step']:>8.2f} {row['wait_ms_per_step']:>8.2f}" if "ms_per_step" in row else ""
         print(f"{row['system']:<38} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f} {step}")
     print("(ms/step: host time of a decode step in the engine; wait ms: the part spent waiting for the device)")
-    print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, "
-          f"mean matching prefix {prefix:.1%}")
+    print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, mean matching prefix {prefix:.1%}")
     if gaps:
-        print("  at each first divergence, generate's logit gap to the engine's token: "
-              + ", ".join(f"{g:.4f}" for g in gaps))
+        print(
+            "  at each first divergence, generate's logit gap to the engine's token: "
+            + ", ".join(f"{g:.4f}" for g in gaps)
+        )
     out = args.out or RESULTS / f"inference_throughput_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

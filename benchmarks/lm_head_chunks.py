@@ -43,9 +43,9 @@ def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs,
     def step() -> tuple:
         h = hidden.detach().requires_grad_(True)
         w = weight.detach().requires_grad_(True)
-        logprob, entropy = chunked_next_token_stats(h, w, labels, with_entropy=with_entropy,
-                                                    entropy_grad=with_entropy, chunk=chunk,
-                                                    keep_logits=keep_logits)  # fmt: skip
+        logprob, entropy = chunked_next_token_stats(
+            h, w, labels, with_entropy=with_entropy, entropy_grad=with_entropy, chunk=chunk, keep_logits=keep_logits
+        )
         loss = logprob.sum() + (entropy.sum() * 0.01 if entropy is not None else 0.0)
         loss.backward()
         return logprob.detach(), h.grad, w.grad
@@ -64,8 +64,15 @@ def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs,
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-    return {"chunk_elements": elements, "chunk_rows": chunk, "entropy": with_entropy, "keep_logits": keep_logits,
-            "ms": statistics.median(times), "peak_extra_gib": peak, "result": result}  # fmt: skip
+    return {
+        "chunk_elements": elements,
+        "chunk_rows": chunk,
+        "entropy": with_entropy,
+        "keep_logits": keep_logits,
+        "ms": statistics.median(times),
+        "peak_extra_gib": peak,
+        "result": result,
+    }
 
 
 def use_kernels(kind: str) -> None:
@@ -78,8 +85,16 @@ def use_kernels(kind: str) -> None:
 
 
 #: (split, block, warps) of the Triton forward tried by ``time_kernels`` (lm_head_kernels.FORWARD_*).
-FORWARD_CONFIGS = [(16384, 2048, 4), (32768, 4096, 8), (32768, 2048, 4), (65536, 4096, 8), (16384, 4096, 8),
-                   (32768, 8192, 16), (32768, 1024, 2), (65536, 2048, 4)]
+FORWARD_CONFIGS = [
+    (16384, 2048, 4),
+    (32768, 4096, 8),
+    (32768, 2048, 4),
+    (65536, 4096, 8),
+    (16384, 4096, 8),
+    (32768, 8192, 16),
+    (32768, 1024, 2),
+    (65536, 2048, 4),
+]
 
 
 def time_kernels(kind: str, args: argparse.Namespace) -> list[dict]:
@@ -104,9 +119,17 @@ def time_kernels(kind: str, args: argparse.Namespace) -> list[dict]:
         if config is not None:
             lm_head_kernels.FORWARD_SPLIT, lm_head_kernels.FORWARD_BLOCK, lm_head_kernels.FORWARD_WARPS = config
         forward_ms = cuda_median_ms(lambda: lm_head._kernels["forward"](logits, labels, 1.0, True))
-        out.append({"kernels": kind, "chunk_rows": rows, "forward_config": config, "forward_ms": forward_ms,
-                    "forward_tb_s": nbytes / forward_ms / 1e9, "grad_ms": grad_ms,
-                    "grad_tb_s": 2 * nbytes / grad_ms / 1e9})
+        out.append(
+            {
+                "kernels": kind,
+                "chunk_rows": rows,
+                "forward_config": config,
+                "forward_ms": forward_ms,
+                "forward_tb_s": nbytes / forward_ms / 1e9,
+                "grad_ms": grad_ms,
+                "grad_tb_s": 2 * nbytes / grad_ms / 1e9,
+            }
+        )
     if kind == "triton":
         lm_head_kernels.FORWARD_SPLIT, lm_head_kernels.FORWARD_BLOCK, lm_head_kernels.FORWARD_WARPS = default
     return out
@@ -119,8 +142,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernels", nargs="+", default=["inductor", "triton"], choices=["inductor", "triton"])
-    parser.add_argument("--powers", nargs="+", type=int, default=[25, 26, 27, 28, 29],
-                        help="chunk sizes as powers of two of logits")
+    parser.add_argument(
+        "--powers", nargs="+", type=int, default=[25, 26, 27, 28, 29], help="chunk sizes as powers of two of logits"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     import torch
@@ -129,9 +153,11 @@ def main() -> None:
         sys.exit("lm_head_chunks.py needs CUDA (the chunk kernels are compiled there)")
     sys.path.insert(0, str(ROOT))
     g = torch.Generator(device="cuda").manual_seed(0)
-    inputs = (torch.randn(args.tokens, args.hidden, device="cuda", generator=g, dtype=torch.bfloat16),
-              torch.randn(args.vocab, args.hidden, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02,
-              torch.randint(0, args.vocab, (args.tokens,), device="cuda", generator=g))  # fmt: skip
+    inputs = (
+        torch.randn(args.tokens, args.hidden, device="cuda", generator=g, dtype=torch.bfloat16),
+        torch.randn(args.vocab, args.hidden, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02,
+        torch.randint(0, args.vocab, (args.tokens,), device="cuda", generator=g),
+    )
     rows, kernel_rows, references = [], [], {}
     for kind in args.kernels:
         use_kernels(kind)
@@ -143,30 +169,50 @@ def main() -> None:
                 result = row.pop("result")
                 reference = references.setdefault(with_entropy, result)
                 row["max_logprob_diff"] = float((result[0] - reference[0]).abs().max())
-                row["max_grad_h_rel"] = float((result[1].float() - reference[1].float()).norm()
-                                              / reference[1].float().norm())  # fmt: skip
+                row["max_grad_h_rel"] = float(
+                    (result[1].float() - reference[1].float()).norm() / reference[1].float().norm()
+                )
                 rows.append(row)
         kernel_rows.extend(time_kernels(kind, args))
-    print(f"{'kernels':>8} {'entropy':>7} {'kept':>5} {'chunk 2^k':>9} {'rows':>6} {'fwd+bwd ms':>10} {'peak GiB':>8} "
-          f"{'d logprob':>9} {'d grad_h':>9}")
+    print(
+        f"{'kernels':>8} {'entropy':>7} {'kept':>5} {'chunk 2^k':>9} {'rows':>6} {'fwd+bwd ms':>10} {'peak GiB':>8} "
+        f"{'d logprob':>9} {'d grad_h':>9}"
+    )
     for row in rows:
-        print(f"{row['kernels']:>8} {str(row['entropy']):>7} {str(row['keep_logits']):>5} "
-              f"{row['chunk_elements'].bit_length() - 1:>9} "
-              f"{row['chunk_rows']:>6} {row['ms']:>10.2f} {row['peak_extra_gib']:>8.2f} "
-              f"{row['max_logprob_diff']:>9.1e} {row['max_grad_h_rel']:>9.1e}")  # fmt: skip
+        print(
+            f"{row['kernels']:>8} {row['entropy']!s:>7} {row['keep_logits']!s:>5} "
+            f"{row['chunk_elements'].bit_length() - 1:>9} "
+            f"{row['chunk_rows']:>6} {row['ms']:>10.2f} {row['peak_extra_gib']:>8.2f} "
+            f"{row['max_logprob_diff']:>9.1e} {row['max_grad_h_rel']:>9.1e}"
+        )
     print(f"\none chunk of {kernel_rows[0]['chunk_rows']} rows, each kernel alone")
-    print(f"{'kernels':>8} {'forward (split, block, warps)':>29} {'forward ms':>10} {'TB/s':>6} {'grad ms':>8} "
-          f"{'TB/s':>6}")
+    print(
+        f"{'kernels':>8} {'forward (split, block, warps)':>29} {'forward ms':>10} {'TB/s':>6} {'grad ms':>8} "
+        f"{'TB/s':>6}"
+    )
     for row in kernel_rows:
         config = "-" if row["forward_config"] is None else str(tuple(row["forward_config"]))
-        print(f"{row['kernels']:>8} {config:>29} {row['forward_ms']:>10.3f} {row['forward_tb_s']:>6.2f} "
-              f"{row['grad_ms']:>8.3f} {row['grad_tb_s']:>6.2f}")
+        print(
+            f"{row['kernels']:>8} {config:>29} {row['forward_ms']:>10.3f} {row['forward_tb_s']:>6.2f} "
+            f"{row['grad_ms']:>8.3f} {row['grad_tb_s']:>6.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "lm_head_chunks", "tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "host": platform.node(), "rows": rows,
-        "kernels_alone": kernel_rows,
-    }, indent=2))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "lm_head_chunks",
+                "tokens": args.tokens,
+                "hidden": args.hidden,
+                "vocab": args.vocab,
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "host": platform.node(),
+                "rows": rows,
+                "kernels_alone": kernel_rows,
+            },
+            indent=2,
+        )
+    )
     print(f"written to {args.out}")
 
 

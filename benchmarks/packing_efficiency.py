@@ -93,8 +93,16 @@ def dp_rows(lengths: list[int], dp_size: int) -> list[dict]:
     balanced = [int(shard["cu_seqlens"][-1]) for shard in shards]
     out = []
     for name, sums, secs in (("contiguous", contiguous, 0.0), ("dp_split (kk)", balanced, seconds)):
-        out.append({"method": name, "ranks": dp_size, "max_rank_tokens": max(sums), "min_rank_tokens": min(sums),
-                    "balance_max_over_mean": max(sums) / (sum(sums) / len(sums)), "plan_ms": secs * 1e3})  # fmt: skip
+        out.append(
+            {
+                "method": name,
+                "ranks": dp_size,
+                "max_rank_tokens": max(sums),
+                "min_rank_tokens": min(sums),
+                "balance_max_over_mean": max(sums) / (sum(sums) / len(sums)),
+                "plan_ms": secs * 1e3,
+            }
+        )
     return out
 
 
@@ -117,8 +125,14 @@ def main() -> None:
     args = parser.parse_args()
 
     lengths = long_tail_lengths(args.sequences, args.seed)
-    stats = {"sequences": len(lengths), "tokens": sum(lengths), "min": min(lengths),
-             "median": int(np.median(lengths)), "p95": int(np.percentile(lengths, 95)), "max": max(lengths)}  # fmt: skip
+    stats = {
+        "sequences": len(lengths),
+        "tokens": sum(lengths),
+        "min": min(lengths),
+        "median": int(np.median(lengths)),
+        "p95": int(np.percentile(lengths, 95)),
+        "max": max(lengths),
+    }
     print("lengths:", ", ".join(f"{k} {v}" for k, v in stats.items()), "\n")
     micro = naive_rows(lengths, [4, 16]) + packed_rows(lengths, [8192, 16384, 32768], [1, 128])
     print_table(micro, ["method", "efficiency", "micro_batches", "balance_max_over_mean", "max_mb_tokens", "plan_ms"])

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from collections.abc import Callable
 
-__all__ = ["IDLE_BINS_US", "KERNEL_KINDS", "busy_fraction", "cuda_median_ms", "device_kernels", "device_time_by_kind",
-           "idle_gaps", "idle_summary", "kernel_kind", "kernel_table", "print_kernel_table", "top_kernels_by_kind"]
+__all__ = [
+    "IDLE_BINS_US",
+    "KERNEL_KINDS",
+    "busy_fraction",
+    "cuda_median_ms",
+    "device_kernels",
+    "device_time_by_kind",
+    "idle_gaps",
+    "idle_summary",
+    "kernel_kind",
+    "kernel_table",
+    "print_kernel_table",
+    "top_kernels_by_kind",
+]
 
 #: (kind, pattern of device kernel names), first match wins; what a train step's device time goes to.
 KERNEL_KINDS: list[tuple[str, str]] = [
-    ("attention", r"flash|fmha|attention|sdpa"),  # before matmul: flash and cuDNN kernels' names carry cutlass/sm90 types
+    (
+        "attention",
+        r"flash|fmha|attention|sdpa",
+    ),  # before matmul: flash and cuDNN kernels' names carry cutlass/sm90 types
     ("matmul", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|splitK"),
     ("lm_head soft-max", r"partial_stats|combine_stats|logit_grad|logsumexp|_exp_gather|arange_eq_exp"),
     ("optimizer and clipping", r"adam|multi_tensor|foreach|norm_kernel|lpnorm"),
@@ -83,16 +99,20 @@ def device_time_by_kind(events) -> dict[str, float]:
 def top_kernels_by_kind(events, top: int = 5) -> dict[str, list[dict]]:
     """For each :func:`kernel_kind`, its ``top`` costliest kernel names with their milliseconds and
     launches (``events`` is ``prof.events()``): what a kind's time, ``other`` above all, is made of."""
-    return {kind: [{"kernel": name, "ms": us / 1e3, "launches": int(count)}
-                   for name, (us, count) in sorted(names.items(), key=lambda item: -item[1][0])[:top]]
-            for kind, names in _totals_by_kind(events).items()}
+    return {
+        kind: [
+            {"kernel": name, "ms": us / 1e3, "launches": int(count)}
+            for name, (us, count) in sorted(names.items(), key=lambda item: -item[1][0])[:top]
+        ]
+        for kind, names in _totals_by_kind(events).items()
+    }
 
 
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
     """Share of ``[start, end]`` covered by the union of ``intervals`` (overlaps counted once)."""
     covered, reach = 0.0, start
-    for a, b in sorted(intervals):
-        a, b = max(a, reach), min(b, end)
+    for lo, hi in sorted(intervals):
+        a, b = max(lo, reach), min(hi, end)
         if b > a:
             covered += b - a
             reach = b
@@ -105,9 +125,10 @@ def kernel_table(events, calls: int, top: int = 20) -> list[dict]:
     total. ``events`` is ``prof.events()``; kernels inside CUDA-graph replays count too."""
     totals = _kernel_totals(events)
     whole = sum(us for us, _ in totals.values()) or 1.0
-    rows = [{"kernel": name, "ms_per_call": us / 1e3 / calls, "launches_per_call": count / calls,
-             "share": us / whole}
-            for name, (us, count) in sorted(totals.items(), key=lambda item: -item[1][0])]
+    rows = [
+        {"kernel": name, "ms_per_call": us / 1e3 / calls, "launches_per_call": count / calls, "share": us / whole}
+        for name, (us, count) in sorted(totals.items(), key=lambda item: -item[1][0])
+    ]
     return rows[:top]
 
 
@@ -117,7 +138,9 @@ def print_kernel_table(title: str, rows: list[dict], width: int = 70) -> None:
     print(f"{'kernel':<{width}} {'ms/call':>8} {'launches':>9} {'share':>6}")
     for row in rows:
         name = row["kernel"] if len(row["kernel"]) <= width else row["kernel"][: width - 3] + "..."
-        print(f"{name:<{width}} {row['ms_per_call']:>8.3f} {row['launches_per_call']:>9.1f} {100 * row['share']:>5.1f}%")
+        print(
+            f"{name:<{width}} {row['ms_per_call']:>8.3f} {row['launches_per_call']:>9.1f} {100 * row['share']:>5.1f}%"
+        )
 
 
 def _device_gaps(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
@@ -148,8 +171,11 @@ def idle_gaps(events, min_us: float = 500.0, top: int = 12) -> list[dict]:
     gaps = sorted((g for g in all_gaps if g[1] - g[0] >= min_us), key=lambda g: g[0] - g[1])
     rows = []
     for a, b in gaps[:top]:
-        overlapping = [(min(b, e.time_range.end) - max(a, e.time_range.start), e.name) for e in host
-                       if e.time_range.start < b and e.time_range.end > a]
+        overlapping = [
+            (min(b, e.time_range.end) - max(a, e.time_range.start), e.name)
+            for e in host
+            if e.time_range.start < b and e.time_range.end > a
+        ]
         names: list[str] = []
         for _, name in sorted(overlapping, key=lambda item: -item[0]):
             if name not in names:
@@ -175,15 +201,19 @@ def idle_summary(events, tenths: int = 10) -> dict:
     reach = max(b for _, b in kernels)
     span = (end - origin) / tenths
     edges = (0.0, *IDLE_BINS_US, float("inf"))
-    bins = [{"range_us": f"{lo:g}-{hi:g}", "count": 0, "ms": 0.0} for lo, hi in zip(edges, edges[1:])]
+    bins = [{"range_us": f"{lo:g}-{hi:g}", "count": 0, "ms": 0.0} for lo, hi in itertools.pairwise(edges)]
     by_tenth = [0.0] * tenths
     for a, b in gaps:
         length = b - a
-        slot = next(i for i, (lo, hi) in enumerate(zip(edges, edges[1:])) if lo <= length < hi)
+        slot = next(i for i, (lo, hi) in enumerate(itertools.pairwise(edges)) if lo <= length < hi)
         bins[slot]["count"] += 1
         bins[slot]["ms"] += length / 1e3
         for i in range(tenths):  # the gap's overlap with each tenth
             lo, hi = origin + i * span, origin + (i + 1) * span
             by_tenth[i] += max(0.0, min(b, hi) - max(a, lo)) / 1e3
-    return {"lead_ms": (kernels[0][0] - origin) / 1e3, "tail_ms": (end - reach) / 1e3, "by_length": bins,
-            "by_tenth_ms": by_tenth}
+    return {
+        "lead_ms": (kernels[0][0] - origin) / 1e3,
+        "tail_ms": (end - reach) / 1e3,
+        "by_length": bins,
+        "by_tenth_ms": by_tenth,
+    }

@@ -64,9 +64,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from profiling import (  # benchmarks/ is the script's directory, first on sys.path
-    busy_fraction, device_kernels, device_time_by_kind, idle_gaps, idle_summary, top_kernels_by_kind)
+    busy_fraction,
+    device_kernels,
+    device_time_by_kind,
+    idle_gaps,
+    idle_summary,
+    top_kernels_by_kind,
+)
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -79,12 +84,28 @@ logger = logging.getLogger(__name__)
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 PRESETS = {
-    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, tokens_per_mb=16384),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=1024, tie_word_embeddings=False,
-                 max_position_embeddings=4096, tokens_per_mb=512),
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "tokens_per_mb": 16384,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1024,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 4096,
+        "tokens_per_mb": 512,
+    },
 }
 
 
@@ -188,23 +209,36 @@ def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
     end = max(e.time_range.end for e in events)
     kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
     fraction = busy_fraction(kernels, start, end)
-    summary = {"steps": n, "step_s": (end - start) / 1e6 / n, "gpu_busy_s": fraction * (end - start) / 1e6 / n,
-               "gpu_busy_fraction": fraction}
-    print(f"profiled {n} step(s): {summary['step_s']:.3f} s a step, GPU busy {summary['gpu_busy_s']:.3f} s "
-          f"({100 * fraction:.1f} %)")
+    summary = {
+        "steps": n,
+        "step_s": (end - start) / 1e6 / n,
+        "gpu_busy_s": fraction * (end - start) / 1e6 / n,
+        "gpu_busy_fraction": fraction,
+    }
+    print(
+        f"profiled {n} step(s): {summary['step_s']:.3f} s a step, GPU busy {summary['gpu_busy_s']:.3f} s "
+        f"({100 * fraction:.1f} %)"
+    )
     summary["device_ms_by_kind"] = {kind: ms / n for kind, ms in device_time_by_kind(events).items()}
-    print("device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items()))
+    print(
+        "device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items())
+    )
     summary["device_top_kernels"] = top_kernels_by_kind(events)
     for kind, rows in summary["device_top_kernels"].items():
-        print(f"  {kind} (all {n} steps): " + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}"
-                                                       for r in rows))
+        print(
+            f"  {kind} (all {n} steps): "
+            + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}" for r in rows)
+        )
     summary["idle_gaps"] = idle_gaps(events)
     print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
     for gap in summary["idle_gaps"]:
         print(f"  at {gap['start_ms']:8.1f} ms  {gap['ms']:6.2f} ms  {' > '.join(gap['host'])[:200]}")
     summary["idle"] = idle = idle_summary(events)
-    print(f"device idle: {idle['lead_ms']:.2f} ms before the first kernel, {idle['tail_ms']:.2f} ms after the last; "
-          "between kernels " + ", ".join(f"{b['range_us']} us: {b['count']} gaps {b['ms']:.1f} ms" for b in idle["by_length"]))
+    print(
+        f"device idle: {idle['lead_ms']:.2f} ms before the first kernel, {idle['tail_ms']:.2f} ms after the last; "
+        "between kernels "
+        + ", ".join(f"{b['range_us']} us: {b['count']} gaps {b['ms']:.1f} ms" for b in idle["by_length"])
+    )
     print("device idle per tenth of the profiled span (ms): " + " ".join(f"{v:.1f}" for v in idle["by_tenth_ms"]))
     return summary
 
@@ -235,8 +269,10 @@ def _dynamo_counts() -> dict[str, int]:
     each with its own host overhead)."""
     from torch._dynamo.utils import counters
 
-    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values()))}
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
 
 
 def _sync() -> None:
@@ -337,19 +373,28 @@ def run(args: argparse.Namespace) -> dict:
         fsdp_wrap=args.fsdp_wrap,
         lm_head_keep_logits={"on": True, "off": False}.get(args.lm_head_keep_logits, "auto"),
     )
-    engine = FSDPEngine(cfg, str(model_dir), parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
-                        total_steps=args.warmup + args.steps, attn_implementation=args.attn_implementation,
-                        chunked_lm_head=not args.no_chunked_head)
+    engine = FSDPEngine(
+        cfg,
+        str(model_dir),
+        parallel=ParallelDims.for_world(world, sp=args.sp, tp=args.tp),
+        total_steps=args.warmup + args.steps,
+        attn_implementation=args.attn_implementation,
+        chunked_lm_head=not args.no_chunked_head,
+    )
     engine.initialize()
     info = engine.parallel
     kernels = engine.kernels
     n_params = sum(p.numel() for p in engine.model.parameters())  # DTensor numel is the global size
-    batches = [long_tail_batch(args.mbs_per_step * tokens_per_mb, tokens_per_mb, shape["vocab_size"],
-                               seed=1000 * step + info.dp_rank) for step in range(args.warmup + args.steps)]
+    batches = [
+        long_tail_batch(
+            args.mbs_per_step * tokens_per_mb, tokens_per_mb, shape["vocab_size"], seed=1000 * step + info.dp_rank
+        )
+        for step in range(args.warmup + args.steps)
+    ]
     if not args.spill:
         batches = [fill_micro_batches(b, cfg.micro_batch, args.mbs_per_step) for b in batches]
-    mbs_run = [split_into_micro_batches(b, cfg.micro_batch).n_micro_batches for b in batches[args.warmup:]]
-    for step, batch in enumerate(batches[:args.warmup]):
+    mbs_run = [split_into_micro_batches(b, cfg.micro_batch).n_micro_batches for b in batches[args.warmup :]]
+    for _step, batch in enumerate(batches[: args.warmup]):
         engine.train_batch(batch, pg_loss, token_weight)
     _sync()
     graphs_after_warmup = _dynamo_counts()["unique_graphs"]
@@ -357,11 +402,11 @@ def run(args: argparse.Namespace) -> dict:
         _freeze_gc()
     if args.profile:  # the warm-up's last batches again: one step, or two back to back as timed
         last = max(args.warmup, 1)
-        profiled = batches[last - 1:last] if args.sync_every_step else batches[max(last - 2, 0):last]
+        profiled = batches[last - 1 : last] if args.sync_every_step else batches[max(last - 2, 0) : last]
         profile_summary = _profile_step(engine, profiled)
     else:
         profile_summary = None
-    timed = batches[args.warmup:]
+    timed = batches[args.warmup :]
     allocator_before = _allocator_counts()
     if args.sync_every_step:
         times, results = _timed_synced(engine, timed)
@@ -370,8 +415,9 @@ def run(args: argparse.Namespace) -> dict:
     tokens = [stats["n_tokens"] for stats in results]
     flops = []
     for batch in timed:
-        step_fl = torch.tensor([step_flops(batch, n_params, shape) if info.is_dp_head else 0.0],
-                               dtype=torch.float64, device=engine.device)
+        step_fl = torch.tensor(
+            [step_flops(batch, n_params, shape) if info.is_dp_head else 0.0], dtype=torch.float64, device=engine.device
+        )
         dist.all_reduce(step_fl)
         flops.append(float(step_fl))
     allocator_calls = {k: v - allocator_before[k] for k, v in _allocator_counts().items()}
@@ -382,29 +428,51 @@ def run(args: argparse.Namespace) -> dict:
     tokens_per_s = sum(tokens) / sum(times)
     mfu = sum(flops) / sum(times) / (args.peak_flops * gpus)
     result = {
-        "preset": args.preset, "shape": shape, "params": n_params, "world_size": world, "dp": info.dp_size,
-        "sp": info.sp_size, "tp": info.tp_size, "dtype": args.dtype, "tokens_per_mb": tokens_per_mb,
-        "mbs_per_step": args.mbs_per_step, "gradient_checkpointing": args.gradient_checkpointing,
-        "steps": args.steps, "step_time_s_median": statistics.median(times), "tokens_per_step": statistics.mean(tokens),
-        "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / gpus, "mfu": mfu,
+        "preset": args.preset,
+        "shape": shape,
+        "params": n_params,
+        "world_size": world,
+        "dp": info.dp_size,
+        "sp": info.sp_size,
+        "tp": info.tp_size,
+        "dtype": args.dtype,
+        "tokens_per_mb": tokens_per_mb,
+        "mbs_per_step": args.mbs_per_step,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "steps": args.steps,
+        "step_time_s_median": statistics.median(times),
+        "tokens_per_step": statistics.mean(tokens),
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / gpus,
+        "mfu": mfu,
         "peak_flops": args.peak_flops,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "attn_implementation": kernels["attention"], "lm_head": kernels["lm_head"], "compile": kernels["compile"],
-        "fsdp_wrap": kernels["fsdp_wrap"], "compile_blocks_per_graph": engine.blocks_per_graph,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "attn_implementation": kernels["attention"],
+        "lm_head": kernels["lm_head"],
+        "compile": kernels["compile"],
+        "fsdp_wrap": kernels["fsdp_wrap"],
+        "compile_blocks_per_graph": engine.blocks_per_graph,
         "lm_head_keep_logits": engine.lm_head is not None and engine.lm_head.keep_logits,
-        "settings": {"compile_blocks_per_graph": args.compile_blocks_per_graph,
-                     "lm_head_keep_logits": args.lm_head_keep_logits},
+        "settings": {
+            "compile_blocks_per_graph": args.compile_blocks_per_graph,
+            "lm_head_keep_logits": args.lm_head_keep_logits,
+        },
         "step_times_s": times,
-        "timing": "each step synchronised" if args.sync_every_step else
-                  "pipelined: step k's stats read after step k+1 is submitted",
-        "micro_batches_per_step": mbs_run, "spill": args.spill,
+        "timing": "each step synchronised"
+        if args.sync_every_step
+        else "pipelined: step k's stats read after step k+1 is submitted",
+        "micro_batches_per_step": mbs_run,
+        "spill": args.spill,
         "gc": "frozen and off after the warm-up" if args.freeze_gc else "default",
         "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "allocator_calls_in_timed_steps": allocator_calls,
-        "dynamo": {**_dynamo_counts(), "graphs_compiled_in_timed_steps":
-                   _dynamo_counts()["unique_graphs"] - graphs_after_warmup},
+        "dynamo": {
+            **_dynamo_counts(),
+            "graphs_compiled_in_timed_steps": _dynamo_counts()["unique_graphs"] - graphs_after_warmup,
+        },
         "profile": profile_summary,
     }
     engine.destroy()
@@ -422,63 +490,126 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--attn-implementation", default=None,
-                        help="override the engine's choice (e.g. sdpa, the block-mask path; areal_varlen)")
-    parser.add_argument("--no-chunked-head", action="store_true",
-                        help="materialise the full logits instead of the chunked fused LM head")
-    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                        help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)")
-    parser.add_argument("--compile-scope", default="auto", choices=["auto", "blocks", "pointwise"],
-                        help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
-                             "their norms and MLPs; auto = whole blocks with the engine's varlen attention")
-    parser.add_argument("--compile-blocks-per-graph", type=_blocks_per_graph, default="auto",
-                        help="consecutive decoder blocks a compiled graph runs (EngineConfig.compile_blocks_per_graph; "
-                             "more than 1 needs the model as one FSDP unit or none; auto = up to 8 where it can)")
-    parser.add_argument("--lm-head-keep-logits", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
-                        help="the chunked LM head keeps the logits for the backward instead of recomputing them "
-                             "(EngineConfig.lm_head_keep_logits; the flag alone = on; auto = where the token cap's "
-                             "logits take at most 5%% of the GPU)")
-    parser.add_argument("--fsdp-wrap", default="auto", choices=["auto", "block", "root", "none"],
-                        help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
-                             "shard group, one unit per decoder block otherwise; none = no FSDP on one rank)")
-    parser.add_argument("--spill", action="store_true",
-                        help="keep every generated sequence, even those that spill into a nearly empty extra "
-                             "micro-batch (the setting of the runs before the eighth session)")
-    parser.add_argument("--freeze-gc", action="store_true",
-                        help="after the warm-up, collect once, gc.freeze() and gc.disable() (Python's garbage "
-                             "collector cannot pause a timed or profiled step)")
-    parser.add_argument("--sync-every-step", action="store_true",
-                        help="time each step on its own, between two device synchronisations (the measurement "
-                             "before the tenth session); by default the timed steps run back to back, each "
-                             "step's stats read after the next step is submitted, as the SFT loop does")
-    parser.add_argument("--profile", action="store_true",
-                        help="profile extra steps on the warm-up's last batches (two back to back, or one with "
-                             "--sync-every-step): the top operators, the GPU-busy fraction, device time by kind per "
-                             "step and every host-device synchronisation with the Python line that caused it")
+    parser.add_argument(
+        "--attn-implementation",
+        default=None,
+        help="override the engine's choice (e.g. sdpa, the block-mask path; areal_varlen)",
+    )
+    parser.add_argument(
+        "--no-chunked-head",
+        action="store_true",
+        help="materialise the full logits instead of the chunked fused LM head",
+    )
+    parser.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="torch.compile the element-wise work (EngineConfig.compile; auto = on CUDA)",
+    )
+    parser.add_argument(
+        "--compile-scope",
+        default="auto",
+        choices=["auto", "blocks", "pointwise"],
+        help="what is compiled (EngineConfig.compile_scope): whole decoder blocks, or only "
+        "their norms and MLPs; auto = whole blocks with the engine's varlen attention",
+    )
+    parser.add_argument(
+        "--compile-blocks-per-graph",
+        type=_blocks_per_graph,
+        default="auto",
+        help="consecutive decoder blocks a compiled graph runs (EngineConfig.compile_blocks_per_graph; "
+        "more than 1 needs the model as one FSDP unit or none; auto = up to 8 where it can)",
+    )
+    parser.add_argument(
+        "--lm-head-keep-logits",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the chunked LM head keeps the logits for the backward instead of recomputing them "
+        "(EngineConfig.lm_head_keep_logits; the flag alone = on; auto = where the token cap's "
+        "logits take at most 5%% of the GPU)",
+    )
+    parser.add_argument(
+        "--fsdp-wrap",
+        default="auto",
+        choices=["auto", "block", "root", "none"],
+        help="FSDP2 units (EngineConfig.fsdp_wrap; auto = the whole model with one rank per "
+        "shard group, one unit per decoder block otherwise; none = no FSDP on one rank)",
+    )
+    parser.add_argument(
+        "--spill",
+        action="store_true",
+        help="keep every generated sequence, even those that spill into a nearly empty extra "
+        "micro-batch (the setting of the runs before the eighth session)",
+    )
+    parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="after the warm-up, collect once, gc.freeze() and gc.disable() (Python's garbage "
+        "collector cannot pause a timed or profiled step)",
+    )
+    parser.add_argument(
+        "--sync-every-step",
+        action="store_true",
+        help="time each step on its own, between two device synchronisations (the measurement "
+        "before the tenth session); by default the timed steps run back to back, each "
+        "step's stats read after the next step is submitted, as the SFT loop does",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile extra steps on the warm-up's last batches (two back to back, or one with "
+        "--sync-every-step): the top operators, the GPU-busy fraction, device time by kind per "
+        "step and every host-device synchronisation with the Python line that caused it",
+    )
     parser.add_argument("--peak-flops", type=float, default=795e12, help="peak FLOP/s of one device")
-    parser.add_argument("--model-root", default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
-                        help="where rank 0 writes the random model (a folder every rank can read)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default results/train_throughput_<preset>_dp<d>sp<s>tp<t>.json)")
+    parser.add_argument(
+        "--model-root",
+        default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
+        help="where rank 0 writes the random model (a folder every rank can read)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default results/train_throughput_<preset>_dp<d>sp<s>tp<t>.json)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     result = run(args)
     if dist.get_rank() == 0:
-        rows = [("preset", result["preset"]), ("device", result["device"]), ("world (dp/sp/tp)",
-                f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
-                ("params", f"{result['params'] / 1e6:.1f} M"), ("attention", result["attn_implementation"]),
-                ("LM head", result["lm_head"]), ("compile", result["compile"]), ("FSDP units", result["fsdp_wrap"]),
-                ("graphs / graph breaks", f"{result['dynamo']['unique_graphs']} / {result['dynamo']['graph_breaks']}"
-                 f" ({result['dynamo']['graphs_compiled_in_timed_steps']} compiled in the timed steps)"),
-                ("step times", " ".join(f"{t:.3f}" for t in result["step_times_s"])),
-                ("tokens/step", f"{result['tokens_per_step']:.0f}"),
-                ("micro-batches/step", " ".join(str(n) for n in result["micro_batches_per_step"])
-                 + (" (spilled)" if result["spill"] else "")),
-                ("allocator in timed steps", "cudaMalloc {num_device_alloc}, cudaFree {num_device_free}, "
-                 "retries {num_alloc_retries}".format(**result["allocator_calls_in_timed_steps"])),
-                ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
-                ("tokens/s", f"{result['tokens_per_s']:.0f}"), ("MFU", f"{100 * result['mfu']:.1f} %"),
-                ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a")]
+        rows = [
+            ("preset", result["preset"]),
+            ("device", result["device"]),
+            ("world (dp/sp/tp)", f"{result['world_size']} ({result['dp']}/{result['sp']}/{result['tp']})"),
+            ("params", f"{result['params'] / 1e6:.1f} M"),
+            ("attention", result["attn_implementation"]),
+            ("LM head", result["lm_head"]),
+            ("compile", result["compile"]),
+            ("FSDP units", result["fsdp_wrap"]),
+            (
+                "graphs / graph breaks",
+                f"{result['dynamo']['unique_graphs']} / {result['dynamo']['graph_breaks']}"
+                f" ({result['dynamo']['graphs_compiled_in_timed_steps']} compiled in the timed steps)",
+            ),
+            ("step times", " ".join(f"{t:.3f}" for t in result["step_times_s"])),
+            ("tokens/step", f"{result['tokens_per_step']:.0f}"),
+            (
+                "micro-batches/step",
+                " ".join(str(n) for n in result["micro_batches_per_step"]) + (" (spilled)" if result["spill"] else ""),
+            ),
+            (
+                "allocator in timed steps",
+                "cudaMalloc {num_device_alloc}, cudaFree {num_device_free}, retries {num_alloc_retries}".format(
+                    **result["allocator_calls_in_timed_steps"]
+                ),
+            ),
+            ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
+            ("tokens/s", f"{result['tokens_per_s']:.0f}"),
+            ("MFU", f"{100 * result['mfu']:.1f} %"),
+            ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a"),
+        ]
         if result["profile"]:
             rows.append(("GPU busy (profiled)", f"{100 * result['profile']['gpu_busy_fraction']:.1f} %"))
         width = max(len(k) for k, _ in rows)

@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profiling import cuda_median_ms  # noqa: E402  (benchmarks/ siblings)
-from train_throughput import fill_micro_batches, long_tail_batch  # noqa: E402
+from profiling import cuda_median_ms
+from train_throughput import fill_micro_batches, long_tail_batch
 
-from areal_tasks.config.micro_batch import MicroBatchSpec  # noqa: E402
-from areal_tasks.engine.fsdp.attention import repeat_heads, varlen_packed  # noqa: E402
-from areal_tasks.engine.microbatch import split_into_micro_batches  # noqa: E402
+from areal_tasks.config.micro_batch import MicroBatchSpec
+from areal_tasks.engine.fsdp.attention import repeat_heads, varlen_packed
+from areal_tasks.engine.microbatch import split_into_micro_batches
 
 RESULTS = Path(__file__).resolve().parent / "results" / "varlen_attention.json"
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
@@ -62,11 +62,13 @@ def attention_flops(lengths: list[int]) -> float:
 def _reference(q, k, v, lengths, scale):
     outs, start = [], 0
     for n in lengths:
-        qs, ks, vs = (t[start:start + n].float().transpose(0, 1) for t in (q, k, v))
+        qs, ks, vs = (t[start : start + n].float().transpose(0, 1) for t in (q, k, v))
         rep = HEADS // KV_HEADS
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            qs, ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0), is_causal=True, scale=scale
-        ).transpose(0, 1))
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                qs, ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0), is_causal=True, scale=scale
+            ).transpose(0, 1)
+        )
         start += n
     return torch.cat(outs)
 
@@ -89,8 +91,14 @@ def _flex_kernel(lengths: list[int], scale: float):
     flex = torch.compile(flex_attention, dynamic=False)
 
     def call(q, k, v):
-        out = flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=mask,
-                   scale=scale, enable_gqa=True)
+        out = flex(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            block_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
         return out[0].transpose(0, 1)
 
     return call, mask_ms
@@ -108,8 +116,9 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
     max_len = max(lengths)
     rep = HEADS // KV_HEADS
     kernels = {  # flash: the key/value heads repeated first; flash_gqa: the engine's path, grouped heads as they are
-        "flash": lambda a, b, c: varlen_packed(a, repeat_heads(b, rep), repeat_heads(c, rep), cu, max_len,
-                                               scaling=scale),
+        "flash": lambda a, b, c: varlen_packed(
+            a, repeat_heads(b, rep), repeat_heads(c, rep), cu, max_len, scaling=scale
+        ),
         "flash_gqa": lambda a, b, c: varlen_packed(a, b, c, cu, max_len, scaling=scale),
     }
     extra: dict[str, dict] = {}
@@ -118,14 +127,27 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
         kernels["flex"], mask_ms = _flex_kernel(lengths, scale)
         extra["flex"] = {"mask_build_ms": mask_ms}
     except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
-        results.append({"mix": name, "kernel": "flex", "tokens": total, "sequences": len(lengths),
-                        "error": f"{type(exc).__name__}: {exc}"[:400]})
+        results.append(
+            {
+                "mix": name,
+                "kernel": "flex",
+                "tokens": total,
+                "sequences": len(lengths),
+                "error": f"{type(exc).__name__}: {exc}"[:400],
+            }
+        )
     reference = _reference(q, k, v, lengths, scale)
     fwd_flops = attention_flops(lengths)
     flash_grads = None
     for kernel, fn in kernels.items():
-        row = {"mix": name, "kernel": kernel, "tokens": total, "sequences": len(lengths), "max_len": max_len,
-               **extra.get(kernel, {})}
+        row = {
+            "mix": name,
+            "kernel": kernel,
+            "tokens": total,
+            "sequences": len(lengths),
+            "max_len": max_len,
+            **extra.get(kernel, {}),
+        }
         try:
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             out = fn(*leaves)
@@ -145,8 +167,9 @@ def run_mix(name: str, lengths: list[int], iters: int) -> list[dict]:
             if kernel == "flash":
                 flash_grads = grads
             elif flash_grads is not None:
-                row["max_grad_diff_vs_flash"] = max(float((g.float() - f.float()).abs().max())
-                                                   for g, f in zip(grads, flash_grads))
+                row["max_grad_diff_vs_flash"] = max(
+                    float((g.float() - f.float()).abs().max()) for g, f in zip(grads, flash_grads)
+                )
         except Exception as exc:  # noqa: BLE001  (recorded in the table and the JSON, not hidden)
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         results.append(row)
@@ -162,19 +185,34 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("varlen_attention.py needs CUDA (it times GPU kernels)")
     rows = [row for name, lengths in length_mixes(args.tokens).items() for row in run_mix(name, lengths, args.iters)]
-    print(f"{'mix':<14} {'kernel':<9} {'seqs':>5} {'fwd ms':>8} {'TFLOP/s':>8} {'f+b ms':>8} {'TFLOP/s':>8} "
-          f"{'vs fp32':>8} {'mask ms':>8}")
+    print(
+        f"{'mix':<14} {'kernel':<9} {'seqs':>5} {'fwd ms':>8} {'TFLOP/s':>8} {'f+b ms':>8} {'TFLOP/s':>8} "
+        f"{'vs fp32':>8} {'mask ms':>8}"
+    )
     for r in rows:
         if "error" in r:
             print(f"{r['mix']:<14} {r['kernel']:<9} {r['sequences']:>5}  {r['error']}")
             continue
         mask = f"{r['mask_build_ms']:>8.3f}" if "mask_build_ms" in r else f"{'-':>8}"
-        print(f"{r['mix']:<14} {r['kernel']:<9} {r['sequences']:>5} {r['forward_ms']:>8.3f} {r['forward_tflops']:>8.1f} "
-              f"{r['forward_backward_ms']:>8.3f} {r['forward_backward_tflops']:>8.1f} {r['max_abs_diff_vs_fp32']:>8.4f} {mask}")
+        print(
+            f"{r['mix']:<14} {r['kernel']:<9} {r['sequences']:>5} {r['forward_ms']:>8.3f} {r['forward_tflops']:>8.1f} "
+            f"{r['forward_backward_ms']:>8.3f} {r['forward_backward_tflops']:>8.1f} "
+            f"{r['max_abs_diff_vs_fp32']:>8.4f} {mask}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "heads": HEADS, "kv_heads": KV_HEADS,
-                                    "head_dim": HEAD_DIM, "rows": rows}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "heads": HEADS,
+                "kv_heads": KV_HEADS,
+                "head_dim": HEAD_DIM,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

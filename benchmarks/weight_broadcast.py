@@ -46,8 +46,9 @@ def worker(rank: int, port: int, sizes_mb: list[int], repeats: int, out: str) ->
     import torch.distributed as dist
 
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            device_id=torch.device("cuda", 0))  # fmt: skip
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=torch.device("cuda", 0)
+    )
     rows = []
     for size_mb in sizes_mb:
         flat = torch.empty(size_mb * 2**20, dtype=torch.uint8, device="cuda")
@@ -75,15 +76,29 @@ def run_mode(mode: str, sizes_mb: list[int], repeats: int) -> dict:
         procs = []
         for rank, visible in enumerate(MODES[mode]):
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible, NCCL_DEBUG="INFO")
-            cmd = [sys.executable, __file__, "--worker", str(rank), "--port", str(port), "--repeats", str(repeats),
-                   "--out", out, "--sizes-mb", *map(str, sizes_mb)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(rank),
+                "--port",
+                str(port),
+                "--repeats",
+                str(repeats),
+                "--out",
+                out,
+                "--sizes-mb",
+                *map(str, sizes_mb),
+            ]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         logs = [p.communicate(timeout=300)[0] for p in procs]
         for p, log in zip(procs, logs):
             if p.returncode != 0:
                 raise SystemExit(f"mode {mode}: a rank failed (exit {p.returncode}):\n{log[-3000:]}")
         rows = json.loads(Path(out).read_text(encoding="utf-8"))
-    transports = sorted({m.group(1).strip() for log in logs for m in re.finditer(r"Channel \d+/\d+ : .*? via (.+)$", log, re.M)})
+    transports = sorted(
+        {m.group(1).strip() for log in logs for m in re.finditer(r"Channel \d+/\d+ : .*? via (.+)$", log, re.M)}
+    )
     return {"visible": list(MODES[mode]), "rows": rows, "transports": transports}
 
 
@@ -107,10 +122,17 @@ def main() -> int:
     print(f"{'mode':<6} {'CUDA_VISIBLE_DEVICES':<22} {'MB':>6} {'ms':>8} {'GB/s':>8}  transport")
     for mode, res in results.items():
         for row in res["rows"]:
-            print(f"{mode:<6} {' / '.join(res['visible']):<22} {row['size_mb']:>6} {row['ms']:>8.2f} "
-                  f"{row['gb_per_s']:>8.1f}  {', '.join(res['transports']) or '?'}")  # fmt: skip
-    payload = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-               "nccl": ".".join(map(str, torch.cuda.nccl.version())), "repeats": args.repeats, "modes": results}  # fmt: skip
+            print(
+                f"{mode:<6} {' / '.join(res['visible']):<22} {row['size_mb']:>6} {row['ms']:>8.2f} "
+                f"{row['gb_per_s']:>8.1f}  {', '.join(res['transports']) or '?'}"
+            )
+    payload = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "repeats": args.repeats,
+        "modes": results,
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(payload, indent=2), encoding="utf-8")
     print(f"wrote {RESULTS}")

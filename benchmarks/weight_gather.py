@@ -49,8 +49,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    config = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers, intermediate_size=2 * args.hidden,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)  # fmt: skip
+    config = Qwen2Config(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        intermediate_size=2 * args.hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(device)
     mesh = init_device_mesh(device.type, (world,))
@@ -72,11 +78,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     per_tensor, reference = timed(False)
     per_unit, unsharded = timed(True)
     if rank == 0:
-        identical = reference.keys() == unsharded.keys() and all(torch.equal(reference[k], unsharded[k]) for k in reference)
-        Path(out).write_text(json.dumps({
-            "tensors": len(reference), "identical": identical, "backend": dist.get_backend(),
-            "per_tensor_ms": 1e3 * statistics.median(per_tensor), "per_unit_ms": 1e3 * statistics.median(per_unit),
-        }))  # fmt: skip
+        identical = reference.keys() == unsharded.keys() and all(
+            torch.equal(reference[k], unsharded[k]) for k in reference
+        )
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "tensors": len(reference),
+                    "identical": identical,
+                    "backend": dist.get_backend(),
+                    "per_tensor_ms": 1e3 * statistics.median(per_tensor),
+                    "per_unit_ms": 1e3 * statistics.median(per_unit),
+                }
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -96,17 +111,24 @@ def main() -> None:
         part = str(Path(tmp) / "rank0.json")
         mp.spawn(_worker, args=(2, _free_port(), args, part), nprocs=2, join=True)
         result = json.loads(Path(part).read_text())
-    print(f"{'gather':<12} {'ms':>8}   ({result['tensors']} tensors, {args.layers} layers, hidden {args.hidden}, "
-          f"2 ranks, {result['backend']}; identical: {result['identical']})")  # fmt: skip
+    print(
+        f"{'gather':<12} {'ms':>8}   ({result['tensors']} tensors, {args.layers} layers, hidden {args.hidden}, "
+        f"2 ranks, {result['backend']}; identical: {result['identical']})"
+    )
     print(f"{'per tensor':<12} {result['per_tensor_ms']:>8.1f}")
     print(f"{'per unit':<12} {result['per_unit_ms']:>8.1f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "weight_gather",
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "settings": {"layers": args.layers, "hidden": args.hidden, "repeats": args.repeats, "ranks": 2},
-        "results": result,
-    }, indent=1))  # fmt: skip
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "weight_gather",
+                "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__},
+                "settings": {"layers": args.layers, "hidden": args.hidden, "repeats": args.repeats, "ranks": 2},
+                "results": result,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.out}")
     if not result["identical"]:
         raise SystemExit("the two gathers gave different tensors")

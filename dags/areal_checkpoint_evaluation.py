@@ -38,19 +38,25 @@ DAG_ID = "areal_checkpoint_evaluation"
 _JOB = job_params()
 PARAMS: dict[str, Any] = {
     "checkpoint_url": Param(
-        type="string", minLength=1, title="Checkpoint URL",
+        type="string",
+        minLength=1,
+        title="Checkpoint URL",
         description="One checkpoint step directory: a path, file://... or s3://.../checkpoints/step_<N>.",
         section="Checkpoint",
     ),
     "register": Param(
-        False, type="boolean", title="Register the checkpoint",
+        False,
+        type="boolean",
+        title="Register the checkpoint",
         description="Also register it as a version of the registered model (alias 'candidate').",
         section="Checkpoint",
     ),
-    **{name: _JOB[name] for name in ("config", "dataset", "eval_prompts", "experiment_name", "run_dir",
-                                     "extra_overrides")},
+    **{
+        name: _JOB[name]
+        for name in ("config", "dataset", "eval_prompts", "experiment_name", "run_dir", "extra_overrides")
+    },
     **tracking_params(),
-}  # fmt: skip
+}
 
 with DAG(
     dag_id=DAG_ID,
@@ -71,15 +77,22 @@ with DAG(
     job = resolve_job()
     mlflow = start_mlflow_run(job)
     evaluation = EvaluateCheckpointOperator(
-        task_id="evaluate_checkpoint", config=job["resolved_config"], checkpoint="{{ params.checkpoint_url }}",
-        mlflow_run_id=mlflow["mlflow_run_id"], mlflow_tracking_uri=mlflow["tracking_uri"],
+        task_id="evaluate_checkpoint",
+        config=job["resolved_config"],
+        checkpoint="{{ params.checkpoint_url }}",
+        mlflow_run_id=mlflow["mlflow_run_id"],
+        mlflow_tracking_uri=mlflow["tracking_uri"],
         execution_timeout=timedelta(hours=2),
-    )  # fmt: skip
+    )
     register = RegisterModelOperator(
-        task_id="register_model", evaluations=evaluation.output, model_name="{{ params.registered_model_name }}",
-        gate_metric="{{ params.gate_metric }}", mlflow_run_id=mlflow["mlflow_run_id"],
-        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(minutes=10),
-    )  # fmt: skip
+        task_id="register_model",
+        evaluations=evaluation.output,
+        model_name="{{ params.registered_model_name }}",
+        gate_metric="{{ params.gate_metric }}",
+        mlflow_run_id=mlflow["mlflow_run_id"],
+        mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=timedelta(minutes=10),
+    )
     finish = finish_evaluation.override(trigger_rule=TriggerRule.NONE_FAILED)(mlflow, evaluation.output)
     requested = register_requested()
     evaluation >> requested >> register >> finish

@@ -158,8 +158,11 @@ def failure_summary(context: Mapping[str, Any], *, final: bool) -> str:
         f"  next:  {next_step}",
     ]
     params = context.get("params") or {}
-    shown = {k: params[k] for k in ("config", "model", "dataset", "algorithm", "storage_url", "checkpoint_url")
-             if k in params and params[k] not in (None, "")}  # fmt: skip
+    shown = {
+        k: params[k]
+        for k in ("config", "model", "dataset", "algorithm", "storage_url", "checkpoint_url")
+        if k in params and params[k] not in (None, "")
+    }
     if shown:
         lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     log_url = getattr(ti, "log_url", None)
@@ -181,8 +184,12 @@ def log_task_failure(context: Mapping[str, Any]) -> None:
 def common_dag_kwargs() -> dict[str, Any]:
     """What every areal DAG shares: a fixed start date without catch-up, the task defaults of
     :func:`default_args` (retries with backoff, timeouts, callbacks) and the DAG-level failure log."""
-    return {"start_date": datetime(2025, 1, 1), "catchup": False, "default_args": default_args(),
-            "on_failure_callback": log_dag_failure}
+    return {
+        "start_date": datetime(2025, 1, 1),
+        "catchup": False,
+        "default_args": default_args(),
+        "on_failure_callback": log_dag_failure,
+    }
 
 
 def log_dag_failure(context: Mapping[str, Any]) -> None:
@@ -192,8 +199,10 @@ def log_dag_failure(context: Mapping[str, Any]) -> None:
     run_id = getattr(dag_run, "run_id", None) or context.get("run_id", "?")
     logger.error(
         "AREAL DAG RUN FAILED: %s run %s (%s); the failed task's log starts its error with 'AREAL TASK FAILED'",
-        dag_id, run_id, context.get("reason") or "a task failed",
-    )  # fmt: skip
+        dag_id,
+        run_id,
+        context.get("reason") or "a task failed",
+    )
 
 
 # ---------------------------------------------------------------------------- Params
@@ -207,118 +216,172 @@ def tracking_params() -> dict[str, Param]:
     """Params of the MLflow tracking and registry shared by the DAGs."""
     return {
         "mlflow_tracking_uri": Param(
-            None, type=_optional("string"), title="MLflow tracking URI",
+            None,
+            type=_optional("string"),
+            title="MLflow tracking URI",
             description="Empty: the Airflow connection 'areal_mlflow' (its host), else $MLFLOW_TRACKING_URI. "
-                        "E.g. http://mlflow:5000 or sqlite:////data/mlflow.db.",
+            "E.g. http://mlflow:5000 or sqlite:////data/mlflow.db.",
             section="Tracking and registry",
         ),
         "registered_model_name": Param(
-            DEFAULT_MODEL_NAME, type="string", minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+            DEFAULT_MODEL_NAME,
+            type="string",
+            minLength=1,
+            maxLength=200,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
             title="Registered model name",
             description="MLflow registry name; each evaluated checkpoint becomes a version with alias 'candidate', "
-                        "and 'champion' when it beats the current champion's gate metric.",
+            "and 'champion' when it beats the current champion's gate metric.",
             section="Tracking and registry",
         ),
         "gate_metric": Param(
-            DEFAULT_GATE_METRIC, type="string", minLength=1, title="Gate metric",
+            DEFAULT_GATE_METRIC,
+            type="string",
+            minLength=1,
+            title="Gate metric",
             description="Evaluation metric (higher is better) a candidate must beat to become champion.",
             section="Tracking and registry",
         ),
-    }  # fmt: skip
+    }
 
 
 def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, Param]:
     """Params that shape a training job. Empty (null) values keep what the config file says."""
     return {
         "config": Param(
-            config_default, type="string", minLength=1, title="Job config",
+            config_default,
+            type="string",
+            minLength=1,
+            title="Job config",
             description="YAML recipe, relative to the project directory (e.g. configs/demo_grpo.yaml) or absolute. "
-                        "Every field below overrides it; leave a field empty to keep the recipe's value.",
+            "Every field below overrides it; leave a field empty to keep the recipe's value.",
             section="Job",
         ),
         "model": Param(
-            None, type=_optional("string"), title="Model",
+            None,
+            type=_optional("string"),
+            title="Model",
             description="HF hub id, local HF directory, or tiny:<family>?key=value (the built-in tiny-model kit).",
             section="Job",
         ),
         "dataset": Param(
-            None, type=_optional("string"), title="Dataset",
+            None,
+            type=_optional("string"),
+            title="Dataset",
             description="demo:<name>?options, a local file or directory, or a hub dataset id.",
             section="Job",
         ),
         "algorithm": Param(
-            None, type=_optional("string"), enum=[None, *ALGORITHMS], title="Algorithm",
+            None,
+            type=_optional("string"),
+            enum=[None, *ALGORITHMS],
+            title="Algorithm",
             description="RL algorithm (docs/algorithms.md). ppo needs a critic in the config.",
             section="Job",
         ),
         "allocation_mode": Param(
-            None, type=_optional("string"), maxLength=200, title="Allocation mode",
+            None,
+            type=_optional("string"),
+            maxLength=200,
+            title="Allocation mode",
             description="Inference + training layout, e.g. embedded:d1+fsdp:d2 or sglang:d2+fsdp:d4 "
-                        "(docs/allocation.md).",
+            "(docs/allocation.md).",
             section="Job",
         ),
         "experiment_name": Param(
-            None, type=_optional("string"), maxLength=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
-            title="Experiment name", description="experiment.name: groups runs; also the MLflow experiment.",
+            None,
+            type=_optional("string"),
+            maxLength=100,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+            title="Experiment name",
+            description="experiment.name: groups runs; also the MLflow experiment.",
             section="Job",
         ),
         "max_steps": Param(
-            None, type=_optional("integer"), minimum=1, maximum=1_000_000, title="Max steps",
+            None,
+            type=_optional("integer"),
+            minimum=1,
+            maximum=1_000_000,
+            title="Max steps",
             description="train.total_steps: SFT warm-start steps plus RL steps.",
             section="Job",
         ),
         "sft_steps": Param(
-            None, type=_optional("integer"), minimum=0, maximum=1_000_000, title="SFT warm-start steps",
+            None,
+            type=_optional("integer"),
+            minimum=0,
+            maximum=1_000_000,
+            title="SFT warm-start steps",
             description="train.sft_warmup_steps (0 = no warm start); must be below Max steps.",
             section="Job",
         ),
         "eval_prompts": Param(
-            None, type=_optional("integer"), minimum=1, maximum=100_000, title="Eval prompts",
+            None,
+            type=_optional("integer"),
+            minimum=1,
+            maximum=100_000,
+            title="Eval prompts",
             description="evaluation.max_eval_prompts: eval-split prompts used before/after RL and for each "
-                        "checkpoint's evaluation (empty = the whole eval split).",
+            "checkpoint's evaluation (empty = the whole eval split).",
             section="Job",
         ),
         "extra_overrides": Param(
-            [], type="array", items={"type": "string", "pattern": r"^[A-Za-z_][\w.]*=.*$"}, maxItems=100,
+            [],
+            type="array",
+            items={"type": "string", "pattern": r"^[A-Za-z_][\w.]*=.*$"},
+            maxItems=100,
             title="Extra overrides",
-            description="More dotted key=value overrides, one per line, applied last "
-                        "(e.g. actor.optimizer.lr=1e-5).",
+            description="More dotted key=value overrides, one per line, applied last (e.g. actor.optimizer.lr=1e-5).",
             section="Job",
         ),
         "storage_url": Param(
-            None, type=_optional("string"), title="Storage URL",
+            None,
+            type=_optional("string"),
+            title="Storage URL",
             description="Where checkpoints go: a path, file://..., or s3://bucket/prefix. "
-                        "Empty: file://<run dir>/storage.",
+            "Empty: file://<run dir>/storage.",
             section="Storage and cluster",
         ),
         "run_dir": Param(
-            None, type=_optional("string"), title="Run directory",
+            None,
+            type=_optional("string"),
+            title="Run directory",
             description="Local directory for the job's logs, metrics and summary. "
-                        "Empty: <runs>/<dag id>/<run id> (retries of this DAG run reuse it and resume).",
+            "Empty: <runs>/<dag id>/<run id> (retries of this DAG run reuse it and resume).",
             section="Storage and cluster",
         ),
         "scheduler": Param(
-            "local", type="string", enum=SCHEDULERS, title="Cluster scheduler",
+            "local",
+            type="string",
+            enum=SCHEDULERS,
+            title="Cluster scheduler",
             description="Where the job runs; only 'local' (processes on the Airflow worker) is built-in today.",
             section="Storage and cluster",
         ),
         "n_gpus": Param(
-            0, type="integer", minimum=0, maximum=4096, title="GPUs",
+            0,
+            type="integer",
+            minimum=0,
+            maximum=4096,
+            title="GPUs",
             description="GPUs the job may use (0 = CPU). Used for the layout recommendation and the resource check.",
             section="Storage and cluster",
         ),
-    }  # fmt: skip
+    }
 
 
 def evaluate_param() -> Param:
     """Which checkpoints of the training job the DAG evaluates (and registers the best of)."""
     return Param(
-        "final", type="string", enum=["final", "all"], title="Checkpoints to evaluate",
+        "final",
+        type="string",
+        enum=["final", "all"],
+        title="Checkpoints to evaluate",
         values_display={"final": "the final checkpoint", "all": "every checkpoint the job kept"},
         description="Each evaluation starts one inference server on the checkpoint and scores the eval split; "
-                    "the best evaluated checkpoint is registered.",
+        "the best evaluated checkpoint is registered.",
         section="Job",
-    )  # fmt: skip
+    )
 
 
 #: Param name -> the config key it overrides.

@@ -110,10 +110,18 @@ def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
     context = get_current_context()
     params = context["params"]
     hook = _mlflow_hook(params.get("mlflow_tracking_uri"))
-    tags = {"airflow.dag_id": context["dag"].dag_id, "airflow.run_id": context["run_id"],
-            "areal.run_dir": job["run_dir"], "areal.config": job["config"]}  # fmt: skip
-    run_id = hook.start_run(job["experiment"], run_name=f"{job['trial']} {context['run_id']}", tags=tags,
-                            artifact_location=local_artifact_location(hook.tracking_uri))  # fmt: skip
+    tags = {
+        "airflow.dag_id": context["dag"].dag_id,
+        "airflow.run_id": context["run_id"],
+        "areal.run_dir": job["run_dir"],
+        "areal.config": job["config"],
+    }
+    run_id = hook.start_run(
+        job["experiment"],
+        run_name=f"{job['trial']} {context['run_id']}",
+        tags=tags,
+        artifact_location=local_artifact_location(hook.tracking_uri),
+    )
     pipeline_params = {f"airflow.{key}": value for key, value in params.items() if value not in (None, "", [])}
     hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})
     uri = hook.tracking_uri
@@ -256,38 +264,66 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     ``job`` is the output of :func:`resolve_job`. Returns the tasks by name (for the DAG files that
     add more around them).
     """
-    storage = ValidateStorageOperator(task_id="validate_storage", storage_url=job["storage_url"],
-                                      options=job["storage_options"], execution_timeout=timedelta(minutes=5))  # fmt: skip
-    model = DetectModelOperator(task_id="detect_model", model=job["model"], n_gpus=job["n_gpus"],
-                                execution_timeout=timedelta(minutes=15))  # fmt: skip
+    storage = ValidateStorageOperator(
+        task_id="validate_storage",
+        storage_url=job["storage_url"],
+        options=job["storage_options"],
+        execution_timeout=timedelta(minutes=5),
+    )
+    model = DetectModelOperator(
+        task_id="detect_model", model=job["model"], n_gpus=job["n_gpus"], execution_timeout=timedelta(minutes=15)
+    )
     cluster = ProvisionClusterOperator(
-        task_id="provision_cluster", scheduler=job["scheduler"], allocation_mode=job["allocation"],
-        n_gpus=job["n_gpus"], execution_timeout=timedelta(minutes=30),
-    )  # fmt: skip
+        task_id="provision_cluster",
+        scheduler=job["scheduler"],
+        allocation_mode=job["allocation"],
+        n_gpus=job["n_gpus"],
+        execution_timeout=timedelta(minutes=30),
+    )
     mlflow = start_mlflow_run(job)
     train = AReaLTrainingOperator(
-        task_id="train", config=job["resolved_config"], run_dir=job["run_dir"], scheduler=job["scheduler"],
-        mlflow_run_id=mlflow["mlflow_run_id"], mlflow_tracking_uri=mlflow["tracking_uri"],
-        execution_timeout=train_timeout(), poll_interval=job_poll_interval(),
-    )  # fmt: skip
+        task_id="train",
+        config=job["resolved_config"],
+        run_dir=job["run_dir"],
+        scheduler=job["scheduler"],
+        mlflow_run_id=mlflow["mlflow_run_id"],
+        mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=train_timeout(),
+        poll_interval=job_poll_interval(),
+    )
     evaluate = EvaluateCheckpointOperator.partial(
-        task_id="evaluate_checkpoint", config=job["resolved_config"], mlflow_run_id=mlflow["mlflow_run_id"],
-        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(hours=2),
-    ).expand(checkpoint=checkpoints_to_evaluate(train.output))  # fmt: skip
+        task_id="evaluate_checkpoint",
+        config=job["resolved_config"],
+        mlflow_run_id=mlflow["mlflow_run_id"],
+        mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=timedelta(hours=2),
+    ).expand(checkpoint=checkpoints_to_evaluate(train.output))
     register = RegisterModelOperator(
-        task_id="register_model", evaluations=evaluate.output, model_name="{{ params.registered_model_name }}",
-        gate_metric="{{ params.gate_metric }}", mlflow_run_id=mlflow["mlflow_run_id"],
-        mlflow_tracking_uri=mlflow["tracking_uri"], execution_timeout=timedelta(minutes=10),
-    )  # fmt: skip
+        task_id="register_model",
+        evaluations=evaluate.output,
+        model_name="{{ params.registered_model_name }}",
+        gate_metric="{{ params.gate_metric }}",
+        mlflow_run_id=mlflow["mlflow_run_id"],
+        mlflow_tracking_uri=mlflow["tracking_uri"],
+        execution_timeout=timedelta(minutes=10),
+    )
     finish = finish_pipeline(job, mlflow, train.output, evaluate.output, register.output)
     cleanup = fail_mlflow_run()
     job >> storage >> model >> cluster >> mlflow
     [train, evaluate, register, finish] >> cleanup
     watcher = fail_run_on_any_failure([job, storage, model, cluster, mlflow, train, evaluate, register, finish])
-    return {"validate_storage": storage, "detect_model": model, "provision_cluster": cluster,
-            "start_mlflow_run": mlflow, "train": train, "evaluate_checkpoint": evaluate,
-            "register_model": register, "finish": finish, "fail_mlflow_run": cleanup,
-            "pipeline_failed": watcher}  # fmt: skip
+    return {
+        "validate_storage": storage,
+        "detect_model": model,
+        "provision_cluster": cluster,
+        "start_mlflow_run": mlflow,
+        "train": train,
+        "evaluate_checkpoint": evaluate,
+        "register_model": register,
+        "finish": finish,
+        "fail_mlflow_run": cleanup,
+        "pipeline_failed": watcher,
+    }
 
 
 @task(execution_timeout=timedelta(minutes=10))

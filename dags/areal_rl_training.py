@@ -41,7 +41,7 @@ PARAMS: dict[str, Any] = {
     **job_params(),
     "evaluate": evaluate_param(),
     **tracking_params(),
-}  # fmt: skip
+}
 
 with DAG(
     dag_id=DAG_ID,

@@ -46,19 +46,26 @@ SCHEDULE: Any = (
 PARAMS: dict[str, Any] = {
     **job_params(),
     "max_steps": Param(
-        40, type="integer", minimum=1, maximum=1_000_000, title="Max steps",
+        40,
+        type="integer",
+        minimum=1,
+        maximum=1_000_000,
+        title="Max steps",
         description="train.total_steps of the retraining job (RL steps: the champion needs no SFT warm start).",
         section="Job",
     ),
     "evaluate": evaluate_param(),
     "if_no_champion": Param(
-        "fail", type="string", enum=["fail", "train_from_config"], title="Without a champion",
+        "fail",
+        type="string",
+        enum=["fail", "train_from_config"],
+        title="Without a champion",
         values_display={"fail": "fail the run", "train_from_config": "train from the config's model"},
         description="What to do when the registered model has no 'champion' alias yet.",
         section="Tracking and registry",
     ),
     **tracking_params(),
-}  # fmt: skip
+}
 
 with DAG(
     dag_id=DAG_ID,

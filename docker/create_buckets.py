@@ -43,7 +43,7 @@ def _wait_for_endpoint(client, timeout_s: float) -> None:
         except BotoCoreError as exc:
             if time.monotonic() > deadline:
                 endpoint = client.meta.endpoint_url
-                raise SystemExit(f"S3 endpoint {endpoint} did not answer within {timeout_s:.0f}s: {exc}")
+                raise SystemExit(f"S3 endpoint {endpoint} did not answer within {timeout_s:.0f}s: {exc}") from exc
             logger.info("waiting for %s: %s", client.meta.endpoint_url, exc)
             time.sleep(2)
 
@@ -59,12 +59,12 @@ def create_buckets(names: list[str], *, wait_s: float = 60.0) -> None:
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in _EXISTS:
-                raise SystemExit(f"cannot create bucket {name!r} at {client.meta.endpoint_url}: {code} {exc}")
+                raise SystemExit(f"cannot create bucket {name!r} at {client.meta.endpoint_url}: {code} {exc}") from exc
             logger.info("bucket %s already exists", name)
         try:
             client.head_bucket(Bucket=name)
         except ClientError as exc:
-            raise SystemExit(f"bucket {name!r} exists but is not reachable with these credentials: {exc}")
+            raise SystemExit(f"bucket {name!r} exists but is not reachable with these credentials: {exc}") from exc
 
 
 def main(argv: list[str]) -> int:

@@ -12,8 +12,9 @@ fails the build instead of silently installing less.
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 def requirements(pyproject: Path, extras: list[str]) -> list[str]:

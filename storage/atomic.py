@@ -14,8 +14,9 @@ import math
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from storage.storage import Storage

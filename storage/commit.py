@@ -18,8 +18,9 @@ import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from storage.atomic import TEMP_PREFIX
 from storage.errors import CommitError, StorageError, StorageNotFoundError
@@ -87,8 +88,14 @@ def read_commit(storage: Storage, key: str) -> dict[str, Any]:
         marker = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CommitError(f"commit marker of {storage.url_for(key)} is not valid JSON: {exc}") from exc
-    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT or not isinstance(marker.get("files"), dict):
-        raise CommitError(f"commit marker of {storage.url_for(key)} has an unknown layout (format {MARKER_FORMAT} expected)")
+    if (
+        not isinstance(marker, dict)
+        or marker.get("format") != MARKER_FORMAT
+        or not isinstance(marker.get("files"), dict)
+    ):
+        raise CommitError(
+            f"commit marker of {storage.url_for(key)} has an unknown layout (format {MARKER_FORMAT} expected)"
+        )
     return marker
 
 
@@ -111,7 +118,11 @@ def _subdirectories(storage: Storage, key: str) -> list[str]:
         names = storage.list(key)
     except StorageNotFoundError:
         return []
-    return [name for name in names if storage.is_dir(posixpath.join(normalize_key(key), name) if normalize_key(key) else name)]
+    return [
+        name
+        for name in names
+        if storage.is_dir(posixpath.join(normalize_key(key), name) if normalize_key(key) else name)
+    ]
 
 
 def list_committed(storage: Storage, key: str = "") -> list[str]:

@@ -82,7 +82,9 @@ def copy_tree(
     total = sum(files.values())
     desc = f"copy -> {dst.url_for(dst_base)}"
     copied_bytes = 0
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=stream, disable=not show) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=stream, disable=not show
+    ) as bar:
         for rel in files:
             source_key, target_key = _join(src_base, rel), _join(dst_base, rel)
 
@@ -95,7 +97,13 @@ def copy_tree(
                     raise
 
             copied_bytes += dst.run("copy", target_key, attempt)
-    logger.info("copied %d files (%d bytes) from %s to %s", len(files), copied_bytes, src.url_for(src_base), dst.url_for(dst_base))
+    logger.info(
+        "copied %d files (%d bytes) from %s to %s",
+        len(files),
+        copied_bytes,
+        src.url_for(src_base),
+        dst.url_for(dst_base),
+    )
     if commit:
         commit_directory(dst, dst_base)
     return CopyStats(files=len(files), bytes=copied_bytes)

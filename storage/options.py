@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from storage.errors import StorageConfigError
 from storage.url import StorageURL
 
-__all__ = ["ResolvedOptions", "resolve_options", "S3_OPTION_NAMES"]
+__all__ = ["S3_OPTION_NAMES", "ResolvedOptions", "resolve_options"]
 
 _ALIASES = {
     "aws_access_key_id": "key",

@@ -14,8 +14,9 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from storage.errors import StorageError
 
@@ -90,7 +91,9 @@ def is_transient(exc: BaseException) -> bool:
         status, code = http_status_and_code(err)
         if status is not None or code is not None:
             return (status is not None and (status >= 500 or status == 429)) or code in _THROTTLING_CODES
-        if isinstance(err, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError, socket.timeout)):
+        if isinstance(
+            err, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError, socket.timeout)
+        ):
             return True
         if type(err).__name__ in _TRANSIENT_CLASS_NAMES:
             return True
@@ -157,6 +160,10 @@ class RetryPolicy:
                     raise
                 logger.warning(
                     "%s failed with a transient error (attempt %d/%d), retrying in %.2fs: %s",
-                    what, attempt, self.attempts, delay, exc,
+                    what,
+                    attempt,
+                    self.attempts,
+                    delay,
+                    exc,
                 )
                 sleep(delay)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import IO, Any, BinaryIO, Callable, Mapping, TypeVar
+from typing import IO, Any, BinaryIO, TypeVar
 
 import fsspec
 
@@ -150,7 +151,7 @@ class Storage:
         for name, info in found.items():
             if info.get("type") == "directory":
                 continue
-            rel = name[len(base):] if name.startswith(base) else posixpath.basename(name)
+            rel = name[len(base) :] if name.startswith(base) else posixpath.basename(name)
             out[rel] = int(info.get("size") or 0)
         return dict(sorted(out.items()))
 

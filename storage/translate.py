@@ -75,13 +75,17 @@ def translate_error(exc: BaseException, what: str, location: str) -> BaseExcepti
         return StoragePermissionError(f"{what} {location}: permission denied ({code or detail}): {hint}")
     if code in _NOT_FOUND_CODES or any(isinstance(err, FileNotFoundError) for err in exception_chain(exc)):
         if code == "NoSuchBucket":
-            return StorageNotFoundError(f"{what} {location}: the bucket does not exist (NoSuchBucket): create it or fix the URL")
+            return StorageNotFoundError(
+                f"{what} {location}: the bucket does not exist (NoSuchBucket): create it or fix the URL"
+            )
         return StorageNotFoundError(f"{what} {location}: not found ({code or detail})")
     if names & _CONNECTION_CLASS_NAMES or any(isinstance(err, ConnectionRefusedError) for err in exception_chain(exc)):
         return StorageConnectionError(f"{what} {location}: cannot connect to the storage endpoint ({detail})")
     if is_transient(exc):
         attempts = int(getattr(exc, "retry_attempts", 1))
-        return StorageTransientError(f"{what} {location}: still failing after {attempts} attempt(s) ({detail})", attempts)
+        return StorageTransientError(
+            f"{what} {location}: still failing after {attempts} attempt(s) ({detail})", attempts
+        )
     if any(isinstance(err, OSError) and err.errno == errno.EROFS for err in exception_chain(exc)):
         return StoragePermissionError(f"{what} {location}: read-only filesystem ({detail})")
     return StorageIOError(f"{what} {location}: {detail}")

@@ -55,7 +55,10 @@ def _check(mode: str, constant: float | None) -> None:
 
 
 def aggregate_loss(
-    values: Tensor, mask: Tensor, cu_seqlens: Tensor | None = None, mode: str = "token_mean",
+    values: Tensor,
+    mask: Tensor,
+    cu_seqlens: Tensor | None = None,
+    mode: str = "token_mean",
     constant: float | None = None,
 ) -> Tensor:
     """Mean of per-token ``values`` over this batch's units (see the table); 0 if it has none.

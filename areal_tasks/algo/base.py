@@ -14,8 +14,8 @@ the algorithm modules and in docs/algorithms.md.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Callable, ClassVar, TypeVar
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,7 +32,7 @@ from areal_tasks.errors import AlgorithmError
 Batch = dict[str, Tensor]
 LossOutput = tuple[Tensor, dict[str, float]]
 
-_ALGORITHMS: dict[str, type["Algorithm"]] = {}
+_ALGORITHMS: dict[str, type[Algorithm]] = {}
 A = TypeVar("A", bound=type["Algorithm"])
 
 
@@ -53,7 +53,7 @@ def algorithm_names() -> list[str]:
     return sorted(_ALGORITHMS)
 
 
-def build_algorithm(config: AlgorithmConfig) -> "Algorithm":
+def build_algorithm(config: AlgorithmConfig) -> Algorithm:
     """The Algorithm registered under ``config.name``, built from ``config``."""
     try:
         cls = _ALGORITHMS[config.name]
@@ -145,10 +145,16 @@ class Algorithm(ABC):
     def _settings(self) -> DecoupledPPOSettings:
         c = self.config
         return DecoupledPPOSettings(
-            eps_low=c.eps_clip, eps_high=c.eps_clip_high, dual_clip=c.dual_clip, ratio_level=self.ratio_level,
-            use_behav_weight=c.use_behav_imp_weight, behav_cap=c.behav_imp_weight_cap,
-            behav_mode=c.behav_imp_weight_mode, behav_level=c.behav_imp_weight_level,
-            agg_mode=c.loss_agg_mode, agg_constant=c.loss_agg_constant,
+            eps_low=c.eps_clip,
+            eps_high=c.eps_clip_high,
+            dual_clip=c.dual_clip,
+            ratio_level=self.ratio_level,
+            use_behav_weight=c.use_behav_imp_weight,
+            behav_cap=c.behav_imp_weight_cap,
+            behav_mode=c.behav_imp_weight_mode,
+            behav_level=c.behav_imp_weight_level,
+            agg_mode=c.loss_agg_mode,
+            agg_constant=c.loss_agg_constant,
         )
 
     def shaped_rewards(self, batch: Batch) -> Tensor:

@@ -30,7 +30,9 @@ def informative_sequences(rewards: Tensor, group_ids: Tensor) -> Tensor:
     _, index = torch.unique(group_ids, return_inverse=True)
     n = int(index.max()) + 1 if index.numel() else 0
     high = torch.full((n,), -torch.inf, dtype=torch.float64, device=rewards.device).scatter_reduce(
-        0, index, rewards.to(torch.float64), reduce="amax")
+        0, index, rewards.to(torch.float64), reduce="amax"
+    )
     low = torch.full((n,), torch.inf, dtype=torch.float64, device=rewards.device).scatter_reduce(
-        0, index, rewards.to(torch.float64), reduce="amin")
+        0, index, rewards.to(torch.float64), reduce="amin"
+    )
     return (high != low)[index]

@@ -40,7 +40,9 @@ def gae_padded(
     """
     _check_rates(gamma, lam)
     if rewards.dim() != 2 or rewards.shape != mask.shape:
-        raise AlgorithmError(f"gae_padded wants [B, L] rewards and mask, got {tuple(rewards.shape)}, {tuple(mask.shape)}")
+        raise AlgorithmError(
+            f"gae_padded wants [B, L] rewards and mask, got {tuple(rewards.shape)}, {tuple(mask.shape)}"
+        )
     if values is not None and values.shape != rewards.shape:
         raise AlgorithmError(f"values shape {tuple(values.shape)} != rewards shape {tuple(rewards.shape)}")
     mask = mask.bool()

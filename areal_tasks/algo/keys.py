@@ -17,6 +17,17 @@ ENTROPY = "entropy"  # [T] engine output, needed when entropy_coef > 0
 POLICY_VERSION = "seq_policy_version"  # [B] version the trainer holds at the start of the step
 
 __all__ = [
-    "ADVANTAGES", "CU_SEQLENS", "ENTROPY", "GROUP_IDS", "LOGPROBS", "LOSS_MASK", "POLICY_VERSION",
-    "PROX_LOGPROBS", "REF_LOGPROBS", "RETURNS", "REWARDS", "VALUES", "VERSIONS",
+    "ADVANTAGES",
+    "CU_SEQLENS",
+    "ENTROPY",
+    "GROUP_IDS",
+    "LOGPROBS",
+    "LOSS_MASK",
+    "POLICY_VERSION",
+    "PROX_LOGPROBS",
+    "REF_LOGPROBS",
+    "RETURNS",
+    "REWARDS",
+    "VALUES",
+    "VERSIONS",
 ]

@@ -38,9 +38,7 @@ def _group_stats(x: Tensor, mask: Tensor, index: Tensor, n_groups: int) -> tuple
     return count, total, zeros.index_add(0, index, xm * xm)
 
 
-def _mean_and_std(
-    x: Tensor, mask: Tensor, index: Tensor, n_groups: int, leave_one_out: bool
-) -> tuple[Tensor, Tensor]:
+def _mean_and_std(x: Tensor, mask: Tensor, index: Tensor, n_groups: int, leave_one_out: bool) -> tuple[Tensor, Tensor]:
     """Per-entry baseline and per-entry std for a grouping given by ``index`` (float64)."""
     count, total, sq = _group_stats(x, mask, index, n_groups)
     n, s = count[index], total[index]
@@ -48,10 +46,7 @@ def _mean_and_std(
     # Sum of squared deviations from the mean; clamp tiny negative rounding to zero.
     ss = (sq[index] - s * mean).clamp(min=0.0)
     std = torch.sqrt(ss / (n - 1).clamp(min=1))
-    if leave_one_out:
-        baseline = torch.where(n > 1, (s - x) / (n - 1).clamp(min=1), x)
-    else:
-        baseline = mean
+    baseline = torch.where(n > 1, (s - x) / (n - 1).clamp(min=1), x) if leave_one_out else mean
     return baseline, std
 
 

@@ -29,13 +29,15 @@ import enum
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, Mapping
+from typing import Literal
 
 from areal_tasks.errors import ConfigError
 
 __all__ = [
+    "OWN_DEVICES_ENV",
     "PLACEHOLDER_NAMES",
     "ReadinessCheck",
     "Scheduler",
@@ -43,7 +45,6 @@ __all__ = [
     "WorkerInfo",
     "WorkerStatus",
     "expand_placeholders",
-    "OWN_DEVICES_ENV",
     "local_device_index",
 ]
 
@@ -62,6 +63,7 @@ def local_device_index() -> int:
     if os.environ.get(OWN_DEVICES_ENV):
         return 0
     return int(os.environ.get("LOCAL_RANK", "0"))
+
 
 #: placeholder names a backend fills in per worker (``port_<i>`` is matched separately).
 PLACEHOLDER_NAMES = frozenset({"port", "rank", "world_size", "host", "run_dir", "group", "master_port"})

@@ -156,8 +156,10 @@ class TrainEngine(abc.ABC):
         supports shared updates overrides it."""
         from areal_tasks.errors import EngineError
 
-        raise EngineError(f"{type(self).__name__} does not support shared weight updates; "
-                                  "use rollout.weight_update=disk or collective")  # fmt: skip
+        raise EngineError(
+            f"{type(self).__name__} does not support shared weight updates; "
+            "use rollout.weight_update=disk or collective"
+        )
 
     def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
         """Optionally do the part of :meth:`update_weights` that needs no server (gather and pack

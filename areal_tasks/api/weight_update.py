@@ -95,8 +95,7 @@ class WeightUpdateMeta:
         if not isinstance(self.shared_buffers, tuple) or not all(
             isinstance(b, dict) and isinstance(b.get("kind"), str) for b in self.shared_buffers
         ):
-            found.append("shared_buffers: must be a tuple of dicts, each with a 'kind', "
-                         f"got {self.shared_buffers!r}")  # fmt: skip
+            found.append(f"shared_buffers: must be a tuple of dicts, each with a 'kind', got {self.shared_buffers!r}")
         elif self.shared_buffers and self.type != "shared":
             found.append(f"shared_buffers: only a shared update names buffers, this one is {self.type!r}")
         if not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:

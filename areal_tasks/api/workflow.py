@@ -56,7 +56,9 @@ class Trajectory:
             raise TrajectoryError("loss_mask[0] is 1; the first token has no log-probability")
         for t, (m, v) in enumerate(zip(self.loss_mask, self.versions)):
             if m and v < 0:
-                raise TrajectoryError(f"token {t} is trained (loss_mask=1) but has version {v}; generated tokens need >= 0")
+                raise TrajectoryError(
+                    f"token {t} is trained (loss_mask=1) but has version {v}; generated tokens need >= 0"
+                )
         if not isinstance(self.reward, (int, float)) or self.reward != self.reward:
             raise TrajectoryError(f"reward must be a finite number, got {self.reward!r}")
         return self

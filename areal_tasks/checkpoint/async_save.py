@@ -44,8 +44,12 @@ def stage_state_dict(state: Any) -> Any:
                 # stager does); from_local would move a host shard back to the mesh's device
                 return value.detach().to("cpu")
             return DTensor.from_local(
-                clone(value.to_local()), value.device_mesh, value.placements, run_check=False,
-                shape=value.shape, stride=value.stride(),
+                clone(value.to_local()),
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
             )
         if isinstance(value, torch.Tensor):
             return clone(value)

@@ -51,19 +51,33 @@ class ItemRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "fqn": self.fqn, "offset": None if self.offset is None else list(self.offset), "kind": self.kind,
-            "dir": self.dir, "file": self.file, "pos": self.pos, "length": self.length, "sha256": self.sha256,
-            "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape),
-        }  # fmt: skip
+            "fqn": self.fqn,
+            "offset": None if self.offset is None else list(self.offset),
+            "kind": self.kind,
+            "dir": self.dir,
+            "file": self.file,
+            "pos": self.pos,
+            "length": self.length,
+            "sha256": self.sha256,
+            "dtype": self.dtype,
+            "shape": None if self.shape is None else list(self.shape),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemRecord:
         offset, shape = data.get("offset"), data.get("shape")
         return cls(
-            fqn=data["fqn"], offset=None if offset is None else tuple(offset), kind=data["kind"], dir=data["dir"],
-            file=data["file"], pos=int(data["pos"]), length=int(data["length"]), sha256=data["sha256"],
-            dtype=data.get("dtype"), shape=None if shape is None else tuple(shape),
-        )  # fmt: skip
+            fqn=data["fqn"],
+            offset=None if offset is None else tuple(offset),
+            kind=data["kind"],
+            dir=data["dir"],
+            file=data["file"],
+            pos=int(data["pos"]),
+            length=int(data["length"]),
+            sha256=data["sha256"],
+            dtype=data.get("dtype"),
+            shape=None if shape is None else tuple(shape),
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -145,10 +159,15 @@ def metadata_from_json(index: dict[str, Any]) -> Metadata:
         if entry["type"] == "bytes":
             state[fqn] = BytesStorageMetadata()
             continue
-        chunks = [ChunkStorageMetadata(offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"])) for c in entry["chunks"]]
+        chunks = [
+            ChunkStorageMetadata(offsets=torch.Size(c["offsets"]), sizes=torch.Size(c["sizes"]))
+            for c in entry["chunks"]
+        ]
         props = TensorProperties(dtype=dtype_of(entry["dtype"]), requires_grad=entry["requires_grad"])
         state[fqn] = TensorStorageMetadata(properties=props, size=torch.Size(entry["size"]), chunks=chunks)
     storage = {MetadataIndex(r.fqn, r.offset): r for r in records_of(index)}
     planner = index.get("planner_data")
     planner_data = None if planner is None else {fqn: tuple(path) for fqn, path in planner.items()}
-    return Metadata(state_dict_metadata=state, planner_data=planner_data, storage_data=storage, version=index.get("dcp_version"))
+    return Metadata(
+        state_dict_metadata=state, planner_data=planner_data, storage_data=storage, version=index.get("dcp_version")
+    )

@@ -147,7 +147,9 @@ class StorageDCPWriter(StorageWriter):
                 offset = None if item.index.offset is None else tuple(item.index.offset)
                 length = payload.nbytes
                 logical += length
-                record = self.parent.match(item.index.fqn, offset, digest, length, dtype, shape) if self.parent else None
+                record = (
+                    self.parent.match(item.index.fqn, offset, digest, length, dtype, shape) if self.parent else None
+                )
                 if record is not None:
                     referenced += length
                 else:
@@ -159,12 +161,16 @@ class StorageDCPWriter(StorageWriter):
                         pos += pad
                     handle.write(payload)
                     file_digest.update(bytes.fromhex(digest))
-                    record = ItemRecord(item.index.fqn, offset, kind, self.step_dir, rel, pos, length, digest, dtype, shape)
+                    record = ItemRecord(
+                        item.index.fqn, offset, kind, self.step_dir, rel, pos, length, digest, dtype, shape
+                    )
                     pos += length
                 results.append(WriteResult(index=item.index, size_in_bytes=length, storage_data=record))
         files = {rel: FileInfo(size=pos, sha256=file_digest.hexdigest())} if handle is not None else {}
         self.stats = WriteStats(files=files, written=pos, referenced=referenced, logical=logical)
-        logger.debug("rank %d wrote %d bytes for %d item bytes to %s (%d referenced)", self.rank, pos, logical, key, referenced)
+        logger.debug(
+            "rank %d wrote %d bytes for %d item bytes to %s (%d referenced)", self.rank, pos, logical, key, referenced
+        )
         future: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
         future.set_result(results)
         return future
@@ -202,8 +208,13 @@ def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     with _dcp_call(f"saving {writer.checkpoints.url_for(writer.step_dir)}"):
-        dcp.save(state, storage_writer=writer, planner=DefaultSavePlanner(), process_group=process_group,
-                 no_dist=not distributed)  # fmt: skip
+        dcp.save(
+            state,
+            storage_writer=writer,
+            planner=DefaultSavePlanner(),
+            process_group=process_group,
+            no_dist=not distributed,
+        )
 
 
 def dcp_load(
@@ -213,8 +224,13 @@ def dcp_load(
     import torch.distributed.checkpoint as dcp
 
     with _dcp_call(f"loading {reader.checkpoints.url_for(reader.step_dir)}"):
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(allow_partial_load=partial),
-                 process_group=process_group, no_dist=not distributed)  # fmt: skip
+        dcp.load(
+            state,
+            storage_reader=reader,
+            planner=SafeLoadPlanner(allow_partial_load=partial),
+            process_group=process_group,
+            no_dist=not distributed,
+        )
 
 
 def read_index(checkpoints: Storage, step_dir: str) -> dict[str, Any]:
@@ -291,7 +307,9 @@ class StorageDCPReader(StorageReader):
         path = storage.fs_path(key)
         data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
         if len(data) != end - start:
-            raise CheckpointError(f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)")
+            raise CheckpointError(
+                f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)"
+            )
         return data
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
@@ -299,7 +317,9 @@ class StorageDCPReader(StorageReader):
         for req in plan.items:
             record = self.records[req.storage_index]
             per_file.setdefault(f"{record.dir}/{record.file}", []).append((req, record))
-        spans = [(key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)]
+        spans = [
+            (key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)
+        ]
         with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dcp-read") as pool:
             pending: list[tuple[Future[bytes], int, list[tuple[ReadItem, ItemRecord]]]] = []
             for key, start, end, group in spans:
@@ -312,16 +332,20 @@ class StorageDCPReader(StorageReader):
         done.set_result(None)
         return done
 
-    def _apply(self, planner: LoadPlanner, fetched: Future[bytes], start: int, group: list[tuple[ReadItem, ItemRecord]]) -> None:
+    def _apply(
+        self, planner: LoadPlanner, fetched: Future[bytes], start: int, group: list[tuple[ReadItem, ItemRecord]]
+    ) -> None:
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
         buffer = fetched.result()
         self.bytes_read += len(buffer)
         view = memoryview(buffer)
         for req, rec in group:
-            chunk = view[rec.pos - start: rec.pos - start + rec.length]
+            chunk = view[rec.pos - start : rec.pos - start + rec.length]
             if self.verify and hashlib.sha256(chunk).hexdigest() != rec.sha256:
-                raise CheckpointError(f"{self.checkpoints.url_for(rec.dir + '/' + rec.file)}: item {rec.fqn!r} fails its sha256 check")
+                raise CheckpointError(
+                    f"{self.checkpoints.url_for(rec.dir + '/' + rec.file)}: item {rec.fqn!r} fails its sha256 check"
+                )
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(chunk.tobytes()))
                 continue
@@ -336,6 +360,8 @@ class StorageDCPReader(StorageReader):
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
-                raise CheckpointError(f"item {rec.fqn!r}: stored shard {tuple(tensor.size())} != target {tuple(target.size())}")
+                raise CheckpointError(
+                    f"item {rec.fqn!r}: stored shard {tuple(tensor.size())} != target {tuple(target.size())}"
+                )
             target.copy_(tensor)
             planner.commit_tensor(req, target)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def hf_sidecar_files(engine: Any) -> dict[str, bytes]:
     """``{file name: bytes}`` of the HF sidecar of ``engine``: its config and tokenizer files."""
     from areal_tasks.engine.fsdp.export import export_config, hf_config_of, hf_side_file_paths
@@ -61,9 +62,11 @@ def read_engine_tensors(checkpoints: Storage, step: int, engine: str) -> dict[st
     }
     if not state:
         engines = sorted({fqn.split(".")[1] for fqn in index["state_dict"] if fqn.startswith(f"{ENGINES_KEY}.")})
-        raise CheckpointError(f"checkpoint {checkpoints.url_for(directory)} holds no engine {engine!r}; it has {engines}")
+        raise CheckpointError(
+            f"checkpoint {checkpoints.url_for(directory)} holds no engine {engine!r}; it has {engines}"
+        )
     dcp_load(state, StorageDCPReader(checkpoints, directory), None, False, partial=True)
-    return {fqn[len(prefix):]: tensor for fqn, tensor in state.items()}
+    return {fqn[len(prefix) :]: tensor for fqn, tensor in state.items()}
 
 
 def _engine_entry(checkpoints: Storage, step: int, engine: str) -> dict[str, Any]:
@@ -79,7 +82,9 @@ def hf_tensors(checkpoints: Storage, step: int, engine: str = "actor") -> dict[s
 
     entry = _engine_entry(checkpoints, step, engine)
     if entry.get("role", "actor") != "actor":
-        raise CheckpointError(f"engine {engine!r} is a {entry.get('role')}: only causal-LM (actor) engines export to HF")
+        raise CheckpointError(
+            f"engine {engine!r} is a {entry.get('role')}: only causal-LM (actor) engines export to HF"
+        )
     tensors = read_engine_tensors(checkpoints, step, engine)
     stream = tensors.items()
     if entry.get("lora"):
@@ -98,7 +103,9 @@ def export_hf(checkpoints: Storage, step: int, out_dir: str | os.PathLike[str], 
     sidecar_key = f"{step_dir(step)}/{HF_DIR}/{engine}"
     sidecar = checkpoints.walk_files(sidecar_key) if checkpoints.exists(sidecar_key) else {}
     if "config.json" not in sidecar:
-        raise CheckpointError(f"{checkpoints.url_for(sidecar_key)} has no config.json: this checkpoint cannot be exported")
+        raise CheckpointError(
+            f"{checkpoints.url_for(sidecar_key)} has no config.json: this checkpoint cannot be exported"
+        )
     tensors = hf_tensors(checkpoints, step, engine)
     with tempfile.TemporaryDirectory(prefix="areal-export-") as tmp:
         for name in sidecar:
@@ -107,5 +114,7 @@ def export_hf(checkpoints: Storage, step: int, out_dir: str | os.PathLike[str], 
             target.write_bytes(checkpoints.read_bytes(f"{sidecar_key}/{name}"))
         config = AutoConfig.from_pretrained(tmp)
         write_hf_dir(out_dir, tensors, config, source_dir=tmp)
-    logger.info("exported %s engine %r to %s (%d tensors)", checkpoints.url_for(step_dir(step)), engine, out_dir, len(tensors))
+    logger.info(
+        "exported %s engine %r to %s (%d tensors)", checkpoints.url_for(step_dir(step)), engine, out_dir, len(tensors)
+    )
     return Path(out_dir)

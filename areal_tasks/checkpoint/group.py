@@ -83,7 +83,7 @@ class CheckpointGroup:
         if self.is_coordinator:
             try:
                 outcome = (True, fn())
-            except Exception as exc:  # handed to every rank below, then re-raised here with its cause
+            except Exception as exc:  # noqa: BLE001 - handed to every rank below, then re-raised here with its cause
                 failure = exc
                 outcome = (False, f"{what} failed on rank 0: {type(exc).__name__}: {exc}")
         outcome = self.broadcast(outcome)

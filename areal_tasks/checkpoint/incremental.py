@@ -37,7 +37,12 @@ class ParentIndex:
         return cls(step_dir, records_of(read_index(checkpoints, step_dir)))
 
     def match(
-        self, fqn: str, offset: tuple[int, ...] | None, sha256: str, length: int, dtype: str | None,
+        self,
+        fqn: str,
+        offset: tuple[int, ...] | None,
+        sha256: str,
+        length: int,
+        dtype: str | None,
         shape: tuple[int, ...] | None,
     ) -> ItemRecord | None:
         """The parent's record of identical content for this item, or None (then it must be written)."""

@@ -50,7 +50,9 @@ def checkpoints_key(experiment: str, trial: str) -> str:
     """The key of the checkpoints folder of a run below the storage root."""
     for label, value in (("experiment", experiment), ("trial", trial)):
         if not value or "/" in value or value in (".", ".."):
-            raise CheckpointError(f"{label} name {value!r} cannot be a path component; use a non-empty name without '/'")
+            raise CheckpointError(
+                f"{label} name {value!r} cannot be a path component; use a non-empty name without '/'"
+            )
     return f"{experiment}/{trial}/{CHECKPOINTS_DIR}"
 
 
@@ -136,7 +138,9 @@ class CheckpointLayout:
         try:
             step = int(json.loads(text)["step"])
         except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring the unreadable latest pointer %s (%s): %r", self.url(LATEST_POINTER), exc, text[:80])
+            logger.warning(
+                "ignoring the unreadable latest pointer %s (%s): %r", self.url(LATEST_POINTER), exc, text[:80]
+            )
             return None
         return step
 
@@ -161,6 +165,8 @@ class CheckpointLayout:
         if pointer != newest:
             logger.warning(
                 "latest pointer of %s names %s; the newest complete checkpoint is step %d: using it",
-                self.url(), "nothing" if pointer is None else f"step {pointer}", newest,
+                self.url(),
+                "nothing" if pointer is None else f"step {pointer}",
+                newest,
             )
         return newest

@@ -105,8 +105,8 @@ class CheckpointManager:
         self.saver_config = saver_config or SaverConfig()
         if self.saver_config.format != "dcp":
             raise CheckpointError(
-                f"saver.format={self.saver_config.format!r}: the checkpoint manager writes resumable 'dcp' checkpoints; "
-                "get an HF directory with `areal checkpoint export URL --hf OUT`"
+                f"saver.format={self.saver_config.format!r}: the checkpoint manager writes resumable 'dcp' "
+                "checkpoints; get an HF directory with `areal checkpoint export URL --hf OUT`"
             )
         if layout is None:
             if storage is None:
@@ -134,8 +134,9 @@ class CheckpointManager:
         return cls(url, job.storage.options, job.experiment.name, job.experiment.trial, job.saver, **kwargs)
 
     @classmethod
-    def open(cls, checkpoints_url: str, options: Mapping[str, Any] | None = None,
-             saver_config: SaverConfig | None = None) -> CheckpointManager:  # fmt: skip
+    def open(
+        cls, checkpoints_url: str, options: Mapping[str, Any] | None = None, saver_config: SaverConfig | None = None
+    ) -> CheckpointManager:
         """A one-process manager of an existing checkpoints folder (``.../<exp>/<trial>/checkpoints``):
         what the CLI and the benchmarks use to list, inspect, prune and export."""
         from storage import Storage
@@ -176,9 +177,16 @@ class CheckpointManager:
             self._async.wait()  # one save in flight at most; raises the previous one's failure
         parent = self.group.on_coordinator(lambda: self._prepare_directory(step), f"preparing checkpoint step {step}")
         request = prepare_save(
-            self.group, step, engines, trainer_state, metrics or {}, config_payload(config),
-            parent=parent, incremental=self.incremental, stage=self._async is not None,
-        )  # fmt: skip
+            self.group,
+            step,
+            engines,
+            trainer_state,
+            metrics or {},
+            config_payload(config),
+            parent=parent,
+            incremental=self.incremental,
+            stage=self._async is not None,
+        )
 
         def write() -> CheckpointMetadata:
             metadata = write_checkpoint(self.layout, self.group, request)
@@ -285,8 +293,12 @@ class CheckpointManager:
         if saved_world == self.group.world_size:
             restore_rng_state(json.loads(storage.read_text(rng_key)))
         else:
-            logger.warning("checkpoint was saved by %d ranks, this run has %d: RNG states are not restored "
-                           "(the run continues, but not bit-identically)", saved_world, self.group.world_size)  # fmt: skip
+            logger.warning(
+                "checkpoint was saved by %d ranks, this run has %d: RNG states are not restored "
+                "(the run continues, but not bit-identically)",
+                saved_world,
+                self.group.world_size,
+            )
         self._last_step = chosen
         self.group.barrier()
         logger.info("loaded checkpoint %s (%d bytes read by this rank)", self.layout.url(directory), reader.bytes_read)

@@ -14,8 +14,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from areal_tasks.errors import CheckpointError
 

@@ -36,7 +36,9 @@ class RetentionPolicy:
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
-            raise CheckpointError(f"saver.keep_last must be >= 1 (the newest checkpoint is always kept), got {self.keep_last}")
+            raise CheckpointError(
+                f"saver.keep_last must be >= 1 (the newest checkpoint is always kept), got {self.keep_last}"
+            )
         if self.keep_every is not None and self.keep_every < 1:
             raise CheckpointError(f"saver.keep_every must be >= 1 or None, got {self.keep_every}")
 
@@ -49,7 +51,7 @@ def select_kept(checkpoints: Mapping[int, Mapping[str, float]], policy: Retentio
     """``{step: reasons}`` of the complete checkpoints to keep; ``checkpoints`` maps step -> metrics."""
     steps = sorted(checkpoints)
     kept: dict[int, list[str]] = {}
-    for step in steps[-policy.keep_last:]:
+    for step in steps[-policy.keep_last :]:
         kept.setdefault(step, []).append("last")
     if policy.keep_every is not None:
         for step in steps:
@@ -79,7 +81,11 @@ class PrunePlan:
     strip: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kept": {str(k): v for k, v in self.kept.items()}, "delete": list(self.delete), "strip": dict(self.strip)}
+        return {
+            "kept": {str(k): v for k, v in self.kept.items()},
+            "delete": list(self.delete),
+            "strip": dict(self.strip),
+        }
 
 
 def plan_prune(

@@ -79,11 +79,19 @@ def prepare_save(
         state = stage_state_dict(state)
     sidecars = {name: hf_sidecar_files(engine) for name, engine in engines.items()} if group.is_coordinator else {}
     request = SaveRequest(
-        step=step, state=state, rng=capture_rng_state(), trainer_state=trainer_state.to_dict(),
-        engines=engine_side_state(engines), sidecars=sidecars,
-        metrics={k: float(v) for k, v in metrics.items()}, config=config[0], config_hash=config[1],
-        parent=parent, incremental=incremental, created_at=created,
-    )  # fmt: skip
+        step=step,
+        state=state,
+        rng=capture_rng_state(),
+        trainer_state=trainer_state.to_dict(),
+        engines=engine_side_state(engines),
+        sidecars=sidecars,
+        metrics={k: float(v) for k, v in metrics.items()},
+        config=config[0],
+        config_hash=config[1],
+        parent=parent,
+        incremental=incremental,
+        created_at=created,
+    )
     request.stage_seconds = time.perf_counter() - start
     return request
 
@@ -118,9 +126,12 @@ def write_checkpoint(layout: CheckpointLayout, group: CheckpointGroup, request: 
     metadata = group.on_coordinator(commit, f"committing checkpoint step {request.step}")
     logger.info(
         "saved checkpoint %s: %d bytes written, %d referenced (stage %.2fs, write %.2fs)",
-        layout.url(directory), metadata.sizes.written, metadata.sizes.referenced,
-        request.stage_seconds, write_seconds,
-    )  # fmt: skip
+        layout.url(directory),
+        metadata.sizes.written,
+        metadata.sizes.referenced,
+        request.stage_seconds,
+        write_seconds,
+    )
     return metadata
 
 
@@ -170,10 +181,14 @@ def _commit(
         metrics=request.metrics,
         parent=request.parent if request.incremental else None,
         incremental=request.incremental,
-        engines={name: {k: v for k, v in entry.items() if k != "lr_scheduler"} for name, entry in request.engines.items()},
+        engines={
+            name: {k: v for k, v in entry.items() if k != "lr_scheduler"} for name, entry in request.engines.items()
+        },
         references=references_of(records, directory),
         sizes=ByteCounts(
-            logical=sum(p["logical"] for p in gathered), written=written, referenced=sum(p["referenced"] for p in gathered)
+            logical=sum(p["logical"] for p in gathered),
+            written=written,
+            referenced=sum(p["referenced"] for p in gathered),
         ),
         files=files,
     )

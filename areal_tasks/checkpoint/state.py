@@ -113,7 +113,9 @@ def apply_sharded_state_dict(engines: Mapping[str, CheckpointableEngine], state:
     for name, engine in engines.items():
         part = state[ENGINES_KEY][name]
         if engine.optimizer is not None:
-            set_state_dict(engine.model, engine.optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"])
+            set_state_dict(
+                engine.model, engine.optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"]
+            )
         else:
             set_model_state_dict(engine.model, part["model"])
 

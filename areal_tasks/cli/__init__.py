@@ -12,7 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from areal_tasks import __version__
 from areal_tasks.errors import AReaLError

@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        cmd.add_argument("url", help="the checkpoints folder (.../<experiment>/<trial>/checkpoints) or a step_<N> in it")
+        cmd.add_argument(
+            "url", help="the checkpoints folder (.../<experiment>/<trial>/checkpoints) or a step_<N> in it"
+        )
         cmd.add_argument("--endpoint-url", metavar="URL", help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 or AWS)")
         cmd.add_argument("--region", metavar="R", help="S3 region (default: AWS_REGION or us-east-1)")
         return cmd
@@ -51,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=run_list)
 
     inspect = add("inspect", "print the metadata of one checkpoint as JSON")
-    inspect.add_argument("--step", type=int, metavar="N", help="which checkpoint (default: URL's step, else the latest)")
+    inspect.add_argument(
+        "--step", type=int, metavar="N", help="which checkpoint (default: URL's step, else the latest)"
+    )
     inspect.set_defaults(handler=run_inspect)
 
     export = add("export", "write one checkpoint as an HF model directory (LoRA merged)")
@@ -113,10 +117,14 @@ def run_list(args: argparse.Namespace) -> int:
             for i in infos
         ]
         if args.json:
-            sys.stdout.write(json.dumps({"url": manager.url, "latest": manager.latest(), "checkpoints": rows}, indent=1) + "\n")
+            sys.stdout.write(
+                json.dumps({"url": manager.url, "latest": manager.latest(), "checkpoints": rows}, indent=1) + "\n"
+            )
             return 0
         sys.stdout.write(f"{manager.url}\n")
-        sys.stdout.write(f"{'step':>8}  {'status':<9} {'completed_at':<32} {'written':>12} {'referenced':>12}  metrics\n")
+        sys.stdout.write(
+            f"{'step':>8}  {'status':<9} {'completed_at':<32} {'written':>12} {'referenced':>12}  metrics\n"
+        )
         for row in rows:
             metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(row.get("metrics", {}).items()))
             sys.stdout.write(

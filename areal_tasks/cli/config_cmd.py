@@ -59,7 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ):
         action = actions.add_parser(name, help=help_text, description=help_text)
         action.add_argument(
-            "items", nargs="*", metavar="ARG",
+            "items",
+            nargs="*",
+            metavar="ARG",
             help=f"{file_help}: a YAML file, then dotted overrides such as actor.optimizer.lr=1e-6",
         )
         action.add_argument("--write", action="store_true", help="also write <run_dir>/config.yaml")

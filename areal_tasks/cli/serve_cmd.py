@@ -24,47 +24,109 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the embedded SGLang-protocol inference server",
         description="Serve any Hugging Face causal LM over SGLang's native HTTP API and OpenAI's /v1 routes.",
     )
-    parser.add_argument("--model", "--model-path", dest="model", required=True, metavar="DIR",
-                        help="HF model directory")
-    parser.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None, metavar="DIR",
-                        help="tokenizer directory (default: the model directory)")
+    parser.add_argument(
+        "--model", "--model-path", dest="model", required=True, metavar="DIR", help="HF model directory"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        "--tokenizer-path",
+        dest="tokenizer",
+        default=None,
+        metavar="DIR",
+        help="tokenizer directory (default: the model directory)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port (default 30000)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="weights/activations dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights/activations dtype (auto: float32 on CPU, the checkpoint's on CUDA)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    parser.add_argument("--max-running-requests", type=int, default=32, metavar="N",
-                        help="sequences decoded together at most = KV cache slots (default 32)")
-    parser.add_argument("--context-length", type=int, default=None, metavar="L",
-                        help="prompt + output tokens per sequence (default: the model's max positions)")
-    parser.add_argument("--max-prefill-tokens", type=int, default=8192, metavar="T",
-                        help="prompt tokens prefilled between two decode steps at most (default 8192)")
+    parser.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=32,
+        metavar="N",
+        help="sequences decoded together at most = KV cache slots (default 32)",
+    )
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="L",
+        help="prompt + output tokens per sequence (default: the model's max positions)",
+    )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=8192,
+        metavar="T",
+        help="prompt tokens prefilled between two decode steps at most (default 8192)",
+    )
     parser.add_argument("--served-model-name", default=None, help="model name in answers (default: DIR's name)")
     parser.add_argument("--weight-version", default="0", help="initial weight version (default 0)")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every endpoint")
-    parser.add_argument("--admin-api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on admin and weight-update endpoints")
-    parser.add_argument("--api-key-env", default=None, metavar="NAME",
-                        help="like --api-key, with the key read from the environment variable NAME")
-    parser.add_argument("--admin-api-key-env", default=None, metavar="NAME",
-                        help="like --admin-api-key, with the key read from the environment variable NAME")
-    parser.add_argument("--tool-call-parser", default=None, choices=("qwen25",),
-                        help="parse <tool_call> blocks of chat answers into tool_calls")
-    parser.add_argument("--seed", "--random-seed", dest="seed", type=int, default=None,
-                        help="seed of the shared sampling stream (requests may carry their own sampling_seed)")
-    parser.add_argument("--disable-cuda-graph", action="store_true",
-                        help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
-    parser.add_argument("--disable-torch-compile", action="store_true",
-                        help="on CUDA, keep the norms and MLPs eager instead of torch.compile-fused")
-    parser.add_argument("--torch-compile-scope", default="blocks", choices=("blocks", "pointwise"),
-                        help="on CUDA, what the captured decode steps compile: whole decoder blocks, attention "
-                             "included, with fused input projections (blocks, the default) or the norms and "
-                             "MLPs only (pointwise)")
-    parser.add_argument("--decode-attention", default="auto", choices=("auto", "triton", "sdpa"),
-                        help="the grouped decode attention: a Triton kernel that reads the cache once (auto: on "
-                             "CUDA where Triton imports), or SDPA")
-    parser.add_argument("--disable-overlap-schedule", action="store_true",
-                        help="read each decode step's tokens back before launching the next one")
+    parser.add_argument(
+        "--admin-api-key", default=None, help="require 'Authorization: Bearer KEY' on admin and weight-update endpoints"
+    )
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="like --api-key, with the key read from the environment variable NAME",
+    )
+    parser.add_argument(
+        "--admin-api-key-env",
+        default=None,
+        metavar="NAME",
+        help="like --admin-api-key, with the key read from the environment variable NAME",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=("qwen25",),
+        help="parse <tool_call> blocks of chat answers into tool_calls",
+    )
+    parser.add_argument(
+        "--seed",
+        "--random-seed",
+        dest="seed",
+        type=int,
+        default=None,
+        help="seed of the shared sampling stream (requests may carry their own sampling_seed)",
+    )
+    parser.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs",
+    )
+    parser.add_argument(
+        "--disable-torch-compile",
+        action="store_true",
+        help="on CUDA, keep the norms and MLPs eager instead of torch.compile-fused",
+    )
+    parser.add_argument(
+        "--torch-compile-scope",
+        default="blocks",
+        choices=("blocks", "pointwise"),
+        help="on CUDA, what the captured decode steps compile: whole decoder blocks, attention "
+        "included, with fused input projections (blocks, the default) or the norms and "
+        "MLPs only (pointwise)",
+    )
+    parser.add_argument(
+        "--decode-attention",
+        default="auto",
+        choices=("auto", "triton", "sdpa"),
+        help="the grouped decode attention: a Triton kernel that reads the cache once (auto: on "
+        "CUDA where Triton imports), or SDPA",
+    )
+    parser.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="read each decode step's tokens back before launching the next one",
+    )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(handler=run_serve)

@@ -14,8 +14,9 @@ import logging
 import sys
 import tempfile
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from areal_tasks.api.scheduler import Scheduler
@@ -119,9 +120,13 @@ def run_validate(args: argparse.Namespace) -> int:
         if options and not args.url.startswith(("s3://", "s3a://")):
             raise StorageConfigError("--endpoint-url and --region apply to s3:// URLs only")
         thresholds = Thresholds(
-            min_free_gb=args.min_free_gb, min_write_mbps=args.min_write_mbps, min_read_mbps=args.min_read_mbps,
-            max_latency_ms=args.max_latency_ms, max_clock_skew_s=args.max_clock_skew_s, probe_mb=args.probe_mb,
-        )  # fmt: skip
+            min_free_gb=args.min_free_gb,
+            min_write_mbps=args.min_write_mbps,
+            min_read_mbps=args.min_read_mbps,
+            max_latency_ms=args.max_latency_ms,
+            max_clock_skew_s=args.max_clock_skew_s,
+            probe_mb=args.probe_mb,
+        )
     except ValueError as exc:  # StorageConfigError is one too
         sys.stderr.write(f"areal storage validate: error: {exc}\n")
         return USAGE_ERROR
@@ -143,14 +148,16 @@ def _validate_multinode(args: argparse.Namespace, options: dict[str, Any], thres
     from areal_tasks.launch import LocalScheduler
     from storage.validate import validate_storage
 
-    with tempfile.TemporaryDirectory(prefix="areal-storage-validate-") as scratch:
-        with LocalScheduler(args.run_dir or scratch, devices=[], handle_signals=False) as scheduler:
-            return validate_storage(
-                args.url,
-                options,
-                thresholds=thresholds,
-                nodes=args.nodes,
-                runner=SchedulerProbeRunner(scheduler),
-                node_urls=args.node_paths,
-                probe_timeout_s=args.probe_timeout_s,
-            )
+    with (
+        tempfile.TemporaryDirectory(prefix="areal-storage-validate-") as scratch,
+        LocalScheduler(args.run_dir or scratch, devices=[], handle_signals=False) as scheduler,
+    ):
+        return validate_storage(
+            args.url,
+            options,
+            thresholds=thresholds,
+            nodes=args.nodes,
+            runner=SchedulerProbeRunner(scheduler),
+            node_urls=args.node_paths,
+            probe_timeout_s=args.probe_timeout_s,
+        )

@@ -17,12 +17,13 @@ uses a KL penalty by default (``kl_coef = 0``) except REINFORCE++ (``0.001``, in
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from areal_tasks.errors import ConfigError
 
-_REGISTRY: dict[str, type["AlgorithmConfig"]] = {}
+_REGISTRY: dict[str, type[AlgorithmConfig]] = {}
 
 T = TypeVar("T", bound=type["AlgorithmConfig"])
 
@@ -62,7 +63,7 @@ class AlgorithmConfig:
         return False
 
     @classmethod
-    def variant_class(cls, name: str) -> type["AlgorithmConfig"]:
+    def variant_class(cls, name: str) -> type[AlgorithmConfig]:
         """The registered config class for ``name``; a ConfigError names the closest valid name."""
         try:
             return _REGISTRY[name]

@@ -68,7 +68,7 @@ class _Builder:
         if path in self.origins:
             return self.origins[path]
         for key, source in self.origins.items():
-            if key.startswith(path + ".") or key.startswith(path + "["):
+            if key.startswith((path + ".", path + "[")):
                 return source
         parent = _PARENT.sub("", path)
         while parent and parent != path:
@@ -177,7 +177,7 @@ class _Builder:
             return cls(**kwargs)
         except ConfigError as exc:
             text = str(exc)
-            named = path and (text.startswith(f"{path}.") or text.startswith(f"{path}:"))
+            named = path and (text.startswith((f"{path}.", f"{path}:")))
             return self.fail(path, text if named else f"{path or cls.__name__}: {text}")
 
 

@@ -75,7 +75,10 @@ def check_experiment(p: Problems, exp: ExperimentConfig) -> None:
         value = getattr(exp, name)
         p.non_empty(f"experiment.{name}", value)
         if isinstance(value, str) and (any(c in value for c in "/\\") or value.strip() in (".", "..")):
-            p.add(f"experiment.{name}", f"becomes a directory name, so it cannot contain '/' or '\\' or be '.'/'..'; got {value!r}")
+            p.add(
+                f"experiment.{name}",
+                f"becomes a directory name, so it cannot contain '/' or '\\' or be '.'/'..'; got {value!r}",
+            )
     p.non_empty("experiment.run_dir", exp.run_dir, optional=True)
     p.number("experiment.seed", exp.seed, low=0, high=2**32 - 1)
 
@@ -86,8 +89,11 @@ def check_cluster(p: Problems, cluster: ClusterConfig) -> None:
     p.number("cluster.cpus_per_node", cluster.cpus_per_node, low=1, optional=True)
     p.number("cluster.memory_gb_per_node", cluster.memory_gb_per_node, low=0, low_open=True, optional=True)
     if cluster.scheduler == "local" and cluster.nodes > 1:
-        p.add("cluster.nodes", f"the local scheduler runs on one node, got nodes={cluster.nodes}; "
-              "use cluster.scheduler=ray|slurm|skypilot for several nodes")
+        p.add(
+            "cluster.nodes",
+            f"the local scheduler runs on one node, got nodes={cluster.nodes}; "
+            "use cluster.scheduler=ray|slurm|skypilot for several nodes",
+        )
 
 
 def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) -> None:
@@ -122,8 +128,11 @@ def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) 
     p.number(f"{role}.lr_schedule.warmup_ratio", sched.warmup_ratio, low=0, high=1, high_open=True)
     p.number(f"{role}.lr_schedule.min_lr_ratio", sched.min_lr_ratio, low=0, high=1)
     if sched.warmup_steps > 0 and sched.warmup_ratio > 0:
-        p.add(f"{role}.lr_schedule", "set warmup_steps or warmup_ratio, not both "
-              f"(got warmup_steps={sched.warmup_steps}, warmup_ratio={sched.warmup_ratio})")
+        p.add(
+            f"{role}.lr_schedule",
+            "set warmup_steps or warmup_ratio, not both "
+            f"(got warmup_steps={sched.warmup_steps}, warmup_ratio={sched.warmup_ratio})",
+        )
 
 
 def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
@@ -133,8 +142,11 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     p.number("rollout.max_retries", rollout.max_retries, low=0)
     p.number("rollout.max_failure_rate", rollout.max_failure_rate, low=0, high=1)
     if rollout.max_concurrent_rollouts < rollout.group_size:
-        p.add("rollout.max_concurrent_rollouts", f"must be >= rollout.group_size={rollout.group_size} "
-              f"so a whole group can be in flight, got {rollout.max_concurrent_rollouts}")
+        p.add(
+            "rollout.max_concurrent_rollouts",
+            f"must be >= rollout.group_size={rollout.group_size} "
+            f"so a whole group can be in flight, got {rollout.max_concurrent_rollouts}",
+        )
     s = rollout.sampling
     p.number("rollout.sampling.temperature", s.temperature, low=0)
     p.number("rollout.sampling.top_p", s.top_p, low=0, high=1, low_open=True)
@@ -142,8 +154,11 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
         p.add("rollout.sampling.top_k", f"must be -1 (no limit) or >= 1, got {s.top_k}")
     p.number("rollout.sampling.max_new_tokens", s.max_new_tokens, low=1)
     if s.seed is not None and s.temperature > 0 and rollout.group_size > 1:
-        p.add("rollout.sampling.seed", f"a seed shared by every request makes the {rollout.group_size} samples of a "
-              f"group identical (nothing for GRPO to compare); leave it null, got {s.seed}")
+        p.add(
+            "rollout.sampling.seed",
+            f"a seed shared by every request makes the {rollout.group_size} samples of a "
+            f"group identical (nothing for GRPO to compare); leave it null, got {s.seed}",
+        )
     for i, stop in enumerate(s.stop):
         if not stop:
             p.add(f"rollout.sampling.stop[{i}]", "stop strings must be non-empty")
@@ -158,14 +173,23 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     for name in ("api_key_env", "admin_api_key_env"):
         value = getattr(srv, name)
         if value is not None and (not isinstance(value, str) or not ENV_NAME.fullmatch(value)):
-            p.add(f"rollout.server.{name}", "must name an environment variable (letters, digits, '_'; not "
-                  f"starting with a digit), not hold the key itself; got a value of {len(str(value))} characters")
+            p.add(
+                f"rollout.server.{name}",
+                "must name an environment variable (letters, digits, '_'; not "
+                f"starting with a digit), not hold the key itself; got a value of {len(str(value))} characters",
+            )
     if srv.admin_api_key_env is not None and rollout.backend == "vllm":
-        p.add("rollout.server.admin_api_key_env", "vLLM has no admin key (its --api-key guards only the /v1 "
-              "routes); leave it null and use rollout.server.api_key_env")
+        p.add(
+            "rollout.server.admin_api_key_env",
+            "vLLM has no admin key (its --api-key guards only the /v1 "
+            "routes); leave it null and use rollout.server.api_key_env",
+        )
     wf = rollout.workflow
     if wf.name not in ("rlvr", "multi_turn") and ":" not in wf.name:
-        p.add("rollout.workflow.name", f"must be rlvr, multi_turn or an import path package.module:factory, got {wf.name!r}")
+        p.add(
+            "rollout.workflow.name",
+            f"must be rlvr, multi_turn or an import path package.module:factory, got {wf.name!r}",
+        )
     p.number("rollout.workflow.max_turns", wf.max_turns, low=1)
     p.number("rollout.workflow.turn_discount", wf.turn_discount, low=0, high=1, low_open=True)
     p.non_empty("rollout.workflow.feedback", wf.feedback)
@@ -191,9 +215,14 @@ def check_data_and_loop(
     p.number("train.total_steps", train.total_steps, low=1)
     p.number("train.epochs", train.epochs, low=1, optional=True)
     p.number("train.sft_lr", train.sft_lr, low=0, low_open=True, optional=True)
-    if p.number("train.sft_warmup_steps", train.sft_warmup_steps, low=0) and train.sft_warmup_steps >= train.total_steps:
-        p.add("train.sft_warmup_steps", f"must be < train.total_steps={train.total_steps} "
-              f"or no RL step would run, got {train.sft_warmup_steps}")
+    if (
+        p.number("train.sft_warmup_steps", train.sft_warmup_steps, low=0)
+        and train.sft_warmup_steps >= train.total_steps
+    ):
+        p.add(
+            "train.sft_warmup_steps",
+            f"must be < train.total_steps={train.total_steps} or no RL step would run, got {train.sft_warmup_steps}",
+        )
     p.number("saver.freq_steps", saver.freq_steps, low=1, optional=True)
     p.number("saver.keep_last", saver.keep_last, low=1)
     p.number("saver.keep_every", saver.keep_every, low=1, optional=True)
@@ -203,8 +232,10 @@ def check_data_and_loop(
     p.number("evaluation.max_eval_prompts", evaluation.max_eval_prompts, low=1, optional=True)
     p.number("evaluation.temperature", evaluation.temperature, low=0)
     if evaluation.freq_steps is not None and dataset.eval_path is None:
-        p.add("evaluation.freq_steps", "periodic evaluation needs an eval set: set dataset.eval_path, "
-              "or evaluation.freq_steps=null")
+        p.add(
+            "evaluation.freq_steps",
+            "periodic evaluation needs an eval set: set dataset.eval_path, or evaluation.freq_steps=null",
+        )
     p.number("tracking.log_every", tracking.log_every, low=1)
     p.non_empty("tracking.mlflow_uri", tracking.mlflow_uri, optional=True)
     p.non_empty("tracking.mlflow_experiment", tracking.mlflow_experiment, optional=True)

@@ -67,7 +67,7 @@ def load_tree(path: str | Path, schema: type | None = None) -> tuple[dict[str, A
     while current is not None:
         seen = [p for p, _ in chain]
         if current in seen:
-            cycle = " -> ".join(str(p) for p in seen[seen.index(current):] + [current])
+            cycle = " -> ".join(str(p) for p in [*seen[seen.index(current) :], current])
             raise ConfigError(f"config inheritance cycle through '{BASE_KEY}:': {cycle}")
         data = _read_mapping(current)
         next_path = _base_path(current, data)

@@ -70,9 +70,7 @@ def parse_override(text: str) -> Override:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not _KEY.match(key):
-        raise ConfigError(
-            f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. actor.optimizer.lr=1e-6"
-        )
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. actor.optimizer.lr=1e-6")
     try:
         value = parse_scalar(raw.strip())
     except ConfigError as exc:
@@ -140,7 +138,9 @@ def apply_override(tree: dict[str, Any], override: Override, schema: type, origi
 def apply_overrides(tree: dict[str, Any], overrides: Sequence[str], schema: type, origins: Origins) -> None:
     """Parse and apply every override; variant selections (``algorithm.name=...``) go first."""
     parsed = [parse_override(text) for text in overrides]
-    ordered = [o for o in parsed if is_discriminator(o, schema)] + [o for o in parsed if not is_discriminator(o, schema)]
+    ordered = [o for o in parsed if is_discriminator(o, schema)] + [
+        o for o in parsed if not is_discriminator(o, schema)
+    ]
     problems: list[str] = []
     for override in ordered:
         try:

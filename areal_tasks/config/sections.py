@@ -97,7 +97,8 @@ class TrainConfig:
     batch_size: int = 16
     #: number of training steps.
     total_steps: int = 100
-    #: cap on passes over the dataset (training stops at whichever of this and ``total_steps`` comes first); None = no cap.
+    #: cap on passes over the dataset (training stops at whichever of this and ``total_steps`` comes first);
+    #: None = no cap.
     epochs: int | None = None
     #: supervised (SFT) steps on the reference answers before RL starts.
     sft_warmup_steps: int = 0
@@ -130,7 +131,8 @@ class SaverConfig:
 class RecoverConfig:
     """What to do when the run directory already holds a checkpoint."""
 
-    #: ``auto`` = resume if a checkpoint exists, else start; ``resume`` = a checkpoint must exist; ``disabled`` = start fresh.
+    #: ``auto`` = resume if a checkpoint exists, else start; ``resume`` = a checkpoint must exist;
+    #: ``disabled`` = start fresh.
     mode: Literal["auto", "resume", "disabled"] = "auto"
 
 

@@ -45,11 +45,17 @@ def _check_batching(p: Problems, cfg: JobConfig) -> None:
     batch, group = cfg.train.batch_size, cfg.rollout.group_size
     if batch >= 1 and group >= 1 and batch % group:
         lower = max(group, batch // group * group)
-        p.add("train.batch_size", f"must be a positive multiple of rollout.group_size={group} "
-              f"(samples per step are whole groups), got {batch}; e.g. {lower} or {lower + group}")
+        p.add(
+            "train.batch_size",
+            f"must be a positive multiple of rollout.group_size={group} "
+            f"(samples per step are whole groups), got {batch}; e.g. {lower} or {lower + group}",
+        )
     if uses_groups(cfg.algorithm) and group < 2:
-        p.add("rollout.group_size", f"algorithm {cfg.algorithm.name!r} compares samples within a group, "
-              f"so it needs group_size >= 2, got {group}")
+        p.add(
+            "rollout.group_size",
+            f"algorithm {cfg.algorithm.name!r} compares samples within a group, "
+            f"so it needs group_size >= 2, got {group}",
+        )
     for role, engine in engines(cfg):
         n_mini = engine.ppo_n_minibatches
         if n_mini < 1 or batch < 1:
@@ -59,8 +65,11 @@ def _check_batching(p: Problems, cfg: JobConfig) -> None:
             continue
         unit = engine.micro_batch.granularity
         if unit >= 1 and (batch // n_mini) % unit:
-            p.add(f"{role}.micro_batch.granularity", f"must divide the mini-batch size train.batch_size / "
-                  f"{role}.ppo_n_minibatches = {batch // n_mini}, got {unit}")
+            p.add(
+                f"{role}.micro_batch.granularity",
+                f"must divide the mini-batch size train.batch_size / "
+                f"{role}.ppo_n_minibatches = {batch // n_mini}, got {unit}",
+            )
 
 
 def _check_lengths(p: Problems, cfg: JobConfig) -> None:
@@ -78,21 +87,24 @@ def _check_lengths(p: Problems, cfg: JobConfig) -> None:
     for role, engine in engines(cfg):
         warmup = engine.lr_schedule.warmup_steps
         if role != "ref" and warmup > 0 and warmup >= cfg.train.total_steps:
-            p.add(f"{role}.lr_schedule.warmup_steps",
-                  f"must be < train.total_steps={cfg.train.total_steps}, got {warmup}")
+            p.add(
+                f"{role}.lr_schedule.warmup_steps", f"must be < train.total_steps={cfg.train.total_steps}, got {warmup}"
+            )
 
 
 def _check_algorithm(p: Problems, cfg: JobConfig) -> None:
     algo = cfg.algorithm
     if type(algo).needs_critic and cfg.critic is None:
-        p.add("critic", f"algorithm {algo.name!r} needs a critic: set the critic section "
-              "(e.g. critic.value_head=true)")
+        p.add("critic", f"algorithm {algo.name!r} needs a critic: set the critic section (e.g. critic.value_head=true)")
     if not type(algo).needs_critic and cfg.critic is not None:
         p.add("critic", f"algorithm {algo.name!r} does not use a critic; remove it (critic=null)")
     kl_coef = getattr(algo, "kl_coef", 0.0)
     if isinstance(kl_coef, (int, float)) and kl_coef > 0 and cfg.ref is None:
-        p.add("ref", f"algorithm.kl_coef={kl_coef} needs a reference model: set the ref section "
-              "(e.g. ref.backend=fsdp) or algorithm.kl_coef=0")
+        p.add(
+            "ref",
+            f"algorithm.kl_coef={kl_coef} needs a reference model: set the ref section "
+            "(e.g. ref.backend=fsdp) or algorithm.kl_coef=0",
+        )
 
 
 def _check_allocation(p: Problems, cfg: JobConfig) -> None:
@@ -105,20 +117,32 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
         return
     cluster = cfg.cluster
     if cluster.gpus_per_node > 0 and alloc.total_gpus > cluster.nodes * cluster.gpus_per_node:
-        p.add("allocation", f"{cfg.allocation!r} needs {alloc.total_gpus} GPUs but the cluster has "
-              f"cluster.nodes * cluster.gpus_per_node = {cluster.nodes * cluster.gpus_per_node}")
+        p.add(
+            "allocation",
+            f"{cfg.allocation!r} needs {alloc.total_gpus} GPUs but the cluster has "
+            f"cluster.nodes * cluster.gpus_per_node = {cluster.nodes * cluster.gpus_per_node}",
+        )
     inference = alloc.inference()
     if not inference:
-        p.add("allocation", f"{cfg.allocation!r} has no inference component; rollout needs one, "
-              f"e.g. '{cfg.rollout.backend}:d1+{cfg.actor.backend}:d1'")
+        p.add(
+            "allocation",
+            f"{cfg.allocation!r} has no inference component; rollout needs one, "
+            f"e.g. '{cfg.rollout.backend}:d1+{cfg.actor.backend}:d1'",
+        )
     for comp in inference:
         if comp.backend != cfg.rollout.backend:
-            p.add("rollout.backend", f"must match the allocation's inference backend {comp.backend!r} "
-                  f"(component {comp.label!r}), got {cfg.rollout.backend!r}")
+            p.add(
+                "rollout.backend",
+                f"must match the allocation's inference backend {comp.backend!r} "
+                f"(component {comp.label!r}), got {cfg.rollout.backend!r}",
+            )
     training = alloc.training()
     if not training:
-        p.add("allocation", f"{cfg.allocation!r} has no training component; add one, "
-              f"e.g. '{cfg.rollout.backend}:d1+{cfg.actor.backend}:d1'")
+        p.add(
+            "allocation",
+            f"{cfg.allocation!r} has no training component; add one, "
+            f"e.g. '{cfg.rollout.backend}:d1+{cfg.actor.backend}:d1'",
+        )
         return
     roles = dict(engines(cfg))
     actor = alloc.actor()
@@ -129,33 +153,54 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
             p.add(role, f"the allocation places a {role!r} component ({comp.to_spec()}) but {role} is not set")
             continue
         if comp.backend != engine.backend:
-            p.add(f"{role}.backend", f"must match the allocation's training backend {comp.backend!r} "
-                  f"(component {comp.label!r}), got {engine.backend!r}")
+            p.add(
+                f"{role}.backend",
+                f"must match the allocation's training backend {comp.backend!r} "
+                f"(component {comp.label!r}), got {engine.backend!r}",
+            )
         n_mini, batch, dp = engine.ppo_n_minibatches, cfg.train.batch_size, comp.dims.d
         if n_mini >= 1 and batch >= 1 and batch % n_mini == 0 and (batch // n_mini) % dp:
-            p.add("allocation", f"the {role}'s data-parallel size d{dp} must divide train.batch_size / "
-                  f"{role}.ppo_n_minibatches = {batch // n_mini}")
+            p.add(
+                "allocation",
+                f"the {role}'s data-parallel size d{dp} must divide train.batch_size / "
+                f"{role}.ppo_n_minibatches = {batch // n_mini}",
+            )
     if alloc.actor_shares_inference_gpus() and cluster.gpus_per_node > 0 and cfg.rollout.weight_update == "collective":
-        p.add("rollout.weight_update", f"'collective' cannot reach servers on the trainer's own GPUs: in "
-              f"{cfg.allocation!r} the actor shares them with the inference servers ('|'), and NCCL does not "
-              "connect two processes on one GPU; set rollout.weight_update=shared (or disk), or give each its "
-              "own GPUs with '+'")
+        p.add(
+            "rollout.weight_update",
+            f"'collective' cannot reach servers on the trainer's own GPUs: in "
+            f"{cfg.allocation!r} the actor shares them with the inference servers ('|'), and NCCL does not "
+            "connect two processes on one GPU; set rollout.weight_update=shared (or disk), or give each its "
+            "own GPUs with '+'",
+        )
     if cfg.rollout.weight_update == "shared":
         if cfg.rollout.backend != "embedded":
-            p.add("rollout.weight_update", f"'shared' needs the embedded inference server; {cfg.rollout.backend!r} "
-                  "servers cannot read the trainer's buffers: use disk or collective")
+            p.add(
+                "rollout.weight_update",
+                f"'shared' needs the embedded inference server; {cfg.rollout.backend!r} "
+                "servers cannot read the trainer's buffers: use disk or collective",
+            )
         elif cluster.gpus_per_node > 0 and not alloc.actor_shares_inference_gpus():
-            p.add("rollout.weight_update", f"'shared' reads the trainer's buffers on its own GPUs, but in "
-                  f"{cfg.allocation!r} the servers have GPUs of their own ('+'); colocate them with '|', or set "
-                  "rollout.weight_update=collective")
+            p.add(
+                "rollout.weight_update",
+                f"'shared' reads the trainer's buffers on its own GPUs, but in "
+                f"{cfg.allocation!r} the servers have GPUs of their own ('+'); colocate them with '|', or set "
+                "rollout.weight_update=collective",
+            )
         elif cluster.gpus_per_node == 0 and cluster.nodes > 1:
-            p.add("rollout.weight_update", f"'shared' on CPU reads one file on the trainer's host, but "
-                  f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective")
+            p.add(
+                "rollout.weight_update",
+                f"'shared' on CPU reads one file on the trainer's host, but "
+                f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective",
+            )
     if cluster.gpus_per_node == 0:
         for comp in alloc.components:
             if comp.backend in GPU_ONLY_BACKENDS:
-                p.add("allocation", f"backend {comp.backend!r} needs GPUs but cluster.gpus_per_node is 0 "
-                      "(CPU-only); set cluster.gpus_per_node or use embedded/vllm and fsdp")
+                p.add(
+                    "allocation",
+                    f"backend {comp.backend!r} needs GPUs but cluster.gpus_per_node is 0 "
+                    "(CPU-only); set cluster.gpus_per_node or use embedded/vllm and fsdp",
+                )
 
 
 def collect_problems(cfg: JobConfig) -> list[str]:
@@ -165,7 +210,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
     check_cluster(p, cfg.cluster)
     p.non_empty("storage.url", cfg.storage.url, optional=True)
     p.non_empty("model.path", cfg.model.path)
-    if cfg.model.path.startswith("tiny:") and not cfg.model.path[len("tiny:"):].strip():
+    if cfg.model.path.startswith("tiny:") and not cfg.model.path[len("tiny:") :].strip():
         p.add("model.path", "a tiny model needs a family, e.g. tiny:qwen2")
     p.non_empty("model.tokenizer_path", cfg.model.tokenizer_path, optional=True)
     for role, engine in engines(cfg):

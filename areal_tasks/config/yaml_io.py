@@ -97,7 +97,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 def load_yaml(text: str, source: str = "<string>") -> Any:
     """Parse one YAML document; a syntax error becomes a ConfigError naming ``source``."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
     except ConfigError as exc:

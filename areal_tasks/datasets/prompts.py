@@ -22,7 +22,7 @@ SYSTEM_PROMPT = f"Solve the problem. Reply with '{ANSWER_FORMAT}'."
 
 def _messages(prompt: str, system: str | None) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}] if system else []
-    return messages + [{"role": "user", "content": prompt}]
+    return [*messages, {"role": "user", "content": prompt}]
 
 
 def render_prompt(tokenizer: Any, prompt: str, system: str | None = SYSTEM_PROMPT) -> list[int]:
@@ -37,10 +37,8 @@ def render_transcript(
     tokenizer: Any, prompt: str, response: str, system: str | None = SYSTEM_PROMPT
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, assistant_mask)`` of system + user + assistant(``response``)."""
-    messages = _messages(prompt, system) + [{"role": "assistant", "content": response}]
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
+    messages = [*_messages(prompt, system), {"role": "assistant", "content": response}]
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids = [int(t) for t in out["input_ids"]]
     mask = [int(m) for m in out["assistant_masks"]]
     if len(mask) != len(ids) or not any(mask):

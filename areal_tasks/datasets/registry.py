@@ -97,7 +97,9 @@ def _jsonl_records(path: Path, prompt_key: str, answer_key: str) -> list[Record]
     return records
 
 
-def load_records(spec: str, split: Split = "train", *, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Record]:
+def load_records(
+    spec: str, split: Split = "train", *, prompt_key: str = "prompt", answer_key: str = "answer"
+) -> list[Record]:
     """The records of ``spec`` (a demo spec or a ``.jsonl`` path); ``split`` only matters for demo sets."""
     if split not in ("train", "eval"):
         raise ConfigError(f"split={split!r} must be 'train' or 'eval'")

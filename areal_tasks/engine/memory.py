@@ -9,10 +9,10 @@ Byte widths: ``p`` parameters, ``gr`` gradients, ``c`` compute/activations. Para
 ``tp``, ``sp`` (Ulysses), ``dp``; FSDP shards over ``S = dp * sp`` ranks (``S = 1`` unsharded).
 
 Parameters (``N``). A layer holds attention ``2 h a d + 2 h g d`` (+ ``a d + 2 g d`` q/k/v biases
-for Qwen2-style models, + ``2 d`` q/k norms for Qwen3-style ones), a SwiGLU MLP ``3 h I`` (MoE: ``3 h I_e E + h E`` router, ``+ 3 h I_s + h``
-shared expert) and two norms ``2 h``; the model adds ``V h`` embedding, ``V h`` lm_head unless tied,
-and ``h`` final norm. LoRA of rank ``r`` on every linear ``(in, out)`` adds ``r (in + out)``
-trainable parameters (``N_t``); without LoRA ``N_t = N``.
+for Qwen2-style models, + ``2 d`` q/k norms for Qwen3-style ones), a SwiGLU MLP ``3 h I`` (MoE:
+``3 h I_e E + h E`` router, ``+ 3 h I_s + h`` shared expert) and two norms ``2 h``; the model adds
+``V h`` embedding, ``V h`` lm_head unless tied, and ``h`` final norm. LoRA of rank ``r`` on every
+linear ``(in, out)`` adds ``r (in + out)`` trainable parameters (``N_t``); without LoRA ``N_t = N``.
 
 Static bytes::
 
@@ -68,10 +68,11 @@ on CUDA). With FSDP (``S > 1``) the all-gathered root (embedding, lm_head, final
 two layers (current + prefetch) in ``c``, and one layer's unsharded gradient in ``c`` plus its fp32
 copy for the reduce-scatter; plus the chunked-CE buffer. With FSDP and the whole model as one unit
 (``fsdp_wrap="root"``): every parameter gathered, ``N / tp * c``, and at the end of backward every
-gradient unsharded with its fp32 reduce copy, ``N_t (c + 4) / tp``, as a late transient. Late transients come after the activations
-are freed: the optimizer step (foreach AdamW) needs one temporary the size of one moment,
-``N_t / (tp S) * 4`` (``p`` for adamw_pure), and FSDP reduces the root's unsharded gradient
-(``root * (c + 4) / tp``) at the end of backward. The peak for ``T`` tokens is::
+gradient unsharded with its fp32 reduce copy, ``N_t (c + 4) / tp``, as a late transient. Late
+transients come after the activations are freed: the optimizer step (foreach AdamW) needs one
+temporary the size of one moment, ``N_t / (tp S) * 4`` (``p`` for adamw_pure), and FSDP reduces the
+root's unsharded gradient (``root * (c + 4) / tp``) at the end of backward. The peak for ``T``
+tokens is::
 
     static + max(fixed + T * per_token, late transients)
 
@@ -96,10 +97,18 @@ logger = logging.getLogger(__name__)
 GIB = 1 << 30
 OPTIMIZERS = ("adamw", "adamw_pure", "none")
 _DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
-}  # fmt: skip
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+}
 
 
 def dtype_bytes(dtype: Any) -> int:
@@ -136,13 +145,22 @@ class ModelDims:
         text = _get(config, "text_config")
         if text is not None:
             config = text
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if _get(config, k) is None]  # fmt: skip
+        missing = [
+            k
+            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+            if _get(config, k) is None
+        ]
         if missing:
             raise ConfigError(f"model config lacks {missing} needed for the memory estimate")
-        h, n_layers, heads = _get(config, "hidden_size"), _get(config, "num_hidden_layers"), _get(config, "num_attention_heads")
+        h, n_layers, heads = (
+            _get(config, "hidden_size"),
+            _get(config, "num_hidden_layers"),
+            _get(config, "num_attention_heads"),
+        )
         model_type = str(_get(config, "model_type") or "")
-        experts = _get(config, "num_experts") or _get(config, "num_local_experts") or _get(config, "n_routed_experts") or 0
+        experts = (
+            _get(config, "num_experts") or _get(config, "num_local_experts") or _get(config, "n_routed_experts") or 0
+        )
         dense = 0
         if experts:
             only = set(_get(config, "mlp_only_layers") or [])
@@ -150,7 +168,9 @@ class ModelDims:
             first = _get(config, "first_k_dense_replace") or 0
             dense = sum(1 for i in range(n_layers) if i in only or i < first or (step > 1 and (i + 1) % step))
         expert_size = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size")
-        shared = _get(config, "shared_expert_intermediate_size") or (_get(config, "n_shared_experts") or 0) * expert_size
+        shared = (
+            _get(config, "shared_expert_intermediate_size") or (_get(config, "n_shared_experts") or 0) * expert_size
+        )
         return cls(
             hidden_size=h,
             num_layers=n_layers,
@@ -177,7 +197,7 @@ class ModelDims:
             return attention + _swiglu(h, self.intermediate_size)
         mlp = _swiglu(h, self.moe_intermediate_size) * self.num_experts + [(h, self.num_experts)]
         if self.shared_expert_intermediate_size:
-            mlp += _swiglu(h, self.shared_expert_intermediate_size) + [(h, 1)]
+            mlp += [*_swiglu(h, self.shared_expert_intermediate_size), (h, 1)]
         return attention + mlp
 
     def layer_params(self, moe: bool) -> int:

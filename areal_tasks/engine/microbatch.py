@@ -32,6 +32,7 @@ split again with ``n_mbs_override`` when the local count is lower::
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -141,9 +142,7 @@ def split_into_micro_batches(
     required = spec.n_mbs if n_mbs_override is None else n_mbs_override
     if isinstance(required, bool) or not isinstance(required, int) or required < 1:
         raise ConfigError(f"n_mbs_override must be None or an integer >= 1, got {n_mbs_override!r}")
-    parts = partition(
-        lengths, max_tokens=cap, min_parts=required, method=spec.packing, granularity=spec.granularity
-    )
+    parts = partition(lengths, max_tokens=cap, min_parts=required, method=spec.packing, granularity=spec.granularity)
     micro_batches: list[Batch] = []
     padded = 0
     for part in parts:
@@ -227,7 +226,7 @@ def sequence_lengths(batch: Mapping[str, torch.Tensor]) -> list[int]:
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or len(cu) < 1 or int(cu[0]) != 0:
         raise EngineError(f"{CU_SEQLENS!r} must be a 1-D tensor starting at 0, got {cu!r}")
     bounds = cu.tolist()
-    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
     if any(n < 1 for n in lengths):
         raise EngineError(f"{CU_SEQLENS!r} must be strictly increasing (every sequence >= 1 token): {bounds}")
     n_tokens, n_seqs = bounds[-1], len(lengths)

@@ -68,8 +68,11 @@ class DevicePool:
         if unknown or free:
             raise SchedulerError(
                 f"{owner} was to share device(s) {','.join(devices)}, but "
-                + (f"{','.join(unknown)} are not in the pool ({','.join(self._all) or 'none'})" if unknown
-                   else f"{','.join(free)} are held by no worker")
+                + (
+                    f"{','.join(unknown)} are not in the pool ({','.join(self._all) or 'none'})"
+                    if unknown
+                    else f"{','.join(free)} are held by no worker"
+                )
                 + "; start the group that holds them first"
             )
         return list(devices)

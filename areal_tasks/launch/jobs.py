@@ -33,6 +33,7 @@ empty (zombies count as gone), then SIGKILLs what is left.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -53,7 +54,7 @@ from areal_tasks.launch.process import read_log_tail, redact_argv
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JobState", "JobStatus", "LocalJobs", "TERMINAL_STATES", "validate_job_name"]
+__all__ = ["TERMINAL_STATES", "JobState", "JobStatus", "LocalJobs", "validate_job_name"]
 
 JobState = Literal["running", "succeeded", "failed", "cancelled", "missing"]
 #: states after which a job never changes again.
@@ -161,9 +162,15 @@ class LocalJobs:
             full_env = {**os.environ, **dict(env or {}), "PYTHONUNBUFFERED": "1"}
             with open(log_path, "ab") as log:
                 popen = subprocess.Popen(
-                    wrapper + list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=full_env, cwd=None if cwd is None else str(cwd), start_new_session=True, close_fds=True,
-                )  # fmt: skip
+                    wrapper + list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                    cwd=None if cwd is None else str(cwd),
+                    start_new_session=True,
+                    close_fds=True,
+                )
             _CHILDREN[popen.pid] = popen
             stat = _stat(popen.pid)
             shown = redact_argv(list(argv))  # the record and the log are for people: no secrets in them
@@ -227,14 +234,19 @@ class LocalJobs:
         if not folder.is_dir():
             return None
         attempts = [p for p in folder.iterdir() if _ATTEMPT_RE.match(p.name) and (p / RECORD_FILE).is_file()]
-        return max(attempts, key=lambda p: _attempt_number(p)) if attempts else None
+        return max(attempts, key=_attempt_number) if attempts else None
 
     def _status_of(self, name: str, folder: Path) -> JobStatus:
         record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
         pid = int(record["pid"])
         self._reap(pid)
-        base = {"name": name, "run_dir": record.get("run_dir"), "pid": pid, "attempt": int(record["attempt"]),
-                "log_path": str(folder / LOG_FILE)}  # fmt: skip
+        base = {
+            "name": name,
+            "run_dir": record.get("run_dir"),
+            "pid": pid,
+            "attempt": int(record["attempt"]),
+            "log_path": str(folder / LOG_FILE),
+        }
         cancelled = (folder / CANCEL_FILE).is_file()
         code = _read_exit_code(folder)
         if code is None:
@@ -243,13 +255,15 @@ class LocalJobs:
             code = _read_exit_code(folder)  # the wrapper may have written it and exited just now
         if code is None:
             if cancelled:
-                return JobStatus(state="cancelled", reason="cancelled; the job was killed before it recorded an exit code", **base)  # fmt: skip
+                return JobStatus(
+                    state="cancelled", reason="cancelled; the job was killed before it recorded an exit code", **base
+                )
             return JobStatus(
                 state="failed",
                 reason=f"the job's wrapper (pid {pid}) is gone without recording an exit code: it was killed "
                 "(SIGKILL, the OOM killer or a reboot?); see the log " + str(folder / LOG_FILE),
                 **base,
-            )  # fmt: skip
+            )
         if code == 0:
             return JobStatus(state="succeeded", reason="exited with code 0", exit_code=0, **base)
         if cancelled:
@@ -268,7 +282,9 @@ class LocalJobs:
         if stat is not None and stat[0] not in ("Z", "X") and stat[2] != record.get("start_ticks"):
             return  # the pid now belongs to another process: its group is not ours
         if _group_members(pgid):
-            logger.warning("job %s: processes of the ended attempt %s are still alive; stopping them", name, folder.name)
+            logger.warning(
+                "job %s: processes of the ended attempt %s are still alive; stopping them", name, folder.name
+            )
             _stop_group(name, pgid, grace_s=10.0)
 
     @staticmethod
@@ -323,10 +339,8 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group emptied between the look and the signal
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group emptied between the look and the signal
 
 
 def _wait_group_empty(pgid: int, deadline: float) -> list[int]:

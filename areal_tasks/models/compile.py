@@ -72,8 +72,10 @@ def compile_block_group(blocks: list[torch.nn.Module]) -> Callable[..., Any]:
         for forward in _forwards:
             hidden_states = forward(hidden_states, *args, **kwargs)
             if not isinstance(hidden_states, torch.Tensor):
-                raise TypeError(f"a decoder block returned {type(hidden_states).__name__}, not its hidden states "
-                                "as a tensor; compile one block per graph for this model")  # fmt: skip
+                raise TypeError(
+                    f"a decoder block returned {type(hidden_states).__name__}, not its hidden states "
+                    "as a tensor; compile one block per graph for this model"
+                )
         return hidden_states
 
     return _compile_with_symbolic_module_ints(run_group)

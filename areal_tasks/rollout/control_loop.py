@@ -109,8 +109,11 @@ class ControlLoop:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(_CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
-            logger.warning("%s did not stop within %.0f s; it is a daemon thread and dies with the process",
-                           self.name, _CLOSE_TIMEOUT_S)  # fmt: skip
+            logger.warning(
+                "%s did not stop within %.0f s; it is a daemon thread and dies with the process",
+                self.name,
+                _CLOSE_TIMEOUT_S,
+            )
             return
         self._loop.close()
 

@@ -89,8 +89,11 @@ class DataSource:
         if state.get("seed", self.seed) != self.seed or state.get("shuffle", self.shuffle) != self.shuffle:
             logger.warning(
                 "rollout state was saved with seed=%s shuffle=%s, now seed=%s shuffle=%s: the prompt order changes",
-                state.get("seed"), state.get("shuffle"), self.seed, self.shuffle,
-            )  # fmt: skip
+                state.get("seed"),
+                state.get("shuffle"),
+                self.seed,
+                self.shuffle,
+            )
         epoch, index = int(state["epoch"]), int(state["index"])
         if epoch < 0 or not 0 <= index < len(self.dataset):
             raise ConfigError(f"invalid rollout data position epoch={epoch} index={index}")

@@ -103,8 +103,16 @@ class RolloutExecutor:
         version: int = 0,
         staleness_bound: StalenessBound = "sample",
     ) -> None:
-        _check_settings(batch_size, group_size, max_concurrent_rollouts, max_head_offpolicyness, max_failure_rate,
-                        failure_window, version, staleness_bound)  # fmt: skip
+        _check_settings(
+            batch_size,
+            group_size,
+            max_concurrent_rollouts,
+            max_head_offpolicyness,
+            max_failure_rate,
+            failure_window,
+            version,
+            staleness_bound,
+        )
         self._engine = engine
         self._workflow = workflow
         self._data = DataSource(dataset, seed=seed, shuffle=shuffle)
@@ -166,12 +174,20 @@ class RolloutExecutor:
     ) -> RolloutExecutor:
         """An executor with the group size, concurrency, staleness (bound) and failure rate of a ``rollout`` section."""
         return cls(
-            engine=engine, workflow=workflow, dataset=dataset, batch_size=batch_size,
-            group_size=rollout_cfg.group_size, max_concurrent_rollouts=rollout_cfg.max_concurrent_rollouts,
-            max_head_offpolicyness=rollout_cfg.max_head_offpolicyness, max_failure_rate=rollout_cfg.max_failure_rate,
-            seed=seed, shuffle=shuffle, group_filter=group_filter, version=version,
+            engine=engine,
+            workflow=workflow,
+            dataset=dataset,
+            batch_size=batch_size,
+            group_size=rollout_cfg.group_size,
+            max_concurrent_rollouts=rollout_cfg.max_concurrent_rollouts,
+            max_head_offpolicyness=rollout_cfg.max_head_offpolicyness,
+            max_failure_rate=rollout_cfg.max_failure_rate,
+            seed=seed,
+            shuffle=shuffle,
+            group_filter=group_filter,
+            version=version,
             staleness_bound=rollout_cfg.staleness_bound,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ lifecycle (any thread)
 
@@ -188,17 +204,24 @@ class RolloutExecutor:
             if self._state == "stopped":
                 raise RolloutError("this rollout executor was stopped and cannot be restarted; build a new one")
             loop = self._ensure_loop()
-            self._thread = threading.Thread(target=self._thread_main, args=(loop,), daemon=True,
-                                            name=f"rollout-executor-{id(self):x}")  # fmt: skip
+            self._thread = threading.Thread(
+                target=self._thread_main, args=(loop,), daemon=True, name=f"rollout-executor-{id(self):x}"
+            )
             self._started_at = time.monotonic()
             self._accepted_at_start = self._counters.accepted
             self._state = "running"
             self._thread.start()
         logger.info(
             "rollout executor started: batch %d = %d groups of %d, max %d in flight, eta %d (bounds %s), version %d%s",
-            self.batch_size, self._groups_per_batch, self.group_size, self._rule.max_concurrent,
-            self.max_head_offpolicyness, self.staleness_bound, self._version, " (paused)" if self._paused else "",
-        )  # fmt: skip
+            self.batch_size,
+            self._groups_per_batch,
+            self.group_size,
+            self._rule.max_concurrent,
+            self.max_head_offpolicyness,
+            self.staleness_bound,
+            self._version,
+            " (paused)" if self._paused else "",
+        )
         self._call(self._admit)
         return self
 
@@ -220,8 +243,11 @@ class RolloutExecutor:
                     loop.call_soon_threadsafe(loop.stop)
                     thread.join(_STOP_TIMEOUT_S)
                     if thread.is_alive():
-                        logger.warning("rollout executor thread did not end within %.0f s (a workflow blocks the event "
-                                       "loop?); it is a daemon thread and dies with the process", _STOP_TIMEOUT_S)
+                        logger.warning(
+                            "rollout executor thread did not end within %.0f s (a workflow blocks the event "
+                            "loop?); it is a daemon thread and dies with the process",
+                            _STOP_TIMEOUT_S,
+                        )
                 elif loop is not None:  # never started, but engine calls ran on the loop
                     loop.run_until_complete(self._shutdown())
                 if self._control is not None:
@@ -274,8 +300,13 @@ class RolloutExecutor:
         """
         self._run(self._engine.update_weights, meta, buckets)
 
-    def swap_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
-                     mode: PauseMode = "abort") -> dict[str, float]:  # fmt: skip
+    def swap_weights(
+        self,
+        meta: WeightUpdateMeta,
+        buckets: Sequence[Sequence[ParamSpec]] | None,
+        version: int,
+        mode: PauseMode = "abort",
+    ) -> dict[str, float]:
         """A whole weight update in one call: admission stops, the engine's ``swap_weights`` pauses
         the servers in ``mode``, loads and resumes them (one request per server where the backend
         has one), then :meth:`set_version` and admission again. Returns the seconds of each part:
@@ -306,8 +337,10 @@ class RolloutExecutor:
         try:
             loop.call_soon_threadsafe(self._swapped, version)
         except RuntimeError:  # the loop is closed
-            raise RolloutError(f"the rollout executor was stopped while the weight swap to version {version} ran; "
-                               "the servers hold the new weights, the executor admits nothing more") from None
+            raise RolloutError(
+                f"the rollout executor was stopped while the weight swap to version {version} ran; "
+                "the servers hold the new weights, the executor admits nothing more"
+            ) from None
         return parts
 
     def destroy_weight_groups(self) -> list[str]:
@@ -319,7 +352,9 @@ class RolloutExecutor:
         fresh event loop in the calling thread (the RL loop tears the group down after
         :meth:`stop`, once the final evaluation is done); that loop's connections are closed after.
         """
-        destroy: Callable[[], Coroutine[Any, Any, list[str]]] | None = getattr(self._engine, "destroy_weight_groups", None)
+        destroy: Callable[[], Coroutine[Any, Any, list[str]]] | None = getattr(
+            self._engine, "destroy_weight_groups", None
+        )
         if destroy is None:
             return []
         if self._state != "stopped":
@@ -365,8 +400,13 @@ class RolloutExecutor:
             self._base_version = int(state.get("base_version", self._version - self._counters.consumed_batches))
             self._hist.load_state(state.get("staleness_hist", {}))
             pending = len(state["data"].get("pending", []))
-        logger.info("rollout executor resumes at version %d, data epoch %d index %d, %d prompts to replay",
-                    self._version, self._data.epoch, self._data.index, pending)  # fmt: skip
+        logger.info(
+            "rollout executor resumes at version %d, data epoch %d index %d, %d prompts to replay",
+            self._version,
+            self._data.epoch,
+            self._data.index,
+            pending,
+        )
 
     # ------------------------------------------------------------------ running things on the loop
 
@@ -397,8 +437,13 @@ class RolloutExecutor:
             fut = asyncio.run_coroutine_threadsafe(call(), self._loop)
         return self._wait(fut, None)
 
-    def _run(self, coro_fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, timeout: float | None = None,
-             before_start: bool = True) -> T:  # fmt: skip
+    def _run(
+        self,
+        coro_fn: Callable[..., Coroutine[Any, Any, T]],
+        *args: Any,
+        timeout: float | None = None,
+        before_start: bool = True,
+    ) -> T:
         """Run a coroutine on the loop and wait for it; before start() it runs on the loop in this thread."""
         if self._on_loop_thread():
             raise RolloutError("this executor method blocks; it cannot be called from the executor's own event loop")
@@ -465,9 +510,15 @@ class RolloutExecutor:
         try:
             while self._rule.may_admit(**self._counts()):
                 position, item = self._data.next()
-                group = _Group(seq=self._next_seq, position=position, item=item, admit_version=self._version,
-                               deadline=self._version + self.max_head_offpolicyness, size=self.group_size,
-                               trajs=[None] * self.group_size)  # fmt: skip
+                group = _Group(
+                    seq=self._next_seq,
+                    position=position,
+                    item=item,
+                    admit_version=self._version,
+                    deadline=self._version + self.max_head_offpolicyness,
+                    size=self.group_size,
+                    trajs=[None] * self.group_size,
+                )
                 self._next_seq += 1
                 self._running[group.seq] = group
                 self._counters.admitted += group.size
@@ -485,8 +536,10 @@ class RolloutExecutor:
             traj = await self._workflow.arun_episode(self._engine, group.item)
             if traj is not None:
                 if not isinstance(traj, Trajectory):
-                    raise TrajectoryError(f"{type(self._workflow).__name__}.arun_episode returned "
-                                          f"{type(traj).__name__}; expected a Trajectory or None")  # fmt: skip
+                    raise TrajectoryError(
+                        f"{type(self._workflow).__name__}.arun_episode returned "
+                        f"{type(traj).__name__}; expected a Trajectory or None"
+                    )
                 traj.validate()
         except asyncio.CancelledError:
             raise
@@ -498,7 +551,7 @@ class RolloutExecutor:
     def _episode_done(self, group: _Group, i: int, traj: Trajectory | None, exc: Exception | None) -> None:
         try:
             self._on_episode(group, i, traj, exc)
-        except Exception as bug:  # noqa: BLE001 - never leave the trainer waiting on a dead executor
+        except Exception as bug:
             logger.exception("rollout executor internal error")
             self._fail(RolloutError(f"the rollout executor hit an internal error: {type(bug).__name__}: {bug}"), bug)
 
@@ -560,10 +613,15 @@ class RolloutExecutor:
         suppressed, self._log_suppressed, self._log_last = self._log_suppressed, 0, now
         logger.warning(
             "rollout episode failed (group %d, prompt at epoch %d index %d; %d failed so far%s): %s: %s",
-            group.seq, group.position[0], group.position[1], self._counters.failed,
-            f", {suppressed} not logged" if suppressed else "", type(exc).__name__, exc,
+            group.seq,
+            group.position[0],
+            group.position[1],
+            self._counters.failed,
+            f", {suppressed} not logged" if suppressed else "",
+            type(exc).__name__,
+            exc,
             exc_info=(type(exc), exc, exc.__traceback__),
-        )  # fmt: skip
+        )
 
     def _failure_rate_exceeded(self) -> bool:
         n = len(self._window)
@@ -607,15 +665,22 @@ class RolloutExecutor:
         self._paused = True
         await self._engine.pause(mode)
 
-    async def _aswap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
-                     mode: PauseMode, submitted: float) -> dict[str, float]:  # fmt: skip
+    async def _aswap(
+        self,
+        meta: WeightUpdateMeta,
+        buckets: Sequence[Sequence[ParamSpec]] | None,
+        version: int,
+        mode: PauseMode,
+        submitted: float,
+    ) -> dict[str, float]:
         self._paused = True  # no admission until the new version is set
         parts = await self._timed_swap(meta, buckets, mode, submitted)
         self._swapped(version)
         return parts
 
-    async def _timed_swap(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None,
-                          mode: PauseMode, submitted: float) -> dict[str, float]:  # fmt: skip
+    async def _timed_swap(
+        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, mode: PauseMode, submitted: float
+    ) -> dict[str, float]:
         queued = time.perf_counter() - submitted
         return {"queue": queued, **await self._engine.swap_weights(meta, buckets, mode)}
 
@@ -677,9 +742,13 @@ class RolloutExecutor:
                         self._event = asyncio.Event()
                     event = self._event
                     running = [g.deadline for g in self._running.values()]
-                    groups, on_time = select_batch(self._ready, running, version=self._version,
-                                                   groups_per_batch=self._groups_per_batch,
-                                                   bound=self.staleness_bound)  # fmt: skip
+                    groups, on_time = select_batch(
+                        self._ready,
+                        running,
+                        version=self._version,
+                        groups_per_batch=self._groups_per_batch,
+                        bound=self.staleness_bound,
+                    )
                     if groups is not None:
                         break
                     await event.wait()
@@ -700,8 +769,12 @@ class RolloutExecutor:
         self._last_batch = stats
         if not on_time:
             self._late_batches += 1
-            logger.warning("rollout batch at version %d leaves groups that will exceed max_head_offpolicyness=%d: the "
-                           "trainer version rose by more than one per batch", version, self.max_head_offpolicyness)
+            logger.warning(
+                "rollout batch at version %d leaves groups that will exceed max_head_offpolicyness=%d: the "
+                "trainer version rose by more than one per batch",
+                version,
+                self.max_head_offpolicyness,
+            )
         self._admit()
         return batch
 
@@ -713,9 +786,13 @@ class RolloutExecutor:
 
     def _capacity(self) -> tuple[int, int]:
         counts = self._counts()
-        room = self._rule.staleness_room(version=counts["version"], base_version=counts["base_version"],
-                                         consumed=counts["consumed"], ready=counts["ready"],
-                                         running=counts["running"])  # fmt: skip
+        room = self._rule.staleness_room(
+            version=counts["version"],
+            base_version=counts["base_version"],
+            consumed=counts["consumed"],
+            ready=counts["ready"],
+            running=counts["running"],
+        )
         return room, self._rule.concurrency_room(counts["in_flight"])
 
     def _timeout_message(self, timeout_s: float | None) -> str:
@@ -733,8 +810,10 @@ class RolloutExecutor:
         if self._paused:
             text += "; the executor is paused: call resume()"
         elif room < self.group_size and counts["in_flight"] == 0:
-            text += ("; the staleness budget is used up: call set_version() with the trainer's new version after "
-                     "each weight update (or raise rollout.max_head_offpolicyness)")  # fmt: skip
+            text += (
+                "; the staleness budget is used up: call set_version() with the trainer's new version after "
+                "each weight update (or raise rollout.max_head_offpolicyness)"
+            )
         elif counts["in_flight"]:
             text += "; episodes are still generating: check the inference servers or raise timeout_s"
         return text
@@ -783,8 +862,16 @@ class RolloutExecutor:
         }
 
 
-def _check_settings(batch_size: int, group_size: int, max_concurrent: int, eta: int, max_failure_rate: float,
-                    failure_window: int, version: int, staleness_bound: str) -> None:  # fmt: skip
+def _check_settings(
+    batch_size: int,
+    group_size: int,
+    max_concurrent: int,
+    eta: int,
+    max_failure_rate: float,
+    failure_window: int,
+    version: int,
+    staleness_bound: str,
+) -> None:
     def is_int(x: object) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -792,17 +879,23 @@ def _check_settings(batch_size: int, group_size: int, max_concurrent: int, eta: 
     if not is_int(group_size) or group_size < 1:
         problems.append(f"group_size={group_size!r} must be an int >= 1")
     elif not is_int(batch_size) or batch_size < 1 or batch_size % group_size:
-        problems.append(f"batch_size={batch_size!r} must be a positive multiple of group_size={group_size} "
-                        "(a batch holds whole groups)")  # fmt: skip
+        problems.append(
+            f"batch_size={batch_size!r} must be a positive multiple of group_size={group_size} "
+            "(a batch holds whole groups)"
+        )
     if is_int(group_size) and (not is_int(max_concurrent) or max_concurrent < group_size):
-        problems.append(f"max_concurrent_rollouts={max_concurrent!r} must be >= group_size={group_size}: the "
-                        "episodes of a group run concurrently, so a whole group must fit (raise "
-                        "rollout.max_concurrent_rollouts)")  # fmt: skip
+        problems.append(
+            f"max_concurrent_rollouts={max_concurrent!r} must be >= group_size={group_size}: the "
+            "episodes of a group run concurrently, so a whole group must fit (raise "
+            "rollout.max_concurrent_rollouts)"
+        )
     if not is_int(eta) or eta < 0:
         problems.append(f"max_head_offpolicyness={eta!r} must be an int >= 0 (0 = synchronous)")
     if staleness_bound not in STALENESS_BOUNDS:
-        problems.append(f"staleness_bound={staleness_bound!r} must be one of "
-                        f"{', '.join(map(repr, STALENESS_BOUNDS))} (what max_head_offpolicyness bounds)")  # fmt: skip
+        problems.append(
+            f"staleness_bound={staleness_bound!r} must be one of "
+            f"{', '.join(map(repr, STALENESS_BOUNDS))} (what max_head_offpolicyness bounds)"
+        )
     if not isinstance(max_failure_rate, (int, float)) or not 0 <= max_failure_rate <= 1:
         problems.append(f"max_failure_rate={max_failure_rate!r} must be in [0, 1]")
     if not is_int(failure_window) or failure_window < 1:

@@ -85,11 +85,13 @@ class AdmissionRule:
         """Episodes that may still start under ``max_concurrent_rollouts``."""
         return self.max_concurrent - in_flight
 
-    def may_admit(self, *, version: int, base_version: int, consumed: int, ready: int, running: int,
-                  in_flight: int) -> bool:  # fmt: skip
+    def may_admit(
+        self, *, version: int, base_version: int, consumed: int, ready: int, running: int, in_flight: int
+    ) -> bool:
         """True when one more group of ``group_size`` episodes may start."""
-        room = self.staleness_room(version=version, base_version=base_version, consumed=consumed, ready=ready,
-                                   running=running)  # fmt: skip
+        room = self.staleness_room(
+            version=version, base_version=base_version, consumed=consumed, ready=ready, running=running
+        )
         return room >= self.group_size and self.concurrency_room(in_flight) >= self.group_size
 
 

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +32,14 @@ class ConsoleProgress:
     """A tqdm bar over the RL steps, its postfix the headline figures of the last step."""
 
     #: metric -> short label shown on the bar.
-    SHOWN = {"reward/mean": "reward", "actor/kl_ref": "kl", "actor/approx_kl": "approx_kl",
-             "staleness/mean": "stale", "perf/tokens_per_s": "tok/s", "eval/reward": "eval"}  # fmt: skip
+    SHOWN: ClassVar[dict[str, str]] = {
+        "reward/mean": "reward",
+        "actor/kl_ref": "kl",
+        "actor/approx_kl": "approx_kl",
+        "staleness/mean": "stale",
+        "perf/tokens_per_s": "tok/s",
+        "eval/reward": "eval",
+    }
 
     def __init__(self, desc: str = "rl") -> None:
         self.desc = desc

@@ -74,9 +74,14 @@ async def _episodes(
 
 
 def evaluate(
-    cfg: JobConfig, model_dir: str, n_prompts: int | None = None, *, scheduler: Scheduler | None = None, name: str = "eval",
+    cfg: JobConfig,
+    model_dir: str,
+    n_prompts: int | None = None,
+    *,
+    scheduler: Scheduler | None = None,
+    name: str = "eval",
     n_samples: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Reward and accuracy of ``model_dir`` on the first ``n_prompts`` eval prompts (see the module docstring).
 
     ``n_samples`` overrides :func:`samples_per_prompt` (samples of each prompt).
@@ -108,10 +113,15 @@ def evaluate(
         scheduler = LocalScheduler(cfg.experiment.run_dir or ".")
     on_gpus = cfg.cluster.gpus_per_node > 0
     fleet = ServerFleet(
-        scheduler, build_server_command(cfg, model_dir), 1, name=name,
-        devices_per_server=1 if on_gpus else 0, hide_devices=not on_gpus,
-        startup_timeout_s=cfg.rollout.server.startup_timeout_s, max_restarts=0,
-    )  # fmt: skip
+        scheduler,
+        build_server_command(cfg, model_dir),
+        1,
+        name=name,
+        devices_per_server=1 if on_gpus else 0,
+        hide_devices=not on_gpus,
+        startup_timeout_s=cfg.rollout.server.startup_timeout_s,
+        max_restarts=0,
+    )
     started = time.perf_counter()
     try:
         workflow = workflow_of(cfg, tokenizer, eval_sampling(cfg), runner.score)
@@ -138,11 +148,21 @@ def evaluate(
         "answer_rate": answered / len(completions),
         "wall_s": time.perf_counter() - started,
         "samples": [
-            {"prompt": rec.prompt, "answer": rec.answer, "completion": completions[i * per_prompt],
-             "reward": rewards[i * per_prompt]}
+            {
+                "prompt": rec.prompt,
+                "answer": rec.answer,
+                "completion": completions[i * per_prompt],
+                "reward": rewards[i * per_prompt],
+            }
             for i, rec in enumerate(records[:N_SAMPLES])
-        ],  # fmt: skip
+        ],
     }
-    logger.info("eval %s: reward %.3f, accuracy %.3f over %d prompts x %d samples", model_dir, result["mean_reward"],
-                result["accuracy"], len(records), per_prompt)  # fmt: skip
+    logger.info(
+        "eval %s: reward %.3f, accuracy %.3f over %d prompts x %d samples",
+        model_dir,
+        result["mean_reward"],
+        result["accuracy"],
+        len(records),
+        per_prompt,
+    )
     return result

@@ -171,9 +171,12 @@ class MLflowCallback:
         self._ended = False
         logger.info(
             "MLflow: %s run %s in experiment %s (%s) at %s",
-            "created" if self._created else "attached to", self._run_id, self.experiment,
-            self._experiment_id, self.tracking_uri,
-        )  # fmt: skip
+            "created" if self._created else "attached to",
+            self._run_id,
+            self.experiment,
+            self._experiment_id,
+            self.tracking_uri,
+        )
         if self.config is not None:
             self._log_config(self.config)
 
@@ -192,11 +195,13 @@ class MLflowCallback:
         if client is None:
             return
         pointer = {"step": step, "url": url, "metadata": dict(metadata)}
-        with self._guard(f"checkpoint pointer of step {step}"):
-            with tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp:
-                path = Path(tmp) / f"step_{step}.json"
-                path.write_text(json.dumps(pointer, indent=2, default=str), encoding="utf-8")
-                client.log_artifact(run_id, str(path), CHECKPOINT_ARTIFACT_DIR)
+        with (
+            self._guard(f"checkpoint pointer of step {step}"),
+            tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp,
+        ):
+            path = Path(tmp) / f"step_{step}.json"
+            path.write_text(json.dumps(pointer, indent=2, default=str), encoding="utf-8")
+            client.log_artifact(run_id, str(path), CHECKPOINT_ARTIFACT_DIR)
         with self._guard(f"tag {LATEST_CHECKPOINT_TAG}"):
             client.set_tag(run_id, LATEST_CHECKPOINT_TAG, _truncate(url, MAX_TAG_VALUE_LENGTH, LATEST_CHECKPOINT_TAG))
 
@@ -224,11 +229,10 @@ class MLflowCallback:
             return
         numeric = {f"summary/{key}": value for key, value in _numeric_leaves(summary)}
         self._log_metrics(self._last_step, numeric, what="summary metrics")
-        with self._guard("summary artifact"):
-            with tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp:
-                path = Path(tmp) / posixpath.basename(SUMMARY_ARTIFACT)
-                path.write_text(json.dumps(dict(summary), indent=2, default=_json_default), encoding="utf-8")
-                client.log_artifact(run_id, str(path), posixpath.dirname(SUMMARY_ARTIFACT))
+        with self._guard("summary artifact"), tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp:
+            path = Path(tmp) / posixpath.basename(SUMMARY_ARTIFACT)
+            path.write_text(json.dumps(dict(summary), indent=2, default=_json_default), encoding="utf-8")
+            client.log_artifact(run_id, str(path), posixpath.dirname(SUMMARY_ARTIFACT))
         self._terminate("FINISHED")
 
     def fail(self, reason: str) -> None:
@@ -266,8 +270,10 @@ class MLflowCallback:
         if experiment.name != self.experiment:
             logger.warning(
                 "MLflow run %s belongs to experiment %r, not %r: logging to it there",
-                run_id, experiment.name, self.experiment,
-            )  # fmt: skip
+                run_id,
+                experiment.name,
+                self.experiment,
+            )
         tags = {**self._default_tags(), **self.tags}
         if tags:
             from mlflow.entities import RunTag
@@ -323,15 +329,19 @@ class MLflowCallback:
                 existing = client.get_run(run_id).data.params
                 for key in [k for k in params if k in existing]:
                     if existing[key] != params.pop(key):
-                        logger.warning("MLflow param %s is already %r on run %s; not changed", key, existing[key], run_id)
+                        logger.warning(
+                            "MLflow param %s is already %r on run %s; not changed", key, existing[key], run_id
+                        )
         for chunk in _chunks([Param(k, v) for k, v in params.items()], MAX_PARAMS_PER_BATCH):
             with self._guard(f"{len(chunk)} config params"):
                 client.log_batch(run_id, params=chunk, synchronous=True)
-        with self._guard(f"artifact {CONFIG_ARTIFACT}"):
-            with tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp:
-                path = Path(tmp) / posixpath.basename(CONFIG_ARTIFACT)
-                path.write_text(dump_config_yaml(cfg), encoding="utf-8")
-                client.log_artifact(run_id, str(path), posixpath.dirname(CONFIG_ARTIFACT))
+        with (
+            self._guard(f"artifact {CONFIG_ARTIFACT}"),
+            tempfile.TemporaryDirectory(prefix="areal-mlflow-") as tmp,
+        ):
+            path = Path(tmp) / posixpath.basename(CONFIG_ARTIFACT)
+            path.write_text(dump_config_yaml(cfg), encoding="utf-8")
+            client.log_artifact(run_id, str(path), posixpath.dirname(CONFIG_ARTIFACT))
 
     # ------------------------------------------------------------------ logging helpers
 
@@ -367,9 +377,12 @@ class MLflowCallback:
         model_id = None
         with self._guard(f"logged model step_{step}"):
             model = client.create_logged_model(
-                self._experiment_id, name=f"step_{step}", source_run_id=run_id, model_type=MODEL_TYPE,
+                self._experiment_id,
+                name=f"step_{step}",
+                source_run_id=run_id,
+                model_type=MODEL_TYPE,
                 tags={"areal.step": str(step), "areal.model_dir": str(model_dir)},
-            )  # fmt: skip
+            )
             model_id = model.model_id
             try:
                 client.log_outputs(run_id, [LoggedModelOutput(model_id, step)])
@@ -406,10 +419,15 @@ class MLflowCallback:
         """Turn an MLflow failure into a counted warning: tracking must not kill training."""
         try:
             yield
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - tracking must not kill training: counted and logged below
             self.errors += 1
-            logger.warning("MLflow: could not log %s to run %s (%d error(s) so far): %s",
-                           what, self._run_id, self.errors, _describe(exc))  # fmt: skip
+            logger.warning(
+                "MLflow: could not log %s to run %s (%d error(s) so far): %s",
+                what,
+                self._run_id,
+                self.errors,
+                _describe(exc),
+            )
 
 
 # ---------------------------------------------------------------------- pure helpers
@@ -429,10 +447,14 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
             out.update(flatten_params(value, prefix=f"{key}."))
             continue
         if len(key) > MAX_PARAM_KEY_LENGTH:
-            logger.warning("MLflow: skipping param %s...: key longer than %d characters", key[:60], MAX_PARAM_KEY_LENGTH)
+            logger.warning(
+                "MLflow: skipping param %s...: key longer than %d characters", key[:60], MAX_PARAM_KEY_LENGTH
+            )
             continue
         if _BAD_KEY_CHARS.search(key) or posixpath.normpath(key) != key or key.startswith("/"):
-            logger.warning("MLflow: skipping param %r: MLflow keys allow only letters, digits, _ - . / : and space", key)
+            logger.warning(
+                "MLflow: skipping param %r: MLflow keys allow only letters, digits, _ - . / : and space", key
+            )
             continue
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         out[key] = _truncate(text, MAX_PARAM_VALUE_LENGTH, key)

@@ -56,8 +56,14 @@ class ProgressRelay:
             self.stream.flush()
 
 
-def wait_with_progress(scheduler: Scheduler, group: str, *, poll_s: float = 1.0,
-                       on_poll: Callable[[], None] | None = None, show: bool = True) -> None:  # fmt: skip
+def wait_with_progress(
+    scheduler: Scheduler,
+    group: str,
+    *,
+    poll_s: float = 1.0,
+    on_poll: Callable[[], None] | None = None,
+    show: bool = True,
+) -> None:
     """Until every worker of ``group`` succeeded: relay rank 0's bar, call ``on_poll``, raise on a failure."""
     relay = ProgressRelay(scheduler.status(group)[0].log_path) if show else None
     try:

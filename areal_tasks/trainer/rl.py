@@ -55,8 +55,12 @@ def starting_policy(cfg: JobConfig, scheduler: Scheduler) -> tuple[str, dict[str
     started = time.perf_counter()
     model_dir = run_sft(cfg, scheduler)
     losses = [json.loads(line)["loss"] for line in paths.metrics.read_text(encoding="utf-8").splitlines() if line]
-    return str(model_dir), {"sft_steps": cfg.train.sft_warmup_steps, "sft_loss_first": losses[0],
-                            "sft_loss_last": losses[-1], "sft_wall_s": time.perf_counter() - started}  # fmt: skip
+    return str(model_dir), {
+        "sft_steps": cfg.train.sft_warmup_steps,
+        "sft_loss_first": losses[0],
+        "sft_loss_last": losses[-1],
+        "sft_wall_s": time.perf_counter() - started,
+    }
 
 
 def check_before_start(cfg: JobConfig) -> None:
@@ -82,13 +86,16 @@ def colocated_devices(cfg: JobConfig, server_devices: list[list[str]]) -> list[l
         return None
     ids = [d for devices in server_devices for d in devices]
     if len(ids) != actor.dims.world_size:
-        raise ConfigError(f"allocation {cfg.allocation!r}: the actor's {actor.dims.world_size} ranks share the "
-                          f"inference servers' GPUs, but the servers hold {len(ids)} ({','.join(ids) or 'none'})")
+        raise ConfigError(
+            f"allocation {cfg.allocation!r}: the actor's {actor.dims.world_size} ranks share the "
+            f"inference servers' GPUs, but the servers hold {len(ids)} ({','.join(ids) or 'none'})"
+        )
     return [[d] for d in ids]
 
 
-def rl_worker_spec(cfg: JobConfig, config_path: Path, addresses: list[str],
-                   shared_devices: list[list[str]] | None = None) -> WorkerGroupSpec:
+def rl_worker_spec(
+    cfg: JobConfig, config_path: Path, addresses: list[str], shared_devices: list[list[str]] | None = None
+) -> WorkerGroupSpec:
     """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden); with
     ``shared_devices`` each rank computes on the GPU it shares with a server (colocation)."""
     world = parse_allocation(cfg.allocation).actor().dims.world_size
@@ -138,10 +145,16 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     rl_summary_path = run_dir / RL_SUMMARY
     if not rl_summary_path.is_file():
         raise EngineError(f"the RL workers exited cleanly but wrote no {rl_summary_path}")
-    summary = {**json.loads(rl_summary_path.read_text(encoding="utf-8")), **sft_facts,
-               "run_dir": str(run_dir), "start_model_dir": model_dir, "dataset": cfg.dataset.path,
-               "algorithm": cfg.algorithm.name, "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
-               "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    summary = {
+        **json.loads(rl_summary_path.read_text(encoding="utf-8")),
+        **sft_facts,
+        "run_dir": str(run_dir),
+        "start_model_dir": model_dir,
+        "dataset": cfg.dataset.path,
+        "algorithm": cfg.algorithm.name,
+        "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
+        "wall_seconds": time.perf_counter() - started,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return summary
 
@@ -153,8 +166,10 @@ def _watch(scheduler: Scheduler, fleet: Any) -> None:
     def check_servers() -> None:
         restarted = fleet.check()
         if restarted:
-            logger.warning("inference servers %s restarted: they serve the starting weights until the next "
-                           "weight update", restarted)  # fmt: skip
+            logger.warning(
+                "inference servers %s restarted: they serve the starting weights until the next weight update",
+                restarted,
+            )
 
     wait_with_progress(scheduler, RL_GROUP, poll_s=POLL_S, on_poll=check_servers)
 
@@ -171,7 +186,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary['eval_prompts']} eval prompts of {summary['dataset']}",
     ]
     if "sft_steps" in summary:
-        lines.append(f"SFT warm start: {summary['sft_steps']} steps, loss {summary['sft_loss_first']:.3f} -> "
-                     f"{summary['sft_loss_last']:.3f}, {summary['sft_wall_s']:.1f} s")  # fmt: skip
+        lines.append(
+            f"SFT warm start: {summary['sft_steps']} steps, loss {summary['sft_loss_first']:.3f} -> "
+            f"{summary['sft_loss_last']:.3f}, {summary['sft_wall_s']:.1f} s"
+        )
     lines.append(f"total: {summary['wall_seconds']:.1f} s; run dir {summary['run_dir']}")
     return "\n".join(lines)

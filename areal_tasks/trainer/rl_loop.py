@@ -11,9 +11,10 @@ Per step ``k`` (policy version ``k - 1`` before it, ``k`` after it):
    pausing, then rank 0 pauses the servers, loads, bumps the version and resumes: the servers stop
    only for the load. ``collective`` pauses, broadcasts the buckets from rank 0 while the client
    has every server receive them, and resumes. ``shared`` packs the weights into the trainer's
-   shared buffers *before* pausing; paused, each server copies them from the buffer on its device. With ``rollout.pause_mode=abort`` (the default)
-   in-flight requests are aborted by the pause and resubmitted with their partial output (partial
-   rollout); ``in_place`` keeps them, with their KV cache, on the servers;
+   shared buffers *before* pausing; paused, each server copies them from the buffer on its device.
+   With ``rollout.pause_mode=abort`` (the default) in-flight requests are aborted by the pause and
+   resubmitted with their partial output (partial rollout); ``in_place`` keeps them, with their KV
+   cache, on the servers;
 4. evaluation every ``evaluation.freq_steps``, a checkpoint every ``saver.freq_steps`` (engines +
    the executor's position and counters), metrics to the callbacks (rank 0).
 
@@ -89,12 +90,21 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, FSD
 
     algorithm = build_algorithm(cfg.algorithm)
     temperature, seed = logprob_temperature(cfg), cfg.experiment.seed
-    engines = {"actor": FSDPEngine(cfg.actor, model_dir, total_steps=n_steps, temperature=temperature, seed=seed,
-                                   shared_weight_buffer=cfg.rollout.weight_update == "shared")}  # fmt: skip
+    engines = {
+        "actor": FSDPEngine(
+            cfg.actor,
+            model_dir,
+            total_steps=n_steps,
+            temperature=temperature,
+            seed=seed,
+            shared_weight_buffer=cfg.rollout.weight_update == "shared",
+        )
+    }
     if algorithm.needs_ref:
         ref_cfg = cfg.ref or cfg.actor
-        engines["ref"] = FSDPEngine(ref_cfg, model_dir, total_steps=n_steps, trainable=False,
-                                    temperature=temperature, seed=seed)  # fmt: skip
+        engines["ref"] = FSDPEngine(
+            ref_cfg, model_dir, total_steps=n_steps, trainable=False, temperature=temperature, seed=seed
+        )
     if algorithm.needs_critic:
         if cfg.critic is None:
             raise ConfigError(f"algorithm {cfg.algorithm.name!r} needs a critic: add a `critic:` engine section")
@@ -108,8 +118,9 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, FSD
 class WeightPublisher:
     """Step 3 of the loop: new weights from the actor to the servers, as ``rollout.weight_update`` says."""
 
-    def __init__(self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | RolloutProcess | None,
-                 run_dir: Path) -> None:
+    def __init__(
+        self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | RolloutProcess | None, run_dir: Path
+    ) -> None:
         self.cfg, self.actor, self.side = cfg, actor, side
         self.root = run_dir / "weights"
         self._collective_port: int | None = None
@@ -146,7 +157,9 @@ class WeightPublisher:
             self.actor.update_weights(meta)  # packed already: only the ranks' barrier
             paused_at = time.perf_counter()
             if self.side is not None:
-                parts.update(self._swap_on_paused_servers(version, meta.with_buffers(self.actor.shared_weight_buffers())))
+                parts.update(
+                    self._swap_on_paused_servers(version, meta.with_buffers(self.actor.shared_weight_buffers()))
+                )
         else:
             meta = self._collective_meta(version)
             parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
@@ -220,9 +233,12 @@ class WeightPublisher:
         n_servers = self.side.n_servers if self.side is not None else 0
         n_servers = _broadcast_int(n_servers)
         return WeightUpdateMeta.collective(
-            version, os.environ.get("MASTER_ADDR", "127.0.0.1"), self._collective_port, 1 + n_servers,
+            version,
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            self._collective_port,
+            1 + n_servers,
             backend="nccl" if torch.cuda.is_available() else "gloo",
-        )  # fmt: skip
+        )
 
     def _buckets(self, meta: WeightUpdateMeta) -> Any:
         """The collective update's bucket plan; a shared update's one "bucket": the buffers' layout."""
@@ -250,7 +266,7 @@ class _Background:
         def target() -> None:
             try:
                 fn()
-            except BaseException as exc:  # re-raised in join()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in join()
                 self._error = exc
 
         self._thread = threading.Thread(target=target, name=name, daemon=True)
@@ -289,7 +305,9 @@ def _broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
-def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks: list[Any] | None = None) -> dict[str, Any]:
+def run_rl_rank(
+    cfg: JobConfig, model_dir: str, addresses: list[str], callbacks: list[Any] | None = None
+) -> dict[str, Any]:
     """Run this rank's RL loop (see the module docstring); rank 0 returns the summary."""
     from areal_tasks.algo import build_algorithm
     from areal_tasks.checkpoint.layout import step_dir
@@ -312,9 +330,14 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
     first_step = state.step + 1 if state is not None else 1
     side = RolloutSide.open(cfg, addresses, model_dir, version) if is_main else None
     publisher = WeightPublisher(cfg, actor, side, run_dir)
-    step_runner = RLStep(actor, build_algorithm(cfg.algorithm), cfg.rollout.group_size,
-                         ref=engines.get("ref"), critic=engines.get("critic"),
-                         ppo_n_minibatches=cfg.actor.ppo_n_minibatches)  # fmt: skip
+    step_runner = RLStep(
+        actor,
+        build_algorithm(cfg.algorithm),
+        cfg.rollout.group_size,
+        ref=engines.get("ref"),
+        critic=engines.get("critic"),
+        ppo_n_minibatches=cfg.actor.ppo_n_minibatches,
+    )
     if callbacks is None:
         callbacks = callbacks_from_config(cfg, run_dir) if is_main else []
     summary: dict[str, Any] = {}
@@ -327,7 +350,9 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
         before = {**side.evaluate(), **side.evaluate(greedy=True)} if side is not None else {}
         if side is not None:
             side.executor.start()
-            logger.info("starting policy: eval reward %.3f, accuracy %.3f", before["eval/reward"], before["eval/accuracy"])
+            logger.info(
+                "starting policy: eval reward %.3f, accuracy %.3f", before["eval/reward"], before["eval/accuracy"]
+            )
         for cb in callbacks:
             cb.on_start(n_steps - first_step + 1)
         last_metrics: dict[str, float] = {}
@@ -348,8 +373,13 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
             metrics["perf/tokens_per_s"] = metrics["n_tokens"] / max(metrics["perf/step_s"], 1e-9)
             metrics["version"] = float(version)
             if side is not None:
-                metrics.update({f"rollout/{k}": float(v) for k, v in side.executor.last_batch_stats().items()
-                                if isinstance(v, (int, float))})  # fmt: skip
+                metrics.update(
+                    {
+                        f"rollout/{k}": float(v)
+                        for k, v in side.executor.last_batch_stats().items()
+                        if isinstance(v, (int, float))
+                    }
+                )
             freq = cfg.evaluation.freq_steps
             if side is not None and freq and step % freq == 0 and step != n_steps:
                 evaluated = side.evaluate()
@@ -362,9 +392,13 @@ def run_rl_rank(cfg: JobConfig, model_dir: str, addresses: list[str], callbacks:
             last_metrics = metrics
             if manager.should_save(step, last=step == n_steps):
                 executor_state = side.executor.state_dict() if side is not None else {}
-                ticket = manager.save(step, engines, TrainerState(step=step, version=version, executor=executor_state),
-                                      {k: v for k, v in metrics.items() if k.startswith(("reward/", "eval/"))},
-                                      config=cfg)  # fmt: skip
+                ticket = manager.save(
+                    step,
+                    engines,
+                    TrainerState(step=step, version=version, executor=executor_state),
+                    {k: v for k, v in metrics.items() if k.startswith(("reward/", "eval/"))},
+                    config=cfg,
+                )
                 if ticket.done():
                     url = manager.layout.url(step_dir(step))
                     _notify(callbacks, "on_checkpoint", step, url, ticket.wait().to_dict())

@@ -3,8 +3,8 @@ executor, and evaluation through the same servers.
 
 ``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: built in a child
 process (:mod:`areal_tasks.trainer.rollout_process`) when ``rollout.own_process`` says so (``auto``:
-when training runs on GPUs), else in rank 0's own. ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the
-config:
+when training runs on GPUs), else in rank 0's own.
+``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the config:
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
 - the reward (``rollout.reward``) in a process pool with a timeout per call;
@@ -106,20 +106,33 @@ class RolloutSide:
         from areal_tasks.rollout.rewards import RewardRunner
 
         client = RemoteInferenceEngine.from_rollout(cfg.rollout, addresses, version=version)
-        reward = RewardRunner(cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers,
-                              timeout_s=cfg.rollout.reward.timeout_s)  # fmt: skip
+        reward = RewardRunner(
+            cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers, timeout_s=cfg.rollout.reward.timeout_s
+        )
         train_sampling = SamplingParams.from_config(cfg.rollout.sampling)
         workflow = workflow_of(cfg, tokenizer, train_sampling, reward.score)
         executor = RolloutExecutor.from_config(
-            cfg.rollout, engine=client, workflow=workflow, dataset=load_split(cfg.dataset, "train"),
-            batch_size=cfg.train.batch_size, seed=cfg.experiment.seed, shuffle=cfg.dataset.shuffle,
-            group_filter=group_filter_of(cfg), version=version,
-        )  # fmt: skip
+            cfg.rollout,
+            engine=client,
+            workflow=workflow,
+            dataset=load_split(cfg.dataset, "train"),
+            batch_size=cfg.train.batch_size,
+            seed=cfg.experiment.seed,
+            shuffle=cfg.dataset.shuffle,
+            group_filter=group_filter_of(cfg),
+            version=version,
+        )
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
         # the one evaluation rule (also evaluate_checkpoint's): rollout.sampling at
         # evaluation.temperature, no shared seed, evaluation.n_samples samples of each prompt
-        return cls(cfg, client, reward, executor, workflow_of(cfg, tokenizer, eval_sampling(cfg), reward.score),
-                   workflow_of(cfg, tokenizer, greedy_sampling, reward.score))  # fmt: skip
+        return cls(
+            cfg,
+            client,
+            reward,
+            executor,
+            workflow_of(cfg, tokenizer, eval_sampling(cfg), reward.score),
+            workflow_of(cfg, tokenizer, greedy_sampling, reward.score),
+        )
 
     @property
     def n_servers(self) -> int:

@@ -16,6 +16,7 @@ means). Nothing here talks to inference servers: the loop (``rl_loop.py``) does.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,7 +79,9 @@ class RLStep:
         out.update(batch_statistics(full))
         return out
 
-    def _update(self, engine: FSDPEngine, share: dict[str, torch.Tensor], loss_fn: Any, weight_fn: Any) -> dict[str, float]:
+    def _update(
+        self, engine: FSDPEngine, share: dict[str, torch.Tensor], loss_fn: Any, weight_fn: Any
+    ) -> dict[str, float]:
         """``ppo_n_minibatches`` optimizer steps over consecutive slices of the share; averaged stats."""
         from areal_tasks.engine.microbatch import select_sequences, sequence_lengths
 
@@ -91,8 +94,10 @@ class RLStep:
         bounds = [round(i * n_seqs / n_mb) for i in range(n_mb + 1)]
         # every mini-batch's step is queued before any is read back: the host splits the next
         # mini-batch while the device runs the previous one
-        steps = [engine.submit_train_batch(select_sequences(share, range(lo, hi)), loss_fn, weight_fn)
-                 for lo, hi in zip(bounds, bounds[1:])]
+        steps = [
+            engine.submit_train_batch(select_sequences(share, range(lo, hi)), loss_fn, weight_fn)
+            for lo, hi in itertools.pairwise(bounds)
+        ]
         totals: dict[str, float] = {}
         for step in steps:
             for key, value in step.result().items():

@@ -37,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides")
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s [rl rank {rank}] %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s [rl rank {rank}] %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from areal_tasks.config import load_config
     from areal_tasks.trainer.rl_loop import run_rl_rank

@@ -24,6 +24,7 @@ in a child process instead:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -109,11 +110,13 @@ class RemoteExecutor:
         """Have the servers load ``meta``'s weights (for a collective update, while the trainer broadcasts)."""
         self._process.call("executor.update_weights", meta, [list(b) for b in buckets] if buckets is not None else None)
 
-    def swap_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int,
-                     mode: str = "abort") -> dict[str, float]:  # fmt: skip
+    def swap_weights(
+        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int, mode: str = "abort"
+    ) -> dict[str, float]:
         """Pause, load ``meta``'s weights, set ``version`` and resume, in one command; the parts' seconds."""
-        return self._process.call("executor.swap_weights", meta,
-                                  [list(b) for b in buckets] if buckets is not None else None, version, mode)  # fmt: skip
+        return self._process.call(
+            "executor.swap_weights", meta, [list(b) for b in buckets] if buckets is not None else None, version, mode
+        )
 
     def destroy_weight_groups(self) -> list[str]:
         """Make the servers leave the collective weight-update groups; returns their names."""
@@ -148,8 +151,9 @@ class RolloutProcess:
         self.executor = RemoteExecutor(self)
 
     @classmethod
-    def start(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int,
-              timeout_s: float = START_TIMEOUT_S) -> RolloutProcess:  # fmt: skip
+    def start(
+        cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int, timeout_s: float = START_TIMEOUT_S
+    ) -> RolloutProcess:
         """Spawn the child and build its side there.
 
         A build that fails raises its own exception here (the child's traceback as a note); a child
@@ -157,8 +161,12 @@ class RolloutProcess:
         """
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=_child_main, args=(child_conn, cfg, list(addresses), model_dir, version, os.getpid()),
-                              name="areal-rollout", daemon=False)  # fmt: skip  # a daemon may not start reward workers
+        process = ctx.Process(
+            target=_child_main,
+            args=(child_conn, cfg, list(addresses), model_dir, version, os.getpid()),
+            name="areal-rollout",
+            daemon=False,
+        )  # a daemon may not start reward workers
         started = time.monotonic()
         process.start()
         child_conn.close()
@@ -170,8 +178,9 @@ class RolloutProcess:
             _stop_process(process, 5.0)
             parent_conn.close()
             raise
-        logger.info("rollout side in process %d (%d servers), built in %.1f s", process.pid, value,
-                    time.monotonic() - started)  # fmt: skip
+        logger.info(
+            "rollout side in process %d (%d servers), built in %.1f s", process.pid, value, time.monotonic() - started
+        )
         return cls(process, parent_conn, int(value))
 
     @property
@@ -206,30 +215,34 @@ class RolloutProcess:
         ``timeout_s`` to return; after that the child is killed, and that command raises.
         """
         if not self._lock.acquire(timeout=timeout_s):
-            logger.warning("rollout process %d: a command is still running %.0f s into close; killing the process",
-                           self._process.pid, timeout_s)  # fmt: skip
+            logger.warning(
+                "rollout process %d: a command is still running %.0f s into close; killing the process",
+                self._process.pid,
+                timeout_s,
+            )
             _stop_process(self._process, 5.0)
             self._lock.acquire()
         try:
             if self._closed:
                 return
             self._closed = True
-            try:
+            # already gone: nothing left to stop but the process object
+            with contextlib.suppress(BrokenPipeError, EOFError, OSError):
                 self._conn.send(None)
-            except (BrokenPipeError, EOFError, OSError):
-                pass  # already gone: nothing left to stop but the process object
             self._process.join(timeout_s)
             if self._process.is_alive():
-                logger.warning("rollout process %d did not exit within %.0f s of close; killing it",
-                               self._process.pid, timeout_s)  # fmt: skip
+                logger.warning(
+                    "rollout process %d did not exit within %.0f s of close; killing it", self._process.pid, timeout_s
+                )
             _stop_process(self._process, 5.0)
             self._conn.close()
         finally:
             self._lock.release()
 
 
-def _receive(conn: Connection, process: multiprocessing.process.BaseProcess, timeout_s: float | None,
-             what: str) -> tuple[str, Any]:  # fmt: skip
+def _receive(
+    conn: Connection, process: multiprocessing.process.BaseProcess, timeout_s: float | None, what: str
+) -> tuple[str, Any]:
     """The child's next message, watching that it is alive (and, with ``timeout_s``, not too slow)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not conn.poll(_POLL_S):
@@ -245,8 +258,10 @@ def _receive(conn: Connection, process: multiprocessing.process.BaseProcess, tim
 
 def _death(process: multiprocessing.process.BaseProcess, what: str) -> RolloutError:
     process.join(1.0)
-    return RolloutError(f"the rollout process (pid {process.pid}) died (exit code {process.exitcode}) before it "
-                        f"could {what}; its log lines are in this worker's log above")  # fmt: skip
+    return RolloutError(
+        f"the rollout process (pid {process.pid}) died (exit code {process.exitcode}) before it "
+        f"could {what}; its log lines are in this worker's log above"
+    )
 
 
 def _stop_process(process: multiprocessing.process.BaseProcess, grace_s: float) -> None:
@@ -292,12 +307,17 @@ def _watch_parent(parent_pid: int, side: RolloutSide) -> None:
     os._exit(1)
 
 
-def _child_main(conn: Connection, cfg: JobConfig, addresses: list[str], model_dir: str, version: int,
-                parent_pid: int) -> None:  # fmt: skip
+def _child_main(
+    conn: Connection, cfg: JobConfig, addresses: list[str], model_dir: str, version: int, parent_pid: int
+) -> None:
     """The child: build the side, say ready, serve commands until told to close or the pipe ends."""
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                        format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        force=True,
+        format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.trainer.rl_rollout import RolloutSide

@@ -53,7 +53,9 @@ def pack_transcripts(transcripts: Sequence[Transcript]) -> dict[str, torch.Tenso
     }
 
 
-def sft_loss(outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sft_loss(
+    outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token mean of ``-logprobs`` over ``loss_mask`` (0 for a micro-batch without loss tokens)."""
     mask = mb[LOSS_MASK].to(outputs["logprobs"].dtype)
     denom = mask.sum().clamp(min=1.0)

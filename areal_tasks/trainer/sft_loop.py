@@ -78,7 +78,9 @@ def step_indices(n_items: int, batch_size: int, step: int, seed: int, shuffle: b
 def sft_engine_config(cfg: JobConfig) -> EngineConfig:
     """The actor's engine config with the SFT learning rate (``train.sft_lr``) and schedule."""
     train, actor = cfg.train, cfg.actor
-    optimizer = dataclasses.replace(actor.optimizer, lr=train.sft_lr if train.sft_lr is not None else actor.optimizer.lr)
+    optimizer = dataclasses.replace(
+        actor.optimizer, lr=train.sft_lr if train.sft_lr is not None else actor.optimizer.lr
+    )
     schedule = dataclasses.replace(actor.lr_schedule, type=train.sft_lr_schedule)
     return dataclasses.replace(actor, optimizer=optimizer, lr_schedule=schedule)
 
@@ -114,8 +116,14 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
             raise EngineError(f"SFT step {step}: the loss is {stats['loss']}")
         if is_main:
             bar.set_postfix(loss=f"{stats['loss']:.4f}")
-            row = {"step": step, "loss": stats["loss"], "grad_norm": stats["grad_norm"], "lr": stats["lr"],
-                   "n_tokens": stats["n_tokens"], "step_s": time.perf_counter() - started}
+            row = {
+                "step": step,
+                "loss": stats["loss"],
+                "grad_norm": stats["grad_norm"],
+                "lr": stats["lr"],
+                "n_tokens": stats["n_tokens"],
+                "step_s": time.perf_counter() - started,
+            }
             with paths.metrics.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
 

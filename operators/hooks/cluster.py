@@ -36,9 +36,14 @@ class ClusterHook(BaseHook, abc.ABC):
 
     @abc.abstractmethod
     def submit_job(
-        self, name: str, argv: list[str], env: Mapping[str, str] | None = None, run_dir: str | None = None,
-        *, cwd: str | None = None,
-    ) -> JobStatus:  # fmt: skip
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        run_dir: str | None = None,
+        *,
+        cwd: str | None = None,
+    ) -> JobStatus:
         """Start ``argv`` as job ``name`` (refused while a job of that name runs)."""
 
     @abc.abstractmethod
@@ -83,9 +88,14 @@ class LocalClusterHook(ClusterHook):
         return self._jobs
 
     def submit_job(
-        self, name: str, argv: list[str], env: Mapping[str, str] | None = None, run_dir: str | None = None,
-        *, cwd: str | None = None,
-    ) -> JobStatus:  # fmt: skip
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        run_dir: str | None = None,
+        *,
+        cwd: str | None = None,
+    ) -> JobStatus:
         from areal_tasks.errors import SchedulerError
 
         try:
@@ -140,17 +150,23 @@ class LocalClusterHook(ClusterHook):
         gpus_needed = alloc.total_gpus if n_gpus > 0 else 0
         if n_gpus > 0:
             if gpus_needed > n_gpus:
-                problems.append(f"allocation {allocation_mode!r} needs {gpus_needed} GPUs but n_gpus={n_gpus}; "
-                                "raise n_gpus or shrink the allocation")  # fmt: skip
+                problems.append(
+                    f"allocation {allocation_mode!r} needs {gpus_needed} GPUs but n_gpus={n_gpus}; "
+                    "raise n_gpus or shrink the allocation"
+                )
             if len(devices) < gpus_needed:
-                problems.append(f"allocation {allocation_mode!r} needs {gpus_needed} GPUs but this machine shows "
-                                f"{len(devices)} ({','.join(devices) or 'none'}); run on a bigger machine, "
-                                "shrink the allocation, or set n_gpus=0 for a CPU run")  # fmt: skip
+                problems.append(
+                    f"allocation {allocation_mode!r} needs {gpus_needed} GPUs but this machine shows "
+                    f"{len(devices)} ({','.join(devices) or 'none'}); run on a bigger machine, "
+                    "shrink the allocation, or set n_gpus=0 for a CPU run"
+                )
         elif processes > cpus:
             warnings.append(f"{processes} processes on {cpus} CPU core(s): oversubscribed, expect a slow run")
         if memory_gb is not None and memory_gb < min_memory_gb:
-            problems.append(f"{memory_gb:.1f} GB of memory available, {min_memory_gb:.1f} GB required; "
-                            "stop other jobs or lower min_memory_gb")  # fmt: skip
+            problems.append(
+                f"{memory_gb:.1f} GB of memory available, {min_memory_gb:.1f} GB required; "
+                "stop other jobs or lower min_memory_gb"
+            )
         n_ports = sum(c.world_size for c in alloc.inference()) + len(alloc.training())
         allocator = PortAllocator()
         try:

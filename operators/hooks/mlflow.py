@@ -107,9 +107,13 @@ class MlflowHook(BaseHook):
     # ------------------------------------------------------------------ runs
 
     def start_run(
-        self, experiment: str, run_name: str | None = None, tags: Mapping[str, str] | None = None,
-        *, artifact_location: str | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        experiment: str,
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        *,
+        artifact_location: str | None = None,
+    ) -> str:
         """Create a run in ``experiment`` (created when missing, with ``artifact_location``); its id."""
         from mlflow.exceptions import MlflowException
 
@@ -124,13 +128,17 @@ class MlflowHook(BaseHook):
                         raise
                     experiment_id = client.get_experiment_by_name(experiment).experiment_id  # made concurrently
             elif found.lifecycle_stage == "deleted":
-                raise ArealAirflowError(f"MLflow experiment {experiment!r} at {self.tracking_uri} is deleted; "
-                                        "restore it or choose another experiment name")  # fmt: skip
+                raise ArealAirflowError(
+                    f"MLflow experiment {experiment!r} at {self.tracking_uri} is deleted; "
+                    "restore it or choose another experiment name"
+                )
             else:
                 experiment_id = found.experiment_id
             run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
         except MlflowException as exc:
-            raise ArealAirflowError(f"cannot start an MLflow run in {experiment!r} at {self.tracking_uri}: {exc}") from exc
+            raise ArealAirflowError(
+                f"cannot start an MLflow run in {experiment!r} at {self.tracking_uri}: {exc}"
+            ) from exc
         self.log.info("MLflow run %s started in experiment %s (%s)", run.info.run_id, experiment, experiment_id)
         return run.info.run_id
 
@@ -138,7 +146,9 @@ class MlflowHook(BaseHook):
         """Mark ``run_id`` FINISHED (or FAILED / KILLED)."""
         self._call(f"end run {run_id}", lambda c: c.set_terminated(run_id, status=status))
 
-    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0, *, model_id: str | None = None) -> None:
+    def log_metrics(
+        self, run_id: str, metrics: Mapping[str, float], step: int = 0, *, model_id: str | None = None
+    ) -> None:
         """Log the numeric ``metrics`` at ``step`` (non-numeric values are skipped); ``model_id`` links them."""
         from mlflow.entities import Metric
 
@@ -157,20 +167,26 @@ class MlflowHook(BaseHook):
             text = str(value)
             if key in existing:
                 if existing[key] != text:
-                    self.log.warning("MLflow param %s is already %r on run %s; keeping it (not %r)",
-                                     key, existing[key], run_id, text)  # fmt: skip
+                    self.log.warning(
+                        "MLflow param %s is already %r on run %s; keeping it (not %r)", key, existing[key], run_id, text
+                    )
                 continue
             fresh.append(Param(key, text))
         for start in range(0, len(fresh), 100):
             chunk = fresh[start : start + 100]
-            self._call(f"log params to run {run_id}", lambda c: c.log_batch(run_id, params=chunk))
+            self._call(f"log params to run {run_id}", lambda c, chunk=chunk: c.log_batch(run_id, params=chunk))
 
     # ------------------------------------------------------------------ checkpoint pointer models
 
     def log_checkpoint_model(
-        self, run_id: str, checkpoint_url: str, metrics: Mapping[str, float] | None = None,
-        *, name: str | None = None, step: int | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        run_id: str,
+        checkpoint_url: str,
+        metrics: Mapping[str, float] | None = None,
+        *,
+        name: str | None = None,
+        step: int | None = None,
+    ) -> str:
         """A logged model of ``run_id`` pointing at ``checkpoint_url`` (no weights); returns ``models:/<id>``.
 
         ``metrics`` are logged to the run linked to the model; ``name`` defaults to the checkpoint's
@@ -189,9 +205,10 @@ class MlflowHook(BaseHook):
         run = self._call(f"read run {run_id}", lambda c: c.get_run(run_id))
         earlier = self._call(
             "search logged models",
-            lambda c: c.search_logged_models(experiment_ids=[run.info.experiment_id],
-                                             filter_string=f"source_run_id = '{run_id}'"),
-        )  # fmt: skip
+            lambda c: c.search_logged_models(
+                experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'"
+            ),
+        )
         for found in earlier:
             if found.tags.get(CHECKPOINT_TAG) == checkpoint_url and found.status == LoggedModelStatus.READY:
                 self.log.info("reusing the logged model %s that already points at %s", found.model_id, checkpoint_url)
@@ -200,11 +217,14 @@ class MlflowHook(BaseHook):
         model = self._call(
             f"create the logged model {name}",
             lambda c: c.create_logged_model(
-                run.info.experiment_id, name=name, source_run_id=run_id, model_type=POINTER_MODEL_TYPE,
+                run.info.experiment_id,
+                name=name,
+                source_run_id=run_id,
+                model_type=POINTER_MODEL_TYPE,
                 tags={CHECKPOINT_TAG: checkpoint_url, "areal.weights": "external"},
                 params={"checkpoint_url": checkpoint_url, "step": str(step)},
             ),
-        )  # fmt: skip
+        )
         model_id = model.model_id
         try:
             with tempfile.TemporaryDirectory(prefix="areal-pointer-") as tmp:
@@ -217,7 +237,7 @@ class MlflowHook(BaseHook):
         except BaseException as exc:
             try:
                 client.finalize_logged_model(model_id, "FAILED")
-            except Exception as inner:  # the original failure is what matters; say this one too
+            except Exception as inner:  # noqa: BLE001 - the original failure is what matters; say this one too
                 self.log.warning("could not mark logged model %s FAILED: %s", model_id, inner)
             if isinstance(exc, Exception) and not isinstance(exc, ArealAirflowError):
                 raise ArealAirflowError(f"cannot log the checkpoint model {name} to run {run_id}: {exc}") from exc
@@ -228,9 +248,15 @@ class MlflowHook(BaseHook):
     # ------------------------------------------------------------------ registry
 
     def register(
-        self, model_uri: str, name: str, metrics: Mapping[str, float], gate_metric: str, higher_is_better: bool = True,
-        *, tags: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        model_uri: str,
+        name: str,
+        metrics: Mapping[str, float],
+        gate_metric: str,
+        higher_is_better: bool = True,
+        *,
+        tags: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         """Register ``model_uri`` (``models:/<model id>``) as a version of ``name``.
 
         The version gets the alias ``candidate``; ``champion`` moves to it only when there is no
@@ -263,17 +289,21 @@ class MlflowHook(BaseHook):
                     raise ArealAirflowError(f"cannot create registered model {name!r}: {exc2}") from exc2
         version = self._existing_version(name, model_uri)
         if version is None:
-            tags = {MODEL_URI_TAG: model_uri, GATE_TAG: gate_metric,
-                    CHECKPOINT_TAG: logged.tags.get(CHECKPOINT_TAG, ""),
-                    **{f"{METRIC_TAG_PREFIX}{k}": repr(v) for k, v in metrics.items()},
-                    **{k: str(v) for k, v in (tags or {}).items()}}  # fmt: skip
+            tags = {
+                MODEL_URI_TAG: model_uri,
+                GATE_TAG: gate_metric,
+                CHECKPOINT_TAG: logged.tags.get(CHECKPOINT_TAG, ""),
+                **{f"{METRIC_TAG_PREFIX}{k}": repr(v) for k, v in metrics.items()},
+                **{k: str(v) for k, v in (tags or {}).items()},
+            }
             # source = the logged model's artifact location: a ``models:/`` source makes some stores
             # resolve the model through the process-wide tracking URI instead of this client's.
             version = self._call(
                 f"create a version of {name!r}",
-                lambda c: c.create_model_version(name, source=logged.artifact_location, run_id=logged.source_run_id,
-                                                 tags=tags, model_id=model_id),
-            )  # fmt: skip
+                lambda c: c.create_model_version(
+                    name, source=logged.artifact_location, run_id=logged.source_run_id, tags=tags, model_id=model_id
+                ),
+            )
         else:
             self.log.info("%s is already version %s of %s: reusing it", model_uri, version.version, name)
         new = str(version.version)
@@ -286,16 +316,23 @@ class MlflowHook(BaseHook):
         elif champion is None or champion_value is None:
             promote = True
             if champion is not None:
-                self.log.warning("champion v%s of %s has no %s: promoting v%s", champion["version"], name, gate_metric, new)
+                self.log.warning(
+                    "champion v%s of %s has no %s: promoting v%s", champion["version"], name, gate_metric, new
+                )
         else:
             promote = gate_value > champion_value if higher_is_better else gate_value < champion_value
         if promote:
             self._call(f"set alias {CHAMPION_ALIAS}", lambda c: c.set_registered_model_alias(name, CHAMPION_ALIAS, new))
         self.log.info(
-            "%s v%s: %s=%s vs champion %s (%s): %s", name, new, gate_metric, gate_value,
-            None if champion is None else f"v{champion['version']}", champion_value,
+            "%s v%s: %s=%s vs champion %s (%s): %s",
+            name,
+            new,
+            gate_metric,
+            gate_value,
+            None if champion is None else f"v{champion['version']}",
+            champion_value,
             "new champion" if promote else "champion kept",
-        )  # fmt: skip
+        )
         aliases = sorted(self._call("read the version", lambda c: c.get_model_version(name, new)).aliases)
         return {
             "name": name,

@@ -52,14 +52,17 @@ class StorageHook(BaseHook):
         from storage.validate import Thresholds, validate_storage
 
         try:
-            report = validate_storage(self.url, self.options, thresholds=Thresholds(min_free_gb=min_free_gb),
-                                      nodes=nodes)  # fmt: skip
+            report = validate_storage(
+                self.url, self.options, thresholds=Thresholds(min_free_gb=min_free_gb), nodes=nodes
+            )
         except (StorageError, ValueError) as exc:
             raise ArealConfigError(f"storage {self.url!r} is misconfigured: {exc}") from exc
         for result in report.warnings():
             self.log.warning("storage check %s: %s (%s)", result.check, result.message, result.fix)
         if not report.ok:
-            lines = [f"- {r.check} at {r.path}: {r.message}; fix: {r.fix or 'see the message'}" for r in report.failures()]
+            lines = [
+                f"- {r.check} at {r.path}: {r.message}; fix: {r.fix or 'see the message'}" for r in report.failures()
+            ]
             raise ArealConfigError(f"storage {self.url!r} failed its pre-flight checks:\n" + "\n".join(lines))
         self.log.info("storage %s passed %d check(s)", report.url, len(report.results))
         return report.to_dict()

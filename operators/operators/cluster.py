@@ -31,9 +31,15 @@ class ProvisionClusterOperator(BaseOperator):
     ui_color = "#dcd0f0"
 
     def __init__(
-        self, *, allocation_mode: str, scheduler: str = "local", n_gpus: int | str = 0,
-        min_memory_gb: float | str = 1.0, jobs_root: str | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        allocation_mode: str,
+        scheduler: str = "local",
+        n_gpus: int | str = 0,
+        min_memory_gb: float | str = 1.0,
+        jobs_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.allocation_mode = allocation_mode
         self.scheduler = scheduler
@@ -47,7 +53,9 @@ class ProvisionClusterOperator(BaseOperator):
         try:
             n_gpus, min_memory_gb = int(self.n_gpus), float(self.min_memory_gb)
         except ValueError as exc:
-            raise ArealAirflowError(f"n_gpus={self.n_gpus!r} and min_memory_gb={self.min_memory_gb!r} must be numbers") from exc
+            raise ArealAirflowError(
+                f"n_gpus={self.n_gpus!r} and min_memory_gb={self.min_memory_gb!r} must be numbers"
+            ) from exc
         hook = get_cluster_hook(self.scheduler, jobs_root=resolve_jobs_root(self.jobs_root))
         report = hook.check_resources(str(self.allocation_mode), n_gpus, min_memory_gb)
         self.log.info("%s scheduler can run %s: %s", self.scheduler, self.allocation_mode, report)

@@ -56,15 +56,30 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param export_dir: where the HF export goes (default: ``<run_dir>/hf_exports/<step>_<hash>``).
     """
 
-    template_fields = ("config", "overrides", "checkpoint", "mlflow_run_id", "mlflow_tracking_uri", "n_prompts",
-                       "export_dir")  # fmt: skip
+    template_fields = (
+        "config",
+        "overrides",
+        "checkpoint",
+        "mlflow_run_id",
+        "mlflow_tracking_uri",
+        "n_prompts",
+        "export_dir",
+    )
     ui_color = "#f0d8d8"
 
     def __init__(
-        self, *, config: str, checkpoint: str, overrides: list[str] | None = None, mlflow_run_id: str | None = None,
-        mlflow_tracking_uri: str | None = None, n_prompts: int | str | None = None, export_dir: str | None = None,
-        engine: str = "actor", **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        config: str,
+        checkpoint: str,
+        overrides: list[str] | None = None,
+        mlflow_run_id: str | None = None,
+        mlflow_tracking_uri: str | None = None,
+        n_prompts: int | str | None = None,
+        export_dir: str | None = None,
+        engine: str = "actor",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.checkpoint = checkpoint
@@ -84,13 +99,23 @@ class EvaluateCheckpointOperator(BaseOperator):
         n_prompts = self._n_prompts(cfg)
         self.log.info("evaluating %s (%s) on %s eval prompts", url, model_dir, n_prompts or "all")
         result = evaluate(cfg, str(model_dir), n_prompts, name=f"eval_step_{step}")
-        metrics = {"eval/reward": result["mean_reward"], "eval/accuracy": result["accuracy"],
-                   "eval/answer_rate": result["answer_rate"]}  # fmt: skip
+        metrics = {
+            "eval/reward": result["mean_reward"],
+            "eval/accuracy": result["accuracy"],
+            "eval/answer_rate": result["answer_rate"],
+        }
         model_uri = self._record(url, step, metrics)
         self.log.info("checkpoint step %d: %s", step, metrics)
-        return {"checkpoint": url, "step": step, "model_dir": str(model_dir), "model_uri": model_uri,
-                "metrics": metrics, "n_prompts": result["n_prompts"],
-                "n_samples": result["n_samples"], "samples": result["samples"][:XCOM_SAMPLES]}  # fmt: skip
+        return {
+            "checkpoint": url,
+            "step": step,
+            "model_dir": str(model_dir),
+            "model_uri": model_uri,
+            "metrics": metrics,
+            "n_prompts": result["n_prompts"],
+            "n_samples": result["n_samples"],
+            "samples": result["samples"][:XCOM_SAMPLES],
+        }
 
     # ------------------------------------------------------------------ steps
 
@@ -111,8 +136,10 @@ class EvaluateCheckpointOperator(BaseOperator):
         from storage import Storage, StorageError
 
         if not self.checkpoint or str(self.checkpoint) == "None":
-            raise ArealConfigError("checkpoint is empty: map this task over the training task's 'checkpoints' XCom "
-                                   "or give a checkpoint URL (.../checkpoints/step_<N>)")  # fmt: skip
+            raise ArealConfigError(
+                "checkpoint is empty: map this task over the training task's 'checkpoints' XCom "
+                "or give a checkpoint URL (.../checkpoints/step_<N>)"
+            )
         folder, step = split_checkpoint_url(str(self.checkpoint))
         try:
             layout = CheckpointLayout(Storage.from_url(folder, cfg.storage.options))
@@ -121,10 +148,16 @@ class EvaluateCheckpointOperator(BaseOperator):
                 if step is None:
                     raise ArealAirflowError(f"{folder} holds no complete checkpoint; give a step_<N> URL of one")
             if not layout.is_complete(step):
-                state = "is incomplete (no _COMPLETE marker: its save was interrupted)" if layout.files(step) else "does not exist"
+                state = (
+                    "is incomplete (no _COMPLETE marker: its save was interrupted)"
+                    if layout.files(step)
+                    else "does not exist"
+                )
                 complete = layout.complete_steps()
-                raise ArealAirflowError(f"checkpoint {layout.url(f'step_{step}')} {state}; complete ones in {folder}: "
-                                        f"{['step_%d' % s for s in complete] or 'none'}")  # fmt: skip
+                raise ArealAirflowError(
+                    f"checkpoint {layout.url(f'step_{step}')} {state}; complete ones in {folder}: "
+                    f"{[f'step_{s}' for s in complete] or 'none'}"
+                )
         except StorageError as exc:
             raise ArealAirflowError(f"cannot read checkpoint {self.checkpoint!r}: {exc}") from exc
         return layout.url(f"step_{step}"), step, layout

@@ -30,9 +30,14 @@ class DetectModelOperator(BaseOperator):
     ui_color = "#f6e7c9"
 
     def __init__(
-        self, *, model: str, n_gpus: int | str = 0, gpu_memory_gb: float | str = 80.0, train_dtype: str = "bfloat16",
+        self,
+        *,
+        model: str,
+        n_gpus: int | str = 0,
+        gpu_memory_gb: float | str = 80.0,
+        train_dtype: str = "bfloat16",
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(**kwargs)
         self.model = model
         self.n_gpus = n_gpus
@@ -51,9 +56,19 @@ class DetectModelOperator(BaseOperator):
         except ValueError as exc:  # n_gpus / gpu_memory_gb rendered from a template that is not a number
             raise ArealAirflowError(f"n_gpus={self.n_gpus!r} / gpu_memory_gb={self.gpu_memory_gb!r}: {exc}") from exc
         recommended = layout.to_dict()
-        self.log.info("%s: %s, %.3gM parameters; recommended allocation %s (fits: %s)", self.model,
-                      info.architecture, info.num_parameters / 1e6, layout.allocation, layout.fits)  # fmt: skip
+        self.log.info(
+            "%s: %s, %.3gM parameters; recommended allocation %s (fits: %s)",
+            self.model,
+            info.architecture,
+            info.num_parameters / 1e6,
+            layout.allocation,
+            layout.fits,
+        )
         for reason in layout.reasons:
             self.log.info("layout: %s", reason)
-        return {**info.to_dict(), "params": info.num_parameters, "recommended_layout": recommended,
-                "allocation": layout.allocation}  # fmt: skip
+        return {
+            **info.to_dict(),
+            "params": info.num_parameters,
+            "recommended_layout": recommended,
+            "allocation": layout.allocation,
+        }

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 __all__ = ["RegisterModelOperator", "pick_best", "resolve_evaluations"]
 
 
-def pick_best(evaluations: Iterable[dict[str, Any] | None], gate_metric: str, higher_is_better: bool = True) -> dict[str, Any]:
+def pick_best(
+    evaluations: Iterable[dict[str, Any] | None], gate_metric: str, higher_is_better: bool = True
+) -> dict[str, Any]:
     """The evaluation with the best ``gate_metric`` (ties: the later step); ArealAirflowError when none has it."""
     usable = [e for e in evaluations if e and isinstance(e.get("metrics"), dict) and gate_metric in e["metrics"]]
     if not usable:
@@ -49,8 +51,10 @@ def resolve_evaluations(evaluations: Any) -> list[Any]:
         return [evaluations[i] for i in range(len(evaluations))]
     if isinstance(evaluations, Iterable) and not isinstance(evaluations, (str, bytes)):
         return list(evaluations)
-    raise ArealAirflowError(f"evaluations must be the evaluate task's XCom (a list of dicts), got "
-                            f"{type(evaluations).__name__}: {str(evaluations)[:200]!r}")  # fmt: skip
+    raise ArealAirflowError(
+        f"evaluations must be the evaluate task's XCom (a list of dicts), got "
+        f"{type(evaluations).__name__}: {str(evaluations)[:200]!r}"
+    )
 
 
 class RegisterModelOperator(BaseOperator):
@@ -64,9 +68,16 @@ class RegisterModelOperator(BaseOperator):
     ui_color = "#d0e8e8"
 
     def __init__(
-        self, *, evaluations: Any, model_name: str, gate_metric: str = "eval/reward", higher_is_better: bool = True,
-        mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        evaluations: Any,
+        model_name: str,
+        gate_metric: str = "eval/reward",
+        higher_is_better: bool = True,
+        mlflow_run_id: str | None = None,
+        mlflow_tracking_uri: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.evaluations = evaluations
         self.model_name = model_name
@@ -85,14 +96,30 @@ class RegisterModelOperator(BaseOperator):
                 "an mlflow_run_id so that it logs a pointer model"
             )
         hook = MlflowHook(self.mlflow_tracking_uri)
-        tags = {k: str(v) for k, v in (("areal.model_dir", best.get("model_dir")),
-                                       ("areal.checkpoint_step", best.get("step"))) if v is not None}  # fmt: skip
-        result = hook.register(best["model_uri"], self.model_name, best["metrics"], self.gate_metric,
-                               self.higher_is_better, tags=tags)  # fmt: skip
+        tags = {
+            k: str(v)
+            for k, v in (("areal.model_dir", best.get("model_dir")), ("areal.checkpoint_step", best.get("step")))
+            if v is not None
+        }
+        result = hook.register(
+            best["model_uri"], self.model_name, best["metrics"], self.gate_metric, self.higher_is_better, tags=tags
+        )
         run_id = None if self.mlflow_run_id in (None, "", "None") else str(self.mlflow_run_id)
         if run_id:
-            hook.log_params(run_id, {"registered_model": self.model_name, "registered_model_version": result["version"]})
-        self.log.info("registered %s as %s v%s (aliases %s)", best.get("checkpoint"), self.model_name,
-                      result["version"], result["aliases"])  # fmt: skip
-        return {**result, "checkpoint": best.get("checkpoint"), "model_uri": best["model_uri"],
-                "model_dir": best.get("model_dir"), "metrics": best["metrics"]}  # fmt: skip
+            hook.log_params(
+                run_id, {"registered_model": self.model_name, "registered_model_version": result["version"]}
+            )
+        self.log.info(
+            "registered %s as %s v%s (aliases %s)",
+            best.get("checkpoint"),
+            self.model_name,
+            result["version"],
+            result["aliases"],
+        )
+        return {
+            **result,
+            "checkpoint": best.get("checkpoint"),
+            "model_uri": best["model_uri"],
+            "model_dir": best.get("model_dir"),
+            "metrics": best["metrics"],
+        }

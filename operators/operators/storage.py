@@ -29,9 +29,13 @@ class ValidateStorageOperator(BaseOperator):
     ui_color = "#e8f0d8"
 
     def __init__(
-        self, *, storage_url: str, options: dict[str, Any] | None = None, min_free_gb: float | None = 1.0,
+        self,
+        *,
+        storage_url: str,
+        options: dict[str, Any] | None = None,
+        min_free_gb: float | None = 1.0,
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(**kwargs)
         self.storage_url = storage_url
         self.options = options

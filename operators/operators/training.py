@@ -98,7 +98,9 @@ def resolve_config_path(config: str) -> Path:
     import areal_tasks
 
     path = Path(config).expanduser()
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path, Path(areal_tasks.__file__).resolve().parents[1] / path]
+    candidates = (
+        [path] if path.is_absolute() else [Path.cwd() / path, Path(areal_tasks.__file__).resolve().parents[1] / path]
+    )
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
@@ -128,8 +130,15 @@ class AReaLTrainingOperator(BaseOperator):
         "areal_tasks.cli", "train"]``; e.g. another environment's ``areal train``).
     """
 
-    template_fields = ("config", "overrides", "scheduler", "mlflow_run_id", "mlflow_tracking_uri", "run_dir",
-                       "jobs_root")  # fmt: skip
+    template_fields = (
+        "config",
+        "overrides",
+        "scheduler",
+        "mlflow_run_id",
+        "mlflow_tracking_uri",
+        "run_dir",
+        "jobs_root",
+    )
     ui_color = "#c9e4f6"
 
     def __init__(
@@ -160,7 +169,9 @@ class AReaLTrainingOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.deferrable = deferrable
         self.cancel_grace_s = cancel_grace_s
-        self.train_command = list(train_command) if train_command else [sys.executable, "-m", "areal_tasks.cli", "train"]
+        self.train_command = (
+            list(train_command) if train_command else [sys.executable, "-m", "areal_tasks.cli", "train"]
+        )
         self._job_name: str | None = None
 
     # ------------------------------------------------------------------ Airflow entry points
@@ -170,13 +181,20 @@ class AReaLTrainingOperator(BaseOperator):
         hook = self._hook()
         status = hook.get_job(name)
         if status.state == "running":
-            self.log.info("job %s is already running (attempt %d, pid %s): reattaching", name, status.attempt, status.pid)
+            self.log.info(
+                "job %s is already running (attempt %d, pid %s): reattaching", name, status.attempt, status.pid
+            )
         elif status.state == "succeeded":
             self.log.info("job %s already succeeded (attempt %d): not training again", name, status.attempt)
             return self._result(name, status.run_dir)
         elif status.state in ("failed", "cancelled"):
-            self.log.warning("job %s %s on attempt %d (%s): resubmitting with recover.mode=auto",
-                             name, status.state, status.attempt, status.reason)  # fmt: skip
+            self.log.warning(
+                "job %s %s on attempt %d (%s): resubmitting with recover.mode=auto",
+                name,
+                status.state,
+                status.attempt,
+                status.reason,
+            )
             self._submit(hook, name, recover=True)
         else:
             self._submit(hook, name, recover=False)
@@ -199,8 +217,8 @@ class AReaLTrainingOperator(BaseOperator):
         tail = self._hook().job_log_tail(name, FAILURE_TAIL_LINES)
         raise ArealAirflowError(
             f"training job {name} {status}: {reason}\n--- last {FAILURE_TAIL_LINES} lines of "
-            f"{event.get('run_dir') or 'its'} job log ---\n{tail}\n--- the next try resubmits it with recover.mode=auto, "
-            "resuming from its newest checkpoint ---"
+            f"{event.get('run_dir') or 'its'} job log ---\n{tail}\n"
+            "--- the next try resubmits it with recover.mode=auto, resuming from its newest checkpoint ---"
         )
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
@@ -292,8 +310,9 @@ class AReaLTrainingOperator(BaseOperator):
         except ConfigError as exc:
             raise ArealConfigError(f"config {path} with overrides {overrides} is not valid: {exc}") from exc
         if cfg.cluster.scheduler != self.scheduler:
-            self.log.warning("the config says cluster.scheduler=%s; this task submits to %s",
-                             cfg.cluster.scheduler, self.scheduler)  # fmt: skip
+            self.log.warning(
+                "the config says cluster.scheduler=%s; this task submits to %s", cfg.cluster.scheduler, self.scheduler
+            )
         return path, overrides, cfg
 
     def _submit(self, hook: ClusterHook, name: str, *, recover: bool) -> None:
@@ -302,20 +321,36 @@ class AReaLTrainingOperator(BaseOperator):
         run_id = self._mlflow_run_id()
         env = {MLFLOW_RUN_ID_ENV: run_id} if run_id else {}
         status = hook.submit_job(name, argv, env, cfg.experiment.run_dir, cwd=os.getcwd())
-        self.log.info("submitted job %s (attempt %d, pid %s), run dir %s, log %s",
-                      name, status.attempt, status.pid, status.run_dir, status.log_path)  # fmt: skip
+        self.log.info(
+            "submitted job %s (attempt %d, pid %s), run dir %s, log %s",
+            name,
+            status.attempt,
+            status.pid,
+            status.run_dir,
+            status.log_path,
+        )
 
     def _wait(self, context: Context, hook: ClusterHook, name: str) -> dict[str, Any]:
         # the triggerer gives on_kill() a bounded time ([triggerer] on_kill_timeout, 30 s by default)
-        trigger = TrainingJobTrigger(name, resolve_jobs_root(self.jobs_root), self.scheduler, self.poll_interval,
-                                     min(self.cancel_grace_s, TRIGGER_CANCEL_GRACE_S))  # fmt: skip
+        trigger = TrainingJobTrigger(
+            name,
+            resolve_jobs_root(self.jobs_root),
+            self.scheduler,
+            self.poll_interval,
+            min(self.cancel_grace_s, TRIGGER_CANCEL_GRACE_S),
+        )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete", timeout=self.execution_timeout)
         while True:  # not deferrable: poll here, in the worker
             status = hook.get_job(name)
             if status.state != "running":
-                event = {"status": status.state if status.state != "missing" else "error", "reason": status.reason,
-                         "job_name": name, "run_dir": status.run_dir, "exit_code": status.exit_code}  # fmt: skip
+                event = {
+                    "status": status.state if status.state != "missing" else "error",
+                    "reason": status.reason,
+                    "job_name": name,
+                    "run_dir": status.run_dir,
+                    "exit_code": status.exit_code,
+                }
                 return self.execute_complete(context, event)
             time.sleep(self.poll_interval)
 

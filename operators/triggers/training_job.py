@@ -46,9 +46,13 @@ class TrainingJobTrigger(BaseTrigger):
     """Poll job ``job_name`` (records under ``jobs_root``) on ``scheduler`` until it ends."""
 
     def __init__(
-        self, job_name: str, jobs_root: str, scheduler: str = "local", poll_interval: float = 5.0,
+        self,
+        job_name: str,
+        jobs_root: str,
+        scheduler: str = "local",
+        poll_interval: float = 5.0,
         cancel_grace_s: float = 20.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.job_name = job_name
         self.jobs_root = str(jobs_root)
@@ -82,8 +86,12 @@ class TrainingJobTrigger(BaseTrigger):
                 status = await asyncio.to_thread(hook.get_job, self.job_name)
                 run_dir = status.run_dir
                 if status.state == "missing":
-                    yield self._event("error", f"job {self.job_name} has no record under {self.jobs_root}: "
-                                      f"it was removed while the task waited ({status.reason})", run_dir)  # fmt: skip
+                    yield self._event(
+                        "error",
+                        f"job {self.job_name} has no record under {self.jobs_root}: "
+                        f"it was removed while the task waited ({status.reason})",
+                        run_dir,
+                    )
                     return
                 for line in await asyncio.to_thread(progress.read, run_dir):  # also the last steps of an ended job
                     self.log.info("%s", line)
@@ -122,10 +130,17 @@ class _Phase:
 
 SFT_PHASE = _Phase("sft", SFT_METRICS_FILE, "sft_config.yaml", 1, (("loss", "loss", "{:.3f}"),))
 RL_PHASE = _Phase(
-    "rl", METRICS_FILE, "rl_config.yaml", 0,
-    (("reward/mean", "reward", "{:.3f}"), ("eval/reward", "eval", "{:.3f}"), ("staleness/mean", "stale", "{:.2g}"),
-     ("perf/step_s", "", "{:.2f} s/step")),
-)  # fmt: skip
+    "rl",
+    METRICS_FILE,
+    "rl_config.yaml",
+    0,
+    (
+        ("reward/mean", "reward", "{:.3f}"),
+        ("eval/reward", "eval", "{:.3f}"),
+        ("staleness/mean", "stale", "{:.2g}"),
+        ("perf/step_s", "", "{:.2f} s/step"),
+    ),
+)
 
 
 def _phase_total(phase: _Phase, run_dir: Path) -> int | None:

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from storage.validate.runner import RANK_PLACEHOLDER, NodeOutcome
 
@@ -43,10 +43,15 @@ class LocalProcessRunner:
                 argv = self.wrap(node, argv)
             processes.append(
                 subprocess.Popen(
-                    argv, env=full_env, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    argv,
+                    env=full_env,
+                    cwd=self.cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
-            )  # fmt: skip
+            )
         deadline = time.monotonic() + timeout_s
         outcomes = []
         for node, process in enumerate(processes):
@@ -54,7 +59,9 @@ class LocalProcessRunner:
                 out, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
                 outcomes.append(NodeOutcome(node, process.returncode, out.decode(errors="replace")))
             except subprocess.TimeoutExpired:
-                logger.warning("probe node %d (pid %d) still runs after %.0fs; killing it", node, process.pid, timeout_s)
+                logger.warning(
+                    "probe node %d (pid %d) still runs after %.0fs; killing it", node, process.pid, timeout_s
+                )
                 os.killpg(process.pid, signal.SIGKILL)
                 out, _ = process.communicate()
                 outcomes.append(NodeOutcome(node, None, out.decode(errors="replace")))

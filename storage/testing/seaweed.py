@@ -125,7 +125,12 @@ class SeaweedS3Server:
     def storage_options(self, identity: S3Identity | None = None) -> dict[str, str]:
         """Options for ``Storage.from_url("s3://...", options)`` as ``identity`` (admin by default)."""
         ident = identity or self.admin
-        return {"endpoint_url": self.endpoint_url, "key": ident.access_key, "secret": ident.secret_key, "region": REGION}
+        return {
+            "endpoint_url": self.endpoint_url,
+            "key": ident.access_key,
+            "secret": ident.secret_key,
+            "region": REGION,
+        }
 
     def env(self, identity: S3Identity | None = None) -> dict[str, str]:
         """The standard AWS environment variables for ``identity`` (admin by default)."""
@@ -218,26 +223,40 @@ class SeaweedS3Server:
         (self.work_dir / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\ncopy_other = 1\n")
         p = self.ports
         argv = [
-            self.binary, "server",
-            f"-ip={self.host}", f"-ip.bind={self.host}", f"-dir={data}",
-            f"-master.port={p['master']}", f"-master.port.grpc={p['master_grpc']}",
-            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume_grpc']}",
-            "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer_grpc']}",
-            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
+            self.binary,
+            "server",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            f"-dir={data}",
+            f"-master.port={p['master']}",
+            f"-master.port.grpc={p['master_grpc']}",
+            f"-volume.port={p['volume']}",
+            f"-volume.port.grpc={p['volume_grpc']}",
+            "-filer",
+            f"-filer.port={p['filer']}",
+            f"-filer.port.grpc={p['filer_grpc']}",
+            "-s3",
+            f"-s3.port={p['s3']}",
+            f"-s3.port.grpc={p['s3_grpc']}",
             f"-s3.config={identities}",
-            "-s3.allowDeleteBucketNotEmpty=false", "-s3.autoCreateBucket=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3.allowDeleteBucketNotEmpty=false",
+            "-s3.autoCreateBucket=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             "-master.telemetry=false",  # never phone home
-            "-master.volumeSizeLimitMB=64", "-volume.max=0", "-volume.preStopSeconds=0",
-        ]  # fmt: skip
-        log = open(self.log_path, "ab")
-        try:
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=0",
+            "-volume.preStopSeconds=0",
+        ]
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor of the log
             self._process = subprocess.Popen(
-                argv, cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                argv,
+                cwd=self.work_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        finally:
-            log.close()
 
     def _remove_sockets(self) -> None:
         """weed leaves ``/tmp/seaweedfs-<service>-<port>.sock`` behind when killed; remove ours."""

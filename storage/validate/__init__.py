@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from storage.errors import StorageConfigError
 from storage.retry import RetryPolicy
@@ -45,8 +46,13 @@ def _probe_options(storage: Storage, options: Mapping[str, Any] | None) -> dict[
     out = dict(options or {})
     if storage.kind == "s3":
         fs = storage.fs
-        resolved = {"endpoint_url": fs.endpoint_url, "region": fs.client_kwargs.get("region_name"),
-                    "key": fs.key, "secret": fs.secret, "token": fs.token}  # fmt: skip
+        resolved = {
+            "endpoint_url": fs.endpoint_url,
+            "region": fs.client_kwargs.get("region_name"),
+            "key": fs.key,
+            "secret": fs.secret,
+            "token": fs.token,
+        }
         for name, value in resolved.items():
             if value is not None and name not in out:
                 out[name] = value

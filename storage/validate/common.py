@@ -43,11 +43,15 @@ def check_round_trip(ctx: CheckContext) -> Outcome:
     if got != expected:
         raise CheckFailed(f"content read back differs: sha256 {got} != {expected} written", _CONSISTENCY_FIX)
     if "roundtrip.bin" not in storage.list(ctx.scratch):
-        raise CheckFailed(f"{storage.url_for(key)} was written but is missing from its directory listing", _CONSISTENCY_FIX)
+        raise CheckFailed(
+            f"{storage.url_for(key)} was written but is missing from its directory listing", _CONSISTENCY_FIX
+        )
     storage.delete(key)
     if storage.exists(key):
         raise CheckFailed(f"{storage.url_for(key)} still exists after it was deleted", _CONSISTENCY_FIX)
-    return Outcome(f"wrote, read back (sha256 matches), listed and deleted {ROUND_TRIP_BYTES} bytes", {"sha256": expected})
+    return Outcome(
+        f"wrote, read back (sha256 matches), listed and deleted {ROUND_TRIP_BYTES} bytes", {"sha256": expected}
+    )
 
 
 def _mbps(size: int, seconds: float) -> float:
@@ -74,7 +78,11 @@ def check_throughput(ctx: CheckContext) -> Outcome:
     small = os.urandom(1024)
     for i in range(t.latency_samples):
         small_key = f"{ctx.scratch}/latency-{i}.bin"
-        for op in (lambda: storage.write_bytes(small_key, small), lambda: storage.read_bytes(small_key), lambda: storage.delete(small_key)):
+        for op in (
+            lambda key=small_key: storage.write_bytes(key, small),
+            lambda key=small_key: storage.read_bytes(key),
+            lambda key=small_key: storage.delete(key),
+        ):
             start = time.perf_counter()
             op()
             op_ms.append((time.perf_counter() - start) * 1e3)
@@ -116,7 +124,11 @@ def cleanup(ctx: CheckContext) -> None:
     except StorageError as exc:
         ctx.report.results.append(
             CheckResult(
-                "cleanup", Status.WARN, ctx.node, ctx.storage.url_for(ctx.scratch),
-                f"could not remove the probe directory: {exc}", "delete it by hand",
+                "cleanup",
+                Status.WARN,
+                ctx.node,
+                ctx.storage.url_for(ctx.scratch),
+                f"could not remove the probe directory: {exc}",
+                "delete it by hand",
             )
-        )  # fmt: skip
+        )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from storage.errors import (
     StorageConnectionError,
@@ -86,7 +87,9 @@ class CheckContext:
         except CheckFailed as exc:
             result = CheckResult(check, Status.FAIL, self.node, where, exc.message, exc.fix, exc.details)
         except (StorageError, OSError) as exc:
-            result = CheckResult(check, Status.FAIL, self.node, where, str(exc), fix_for(exc), {"error": type(exc).__name__})
+            result = CheckResult(
+                check, Status.FAIL, self.node, where, str(exc), fix_for(exc), {"error": type(exc).__name__}
+            )
         result.seconds = time.perf_counter() - start
         log = logger.info if result.status in (Status.PASS, Status.SKIP) else logger.warning
         log("check %s on %s: %s - %s", check, self.node, result.status.value, result.message)

@@ -12,23 +12,64 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FsInfo", "LOCAL_FS_TYPES", "SHARED_FS_TYPES", "classify_fs_type", "filesystem_of", "parse_mounts"]
+__all__ = ["LOCAL_FS_TYPES", "SHARED_FS_TYPES", "FsInfo", "classify_fs_type", "filesystem_of", "parse_mounts"]
 
 Sharing = Literal["local", "shared", "unknown"]
 
 LOCAL_FS_TYPES = frozenset(
     {
-        "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "overlay", "overlayfs",
-        "tmpfs", "ramfs", "devtmpfs", "squashfs", "vfat", "exfat", "ntfs", "ntfs3", "fuseblk", "iso9660",
+        "ext2",
+        "ext3",
+        "ext4",
+        "xfs",
+        "btrfs",
+        "zfs",
+        "f2fs",
+        "jfs",
+        "reiserfs",
+        "overlay",
+        "overlayfs",
+        "tmpfs",
+        "ramfs",
+        "devtmpfs",
+        "squashfs",
+        "vfat",
+        "exfat",
+        "ntfs",
+        "ntfs3",
+        "fuseblk",
+        "iso9660",
     }
-)  # fmt: skip
+)
 SHARED_FS_TYPES = frozenset(
     {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "cephfs", "fuse.ceph-fuse",
-        "glusterfs", "fuse.glusterfs", "beegfs", "wekafs", "pvfs2", "orangefs", "afs", "ocfs2", "gfs2",
-        "fuse.juicefs", "fuse.s3fs", "fuse.gcsfuse", "fuse.geesefs", "fuse.mountpoint-s3", "fuse.weed",
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "ceph",
+        "cephfs",
+        "fuse.ceph-fuse",
+        "glusterfs",
+        "fuse.glusterfs",
+        "beegfs",
+        "wekafs",
+        "pvfs2",
+        "orangefs",
+        "afs",
+        "ocfs2",
+        "gfs2",
+        "fuse.juicefs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.geesefs",
+        "fuse.mountpoint-s3",
+        "fuse.weed",
     }
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

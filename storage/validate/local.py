@@ -76,4 +76,6 @@ def check_free_space(ctx: CheckContext) -> Outcome:
             "free space on this filesystem, choose a larger one, or lower --min-free-gb if the run needs less",
             details,
         )
-    return Outcome(f"{free_gb:.2f} GB free" + (f" (>= {required:g} GB required)" if required is not None else ""), details)
+    return Outcome(
+        f"{free_gb:.2f} GB free" + (f" (>= {required:g} GB required)" if required is not None else ""), details
+    )

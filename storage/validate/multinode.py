@@ -1,9 +1,10 @@
 """The multi-node check: a probe written by each node must be readable by every other node.
 
 Rounds run through the caller's :class:`~storage.validate.runner.ProbeRunner` (write, read, and
-clean unless the coordinator can remove every probe itself; see :mod:`storage.validate.probe`). ``multinode.write`` fails naming each node that could not
-write; ``multinode.visibility`` gets one result per node, failing for each node that could not read
-another node's probe, which is what a path that is not shared between the nodes looks like.
+clean unless the coordinator can remove every probe itself; see :mod:`storage.validate.probe`).
+``multinode.write`` fails naming each node that could not write; ``multinode.visibility`` gets one
+result per node, failing for each node that could not read another node's probe, which is what a
+path that is not shared between the nodes looks like.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import json
 import logging
 import sys
 import uuid
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from storage.errors import StorageError
 from storage.validate.context import CheckContext
@@ -35,7 +37,7 @@ def _parse(outcome: NodeOutcome) -> dict[str, Any] | None:
     for line in reversed(outcome.output.splitlines()):
         if line.startswith(RESULT_PREFIX):
             try:
-                parsed = json.loads(line[len(RESULT_PREFIX):])
+                parsed = json.loads(line[len(RESULT_PREFIX) :])
             except json.JSONDecodeError:
                 return None
             return parsed if isinstance(parsed, dict) else None
@@ -98,26 +100,62 @@ def run_multinode_checks(
         if parsed is None or not parsed.get("ok"):
             why = _no_result(outcome, timeout_s) if parsed is None else parsed.get("error", "failed")
             write_failures.append(outcome.node)
-            add(CheckResult("multinode.write", Status.FAIL, _label(outcome.node, parsed), path_of(outcome.node),
-                            f"could not write its probe: {why}",
-                            "make the path writable from every node (same user/permissions, mounted read-write)"))  # fmt: skip
+            add(
+                CheckResult(
+                    "multinode.write",
+                    Status.FAIL,
+                    _label(outcome.node, parsed),
+                    path_of(outcome.node),
+                    f"could not write its probe: {why}",
+                    "make the path writable from every node (same user/permissions, mounted read-write)",
+                )
+            )
     all_read = False
     if write_failures:
         ctx.skip("multinode.visibility", f"not run: node(s) {write_failures} could not write their probes")
     else:
-        add(CheckResult("multinode.write", Status.PASS, f"all {nodes} nodes", urls[0], f"each of {nodes} nodes wrote a probe"))
+        add(
+            CheckResult(
+                "multinode.write", Status.PASS, f"all {nodes} nodes", urls[0], f"each of {nodes} nodes wrote a probe"
+            )
+        )
         for outcome in runner.run_on_nodes(_command(python, "read", run_id, nodes, urls), nodes, env, timeout_s):
             parsed = _parse(outcome)
             label, where = _label(outcome.node, parsed), path_of(outcome.node)
             if parsed is None:
-                add(CheckResult("multinode.visibility", Status.FAIL, label, where,
-                                f"node {outcome.node} {_no_result(outcome, timeout_s)}", _NOT_SHARED_FIX))  # fmt: skip
+                add(
+                    CheckResult(
+                        "multinode.visibility",
+                        Status.FAIL,
+                        label,
+                        where,
+                        f"node {outcome.node} {_no_result(outcome, timeout_s)}",
+                        _NOT_SHARED_FIX,
+                    )
+                )
             elif parsed.get("ok"):
-                add(CheckResult("multinode.visibility", Status.PASS, label, where,
-                                f"node {outcome.node} read the probes of nodes {parsed.get('seen')}", details=parsed))  # fmt: skip
+                add(
+                    CheckResult(
+                        "multinode.visibility",
+                        Status.PASS,
+                        label,
+                        where,
+                        f"node {outcome.node} read the probes of nodes {parsed.get('seen')}",
+                        details=parsed,
+                    )
+                )
             else:
-                add(CheckResult("multinode.visibility", Status.FAIL, label, where,
-                                _describe_read_failure(outcome.node, parsed), _NOT_SHARED_FIX, details=parsed))  # fmt: skip
+                add(
+                    CheckResult(
+                        "multinode.visibility",
+                        Status.FAIL,
+                        label,
+                        where,
+                        _describe_read_failure(outcome.node, parsed),
+                        _NOT_SHARED_FIX,
+                        details=parsed,
+                    )
+                )
         all_read = all(r.status is Status.PASS for r in ctx.report.results if r.check == "multinode.visibility")
     _clean(ctx, runner, _command(python, "clean", run_id, nodes, urls), env, timeout_s, run_id, all_read)
 
@@ -131,9 +169,14 @@ def _coordinator_sees_all(ctx: CheckContext, run_id: str) -> bool:
 
 
 def _clean(
-    ctx: CheckContext, runner: ProbeRunner, command: list[str], env: Mapping[str, str], timeout_s: float, run_id: str,
+    ctx: CheckContext,
+    runner: ProbeRunner,
+    command: list[str],
+    env: Mapping[str, str],
+    timeout_s: float,
+    run_id: str,
     all_read: bool,
-) -> None:  # fmt: skip
+) -> None:
     """Remove the probes: the coordinator alone when it sees all of them (one shared location), else
     every node its own (private paths keep no leftovers) and then the coordinator its view."""
     problems = []
@@ -141,7 +184,9 @@ def _clean(
         for outcome in runner.run_on_nodes(command, ctx.nodes, env, timeout_s):
             parsed = _parse(outcome)
             if parsed is None or not parsed.get("ok"):
-                problems.append(f"node {outcome.node}: {_no_result(outcome, timeout_s) if parsed is None else parsed.get('error')}")
+                problems.append(
+                    f"node {outcome.node}: {_no_result(outcome, timeout_s) if parsed is None else parsed.get('error')}"
+                )
     try:
         ctx.storage.delete(f"{PROBE_DIR}/{run_id}", recursive=True, missing_ok=True)
         if ctx.storage.exists(PROBE_DIR) and not ctx.storage.list(PROBE_DIR):
@@ -150,6 +195,12 @@ def _clean(
         problems.append(f"coordinator: {exc}")
     if problems:
         ctx.report.results.append(
-            CheckResult("multinode.cleanup", Status.WARN, ctx.node, ctx.storage.url_for(PROBE_DIR),
-                        "probe files may be left behind: " + "; ".join(problems), f"delete {PROBE_DIR}/{run_id} by hand")
-        )  # fmt: skip
+            CheckResult(
+                "multinode.cleanup",
+                Status.WARN,
+                ctx.node,
+                ctx.storage.url_for(PROBE_DIR),
+                "probe files may be left behind: " + "; ".join(problems),
+                f"delete {PROBE_DIR}/{run_id} by hand",
+            )
+        )

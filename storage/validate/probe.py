@@ -23,7 +23,8 @@ import os
 import secrets
 import socket
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from storage.errors import StorageError, StorageNotFoundError
 from storage.storage import Storage
@@ -69,8 +70,14 @@ def _read(storage: Storage, run_id: str, node: int, nodes: int) -> dict[str, Any
         )
         (seen if intact else corrupt).append(other)
     ok = not (missing or corrupt or errors)
-    return {"ok": ok, "seen": seen, "missing": missing, "corrupt": corrupt, "errors": errors,
-            "path": storage.url_for(f"{PROBE_DIR}/{run_id}")}  # fmt: skip
+    return {
+        "ok": ok,
+        "seen": seen,
+        "missing": missing,
+        "corrupt": corrupt,
+        "errors": errors,
+        "path": storage.url_for(f"{PROBE_DIR}/{run_id}"),
+    }
 
 
 def _clean(storage: Storage, run_id: str, node: int) -> dict[str, Any]:

@@ -9,8 +9,9 @@ Scheduler (with the LocalScheduler, separate processes play the nodes); tests ma
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["RANK_PLACEHOLDER", "NodeOutcome", "ProbeRunner"]
 

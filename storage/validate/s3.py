@@ -88,7 +88,9 @@ def _check_endpoint(endpoint: str, timeout_s: float, state: dict[str, Any]) -> O
         ) from exc
     state["server_date"] = date
     latency_ms = round((time.perf_counter() - start) * 1e3, 2)
-    return Outcome(f"{endpoint} answered HTTP {status} in {latency_ms} ms", {"http_status": status, "latency_ms": latency_ms})
+    return Outcome(
+        f"{endpoint} answered HTTP {status} in {latency_ms} ms", {"http_status": status, "latency_ms": latency_ms}
+    )
 
 
 def _list_probe(client: Any, bucket: str, prefix: str) -> _ListProbe:
@@ -128,7 +130,9 @@ def _check_credentials(ctx: CheckContext, probe: _ListProbe) -> Outcome:
     if probe.code in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"):
         raise CheckFailed(f"no usable credentials: {probe.error}", _CREDENTIALS_FIX)
     if probe.error is not None and probe.code not in ("NoSuchBucket", "AccessDenied"):
-        raise CheckFailed(f"signed request failed: {probe.error}", "see the message; check the endpoint and credentials")
+        raise CheckFailed(
+            f"signed request failed: {probe.error}", "see the message; check the endpoint and credentials"
+        )
     return Outcome(f"credentials accepted ({described})", {"credentials": described})
 
 
@@ -180,7 +184,9 @@ def _check_multipart(ctx: CheckContext, client: Any) -> Outcome:
             f"multipart object reads back wrong (size {size}, expected {expected}, or the part seam differs)",
             "the endpoint assembles multipart uploads incorrectly; report it to the storage operator",
         )
-    return Outcome(f"uploaded, completed and read back a {len(parts)}-part object of {expected} bytes", {"bytes": expected})
+    return Outcome(
+        f"uploaded, completed and read back a {len(parts)}-part object of {expected} bytes", {"bytes": expected}
+    )
 
 
 def _abort(client: Any, bucket: str, key: str, upload_id: str) -> None:
@@ -201,9 +207,15 @@ def run_s3_checks(ctx: CheckContext) -> bool:
         client = _client(ctx)
     except BotoCoreError as exc:  # e.g. AWS_PROFILE names a profile that does not exist
         ctx.report.results.append(
-            CheckResult("s3.endpoint", Status.FAIL, ctx.node, str(ctx.storage.url),
-                        f"cannot configure an S3 client: {exc}", _CREDENTIALS_FIX)
-        )  # fmt: skip
+            CheckResult(
+                "s3.endpoint",
+                Status.FAIL,
+                ctx.node,
+                str(ctx.storage.url),
+                f"cannot configure an S3 client: {exc}",
+                _CREDENTIALS_FIX,
+            )
+        )
         for check in later:
             ctx.skip(check, "not run: no S3 client")
         return False

@@ -3,6 +3,7 @@ single-process transformers reference (one sequence at a time, no packing, no sh
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def value_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
 
 def sequences(batch: dict) -> list[torch.Tensor]:
     cu = batch["cu_seqlens"].tolist()
-    return [batch["input_ids"][a:b] for a, b in zip(cu, cu[1:])]
+    return [batch["input_ids"][a:b] for a, b in itertools.pairwise(cu)]
 
 
 def reference_logprobs(model: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -103,5 +104,6 @@ def assert_family_results_match_reference(results_dir: Path, model_dirs: dict[st
         ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()]))
         assert result["norm"] == pytest.approx(float(ref_norm), rel=RTOL), f"{family}: global grad norm"
         with torch.no_grad():
-            torch.testing.assert_close(result["forward"]["logprobs"], reference_logprobs(model, batch),
-                                       atol=ATOL, rtol=RTOL)
+            torch.testing.assert_close(
+                result["forward"]["logprobs"], reference_logprobs(model, batch), atol=ATOL, rtol=RTOL
+            )

@@ -56,8 +56,13 @@ def run_workers(
     for rank in range(world_size):
         env = dict(os.environ)
         env.update(
-            RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port), OMP_NUM_THREADS="1", AREAL_TEST_BACKEND=backend,
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            AREAL_TEST_BACKEND=backend,
             PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]),
         )
         if backend == "gloo":

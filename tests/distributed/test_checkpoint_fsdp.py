@@ -18,7 +18,6 @@ import shutil
 
 import pytest
 import torch
-
 from launch import WorkerError, run_workers
 
 pytestmark = pytest.mark.distributed
@@ -103,8 +102,10 @@ def test_second_checkpoint_writes_only_adapter_bytes(runs):
     lora_bytes, base_bytes = _split_bytes(res["at_save"][1])
     first, second = res["metas"][0], res["metas"][1]
     data = {m["step"]: sum(f["size"] for n, f in m["files"].items() if n.startswith("dcp/rank-")) for m in res["metas"]}
-    print(f"\nLoRA checkpoint data bytes: full {data[1]}, incremental {data[2]} "
-          f"(adapters {lora_bytes} B x3 with AdamW moments, frozen base {base_bytes} B referenced)")
+    print(
+        f"\nLoRA checkpoint data bytes: full {data[1]}, incremental {data[2]} "
+        f"(adapters {lora_bytes} B x3 with AdamW moments, frozen base {base_bytes} B referenced)"
+    )
     assert first["sizes"]["referenced"] == 0 and data[1] >= base_bytes + 3 * lora_bytes
     assert second["parent"] == 1 and second["sizes"]["referenced"] >= base_bytes
     assert 3 * lora_bytes <= data[2] < 3 * lora_bytes + 16 * 1024  # adapters + moments + small objects

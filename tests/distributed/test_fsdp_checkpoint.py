@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_helpers import ATOL, RTOL, make_batch, reference_logprobs
 from launch import run_workers
 
@@ -45,8 +44,9 @@ def test_hf_export_loads_in_plain_transformers(result, subdir):
     assert model.config.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
-        torch.testing.assert_close(reference_logprobs(model, make_batch(seed=0)), res["forward"]["logprobs"],
-                                   atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(
+            reference_logprobs(model, make_batch(seed=0)), res["forward"]["logprobs"], atol=ATOL, rtol=RTOL
+        )
     assert AutoTokenizer.from_pretrained(str(out / subdir)) is not None
     assert not any(p.name.startswith(".") for p in out.iterdir()), "staging directories left behind"
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from engine_helpers import ATOL, RTOL, make_batch, max_abs_diff, reference_grads, token_mean_loss
+from engine_helpers import ATOL, RTOL, make_batch, max_abs_diff, reference_grads
 from launch import run_workers
 
 pytestmark = pytest.mark.distributed
@@ -41,9 +40,7 @@ def _check(result: dict, ref: dict) -> None:
 
 @pytest.mark.parametrize("world", [1, 2], ids=["dp1", "dp2"])
 def test_micro_batches_and_dp_give_reference_gradients(world, tiny_qwen2, reference, tmp_path):
-    run_workers(
-        "workers_fsdp:grads_and_step", world, tmp_path, {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4]}
-    )
+    run_workers("workers_fsdp:grads_and_step", world, tmp_path, {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4]})
     for n_mbs in (1, 4):
         result = torch.load(tmp_path / f"result_mbs{n_mbs}.pt", weights_only=False)
         _check(result, reference)
@@ -54,8 +51,12 @@ def test_micro_batches_and_dp_give_reference_gradients(world, tiny_qwen2, refere
 def test_dp2_with_the_model_as_one_fsdp_unit_gives_reference_gradients(tiny_qwen2, reference, tmp_path):
     """``fsdp_wrap=root`` on two ranks: the same loss, gradients and step, and a weight update
     publishes exactly the trained parameters."""
-    run_workers("workers_fsdp:grads_and_step", 2, tmp_path,
-                {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4], "fsdp_wrap": "root"})
+    run_workers(
+        "workers_fsdp:grads_and_step",
+        2,
+        tmp_path,
+        {"model_dir": str(tiny_qwen2), "n_mbs_list": [1, 4], "fsdp_wrap": "root"},
+    )
     for n_mbs in (1, 4):
         result = torch.load(tmp_path / f"result_mbs{n_mbs}.pt", weights_only=False)
         _check(result, reference)

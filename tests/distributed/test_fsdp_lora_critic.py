@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_helpers import (
     ATOL,
     RTOL,
@@ -24,10 +23,10 @@ pytestmark = pytest.mark.distributed
 
 def _peft_reference(model_dir):
     from transformers import AutoModelForCausalLM
+    from workers_fsdp import LORA
 
     from areal_tasks.config.engine import LoRAConfig
     from areal_tasks.engine.fsdp.lora import apply_lora
-    from workers_fsdp import LORA
 
     base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
     return apply_lora(base, LoRAConfig(**LORA), seed=1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_helpers import ATOL, make_batch, max_abs_diff, reference_grads
 from launch import run_workers
 

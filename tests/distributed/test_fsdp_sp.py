@@ -6,10 +6,8 @@ log-probs (fp32, 1e-5). Besides qwen2: qwen3 (q/k norms), mistral with a 4-token
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import assert_family_results_match_reference
 from launch import run_workers
-
 
 
 @pytest.mark.distributed

@@ -5,7 +5,6 @@ get a clear error."""
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import assert_family_results_match_reference
 from launch import run_workers
 

@@ -16,7 +16,6 @@ import threading
 
 import pytest
 import torch
-
 from launch import free_port, run_workers
 
 pytestmark = pytest.mark.distributed
@@ -42,8 +41,15 @@ def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
             for _ in (1, 2):
                 update: dict[str, torch.Tensor] = {}
                 for b in buckets:
-                    update.update(receive_weights(group, [s.name for s in b], [s.dtype for s in b],
-                                                  [list(s.shape) for s in b], "flattened_bucket"))
+                    update.update(
+                        receive_weights(
+                            group,
+                            [s.name for s in b],
+                            [s.dtype for s in b],
+                            [list(s.shape) for s in b],
+                            "flattened_bucket",
+                        )
+                    )
                 received.append(update)
             group.destroy()
         except BaseException as exc:  # surfaced by the assertion below
@@ -52,8 +58,12 @@ def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
 
     thread = threading.Thread(target=server, daemon=True)
     thread.start()
-    run_workers("workers_fsdp:collective_run", 2, tmp_path,
-                {"model_dir": str(tiny_qwen2), "port": port, "group": group_name, "bucket_bytes": BUCKET_BYTES})
+    run_workers(
+        "workers_fsdp:collective_run",
+        2,
+        tmp_path,
+        {"model_dir": str(tiny_qwen2), "port": port, "group": group_name, "bucket_bytes": BUCKET_BYTES},
+    )
     thread.join(timeout=60)
     assert not thread.is_alive(), "the receiver did not finish"
     assert not errors, errors

@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from engine_helpers import make_batch, token_mean_loss, token_weight
+from workers_fsdp import build_engine, engine_config, full_params, local_share
 
 from areal_tasks.checkpoint.manager import CheckpointManager
 from areal_tasks.checkpoint.state import TrainerState
 from areal_tasks.config.engine import LoRAConfig, LRScheduleConfig
 from areal_tasks.config.sections import SaverConfig
-from engine_helpers import make_batch, token_mean_loss, token_weight
-from workers_fsdp import build_engine, engine_config, full_params, local_share
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,18 @@ def _kill_during_next_save() -> None:
 
 
 def train_run(
-    rank: int, world: int, out_dir: Path, model_dir: str, url: str, steps: int, save_every: int,
-    tag: str, kill_at: int | None = None, stop_at: int | None = None, options: dict | None = None,
-) -> None:  # fmt: skip
+    rank: int,
+    world: int,
+    out_dir: Path,
+    model_dir: str,
+    url: str,
+    steps: int,
+    save_every: int,
+    tag: str,
+    kill_at: int | None = None,
+    stop_at: int | None = None,
+    options: dict | None = None,
+) -> None:
     """Train up to ``steps`` (resuming from the latest checkpoint at ``url``; ``stop_at``: leave after
     that step, like a preempted job); rank 0 saves results."""
     cfg = engine_config(2, grad_clip=1.0, lr_schedule=LRScheduleConfig(type="cosine", warmup_steps=1))
@@ -87,18 +96,26 @@ def train_run(
         if manager.should_save(step, last=step == steps):
             if kill_at == step:
                 _kill_during_next_save()
-            trainer = TrainerState(step=step, version=step, dataloader={"next": (SEED, step + 1)},
-                                   executor={"metrics": metrics[step]})  # fmt: skip
+            trainer = TrainerState(
+                step=step, version=step, dataloader={"next": (SEED, step + 1)}, executor={"metrics": metrics[step]}
+            )
             manager.save(step, engines, trainer, {"loss": stats["loss"]}).wait()
     manager.close()
     params, optim = full_params(engine), full_optimizer_state(engine)
     if rank == 0:
         torch.save(
-            {"params": params, "optim": optim, "metrics": metrics, "resumed_from": None if state is None else state.step,
-             "trainer_state": None if state is None else state.to_dict(), "version": engine.get_version(),
-             "last_lr": engine.lr_scheduler.get_last_lr(), "listing": [(i.step, i.status) for i in manager.list()]},
+            {
+                "params": params,
+                "optim": optim,
+                "metrics": metrics,
+                "resumed_from": None if state is None else state.step,
+                "trainer_state": None if state is None else state.to_dict(),
+                "version": engine.get_version(),
+                "last_lr": engine.lr_scheduler.get_last_lr(),
+                "listing": [(i.step, i.status) for i in manager.list()],
+            },
             out_dir / f"{tag}.pt",
-        )  # fmt: skip
+        )
     engine.destroy()
 
 
@@ -141,10 +158,17 @@ def lora_run(rank: int, world: int, out_dir: Path, model_dir: str, url: str, opt
         export_hf(storage, 3, out_dir / "export_hf")
         listing = [(i.step, i.status) for i in manager.list()]
         torch.save(
-            {"metas": metas, "at_save": at_save, "loaded": loaded, "loaded_step": state.step, "reread": reread,
-             "listing": listing, "files": storage.walk_files()},
+            {
+                "metas": metas,
+                "at_save": at_save,
+                "loaded": loaded,
+                "loaded_step": state.step,
+                "reread": reread,
+                "listing": listing,
+                "files": storage.walk_files(),
+            },
             out_dir / "lora.pt",
-        )  # fmt: skip
+        )
     dist.barrier()
     fresh.destroy()
     engine.destroy()

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import torch
+from engine_helpers import make_batch, token_mean_loss, token_weight, value_loss
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -17,7 +18,6 @@ from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.optim import global_grad_norm
 from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 from areal_tasks.engine.microbatch import dp_split
-from engine_helpers import make_batch, token_mean_loss, token_weight, value_loss
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,16 @@ def full_params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
 
 
 def grads_and_step(
-    rank: int, world: int, out_dir: Path, model_dir: str, n_mbs_list: list[int], sp: int = 1, tp: int = 1,
-    grad_clip: float = 0.5, critic: bool = False, fsdp_wrap: str = "auto",
+    rank: int,
+    world: int,
+    out_dir: Path,
+    model_dir: str,
+    n_mbs_list: list[int],
+    sp: int = 1,
+    tp: int = 1,
+    grad_clip: float = 0.5,
+    critic: bool = False,
+    fsdp_wrap: str = "auto",
 ) -> None:
     """For each micro-batch count: gradients of one batch, then one clipped AdamW step; the result
     also holds the FSDP units built and the weights a weight update would publish."""
@@ -74,8 +82,15 @@ def grads_and_step(
         logprobs = None if critic else engine.forward_batch(batch, with_entropy=True)
         if rank == 0:
             torch.save(
-                {"stats": stats, "grads": grads, "step_stats": step_stats, "params": params, "forward": logprobs,
-                 "units": sorted(fsdp_units(engine.model)), "published": published},
+                {
+                    "stats": stats,
+                    "grads": grads,
+                    "step_stats": step_stats,
+                    "params": params,
+                    "forward": logprobs,
+                    "units": sorted(fsdp_units(engine.model)),
+                    "published": published,
+                },
                 out_dir / f"result_mbs{n_mbs}.pt",
             )
         engine.destroy()
@@ -123,14 +138,29 @@ def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -
     from_hf.destroy()
     if rank == 0:
         torch.save(
-            {"at_save": at_save, "forward": forward, "final_first": final_first, "final_resumed": final_resumed,
-             "lrs": (lrs_first, lrs_resumed), "version": version, "loaded_hf": loaded_hf},
+            {
+                "at_save": at_save,
+                "forward": forward,
+                "final_first": final_first,
+                "final_resumed": final_resumed,
+                "lrs": (lrs_first, lrs_resumed),
+                "version": version,
+                "loaded_hf": loaded_hf,
+            },
             out_dir / "result.pt",
         )
 
 
-def family_grads(rank: int, world: int, out_dir: Path, model_dirs: dict[str, str], sp: int = 1, tp: int = 1,
-                 n_mbs: int = 2, options: dict | None = None) -> None:
+def family_grads(
+    rank: int,
+    world: int,
+    out_dir: Path,
+    model_dirs: dict[str, str],
+    sp: int = 1,
+    tp: int = 1,
+    n_mbs: int = 2,
+    options: dict | None = None,
+) -> None:
     """Per family: loss, gradients and forward log-probs of one batch under the given layout
     (``options``: extra EngineConfig fields such as gradient_checkpointing)."""
     batch = make_batch(seed=0)
@@ -162,8 +192,10 @@ def lora_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     engine.save(str(out_dir / "merged"), "hf")
     engine.save(str(out_dir / "adapter"), "hf", lora_adapters_only=True)
     if rank == 0:
-        torch.save({"step_stats": step_stats, "stats": stats, "grads": grads, "params": params, "forward": forward},
-                   out_dir / "result.pt")
+        torch.save(
+            {"step_stats": step_stats, "stats": stats, "grads": grads, "params": params, "forward": forward},
+            out_dir / "result.pt",
+        )
     engine.destroy()
 
 
@@ -179,8 +211,9 @@ def critic_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     engine.destroy()
 
 
-def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int, group: str,
-                   bucket_bytes: int) -> None:
+def collective_run(
+    rank: int, world: int, out_dir: Path, model_dir: str, port: int, group: str, bucket_bytes: int
+) -> None:
     """Publish weights over a collective group twice (before and after a train step, dp=2); rank 0
     first writes the weight specs (``specs.json``) the receiver plans its buckets from."""
     import dataclasses
@@ -189,8 +222,9 @@ def collective_run(rank: int, world: int, out_dir: Path, model_dir: str, port: i
     from areal_tasks.api.weight_update import WeightUpdateMeta
 
     def meta(version: int) -> WeightUpdateMeta:
-        return WeightUpdateMeta.collective(version, "127.0.0.1", port, 2, group_name=group,
-                                           bucket_bytes=bucket_bytes, timeout_s=120)
+        return WeightUpdateMeta.collective(
+            version, "127.0.0.1", port, 2, group_name=group, bucket_bytes=bucket_bytes, timeout_s=120
+        )
 
     engine = build_engine(model_dir, engine_config(1))
     if rank == 0:  # written before the group exists, so the receiver reads it once it has joined
@@ -218,8 +252,9 @@ def shared_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
 
     def read() -> dict[str, torch.Tensor]:
         flat = open_shared_buffer(engine.shared_weight_buffers()[0])
-        views = split_flat(flat, [s.name for s in layout], [getattr(torch, s.dtype) for s in layout],
-                           [list(s.shape) for s in layout])  # fmt: skip
+        views = split_flat(
+            flat, [s.name for s in layout], [getattr(torch, s.dtype) for s in layout], [list(s.shape) for s in layout]
+        )
         return {name: view.clone() for name, view in views.items()}
 
     first_meta = WeightUpdateMeta.shared(1)
@@ -235,9 +270,17 @@ def shared_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     engine.destroy()
     if rank == 0:
         gone = not Path(descriptions[0]["path"]).exists()
-        torch.save({"first": first, "second": second, "expected_first": expected_first,
-                    "expected_second": expected_second, "descriptions": descriptions, "gone": gone},
-                   out_dir / "result.pt")  # fmt: skip
+        torch.save(
+            {
+                "first": first,
+                "second": second,
+                "expected_first": expected_first,
+                "expected_second": expected_second,
+                "descriptions": descriptions,
+                "gone": gone,
+            },
+            out_dir / "result.pt",
+        )
 
 
 def tp_publish(rank: int, world: int, out_dir: Path, model_dir: str) -> None:

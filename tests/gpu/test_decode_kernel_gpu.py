@@ -1,10 +1,10 @@
 """The Triton grouped decode attention of the embedded server on a CUDA GPU (skipped without CUDA).
 
 The kernel (``inference/server/decode_kernel.py``) against the fp32 PyTorch product it replaces:
-bf16 inputs (and fp32 ones, to fp32 rounding) read from strided slot-cache views, boolean, additive and no masks, KV lengths that are
-and are not multiples of the kernel's block, group sizes of the Qwen2.5 shapes (7) and of plain
-multi-query layouts; then the same call inside ``torch.compile`` and a captured CUDA graph, as the
-decode steps run it. Tolerances are bf16's.
+bf16 inputs (and fp32 ones, to fp32 rounding) read from strided slot-cache views, boolean, additive
+and no masks, KV lengths that are and are not multiples of the kernel's block, group sizes of the
+Qwen2.5 shapes (7) and of plain multi-query layouts; then the same call inside ``torch.compile`` and
+a captured CUDA graph, as the decode steps run it. Tolerances are bf16's.
 """
 
 from __future__ import annotations
@@ -14,12 +14,18 @@ import torch
 
 from areal_tasks.inference.server.decode_kernel import decode_attention, kernel_available, reference_decode_attention
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not kernel_available(), reason="needs CUDA and triton")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not kernel_available(), reason="needs CUDA and triton")]
 
 
-def inputs(batch: int, kv_heads: int, group: int, length: int, head_dim: int = 64, max_len: int = 640,
-           dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+def inputs(
+    batch: int,
+    kv_heads: int,
+    group: int,
+    length: int,
+    head_dim: int = 64,
+    max_len: int = 640,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[torch.Tensor, ...]:
     """Grouped queries and keys/values as views of a ``[2, B, H_kv, max_len, D]`` store, with
     per-row fill lengths between 1 and ``length``."""
     gen = torch.Generator(device="cuda").manual_seed(length * 31 + group)
@@ -37,13 +43,17 @@ def inputs(batch: int, kv_heads: int, group: int, length: int, head_dim: int = 6
 @pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
 def test_kernel_matches_the_fp32_product(length: int, group: int, mask_kind: str) -> None:
     query, key, value, allowed = inputs(batch=9, kv_heads=2, group=group, length=length)
-    mask = {"bool": allowed, "none": None,
-            "additive": torch.zeros(allowed.shape, device="cuda", dtype=query.dtype).masked_fill(~allowed, float("-inf"))}[mask_kind]
+    mask = {
+        "bool": allowed,
+        "none": None,
+        "additive": torch.zeros(allowed.shape, device="cuda", dtype=query.dtype).masked_fill(~allowed, float("-inf")),
+    }[mask_kind]
     scale = 0.125
     with torch.inference_mode():
         got = decode_attention(query, key, value, mask, scale)
-    want = reference_decode_attention(query.float(), key.float(), value.float(),
-                                      None if mask is None else allowed, scale)
+    want = reference_decode_attention(
+        query.float(), key.float(), value.float(), None if mask is None else allowed, scale
+    )
     assert got.shape == query.shape and got.dtype == query.dtype
     assert (got.float() - want).abs().max().item() < 2e-2
 

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
-from engine_helpers import make_batch, token_mean_loss, token_weight  # noqa: E402
+from engine_helpers import make_batch, token_mean_loss, token_weight
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -25,8 +25,13 @@ def train(model_dir: str, wrap: str) -> tuple[list[float], dict[str, torch.Tenso
     from areal_tasks.engine.fsdp.export import iter_full_tensors
     from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 
-    config = EngineConfig(optimizer=OptimizerConfig(lr=1e-3, grad_clip=1.0), micro_batch=MicroBatchSpec(n_mbs=2),
-                          fsdp_wrap=wrap, compile_blocks_per_graph=2, lm_head_keep_logits=True)
+    config = EngineConfig(
+        optimizer=OptimizerConfig(lr=1e-3, grad_clip=1.0),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+        fsdp_wrap=wrap,
+        compile_blocks_per_graph=2,
+        lm_head_keep_logits=True,
+    )
     engine = FSDPEngine(config, model_dir, parallel=ParallelDims(dp=1), total_steps=3)
     engine.initialize()
     batch = make_batch(seed=0)

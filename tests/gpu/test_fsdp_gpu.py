@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
-from engine_helpers import make_batch, max_abs_diff, reference_grads, reference_logprobs  # noqa: E402
-from launch import free_port, run_workers  # noqa: E402
+from engine_helpers import make_batch, max_abs_diff, reference_grads, reference_logprobs
+from launch import free_port, run_workers
 
 pytestmark = pytest.mark.gpu
 
@@ -38,13 +38,15 @@ def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
         try:
             torch.cuda.set_device(1)
             meta = WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120)
-            group = init_weights_update_group(meta.master_addr, port, 1, 2, meta.group_name, "nccl",
-                                              torch.device("cuda", 1), meta.timeout_s)
+            group = init_weights_update_group(
+                meta.master_addr, port, 1, 2, meta.group_name, "nccl", torch.device("cuda", 1), meta.timeout_s
+            )
             specs = [ParamSpec(**s) for s in json.loads((tmp_path / "specs.json").read_text())]
             update = {}
             for b in plan_weight_buckets(specs, meta.bucket_bytes):  # as the client plans them
-                got = receive_weights(group, [s.name for s in b], [s.dtype for s in b], [list(s.shape) for s in b],
-                                      "flattened_bucket")
+                got = receive_weights(
+                    group, [s.name for s in b], [s.dtype for s in b], [list(s.shape) for s in b], "flattened_bucket"
+                )
                 update.update({n: t.cpu() for n, t in got.items()})
             received.append(update)
             # leave the group as a server does, so the engine's own teardown (a bounded destroy) completes
@@ -59,8 +61,14 @@ def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
         thread.start()
     here = str(Path(__file__).resolve().parent)  # workers_gpu is found by the worker processes here
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    run_workers("workers_gpu:gpu_run", world, tmp_path, {"model_dir": str(tiny_qwen2), "port": port},
-                backend="nccl", timeout_s=400)
+    run_workers(
+        "workers_gpu:gpu_run",
+        world,
+        tmp_path,
+        {"model_dir": str(tiny_qwen2), "port": port},
+        backend="nccl",
+        timeout_s=400,
+    )
     res = torch.load(tmp_path / "result.pt", weights_only=False)
 
     batch = make_batch(seed=0)

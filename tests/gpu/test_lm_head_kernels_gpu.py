@@ -18,8 +18,9 @@ from areal_tasks.engine.fsdp.lm_head_kernels import GRAD_BLOCK, forward_stats, k
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not kernels_available(), reason="needs CUDA and triton")]
 
 
-def logits_and_labels(rows: int, vocab: int, *, offset: float = 0.0, seed: int = 0,
-                      dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_and_labels(
+    rows: int, vocab: int, *, offset: float = 0.0, seed: int = 0, dtype: torch.dtype = torch.bfloat16
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     logits = (torch.randn(rows, vocab, device="cuda", generator=gen) * 3 + offset).to(dtype)
     labels = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
@@ -122,8 +123,9 @@ def test_kernels_refuse_strided_logits() -> None:
 @pytest.mark.parametrize("keep_logits", [False, True])
 @pytest.mark.parametrize("entropy_grad", [False, True])
 @pytest.mark.parametrize("plain_sum", [False, True])  # d/d logprob of logprob.sum(): an expanded scalar
-def test_chunked_head_with_the_kernels_equals_full_logits(entropy_grad: bool, plain_sum: bool, keep_logits: bool,
-                                                          monkeypatch) -> None:
+def test_chunked_head_with_the_kernels_equals_full_logits(
+    entropy_grad: bool, plain_sum: bool, keep_logits: bool, monkeypatch
+) -> None:
     from areal_tasks.engine.fsdp.logprobs import next_token_stats
 
     for name in ("forward", "grad", "grad_in_place", "kind"):  # compile_chunk_kernels swaps them process-wide
@@ -143,8 +145,16 @@ def test_chunked_head_with_the_kernels_equals_full_logits(entropy_grad: bool, pl
     ref_lp, ref_ent = next_token_stats(hidden @ weight.t(), labels, temperature=0.8, with_entropy=True)
     ref_loss = logprob_term(ref_lp) + ((ref_ent if entropy_grad else ref_ent.detach()) * up_ent).sum()
     ref = torch.autograd.grad(ref_loss, [hidden, weight])
-    lp, ent = lm_head.chunked_next_token_stats(hidden, weight, labels, temperature=0.8, with_entropy=True,
-                                               entropy_grad=entropy_grad, chunk=128, keep_logits=keep_logits)
+    lp, ent = lm_head.chunked_next_token_stats(
+        hidden,
+        weight,
+        labels,
+        temperature=0.8,
+        with_entropy=True,
+        entropy_grad=entropy_grad,
+        chunk=128,
+        keep_logits=keep_logits,
+    )
     got = torch.autograd.grad(logprob_term(lp) + (ent * up_ent).sum(), [hidden, weight])
     torch.testing.assert_close(lp, ref_lp, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ent, ref_ent, atol=1e-4, rtol=1e-4)

@@ -12,6 +12,7 @@ Run standalone on a GPU machine: ``python -m pytest tests/gpu/test_memory_estima
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -27,12 +28,30 @@ pytestmark = pytest.mark.gpu
 ATTENTION = "areal_packed_sdpa"
 TOLERANCE = 0.25
 
-SMALL_VOCAB = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-                   num_key_value_heads=4, vocab_size=32000)  # fmt: skip
-BIG_VOCAB = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936)  # fmt: skip
-FP32_MHA = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=8, vocab_size=32000)  # fmt: skip
+SMALL_VOCAB = {
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+}
+BIG_VOCAB = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+}
+FP32_MHA = {
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+}
 
 CASES = [
     pytest.param(BIG_VOCAB, "bfloat16", "adamw_pure", False, 8192, id="bf16-vocab152k"),
@@ -50,7 +69,7 @@ def _packed_sdpa(module, query, key, value, attention_mask, scaling=None, dropou
         torch.nn.functional.scaled_dot_product_attention(
             query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling, enable_gqa=gqa
         )
-        for s, e in zip(bounds, bounds[1:])
+        for s, e in itertools.pairwise(bounds)
     ]
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
 
@@ -89,6 +108,14 @@ def _loss(model, batch: dict) -> torch.Tensor:
     return -(token_logprobs * mask).sum() / mask.sum()
 
 
+def _train_step(model, optim, batches: list[dict]) -> None:
+    """One optimizer step over ``batches`` (gradients accumulated across them)."""
+    for batch in batches:
+        _loss(model, batch).backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+
+
 @pytest.mark.parametrize(("dims", "dtype", "optimizer", "checkpointing", "n_tokens"), CASES)
 def test_peak_memory_within_25_percent(dims, dtype, optimizer, checkpointing, n_tokens):
     transformers.AttentionInterface.register(ATTENTION, _packed_sdpa)
@@ -107,16 +134,10 @@ def test_peak_memory_within_25_percent(dims, dtype, optimizer, checkpointing, n_
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
     batches = [_packed_batch(n_tokens, config.vocab_size, seed) for seed in range(2)]
 
-    def train_step() -> None:
-        for batch in batches:
-            _loss(model, batch).backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-
-    train_step()
+    _train_step(model, optim, batches)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    train_step()
+    _train_step(model, optim, batches)
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - before
 
@@ -127,7 +148,8 @@ def test_peak_memory_within_25_percent(dims, dtype, optimizer, checkpointing, n_
         f"\n{dtype} {optimizer} ckpt={checkpointing} N={n_tokens}: measured {measured / 2**30:.2f} GiB, "
         f"estimated {predicted / 2**30:.2f} GiB (ratio {predicted / measured:.3f}); params "
         f"{estimate.param_bytes / 2**30:.3f} (real {static_measured / 2**30:.3f}) GiB, "
-        f"{estimate.bytes_per_token / 2**10:.1f} KiB/token of which logits {estimate.logits_bytes_per_token / 2**10:.1f}"
+        f"{estimate.bytes_per_token / 2**10:.1f} KiB/token of which logits "
+        f"{estimate.logits_bytes_per_token / 2**10:.1f}"
     )
     del model, optim, batches
     torch.cuda.empty_cache()

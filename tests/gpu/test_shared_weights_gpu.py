@@ -48,8 +48,12 @@ def test_a_server_process_maps_the_buffer_once_and_sees_every_repack() -> None:
     buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), device)
     wire = [[s.name, s.dtype, list(s.shape)] for s in layout]
     assert pick_buffer([buffer.describe()], device) == buffer.describe()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps([buffer.describe()]), json.dumps(wire)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, json.dumps([buffer.describe()]), json.dumps(wire)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for scale in (1.0, -3.0):  # the second pack goes into the same buffer the server mapped
             scaled = {n: t * scale for n, t in named.items()}
@@ -84,8 +88,15 @@ def test_a_server_that_numbers_the_gpus_differently_picks_the_buffer_on_its_gpu_
             buffer.pack(layout, [("w", torch.full((64, 64), value, device=device))])
             buffers.append(buffer)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}
-        done = subprocess.run([sys.executable, "-c", SERVER, json.dumps([b.describe() for b in buffers]), json.dumps(wire)],
-                              input="go\n", capture_output=True, text=True, env=env, timeout=120, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", SERVER, json.dumps([b.describe() for b in buffers]), json.dumps(wire)],
+            input="go\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=True,
+        )
         assert json.loads(done.stdout) == {"w": 2.0 * 64 * 64}
     finally:
         for buffer in buffers:

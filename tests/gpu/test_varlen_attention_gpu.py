@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 
-from engine_helpers import make_batch, token_mean_loss, token_weight  # noqa: E402
-from launch import run_workers  # noqa: E402
+from engine_helpers import make_batch, token_mean_loss, token_weight
+from launch import run_workers
 
 pytestmark = pytest.mark.gpu
 
@@ -39,8 +39,10 @@ def _inputs(n_q: int, n_kv: int, head_dim: int = 64, seed: int = 0):
     total = sum(LENGTHS)
     bounds = tuple(int(x) for x in torch.tensor((0, *LENGTHS)).cumsum(0).tolist())
     cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-    q, k, v = (torch.randn(1, n, total, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
-               for n in (n_q, n_kv, n_kv))
+    q, k, v = (
+        torch.randn(1, n, total, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+        for n in (n_q, n_kv, n_kv)
+    )
     grad_out = torch.randn(1, n_q, total, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
     return q, k, v, cu, bounds, grad_out
 
@@ -53,7 +55,8 @@ def _block_mask_reference(q, k, v, cu, window, scaling):
     rep = q.shape[1] // k.shape[1]
     mask = block_causal_mask(cu, q.shape[2], window)
     out = torch.nn.functional.scaled_dot_product_attention(
-        q32, repeat_heads(k32, rep), repeat_heads(v32, rep), attn_mask=mask, scale=scaling)
+        q32, repeat_heads(k32, rep), repeat_heads(v32, rep), attn_mask=mask, scale=scaling
+    )
     return out, (q32, k32, v32)
 
 
@@ -126,8 +129,9 @@ def engine_step_worker(rank: int, world: int, out_dir: Path, model_dir: str) -> 
         if engine.lm_head is not None:
             engine.lm_head.chunk = 64  # several chunks, a ragged last one
         result[f"{name}_kernels"] = engine.kernels
-        result[f"{name}_forward"] = {k: v.float().cpu() for k, v in
-                                     engine.forward_batch(batch, with_entropy=True).items()}
+        result[f"{name}_forward"] = {
+            k: v.float().cpu() for k, v in engine.forward_batch(batch, with_entropy=True).items()
+        }
         result[f"{name}_stats"] = engine.accumulate_gradients(batch, token_mean_loss, token_weight)
         result[f"{name}_grads"] = {n: g.float().cpu() for n, g in engine.full_gradients().items()}
         engine.zero_grad()
@@ -145,15 +149,23 @@ def test_engine_train_step_fast_paths_match_plain(tiny_qwen2, tmp_path, monkeypa
 
     here = str(Path(__file__).resolve().parent)  # this module is the worker, found by name there
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    run_workers("test_varlen_attention_gpu:engine_step_worker", 1, tmp_path, {"model_dir": str(tiny_qwen2)},
-                backend="nccl", timeout_s=400)
+    run_workers(
+        "test_varlen_attention_gpu:engine_step_worker",
+        1,
+        tmp_path,
+        {"model_dir": str(tiny_qwen2)},
+        backend="nccl",
+        timeout_s=400,
+    )
     res = torch.load(tmp_path / "result.pt", weights_only=False)
     print({k: res[k] for k in ("fast_kernels", "plain_kernels", "losses", "peak_mib")})
     expected_attn = "flash_attention_2" if flash_attn_installed() else "areal_varlen"
     assert res["fast_kernels"]["attention"] == expected_attn
     assert res["fast_kernels"]["lm_head"].startswith("chunked")
-    assert {k: res["plain_kernels"][k] for k in ("attention", "lm_head")} == {"attention": "sdpa",
-                                                                               "lm_head": "full logits"}
+    assert {k: res["plain_kernels"][k] for k in ("attention", "lm_head")} == {
+        "attention": "sdpa",
+        "lm_head": "full logits",
+    }
     for key in ("logprobs", "entropy"):
         diff = (res["fast_forward"][key] - res["plain_forward"][key]).abs().max()
         assert diff < 0.05, f"bf16 {key} of the fast paths differ from sdpa + full logits by {diff}"

@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 import torch
-
 from engine_helpers import make_batch, token_mean_loss, token_weight
 from workers_fsdp import build_engine, engine_config, full_params, local_share
 
@@ -27,8 +26,7 @@ def gpu_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int | No
 
     engine = build_engine(model_dir, engine_config(2, lr=3e-3, grad_clip=1.0))  # dtype auto: bf16 on GPU
     forward = {k: v.float().cpu() for k, v in engine.forward_batch(batch, with_entropy=True).items()}
-    losses = [engine.train_batch(local_share(engine, batch), token_mean_loss, token_weight)["loss"]
-              for _ in range(8)]
+    losses = [engine.train_batch(local_share(engine, batch), token_mean_loss, token_weight)["loss"] for _ in range(8)]
     engine.save(str(out_dir / "dcp"), "dcp")
     engine.save(str(out_dir / "hf"), "hf")
     if port is not None:  # specs first: the receiver plans its buckets from them once the group is joined
@@ -39,6 +37,15 @@ def gpu_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int | No
     params = {n: p.cpu() for n, p in full_params(engine).items()}
     peak = torch.cuda.max_memory_allocated() / 2**20
     if rank == 0:
-        torch.save({"stats32": stats32, "grads32": grads32, "forward": forward, "losses": losses,
-                    "params": params, "peak_mib": peak}, out_dir / "result.pt")
+        torch.save(
+            {
+                "stats32": stats32,
+                "grads32": grads32,
+                "forward": forward,
+                "losses": losses,
+                "params": params,
+                "peak_mib": peak,
+            },
+            out_dir / "result.pt",
+        )
     engine.destroy()

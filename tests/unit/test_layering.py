@@ -58,7 +58,9 @@ def test_operators_reach_areal_tasks_only_inside_functions() -> None:
         top = _imported_modules(ast.parse(path.read_text()), module_level_only=True)
         if {"areal_tasks", "torch"} & top:
             offenders.append(str(path.relative_to(ROOT)))
-    assert not offenders, f"import areal_tasks/torch inside execute() or a trigger's run(), not at module level: {offenders}"
+    assert not offenders, (
+        f"import areal_tasks/torch inside execute() or a trigger's run(), not at module level: {offenders}"
+    )
 
 
 # Modules that Airflow's DAG processor, the config loader or `areal --help` import at parse time.

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from areal_tasks.algo import keys
-from areal_tasks.algo.algorithms.grpo import GRPO
 from areal_tasks.algo.algorithms.group import group_relative_advantages
+from areal_tasks.algo.algorithms.grpo import GRPO
 from areal_tasks.algo.base import Batch, register_algorithm, require
 from areal_tasks.algo.filters import informative_groups, informative_sequences
 from areal_tasks.algo.layout import segment_sum

@@ -28,8 +28,12 @@ def group_relative_advantages(
     if algo.needs_ref and c.kl_in_reward:
         rewards = rewards - c.kl_coef * algo.sequence_kl(batch)
     seq_adv = normalize(
-        rewards, mean_level=mean_level, std_level=std_level, group_ids=batch[keys.GROUP_IDS],
-        leave_one_out=leave_one_out, eps=c.norm_eps,
+        rewards,
+        mean_level=mean_level,
+        std_level=std_level,
+        group_ids=batch[keys.GROUP_IDS],
+        leave_one_out=leave_one_out,
+        eps=c.norm_eps,
     )
     mask = batch[keys.LOSS_MASK].bool()
     adv = torch.where(mask, broadcast_to_tokens(seq_adv, batch[keys.CU_SEQLENS]), 0.0)

@@ -138,7 +138,7 @@ class _ToRaw(Transformer):
         return tuple(parts)
 
     @v_args(meta=True)
-    def component(self, meta, items: list) -> RawComponent:  # noqa: ANN001 - lark's Meta
+    def component(self, meta, items: list) -> RawComponent:
         backend, *rest = items
         name = rest[0] if len(rest) == 2 else None
         layout = rest[-1]

@@ -99,7 +99,7 @@ def _missing_colon(spec: str, pos: int, ch: str, before: str) -> Diagnosis:
         return "missing backend", f"every component is BACKEND:DIMS, e.g. 'fsdp:{word}' or 'sglang:{word}'", start
     for backend in sorted(ALL_BACKENDS, key=len, reverse=True):
         if word.startswith(backend) and _DIMS_ONLY.fullmatch(word[len(backend) :]):
-            return "missing ':' after the backend", f"write '{backend}:{word[len(backend):]}'", start + len(backend)
+            return "missing ':' after the backend", f"write '{backend}:{word[len(backend) :]}'", start + len(backend)
     if word and ch in ("", "+", "|"):
         if word in ALL_BACKENDS:
             return f"no dims after '{word}'", f"write BACKEND:DIMS, e.g. '{word}:d2'", pos

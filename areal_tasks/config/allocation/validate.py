@@ -10,7 +10,8 @@ offending character.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 from areal_tasks.config.allocation.backends import (
     ALL_BACKENDS,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -201,14 +202,31 @@ def varlen_packed(
     return fn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_len, max_len, **kwargs)
 
 
-def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
-                  scaling: float | None, dropout: float, sliding_window: int | None) -> torch.Tensor:
+def _flash_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    max_len: int,
+    scaling: float | None,
+    dropout: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
     out = flash_attn_varlen_func(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max_len, max_len,
-        dropout_p=dropout, softmax_scale=scaling, causal=True, window_size=window,
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        cu,
+        cu,
+        max_len,
+        max_len,
+        dropout_p=dropout,
+        softmax_scale=scaling,
+        causal=True,
+        window_size=window,
     )
     return out.transpose(0, 1).unsqueeze(0)
 
@@ -217,7 +235,7 @@ def _max_len(cu_seqlens: torch.Tensor, bounds: tuple[int, ...] | None, max_len: 
     if max_len is not None:
         return max_len  # not int(): a compiled block's symbolic int stays symbolic
     if bounds is not None:
-        return max(b - a for a, b in zip(bounds, bounds[1:]))
+        return max(b - a for a, b in itertools.pairwise(bounds))
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())  # reads a device value back: pass bounds instead
 
 
@@ -233,21 +251,35 @@ def packed_kernel(q: torch.Tensor, dropout: float = 0.0, sliding_window: int | N
     return "block_mask"
 
 
-def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: tuple[int, ...], scaling: float | None,
-                  dropout: float, sliding_window: int | None) -> torch.Tensor:
+def _per_sequence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bounds: tuple[int, ...],
+    scaling: float | None,
+    dropout: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """One causal SDPA call per packed sequence, concatenated: ``sum(L^2)`` work instead of ``T^2``."""
     import torch
 
     rep = q.shape[1] // k.shape[1]
     outs = []
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         if end == start:
             continue
         window = None if sliding_window is None else _window_mask(end - start, sliding_window, q.device)
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, start:end], repeat_heads(k[:, :, start:end], rep), repeat_heads(v[:, :, start:end], rep),
-            attn_mask=window, dropout_p=dropout, scale=scaling, is_causal=window is None,
-        ))
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, start:end],
+                repeat_heads(k[:, :, start:end], rep),
+                repeat_heads(v[:, :, start:end], rep),
+                attn_mask=window,
+                dropout_p=dropout,
+                scale=scaling,
+                is_causal=window is None,
+            )
+        )
     return torch.cat(outs, dim=2)
 
 
@@ -273,11 +305,19 @@ def packed_attention(
         raise EngineError(f"packed attention expects one packed row, got batch size {q.shape[0]}")
     kernel = packed_kernel(q, dropout, sliding_window)
     if kernel == "flash_attn":
-        return _flash_varlen(q, k, v, cu_seqlens.to(torch.int32), _max_len(cu_seqlens, bounds, max_len),
-                             scaling, dropout, sliding_window)
+        return _flash_varlen(
+            q, k, v, cu_seqlens.to(torch.int32), _max_len(cu_seqlens, bounds, max_len), scaling, dropout, sliding_window
+        )
     if kernel == "varlen":
-        out = varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_seqlens,
-                            _max_len(cu_seqlens, bounds, max_len), scaling=scaling, sliding_window=sliding_window)
+        out = varlen_packed(
+            q[0].transpose(0, 1),
+            k[0].transpose(0, 1),
+            v[0].transpose(0, 1),
+            cu_seqlens,
+            _max_len(cu_seqlens, bounds, max_len),
+            scaling=scaling,
+            sliding_window=sliding_window,
+        )
         return out.transpose(0, 1).unsqueeze(0)
     # CPU: no device read; inside a compiled graph without the host bounds, the block mask (a host
     # read there would break the graph)
@@ -315,18 +355,31 @@ def varlen_attention_forward(
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
         if attention_mask is not None:
-            raise EngineError(f"{VARLEN_ATTN} attention takes packed sequences (cu_seq_lens_q), not an attention "
-                              "mask; use attn_implementation='sdpa' for padded batches")
+            raise EngineError(
+                f"{VARLEN_ATTN} attention takes packed sequences (cu_seq_lens_q), not an attention "
+                "mask; use attn_implementation='sdpa' for padded batches"
+            )
         rep = query.shape[1] // key.shape[1]
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, repeat_heads(key, rep), repeat_heads(value, rep), dropout_p=drop, scale=scaling,
+            query,
+            repeat_heads(key, rep),
+            repeat_heads(value, rep),
+            dropout_p=drop,
+            scale=scaling,
             is_causal=sliding_window is None,
             attn_mask=None if sliding_window is None else _window_mask(query.shape[2], sliding_window, query.device),
         )
         return out.transpose(1, 2), None
     out = packed_attention(
-        query, key, value, cu, bounds=kwargs.get(BOUNDS_KWARG), max_len=kwargs.get("max_length_q"),
-        scaling=scaling, dropout=drop, sliding_window=sliding_window,
+        query,
+        key,
+        value,
+        cu,
+        bounds=kwargs.get(BOUNDS_KWARG),
+        max_len=kwargs.get("max_length_q"),
+        scaling=scaling,
+        dropout=drop,
+        sliding_window=sliding_window,
     )
     return out.transpose(1, 2), None
 

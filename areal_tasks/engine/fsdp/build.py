@@ -88,30 +88,41 @@ def compute_dtype_name(dtype: str, device: torch.device) -> str:
 ROOT_WRAP_MAX_FRACTION = 0.05
 
 
-def resolve_fsdp_wrap(wrap: str, shard_ranks: int, *, unsharded_bytes: int | None = None,
-                      device_bytes: int | None = None, flat_capable: bool = False) -> str:
+def resolve_fsdp_wrap(
+    wrap: str,
+    shard_ranks: int,
+    *,
+    unsharded_bytes: int | None = None,
+    device_bytes: int | None = None,
+    flat_capable: bool = False,
+) -> str:
     """``block``, ``root`` or ``none`` for ``EngineConfig.fsdp_wrap`` over a shard group of ``shard_ranks``.
 
     ``auto`` with one rank is ``none`` where the flat buffers can hold the model (``flat_capable``:
     a GPU, no tensor parallelism, LoRA or offload; measured on an H200 for the 0.5B shape: 107,399
     tokens/s against 97,346 as one FSDP unit), else ``root``: nothing is sharded with one rank, so
-    per-block units would only add hooks, casts and a reshard that the backward undoes again. With more ranks it is ``root`` when
-    the model is small for the GPU: ``unsharded_bytes`` (what one unit holds gathered: parameters
-    in the compute dtype and gradients with their fp32 reduce copies) at most
-    :data:`ROOT_WRAP_MAX_FRACTION` of ``device_bytes`` (measured on two H200s for the 0.5B shape:
-    99,800 tokens/s as one unit against 70,100 per block). Otherwise, and without a GPU's size
-    (CPU), it is ``block``, which keeps one block unsharded at a time."""
+    per-block units would only add hooks, casts and a reshard that the backward undoes again. With
+    more ranks it is ``root`` when the model is small for the GPU: ``unsharded_bytes`` (what one
+    unit holds gathered: parameters in the compute dtype and gradients with their fp32 reduce
+    copies) at most :data:`ROOT_WRAP_MAX_FRACTION` of ``device_bytes`` (measured on two H200s for
+    the 0.5B shape: 99,800 tokens/s as one unit against 70,100 per block). Otherwise, and without a
+    GPU's size (CPU), it is ``block``, which keeps one block unsharded at a time."""
     if wrap not in ("auto", "block", "root", "none"):
         raise EngineError(f"fsdp_wrap must be auto, block, root or none, got {wrap!r}")
     if wrap == "none" and shard_ranks != 1:
-        raise EngineError(f"fsdp_wrap=none keeps whole parameters on one rank, but the shard group (dp x sp) has "
-                          f"{shard_ranks} ranks; use root or block")
+        raise EngineError(
+            f"fsdp_wrap=none keeps whole parameters on one rank, but the shard group (dp x sp) has "
+            f"{shard_ranks} ranks; use root or block"
+        )
     if wrap != "auto":
         return wrap
     if shard_ranks == 1:
         return "none" if flat_capable else "root"
-    small = (unsharded_bytes is not None and device_bytes is not None
-             and unsharded_bytes <= ROOT_WRAP_MAX_FRACTION * device_bytes)
+    small = (
+        unsharded_bytes is not None
+        and device_bytes is not None
+        and unsharded_bytes <= ROOT_WRAP_MAX_FRACTION * device_bytes
+    )
     return "root" if small else "block"
 
 
@@ -219,22 +230,40 @@ def build_model(
     )
     # pinned host memory needs CUDA; on CPU the policy still keeps shards and optimizer state on the host
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.cpu_offload else OffloadPolicy()
-    wrap = resolve_fsdp_wrap(config.fsdp_wrap, mesh.fsdp_mesh.size(),
-                             unsharded_bytes=_unsharded_bytes(model, param_dtype, dims.tp),
-                             device_bytes=gpu_memory_bytes(device) if not config.cpu_offload else None,
-                             flat_capable=device.type == "cuda" and not _flat_blockers(config, dims))
+    wrap = resolve_fsdp_wrap(
+        config.fsdp_wrap,
+        mesh.fsdp_mesh.size(),
+        unsharded_bytes=_unsharded_bytes(model, param_dtype, dims.tp),
+        device_bytes=gpu_memory_bytes(device) if not config.cpu_offload else None,
+        flat_capable=device.type == "cuda" and not _flat_blockers(config, dims),
+    )
     # Root-only: one unit, gathered once per forward and kept for the backward (a reshard there
     # would only be undone by the backward's all-gather).
-    shard_kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload,
-                    "reshard_after_forward": wrap == "block"}
+    shard_kwargs = {
+        "mesh": mesh.fsdp_mesh,
+        "mp_policy": mp,
+        "offload_policy": offload,
+        "reshard_after_forward": wrap == "block",
+    }
     blocks = find_decoder_blocks(model)
     do_compile, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=config.lora.enabled)
-    scope = resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp,
-                                  device_type=device.type) if do_compile else ""
-    per_graph = blocks_per_graph(config.compile_blocks_per_graph, scope=scope, fsdp_wrap=wrap,
-                                 layer_types=getattr(hf_config, "layer_types", None), num_blocks=len(blocks))
-    compiled = compile_model(model, blocks, chunked_head=lm_head, scope=scope,
-                             blocks_per_graph=per_graph) if do_compile else []
+    scope = (
+        resolve_compile_scope(config.compile_scope, attn_implementation=attn, sp=dims.sp, device_type=device.type)
+        if do_compile
+        else ""
+    )
+    per_graph = blocks_per_graph(
+        config.compile_blocks_per_graph,
+        scope=scope,
+        fsdp_wrap=wrap,
+        layer_types=getattr(hf_config, "layer_types", None),
+        num_blocks=len(blocks),
+    )
+    compiled = (
+        compile_model(model, blocks, chunked_head=lm_head, scope=scope, blocks_per_graph=per_graph)
+        if do_compile
+        else []
+    )
     flat = None
     if wrap == "none":
         flat = _flatten(model, config, dims, device, param_dtype, trainable)
@@ -244,15 +273,36 @@ def build_model(
                 fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)  # also moves parameters and buffers to the mesh's device
     n_params = sum(p.numel() for p in model.parameters())
-    logger.info("model %s: %d parameters (sharded view), compute dtype %s, FSDP units: %s",
-                type(model).__name__, n_params, dtype_name, wrap)
-    return BuiltModel(model=model, tensor_parallel=tensor_parallel, hf_config=hf_config, param_dtype_name=dtype_name,
-                      lm_head=lm_head, compiled=compiled, compile_reason=compile_reason, fsdp_wrap=wrap,
-                      compile_scope=scope, flat=flat, blocks_per_graph=per_graph)
+    logger.info(
+        "model %s: %d parameters (sharded view), compute dtype %s, FSDP units: %s",
+        type(model).__name__,
+        n_params,
+        dtype_name,
+        wrap,
+    )
+    return BuiltModel(
+        model=model,
+        tensor_parallel=tensor_parallel,
+        hf_config=hf_config,
+        param_dtype_name=dtype_name,
+        lm_head=lm_head,
+        compiled=compiled,
+        compile_reason=compile_reason,
+        fsdp_wrap=wrap,
+        compile_scope=scope,
+        flat=flat,
+        blocks_per_graph=per_graph,
+    )
 
 
-def _flatten(model: torch.nn.Module, config: EngineConfig, dims: Any, device: torch.device,
-             param_dtype: torch.dtype, trainable: bool) -> FlatParams:
+def _flatten(
+    model: torch.nn.Module,
+    config: EngineConfig,
+    dims: Any,
+    device: torch.device,
+    param_dtype: torch.dtype,
+    trainable: bool,
+) -> FlatParams:
     """``fsdp_wrap=none``: the model on ``device`` with its parameters in flat buffers (refusing
     what they cannot hold)."""
     from areal_tasks.engine.fsdp.flat_params import FlatParams
@@ -267,5 +317,12 @@ def _flatten(model: torch.nn.Module, config: EngineConfig, dims: Any, device: to
 def _flat_blockers(config: EngineConfig, dims: Any) -> list[str]:
     """What keeps a model out of the flat buffers of ``fsdp_wrap=none`` (empty when they can hold
     it): ``fsdp_wrap=auto`` picks them on a GPU only when nothing does, and ``none`` refuses the first."""
-    return [name for name, present in (("tensor parallelism (tp > 1)", dims.tp > 1), ("LoRA", config.lora.enabled),
-                                       ("cpu_offload", config.cpu_offload)) if present]
+    return [
+        name
+        for name, present in (
+            ("tensor parallelism (tp > 1)", dims.tp > 1),
+            ("LoRA", config.lora.enabled),
+            ("cpu_offload", config.cpu_offload),
+        )
+        if present
+    ]

@@ -74,8 +74,10 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
         return "pointwise"
     if sp > 1:
         if setting == "blocks":
-            raise EngineError("compile_scope=blocks needs sp=1: the Ulysses attention's all-to-all runs eager; "
-                              "set compile_scope to pointwise or auto")
+            raise EngineError(
+                "compile_scope=blocks needs sp=1: the Ulysses attention's all-to-all runs eager; "
+                "set compile_scope to pointwise or auto"
+            )
         return "pointwise"
     # the engine's varlen attention traces on CUDA; on CPU it runs per sequence from the host bounds
     if setting == "blocks" or (attn_implementation == VARLEN_ATTN and device_type == "cuda"):
@@ -89,8 +91,9 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
 AUTO_BLOCKS_PER_GRAPH = 8
 
 
-def blocks_per_graph(per_graph: int | str, *, scope: str, fsdp_wrap: str, layer_types: list[str] | None,
-                     num_blocks: int) -> int:
+def blocks_per_graph(
+    per_graph: int | str, *, scope: str, fsdp_wrap: str, layer_types: list[str] | None, num_blocks: int
+) -> int:
     """The blocks a compiled graph runs (``EngineConfig.compile_blocks_per_graph``): ``per_graph``
     where whole blocks are compiled (``scope``), else 1 (nothing to group: logged). Raises
     EngineError when the blocks cannot share a graph. ``auto``: the largest divisor of
@@ -107,18 +110,25 @@ def blocks_per_graph(per_graph: int | str, *, scope: str, fsdp_wrap: str, layer_
     if per_graph == 1:
         return 1
     if scope != "blocks":
-        logger.info("compile_blocks_per_graph=%d has no effect: %s", per_graph,
-                    f"compile_scope resolved to {scope}" if scope else "nothing is compiled")  # fmt: skip
+        logger.info(
+            "compile_blocks_per_graph=%d has no effect: %s",
+            per_graph,
+            f"compile_scope resolved to {scope}" if scope else "nothing is compiled",
+        )
         return 1
     if fsdp_wrap == "block":
-        raise EngineError(f"compile_blocks_per_graph={per_graph} runs several blocks in one graph, which needs the "
-                          "model as one FSDP unit or no FSDP (fsdp_wrap=root or none; it resolved to block): "
-                          "per-block units gather each block's parameters in hooks around it; set "
-                          "compile_blocks_per_graph=1")
+        raise EngineError(
+            f"compile_blocks_per_graph={per_graph} runs several blocks in one graph, which needs the "
+            "model as one FSDP unit or no FSDP (fsdp_wrap=root or none; it resolved to block): "
+            "per-block units gather each block's parameters in hooks around it; set "
+            "compile_blocks_per_graph=1"
+        )
     if layer_types is not None and len(set(layer_types)) > 1:
-        raise EngineError(f"compile_blocks_per_graph={per_graph}: this model mixes layer types "
-                          f"({', '.join(sorted(set(layer_types)))}), whose blocks take different attention masks; "
-                          "set compile_blocks_per_graph=1")  # fmt: skip
+        raise EngineError(
+            f"compile_blocks_per_graph={per_graph}: this model mixes layer types "
+            f"({', '.join(sorted(set(layer_types)))}), whose blocks take different attention masks; "
+            "set compile_blocks_per_graph=1"
+        )
     return per_graph
 
 
@@ -130,8 +140,12 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     one graph and the others pass their input through. That needs the model as one FSDP unit:
     take ``per_graph`` from :func:`blocks_per_graph`, which refuses the cases that cannot work."""
     from areal_tasks.engine.fsdp.attention import probe_kernels
-    from areal_tasks.models.compile import (compile_block_forward, compile_block_group, length_agnostic_options,
-                                            pass_through)
+    from areal_tasks.models.compile import (
+        compile_block_forward,
+        compile_block_group,
+        length_agnostic_options,
+        pass_through,
+    )
 
     probe_kernels()  # in eager code: the compiled attention reads the result as a constant
     names = {id(module): name for name, module in model.named_modules()}
@@ -153,8 +167,14 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     return compiled
 
 
-def compile_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, chunked_head: ChunkedLMHead | None,
-                  scope: str = "pointwise", blocks_per_graph: int = 1) -> list[str]:
+def compile_model(
+    model: torch.nn.Module,
+    blocks: list[torch.nn.Module],
+    *,
+    chunked_head: ChunkedLMHead | None,
+    scope: str = "pointwise",
+    blocks_per_graph: int = 1,
+) -> list[str]:
     """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
     the LM-head chunk kernels in place (the head then scores larger chunks:
     :data:`~areal_tasks.engine.fsdp.lm_head.COMPILED_CHUNK_ELEMENTS`); returns what was compiled."""

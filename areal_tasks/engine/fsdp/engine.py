@@ -28,13 +28,26 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.train_engine import (Batch, LossFn, LossWeightFn, ParallelInfo, SaveFormat, SubmittedStep,
-                                         TrainEngine, TrainStats)
+from areal_tasks.api.train_engine import (
+    Batch,
+    LossFn,
+    LossWeightFn,
+    ParallelInfo,
+    SaveFormat,
+    SubmittedStep,
+    TrainEngine,
+    TrainStats,
+)
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
-from areal_tasks.engine.fsdp.optim import (build_lr_scheduler, build_optimizer, clip_coefficient, clip_grad_norm,
-                                          global_grad_norm)
+from areal_tasks.engine.fsdp.optim import (
+    build_lr_scheduler,
+    build_optimizer,
+    clip_coefficient,
+    clip_grad_norm,
+    global_grad_norm,
+)
 from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
 from areal_tasks.engine.fsdp.step_stats import PendingStats, QueuedStep, WeightedSums
 from areal_tasks.errors import EngineError
@@ -109,9 +122,15 @@ class FSDPEngine(TrainEngine):
         self.mesh = EngineMesh(dims, self.device.type)
         torch.manual_seed(self.seed)
         built: BuiltModel = build_model(
-            self.config, self.model_path, self.mesh, self.device,
-            role=self.role, trainable=self.trainable, attn_implementation=self._attn_implementation,
-            chunked_lm_head=self._chunked_lm_head, seed=self.seed,
+            self.config,
+            self.model_path,
+            self.mesh,
+            self.device,
+            role=self.role,
+            trainable=self.trainable,
+            attn_implementation=self._attn_implementation,
+            chunked_lm_head=self._chunked_lm_head,
+            seed=self.seed,
         )
         self.model, self.tensor_parallel = built.model, built.tensor_parallel
         self.lm_head = built.lm_head
@@ -125,8 +144,9 @@ class FSDPEngine(TrainEngine):
         self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
-        self.forward_mb = MicroBatchForward(self.model, self._forward_spec, sp_group, lm_head=built.lm_head,
-                                            host_bounds=built.compile_scope != "blocks")
+        self.forward_mb = MicroBatchForward(
+            self.model, self._forward_spec, sp_group, lm_head=built.lm_head, host_bounds=built.compile_scope != "blocks"
+        )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
         if self.trainable:
@@ -151,8 +171,11 @@ class FSDPEngine(TrainEngine):
         else:
             head = "full logits"
         per_graph = f", {self._blocks_per_graph} blocks a graph" if self._blocks_per_graph > 1 else ""
-        compiled = (f"{len(self._compiled)} modules ({self._compile_scope}{per_graph})" if self._compiled
-                    else f"off ({self._compile_reason})")
+        compiled = (
+            f"{len(self._compiled)} modules ({self._compile_scope}{per_graph})"
+            if self._compiled
+            else f"off ({self._compile_reason})"
+        )
         return {"attention": str(attn), "lm_head": head, "compile": compiled, "fsdp_wrap": self._fsdp_wrap}
 
     @property
@@ -209,8 +232,9 @@ class FSDPEngine(TrainEngine):
         with self._computing():
             return self._run_micro_batches(batch, loss_fn, loss_weight_fn, backward=backward)
 
-    def _run_micro_batches(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *,
-                           backward: bool) -> PendingStats:
+    def _run_micro_batches(
+        self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool
+    ) -> PendingStats:
         import torch
 
         plan, device_mbs, bounds = self._plan(batch)
@@ -361,13 +385,15 @@ class FSDPEngine(TrainEngine):
         return float(self.lr_scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------- save / load
-    def save(self, path: str, format: SaveFormat = "hf", *, with_optimizer: bool = True,
-             lora_adapters_only: bool = False) -> None:
+    def save(
+        self, path: str, format: SaveFormat = "hf", *, with_optimizer: bool = True, lora_adapters_only: bool = False
+    ) -> None:
         """``hf``: full weights (LoRA merged unless ``lora_adapters_only``); ``dcp``: the train state."""
         self._require_init()
         if format == "hf":
-            checkpoint.save_hf(path, self.model, self.device, source_dir=self.model_path,
-                               lora_adapters_only=lora_adapters_only)
+            checkpoint.save_hf(
+                path, self.model, self.device, source_dir=self.model_path, lora_adapters_only=lora_adapters_only
+            )
         elif format == "dcp":
             optimizer = self.optimizer if with_optimizer else None
             checkpoint.save_dcp(path, self.model, optimizer, self._train_state())
@@ -492,14 +518,16 @@ def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.d
         spec = config.micro_batch
         setting = auto_keep_logits(
             token_cap=spec.max_tokens_per_mb if spec.memory_budget_gb is None else None,
-            vocab_size=head.out_features, itemsize=getattr(torch, built.param_dtype_name).itemsize,
+            vocab_size=head.out_features,
+            itemsize=getattr(torch, built.param_dtype_name).itemsize,
             device_bytes=gpu_memory_bytes(device),
         )
     head.keep_logits = setting is True and trainable
 
 
-def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDims, *,
-                      shared_weight_buffer: bool = False) -> Any:
+def _micro_batch_spec(
+    config: EngineConfig, built: BuiltModel, dims: ParallelDims, *, shared_weight_buffer: bool = False
+) -> Any:
     """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget
     (less the shared weight-update buffer when the engine keeps one)."""
     from areal_tasks.engine.memory import estimate_memory, resolve_max_tokens_per_mb
@@ -509,8 +537,13 @@ def _micro_batch_spec(config: EngineConfig, built: BuiltModel, dims: ParallelDim
     cap = spec.max_tokens_per_mb
     if spec.memory_budget_gb is not None:
         estimate = estimate_memory(
-            built.hf_config, param_dtype=built.param_dtype_name, dp=dims.dp, tp=dims.tp, sp=dims.sp,
-            fsdp_wrap=built.fsdp_wrap, gradient_checkpointing=config.gradient_checkpointing,
+            built.hf_config,
+            param_dtype=built.param_dtype_name,
+            dp=dims.dp,
+            tp=dims.tp,
+            sp=dims.sp,
+            fsdp_wrap=built.fsdp_wrap,
+            gradient_checkpointing=config.gradient_checkpointing,
             lora_rank=config.lora.rank if config.lora.enabled else None,
             ce_chunk_tokens=built.lm_head.chunk if built.lm_head is not None else None,
             ce_keep_logits=built.lm_head is not None and built.lm_head.keep_logits,

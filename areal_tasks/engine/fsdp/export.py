@@ -78,8 +78,11 @@ def _full(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         if isinstance(tensor, DTensor):
             if tensor.device != device:  # CPU-offloaded shards: gather on the compute device
                 tensor = DTensor.from_local(
-                    tensor.to_local().to(device), tensor.device_mesh, tensor.placements,
-                    shape=tensor.shape, stride=tensor.stride(),
+                    tensor.to_local().to(device),
+                    tensor.device_mesh,
+                    tensor.placements,
+                    shape=tensor.shape,
+                    stride=tensor.stride(),
                 )
             return tensor.full_tensor()
         return tensor.detach()

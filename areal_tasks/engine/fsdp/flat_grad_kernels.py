@@ -42,8 +42,17 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def accumulate_kernel(addresses_ptr, block_param_ptr, block_start_ptr, param_numel_ptr, param_offset_ptr,
-                          like_ptr, out_ptr, FRESH: tl.constexpr, BLOCK: tl.constexpr):
+    def accumulate_kernel(
+        addresses_ptr,
+        block_param_ptr,
+        block_start_ptr,
+        param_numel_ptr,
+        param_offset_ptr,
+        like_ptr,
+        out_ptr,
+        FRESH: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         block = tl.program_id(0)
         param = tl.load(block_param_ptr + block)
         start = tl.load(block_start_ptr + block)
@@ -72,7 +81,7 @@ class BlockTable:
         counts = torch.tensor(blocks, dtype=torch.int64)
         self.params = len(sizes)
         self.blocks = int(counts.sum())
-        starts = torch.tensor([0] + sizes[:-1], dtype=torch.int64).cumsum(0)
+        starts = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)
         self.block_param = torch.repeat_interleave(torch.arange(len(sizes), dtype=torch.int32), counts).to(device)
         first_block = counts.cumsum(0) - counts
         within = torch.arange(self.blocks, dtype=torch.int64) - torch.repeat_interleave(first_block, counts)
@@ -87,16 +96,19 @@ def can_read(grad: torch.Tensor | None, like: torch.Tensor) -> bool:
     return grad is None or (grad.dtype == like.dtype and grad.device == like.device and grad.is_contiguous())
 
 
-def accumulate_into(out: torch.Tensor, grads: list[torch.Tensor | None], table: BlockTable, like: torch.Tensor,
-                    *, fresh: bool) -> None:
+def accumulate_into(
+    out: torch.Tensor, grads: list[torch.Tensor | None], table: BlockTable, like: torch.Tensor, *, fresh: bool
+) -> None:
     """``out[offset_i : offset_i + n_i] (+)= grads[i]`` in fp32 for every parameter ``i`` of
     ``table``, in one kernel; ``fresh`` writes instead of adding. Each gradient must be contiguous
     and of ``like``'s dtype and device (``None``: zeros). Queued on the current stream; the
     gradients may be dropped right after (the caching allocator reuses their memory in stream
     order)."""
     if out.dtype != torch.float32 or out.numel() != table.total or not out.is_contiguous() or not out.is_cuda:
-        raise EngineError(f"accumulate_into: out must be a contiguous CUDA fp32 buffer of {table.total} elements, "
-                          f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        raise EngineError(
+            f"accumulate_into: out must be a contiguous CUDA fp32 buffer of {table.total} elements, "
+            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
     if len(grads) != table.params:
         raise EngineError(f"accumulate_into: {len(grads)} gradients for {table.params} parameters")
     addresses = []
@@ -105,14 +117,24 @@ def accumulate_into(out: torch.Tensor, grads: list[torch.Tensor | None], table: 
             addresses.append(0)
             continue
         if not can_read(grad, like):
-            raise EngineError(f"accumulate_into: gradient {index} is {grad.dtype}, strides {grad.stride()} on "
-                              f"{grad.device}; the kernel reads contiguous {like.dtype} on {like.device}")
+            raise EngineError(
+                f"accumulate_into: gradient {index} is {grad.dtype}, strides {grad.stride()} on "
+                f"{grad.device}; the kernel reads contiguous {like.dtype} on {like.device}"
+            )
         addresses.append(grad.data_ptr())
     # pinned and non-blocking: a pageable copy would wait for everything queued on the stream
     table_of_addresses = torch.tensor(addresses, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)
     if table.blocks:
         with torch.cuda.device(out.device):
             _kernel()[(table.blocks,)](
-                table_of_addresses, table.block_param, table.block_start, table.param_numel, table.param_offset,
-                like, out, FRESH=fresh, BLOCK=BLOCK, num_warps=WARPS,
+                table_of_addresses,
+                table.block_param,
+                table.block_start,
+                table.param_numel,
+                table.param_offset,
+                like,
+                out,
+                FRESH=fresh,
+                BLOCK=BLOCK,
+                num_warps=WARPS,
             )

@@ -75,8 +75,10 @@ class FlatParams:
             raise EngineError("fsdp_wrap=none: the model has no parameters")
         devices = {p.device for p in self.params}
         if len(devices) != 1 or any(p.dtype != torch.float32 for p in self.params):
-            raise EngineError(f"fsdp_wrap=none needs fp32 parameters on one device, got devices {devices} and "
-                              f"dtypes {sorted({str(p.dtype) for p in self.params})}")
+            raise EngineError(
+                f"fsdp_wrap=none needs fp32 parameters on one device, got devices {devices} and "
+                f"dtypes {sorted({str(p.dtype) for p in self.params})}"
+            )
         (device,) = devices
         self._slots = [slots[id(p)] for p in self.params]
         sizes = [p.numel() for p in self.params]
@@ -100,8 +102,9 @@ class FlatParams:
             self.master_grad = torch.zeros(total, dtype=torch.float32, device=device)
             if device.type == "cuda" and flat_grad_kernels.kernels_available():
                 self.grad_table = flat_grad_kernels.BlockTable(sizes, device)
-            self._master_grad_views = [view.view(p.shape) for p, view in zip(self.params, self._views(
-                self.master_grad, sizes))]
+            self._master_grad_views = [
+                view.view(p.shape) for p, view in zip(self.params, self._views(self.master_grad, sizes))
+            ]
         self._installed = False
         #: the master gradients hold nothing yet: the next :meth:`accumulate` writes instead of adding
         self._fresh = True
@@ -138,8 +141,9 @@ class FlatParams:
         grads = [param.grad for param in self.compute_params]
         with torch.no_grad():
             if self.grad_table is not None and all(flat_grad_kernels.can_read(g, self.compute) for g in grads):
-                flat_grad_kernels.accumulate_into(self.master_grad, grads, self.grad_table, self.compute,
-                                                  fresh=self._fresh)  # fmt: skip
+                flat_grad_kernels.accumulate_into(
+                    self.master_grad, grads, self.grad_table, self.compute, fresh=self._fresh
+                )
             else:
                 self._accumulate_by_ops(grads)
         self._drop_compute_grads()
@@ -162,9 +166,12 @@ class FlatParams:
         """:meth:`accumulate` in torch ops: one batched concatenation, one casting copy or add."""
         if self.compute_grad is None:
             self.compute_grad = torch.empty_like(self.compute)
-        pieces = [grad.reshape(-1) if grad is not None
-                  else torch.zeros(param.numel(), dtype=self.compute_dtype, device=self.compute.device)
-                  for grad, param in zip(grads, self.compute_params)]
+        pieces = [
+            grad.reshape(-1)
+            if grad is not None
+            else torch.zeros(param.numel(), dtype=self.compute_dtype, device=self.compute.device)
+            for grad, param in zip(grads, self.compute_params)
+        ]
         torch.cat(pieces, out=self.compute_grad)
         if self._fresh:
             self.master_grad.copy_(self.compute_grad)

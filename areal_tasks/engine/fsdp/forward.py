@@ -16,6 +16,7 @@ device value back to the host when the caller passes the host copy of the sequen
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,8 +52,15 @@ class ForwardSpec:
 class MicroBatchForward:
     """Runs the model on packed micro-batches for one rank (optionally one of ``sp`` Ulysses ranks)."""
 
-    def __init__(self, model: torch.nn.Module, spec: ForwardSpec, sp_group: ProcessGroup | None,
-                 lm_head: ChunkedLMHead | None = None, *, host_bounds: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: ForwardSpec,
+        sp_group: ProcessGroup | None,
+        lm_head: ChunkedLMHead | None = None,
+        *,
+        host_bounds: bool = True,
+    ) -> None:
         """``host_bounds``: pass the host copy of the sequence bounds to the attention (the CPU
         per-sequence path and Ulysses use it); off for compiled whole blocks, which take
         ``max_length_q`` and the ``cu_seq_lens_q`` tensor only."""
@@ -67,8 +75,9 @@ class MicroBatchForward:
         self.sp_rank = 0 if sp_group is None else dist.get_rank(sp_group)
         self.host_bounds = host_bounds
 
-    def __call__(self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False,
-                 bounds: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False, bounds: tuple[int, ...] | None = None
+    ) -> dict[str, torch.Tensor]:
         """``{"logprobs", "entropy"?}`` or ``{"values"}``, each ``[T]`` aligned to the tokens of ``mb``.
 
         ``bounds``: ``mb``'s ``cu_seqlens`` as host integers (read from the device when omitted).
@@ -81,17 +90,23 @@ class MicroBatchForward:
         labels = next_token_labels(ids)
         if bounds is None:
             bounds = tuple(int(b) for b in cu.tolist())
-        max_len = max(b - a for a, b in zip(bounds, bounds[1:]))
+        max_len = max(b - a for a, b in itertools.pairwise(bounds))
         cu32 = cu.to(torch.int32)
         # the global sequence bounds, for the engine's attentions (and flash-attention varlen)
-        kwargs: dict[str, Any] = {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": max_len,
-                                  "max_length_k": max_len}
+        kwargs: dict[str, Any] = {
+            "cu_seq_lens_q": cu32,
+            "cu_seq_lens_k": cu32,
+            "max_length_q": max_len,
+            "max_length_k": max_len,
+        }
         if self.host_bounds:
             kwargs[BOUNDS_KWARG] = bounds
         if self.sp > 1:
             if total % self.sp != 0:
-                raise EngineError(f"a micro-batch of {total} tokens cannot be split over sp={self.sp} ranks; "
-                                  "micro_batch.pad_to_multiple_of must be a multiple of sp")
+                raise EngineError(
+                    f"a micro-batch of {total} tokens cannot be split over sp={self.sp} ranks; "
+                    "micro_batch.pad_to_multiple_of must be a multiple of sp"
+                )
             local = total // self.sp
             part = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
             ids, positions, labels = ids[part], positions[part], labels[part]
@@ -118,11 +133,13 @@ class MicroBatchForward:
             result["entropy"] = align_to_tokens(self._gather(entropy), cu)
         return result
 
-    def _fused(self, inputs: dict[str, Any], labels: torch.Tensor, cu: torch.Tensor,
-               with_entropy: bool) -> dict[str, torch.Tensor]:
+    def _fused(
+        self, inputs: dict[str, Any], labels: torch.Tensor, cu: torch.Tensor, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
         """Scores from the chunked head: the model's ``logits`` output is ``[1, N, 1 or 2]`` stats."""
-        with self.lm_head.scoring(labels, temperature=self.spec.temperature, with_entropy=with_entropy,
-                                  entropy_grad=self.spec.grad_entropy):
+        with self.lm_head.scoring(
+            labels, temperature=self.spec.temperature, with_entropy=with_entropy, entropy_grad=self.spec.grad_entropy
+        ):
             stats = self.model(**inputs).logits[0]
         result = {"logprobs": align_to_tokens(self._gather(stats[:, 0]), cu)}
         if with_entropy:

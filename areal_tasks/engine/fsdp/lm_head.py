@@ -78,8 +78,9 @@ def default_chunk_size(vocab_size: int, total_elements: int = CHUNK_ELEMENTS) ->
     return rows // _CHUNK_ALIGN * _CHUNK_ALIGN
 
 
-def chunk_forward_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chunk_forward_stats(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(log Z, log-prob of the label, entropy or an empty tensor)`` of one chunk's ``[n, V]`` logits.
 
     Pure element-wise work and row reductions over the logits, so that under ``torch.compile`` it
@@ -91,17 +92,20 @@ def chunk_forward_stats(logits: torch.Tensor, labels: torch.Tensor, temperature:
         scores = scores / temperature
     log_z = torch.logsumexp(scores, dim=-1)
     logprob = scores.gather(-1, labels[:, None]).squeeze(-1) - log_z
-    if with_entropy:
-        # H = log Z - sum_j p_j z_j
-        entropy = log_z - (torch.exp(scores - log_z[:, None]) * scores).sum(-1)
-    else:
-        entropy = log_z.new_empty(0)
+    # H = log Z - sum_j p_j z_j
+    entropy = log_z - (torch.exp(scores - log_z[:, None]) * scores).sum(-1) if with_entropy else log_z.new_empty(0)
     return log_z, logprob, entropy
 
 
-def chunk_logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
-                     g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None,
-                     temperature: float) -> torch.Tensor:
+def chunk_logit_grad(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    log_z: torch.Tensor,
+    entropy: torch.Tensor,
+    g_logprob: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
     """The gradient with respect to one chunk's logits, in the logits' dtype.
 
     ``d logprob / dz = onehot(label) - p``; ``d entropy / dz = -p * (z - log Z + H)`` (``z`` the
@@ -135,8 +139,12 @@ def _in_place(grad_fn: Any) -> Any:
 
 def eager_kernels() -> dict[str, Any]:
     """The pure chunk functions, run eagerly (what :data:`_kernels` starts as)."""
-    return {"forward": chunk_forward_stats, "grad": chunk_logit_grad, "grad_in_place": _in_place(chunk_logit_grad),
-            "kind": "eager"}
+    return {
+        "forward": chunk_forward_stats,
+        "grad": chunk_logit_grad,
+        "grad_in_place": _in_place(chunk_logit_grad),
+        "kind": "eager",
+    }
 
 
 #: the chunk functions actually called: set by :func:`compile_chunk_kernels` (CUDA), else eager.
@@ -214,17 +222,27 @@ class _ChunkedStats(torch.autograd.Function):
     """``(logprob [N], entropy [N] or empty)`` of ``hidden [N, H]`` against ``labels [N]``."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                labels: torch.Tensor, temperature: float, chunk: int, with_entropy: bool,
-                entropy_grad: bool, keep_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        labels: torch.Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        entropy_grad: bool,
+        keep_logits: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         forward_stats = _kernels["forward"]
         parts = []
         # kept: the micro-batch's logits in one [N, V] buffer, written by one matmul, which the
         # backward turns into their gradient in place (no second matmul, no second buffer)
         kept = None
         if keep_logits:
-            kept = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.result_type(hidden, weight),
-                               device=hidden.device)
+            kept = torch.empty(
+                (hidden.shape[0], weight.shape[0]), dtype=torch.result_type(hidden, weight), device=hidden.device
+            )
             _linear_into(kept, hidden, weight, bias)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
@@ -241,8 +259,9 @@ class _ChunkedStats(torch.autograd.Function):
         return logprob, entropy
 
     @staticmethod
-    def backward(ctx: Any, g_logprob: torch.Tensor | None,
-                 g_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    def backward(
+        ctx: Any, g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, labels, log_z, entropy, kept = ctx.saved_tensors
         if not ctx.entropy_grad:
             g_entropy = None
@@ -251,8 +270,22 @@ class _ChunkedStats(torch.autograd.Function):
             return None, None, None, *nones
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if kept is not None:
-            return (*_kept_logits_backward(ctx, kept, hidden, weight, bias, labels, log_z, entropy, g_logprob,
-                                           g_entropy, (need_h, need_w, need_b)), *nones)  # fmt: skip
+            return (
+                *_kept_logits_backward(
+                    ctx,
+                    kept,
+                    hidden,
+                    weight,
+                    bias,
+                    labels,
+                    log_z,
+                    entropy,
+                    g_logprob,
+                    g_entropy,
+                    (need_h, need_w, need_b),
+                ),
+                *nones,
+            )
         logit_grad = _kernels["grad"]
         grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -261,9 +294,15 @@ class _ChunkedStats(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk)
             h = hidden[rows]
             logits = torch.nn.functional.linear(h, weight, bias)
-            grad = logit_grad(logits, labels[rows], log_z[rows], entropy[rows],
-                              None if g_logprob is None else g_logprob[rows],
-                              None if g_entropy is None else g_entropy[rows], ctx.temperature)
+            grad = logit_grad(
+                logits,
+                labels[rows],
+                log_z[rows],
+                entropy[rows],
+                None if g_logprob is None else g_logprob[rows],
+                None if g_entropy is None else g_entropy[rows],
+                ctx.temperature,
+            )
             del logits
             if grad_h is not None:
                 torch.matmul(grad, weight, out=grad_h[rows])
@@ -271,14 +310,27 @@ class _ChunkedStats(torch.autograd.Function):
                 accumulate_matmul(grad_w, grad.t(), h)
             if grad_b is not None:
                 grad_b += grad.float().sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), *nones)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            *nones,
+        )
 
 
-def _kept_logits_backward(ctx: Any, kept: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                          bias: torch.Tensor | None, labels: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
-                          g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None,
-                          needs: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+def _kept_logits_backward(
+    ctx: Any,
+    kept: torch.Tensor,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    log_z: torch.Tensor,
+    entropy: torch.Tensor,
+    g_logprob: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, ...]:
     """The backward of :class:`_ChunkedStats` from kept logits. Their gradient is written over them
     a chunk at a time; then each of the hidden states', weight's and bias' gradients is one product
     over the whole micro-batch. (Per chunk, the weight gradient's ``[V, H]`` fp32 accumulator was
@@ -288,9 +340,15 @@ def _kept_logits_backward(ctx: Any, kept: torch.Tensor, hidden: torch.Tensor, we
     grad_in_place = _kernels["grad_in_place"]
     for start in range(0, kept.shape[0], ctx.chunk):
         rows = slice(start, start + ctx.chunk)
-        grad_in_place(kept[rows], labels[rows], log_z[rows], entropy[rows],
-                      None if g_logprob is None else g_logprob[rows],
-                      None if g_entropy is None else g_entropy[rows], ctx.temperature)
+        grad_in_place(
+            kept[rows],
+            labels[rows],
+            log_z[rows],
+            entropy[rows],
+            None if g_logprob is None else g_logprob[rows],
+            None if g_entropy is None else g_entropy[rows],
+            ctx.temperature,
+        )
     torch.autograd.graph.increment_version(kept)  # a kernel's write through a pointer bumps nothing
     need_h, need_w, need_b = needs
     grad_h = torch.matmul(kept, weight).to(hidden.dtype) if need_h else None
@@ -323,8 +381,10 @@ def chunked_next_token_stats(
     the graph can be run backward once only.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise EngineError(f"chunked LM head expects hidden [N, H] and weight [V, H], got "
-                          f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
+        raise EngineError(
+            f"chunked LM head expects hidden [N, H] and weight [V, H], got "
+            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if labels.shape != hidden.shape[:1]:
         raise EngineError(f"chunked LM head: {labels.shape[0]} labels for {hidden.shape[0]} positions")
     if temperature <= 0:
@@ -333,8 +393,15 @@ def chunked_next_token_stats(
     if chunk < 1:
         raise EngineError(f"chunk must be >= 1, got {chunk}")
     logprob, entropy = _ChunkedStats.apply(
-        hidden, weight, bias, labels.to(torch.long), float(temperature), chunk, bool(with_entropy),
-        bool(entropy_grad), bool(keep_logits) and _backward_expected(hidden, weight, bias),
+        hidden,
+        weight,
+        bias,
+        labels.to(torch.long),
+        float(temperature),
+        chunk,
+        bool(with_entropy),
+        bool(entropy_grad),
+        bool(keep_logits) and _backward_expected(hidden, weight, bias),
     )
     return logprob, (entropy if with_entropy else None)
 
@@ -370,12 +437,15 @@ class ChunkedLMHead(torch.nn.Module):
         self._request: _Request | None = None
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, chunk={self.chunk}, "
-                f"keep_logits={self.keep_logits}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, chunk={self.chunk}, "
+            f"keep_logits={self.keep_logits}"
+        )
 
     @contextlib.contextmanager
-    def scoring(self, labels: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                entropy_grad: bool = False) -> Iterator[None]:
+    def scoring(
+        self, labels: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
+    ) -> Iterator[None]:
         """Within the block, the next forward returns fp32 ``[..., 2]`` (log-prob of ``labels``,
         entropy) or ``[..., 1]`` (log-prob) instead of logits; ``labels`` has one entry per position."""
         if self._request is not None:
@@ -393,8 +463,14 @@ class ChunkedLMHead(torch.nn.Module):
         self._request = None  # one forward per request
         flat = hidden.reshape(-1, hidden.shape[-1])
         logprob, entropy = chunked_next_token_stats(
-            flat, self.weight, request.labels.reshape(-1), bias=self.bias, temperature=request.temperature,
-            with_entropy=request.with_entropy, entropy_grad=request.entropy_grad, chunk=self.chunk,
+            flat,
+            self.weight,
+            request.labels.reshape(-1),
+            bias=self.bias,
+            temperature=request.temperature,
+            with_entropy=request.with_entropy,
+            entropy_grad=request.entropy_grad,
+            chunk=self.chunk,
             keep_logits=self.keep_logits,
         )
         shape = hidden.shape[:-1]
@@ -419,8 +495,9 @@ def chunked_head_unsupported_reason(model: torch.nn.Module, lora_targets: Any = 
     return None
 
 
-def install_chunked_head(model: torch.nn.Module, *, lora_targets: Any = None,
-                         chunk: int | None = None) -> ChunkedLMHead | None:
+def install_chunked_head(
+    model: torch.nn.Module, *, lora_targets: Any = None, chunk: int | None = None
+) -> ChunkedLMHead | None:
     """Swap ``model.lm_head`` for a :class:`ChunkedLMHead` (before LoRA/TP/FSDP wrapping); returns it,
     or None (with the reason logged) when the model does not qualify."""
     reason = chunked_head_unsupported_reason(model, lora_targets)

@@ -53,9 +53,19 @@ def _kernels() -> tuple[Any, Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def partial_stats_kernel(logits_ptr, best_ptr, total_ptr, weighted_ptr, vocab, row_stride, inv_temp,
-                             SPLITS: tl.constexpr, SPLIT: tl.constexpr, WITH_ENTROPY: tl.constexpr,
-                             BLOCK: tl.constexpr):
+    def partial_stats_kernel(
+        logits_ptr,
+        best_ptr,
+        total_ptr,
+        weighted_ptr,
+        vocab,
+        row_stride,
+        inv_temp,
+        SPLITS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        WITH_ENTROPY: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # one program per (row, SPLIT columns of it), BLOCK columns at a time: a running maximum m,
         # s = sum exp(z - m) and w = sum exp(z - m) (z - m), rescaled once a block when m grows (one
         # exp() an element; a per-element rescale made the kernel compute-bound). A split's first
@@ -87,9 +97,21 @@ def _kernels() -> tuple[Any, Any, Any]:
             tl.store(weighted_ptr + out, weighted)
 
     @triton.jit
-    def combine_stats_kernel(logits_ptr, labels_ptr, best_ptr, total_ptr, weighted_ptr, log_z_ptr, logprob_ptr,
-                             entropy_ptr, row_stride, inv_temp, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                             WITH_ENTROPY: tl.constexpr):
+    def combine_stats_kernel(
+        logits_ptr,
+        labels_ptr,
+        best_ptr,
+        total_ptr,
+        weighted_ptr,
+        log_z_ptr,
+        logprob_ptr,
+        entropy_ptr,
+        row_stride,
+        inv_temp,
+        SPLITS: tl.constexpr,
+        SPLITS_PAD: tl.constexpr,
+        WITH_ENTROPY: tl.constexpr,
+    ):
         # one program per row folds its splits: log Z = M + log S, H = log S - W / S (both about M)
         row = tl.program_id(0).to(tl.int64)
         parts = tl.arange(0, SPLITS_PAD)
@@ -111,9 +133,21 @@ def _kernels() -> tuple[Any, Any, Any]:
             tl.store(entropy_ptr + row, tl.log(row_total) - row_weighted / row_total)
 
     @triton.jit
-    def logit_grad_kernel(logits_ptr, grad_ptr, labels_ptr, log_z_ptr, entropy_ptr, g_logprob_ptr, g_entropy_ptr,
-                          vocab, row_stride, inv_temp, HAS_LOGPROB: tl.constexpr, HAS_ENTROPY: tl.constexpr,
-                          BLOCK: tl.constexpr):
+    def logit_grad_kernel(
+        logits_ptr,
+        grad_ptr,
+        labels_ptr,
+        log_z_ptr,
+        entropy_ptr,
+        g_logprob_ptr,
+        g_entropy_ptr,
+        vocab,
+        row_stride,
+        inv_temp,
+        HAS_LOGPROB: tl.constexpr,
+        HAS_ENTROPY: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         inside = cols < vocab
@@ -137,14 +171,17 @@ def _kernels() -> tuple[Any, Any, Any]:
 
 def _check(logits: torch.Tensor, labels: torch.Tensor) -> None:
     if logits.dim() != 2 or not logits.is_contiguous() or not logits.is_cuda:
-        raise EngineError(f"LM-head kernels need contiguous CUDA logits [n, V], got {tuple(logits.shape)} "
-                          f"with strides {logits.stride()} on {logits.device}")
+        raise EngineError(
+            f"LM-head kernels need contiguous CUDA logits [n, V], got {tuple(logits.shape)} "
+            f"with strides {logits.stride()} on {logits.device}"
+        )
     if labels.shape != logits.shape[:1]:
         raise EngineError(f"LM-head kernels: {labels.shape[0]} labels for {logits.shape[0]} rows")
 
 
-def forward_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
-                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_stats(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(log Z, log-prob of the label, entropy or an empty tensor)``, fp32 ``[n]`` each, of a chunk's
     ``[n, V]`` logits (the kernel version of ``lm_head.chunk_forward_stats``)."""
     _check(logits, labels)
@@ -158,31 +195,62 @@ def forward_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float
         partial, combine, _ = _kernels()
         with torch.cuda.device(logits.device):
             partial[(rows, splits)](
-                logits, best, total, weighted, vocab, logits.stride(0), 1.0 / temperature,
-                SPLITS=splits, SPLIT=FORWARD_SPLIT, WITH_ENTROPY=with_entropy, BLOCK=FORWARD_BLOCK,
+                logits,
+                best,
+                total,
+                weighted,
+                vocab,
+                logits.stride(0),
+                1.0 / temperature,
+                SPLITS=splits,
+                SPLIT=FORWARD_SPLIT,
+                WITH_ENTROPY=with_entropy,
+                BLOCK=FORWARD_BLOCK,
                 num_warps=FORWARD_WARPS,
             )
             combine[(rows,)](
-                logits, labels.contiguous(), best, total, weighted, log_z, logprob,
-                entropy if with_entropy else log_z, logits.stride(0), 1.0 / temperature, SPLITS=splits,
-                SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), WITH_ENTROPY=with_entropy, num_warps=1,
+                logits,
+                labels.contiguous(),
+                best,
+                total,
+                weighted,
+                log_z,
+                logprob,
+                entropy if with_entropy else log_z,
+                logits.stride(0),
+                1.0 / temperature,
+                SPLITS=splits,
+                SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
+                WITH_ENTROPY=with_entropy,
+                num_warps=1,
             )
     return log_z, logprob, entropy
 
 
-def logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
-               g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None,
-               temperature: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def logit_grad(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    log_z: torch.Tensor,
+    entropy: torch.Tensor,
+    g_logprob: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    temperature: float,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The gradient with respect to a chunk's logits, in their dtype (the kernel version of
     ``lm_head.chunk_logit_grad``); ``entropy`` is only read when ``g_entropy`` is given. ``out``
     (contiguous, the logits' shape and dtype) receives it instead of a new tensor; it may be the
     logits themselves: each program reads its block before writing it."""
     _check(logits, labels)
     rows, vocab = logits.shape
-    if out is not None and (out.shape != logits.shape or out.dtype != logits.dtype or not out.is_contiguous()
-                            or out.device != logits.device):
-        raise EngineError(f"logit_grad: out must be contiguous like the logits ({tuple(logits.shape)}, "
-                          f"{logits.dtype}), got {tuple(out.shape)}, {out.dtype}, strides {out.stride()}")
+    if out is not None and (
+        out.shape != logits.shape or out.dtype != logits.dtype or not out.is_contiguous() or out.device != logits.device
+    ):
+        raise EngineError(
+            f"logit_grad: out must be contiguous like the logits ({tuple(logits.shape)}, "
+            f"{logits.dtype}), got {tuple(out.shape)}, {out.dtype}, strides {out.stride()}"
+        )
     grad = torch.empty_like(logits) if out is None else out
     if g_logprob is None and g_entropy is None:
         return grad.zero_()
@@ -190,13 +258,21 @@ def logit_grad(logits: torch.Tensor, labels: torch.Tensor, log_z: torch.Tensor, 
         grid = (rows, _cdiv(vocab, GRAD_BLOCK))
         with torch.cuda.device(logits.device):
             _kernels()[2][grid](
-                logits, grad, labels.contiguous(), log_z.contiguous(),
+                logits,
+                grad,
+                labels.contiguous(),
+                log_z.contiguous(),
                 entropy.contiguous() if g_entropy is not None else log_z,
                 # an upstream gradient may be an expanded scalar (stride 0: the gradient of a sum)
                 g_logprob.contiguous() if g_logprob is not None else log_z,
                 g_entropy.contiguous() if g_entropy is not None else log_z,
-                vocab, logits.stride(0), 1.0 / temperature, HAS_LOGPROB=g_logprob is not None,
-                HAS_ENTROPY=g_entropy is not None, BLOCK=GRAD_BLOCK, num_warps=GRAD_WARPS,
+                vocab,
+                logits.stride(0),
+                1.0 / temperature,
+                HAS_LOGPROB=g_logprob is not None,
+                HAS_ENTROPY=g_entropy is not None,
+                BLOCK=GRAD_BLOCK,
+                num_warps=GRAD_WARPS,
             )
     return grad
 

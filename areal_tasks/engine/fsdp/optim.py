@@ -57,8 +57,9 @@ def lr_multiplier(step: int, cfg: LRScheduleConfig, total_steps: int) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, *,
-                    fused: bool = False) -> torch.optim.AdamW:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: OptimizerConfig, *, fused: bool = False
+) -> torch.optim.AdamW:
     """AdamW over ``params`` that require grad (weight decay on every trainable tensor).
 
     ``fused``: torch's fused AdamW kernel (one launch per parameter group and dtype; CUDA
@@ -145,7 +146,8 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
             mesh_key = ""
         else:  # once per mesh object: DeviceMesh.mesh rebuilds its tensor on every access (~70 us)
             mesh_key = keys_of_meshes.get(id(mesh)) or keys_of_meshes.setdefault(
-                id(mesh), f"{mesh.mesh_dim_names}{tuple(mesh.mesh.shape)}")
+                id(mesh), f"{mesh.mesh_dim_names}{tuple(mesh.mesh.shape)}"
+            )
         key = (mesh_key, dims)
         meshes[mesh_key] = mesh
         groups.setdefault(key, []).append(local.detach())

@@ -122,7 +122,7 @@ class StagedStats:
     def read(self) -> tuple[TrainStats, list[float]]:
         """(the stats, the ``extra`` values in their order): waits for the copy, then the dp all-reduce."""
         values = self._copy.values()
-        return self._pending.finish(values[:self._n_stats]), values[self._n_stats:]
+        return self._pending.finish(values[: self._n_stats]), values[self._n_stats :]
 
 
 class QueuedStep(SubmittedStep):
@@ -132,8 +132,7 @@ class QueuedStep(SubmittedStep):
     queued right away; :meth:`result` waits for that copy only (not for steps queued after this
     one), once."""
 
-    def __init__(self, stats: PendingStats, grad_norm: torch.Tensor | float, lr: float, *,
-                 skip_logged: bool) -> None:
+    def __init__(self, stats: PendingStats, grad_norm: torch.Tensor | float, lr: float, *, skip_logged: bool) -> None:
         on_device = not isinstance(grad_norm, float)
         self._staged = stats.stage([grad_norm] if on_device else [])
         self._grad_norm = None if on_device else grad_norm

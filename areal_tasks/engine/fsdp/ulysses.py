@@ -148,8 +148,15 @@ def ulysses_attention_forward(
         key, value = repeat_heads(key, n_q // n_kv), repeat_heads(value, n_q // n_kv)
     q, k, v = _seq_to_heads([query, key, value], group, sp)
     out = packed_attention(
-        q, k, v, cu, bounds=kwargs.get(BOUNDS_KWARG), max_len=kwargs.get("max_length_q"), scaling=scaling,
-        dropout=dropout if module.training else 0.0, sliding_window=sliding_window,
+        q,
+        k,
+        v,
+        cu,
+        bounds=kwargs.get(BOUNDS_KWARG),
+        max_len=kwargs.get("max_length_q"),
+        scaling=scaling,
+        dropout=dropout if module.training else 0.0,
+        sliding_window=sliding_window,
     )
     out = _heads_to_seq(out, group, sp)
     return out.transpose(1, 2).contiguous(), None

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from areal_tasks.errors import EngineError
@@ -55,9 +55,7 @@ def cast_floating(
     """``named_tensors`` with every floating-point tensor cast to ``dtype`` (lazily, one at a time;
     integer and bool tensors unchanged). Works on ``meta`` tensors, so specs and bytes share it."""
     for name, tensor in named_tensors:
-        if tensor.is_floating_point() and tensor.dtype != dtype:
-            tensor = tensor.to(dtype)
-        yield name, tensor
+        yield name, (tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor)
 
 
 def weight_specs(engine: FSDPEngine) -> list[ParamSpec]:
@@ -141,8 +139,11 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
             _pack_shared(engine)
         dist.barrier()
         return
-    if staged is not None and (staged.kind, staged.version, staged.bucket_bytes) != ("collective", meta.version,
-                                                                                     meta.bucket_bytes):
+    if staged is not None and (staged.kind, staged.version, staged.bucket_bytes) != (
+        "collective",
+        meta.version,
+        meta.bucket_bytes,
+    ):
         staged = None  # staged for another update: gather afresh
     is_rank0 = dist.get_rank() == 0
     stream = iter_hf_tensors(engine.model, engine.device, in_param_dtype=True) if staged is None else iter(())
@@ -155,10 +156,8 @@ def send_weights(engine: FSDPEngine, meta: WeightUpdateMeta) -> None:
         from areal_tasks.engine.weights.collective import BucketedBroadcastSender
 
         sender = BucketedBroadcastSender(_group(engine, meta), meta.bucket_bytes)
-        if staged is not None:
-            sent = sender.send_packed([staged.flat])
-        else:
-            sent = sender.send(stream, engine.weight_specs())  # the pack casts to the specs' dtype
+        # unstaged, sender.send's pack casts to the specs' dtype
+        sent = sender.send_packed([staged.flat]) if staged is not None else sender.send(stream, engine.weight_specs())
         logger.info("weights version %d broadcast to %s: %d bytes", meta.version, meta.group_name, sent)
     dist.barrier()
 
@@ -189,8 +188,10 @@ def _pack_shared(engine: FSDPEngine) -> None:
 def shared_buffers(engine: FSDPEngine) -> tuple[dict, ...]:
     """The descriptions of every rank's shared buffer (made by the first shared update's pack)."""
     if not engine.shared_descriptions:
-        raise EngineError("no shared weight buffer yet: prepare_weight_update or update_weights with a "
-                          "shared WeightUpdateMeta makes them")  # fmt: skip
+        raise EngineError(
+            "no shared weight buffer yet: prepare_weight_update or update_weights with a "
+            "shared WeightUpdateMeta makes them"
+        )
     return engine.shared_descriptions
 
 

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "GROUP_DESTROY_TIMEOUT_S",
     "BucketedBroadcastSender",
     "WeightGroup",
-    "GROUP_DESTROY_TIMEOUT_S",
     "abort_process_group",
     "bucket_views",
     "check_bucket_tensor",
@@ -65,7 +65,12 @@ _ABORT_TIMEOUT_S = 10.0
 
 
 def init_custom_process_group(
-    backend: str, master_addr: str, master_port: int, world_size: int, rank: int, group_name: str,
+    backend: str,
+    master_addr: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
     timeout: timedelta,
 ) -> Any:
     """Build a weight-update group the way SGLang's servers do (TCP rendezvous at ``master_addr:master_port``).
@@ -161,13 +166,21 @@ def leave_process_group(process_group: Any, group_name: str, timeout_s: float = 
     if finished:
         logger.warning("destroying weight-update group %s failed (%r); aborting it", group_name, error)
     else:
-        logger.warning("weight-update group %s: destroy did not return within %.0f s (a member did not leave); "
-                       "aborting the group locally", group_name, timeout_s)  # fmt: skip
-    aborted, abort_error = _in_thread(lambda: abort_process_group(process_group), f"abort-{group_name}",
-                                      _ABORT_TIMEOUT_S)  # fmt: skip
+        logger.warning(
+            "weight-update group %s: destroy did not return within %.0f s (a member did not leave); "
+            "aborting the group locally",
+            group_name,
+            timeout_s,
+        )
+    aborted, abort_error = _in_thread(
+        lambda: abort_process_group(process_group), f"abort-{group_name}", _ABORT_TIMEOUT_S
+    )
     if not aborted:
-        logger.warning("weight-update group %s: abort did not return within %.0f s either; it ends with the process",
-                       group_name, _ABORT_TIMEOUT_S)  # fmt: skip
+        logger.warning(
+            "weight-update group %s: abort did not return within %.0f s either; it ends with the process",
+            group_name,
+            _ABORT_TIMEOUT_S,
+        )
     elif abort_error is not None and not isinstance(abort_error, ValueError):  # ValueError: gone already
         logger.warning("weight-update group %s: abort failed: %r", group_name, abort_error)
     return False
@@ -191,7 +204,12 @@ def join_weight_group(meta: WeightUpdateMeta) -> WeightGroup:
         device = torch.device("cpu")
     assert meta.master_addr is not None and meta.master_port is not None and meta.world_size is not None
     pg = init_custom_process_group(
-        meta.backend, meta.master_addr, meta.master_port, meta.world_size, 0, meta.group_name,
+        meta.backend,
+        meta.master_addr,
+        meta.master_port,
+        meta.world_size,
+        0,
+        meta.group_name,
         timedelta(seconds=meta.timeout_s),
     )
     logger.info("joined weight-update group %s as rank 0 of %d (%s)", meta.group_name, meta.world_size, meta.backend)
@@ -276,16 +294,22 @@ class BucketedBroadcastSender:
         for flat in flats:
             self.group.broadcast(flat)
         total = sum(flat.numel() for flat in flats)
-        logger.info("broadcast %d packed buckets, %d bytes, over %s in %.1f ms (host time)",
-                    len(flats), total, self.group.name, 1e3 * (time.perf_counter() - started))
+        logger.info(
+            "broadcast %d packed buckets, %d bytes, over %s in %.1f ms (host time)",
+            len(flats),
+            total,
+            self.group.name,
+            1e3 * (time.perf_counter() - started),
+        )
         return total
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[ParamSpec]) -> int:
         """Broadcast ``named_tensors`` (streamed in ``specs`` order) bucket by bucket; returns bytes sent.
 
         Holds at most one bucket's tensors at a time; floating-point tensors may come in another
-        floating-point dtype than their spec's and are cast on the way (:func:`flatten_bucket`). Raises :class:`EngineError` when the stream
-        differs from ``specs`` (a name, dtype or shape, or the number of tensors).
+        floating-point dtype than their spec's and are cast on the way (:func:`flatten_bucket`).
+        Raises :class:`EngineError` when the stream differs from ``specs`` (a name, dtype or shape,
+        or the number of tensors).
         """
         import time
 
@@ -312,6 +336,12 @@ class BucketedBroadcastSender:
         extra = next(stream, None)
         if extra is not None:
             raise EngineError(f"weight stream has tensor {extra[0]!r} beyond the {len(specs)} planned ones")
-        logger.info("broadcast %d buckets, %d bytes, over %s in %.1f ms (gather and pack %.1f ms, host time)",
-                    len(buckets), total, self.group.name, 1e3 * (time.perf_counter() - started), 1e3 * packing)
+        logger.info(
+            "broadcast %d buckets, %d bytes, over %s in %.1f ms (gather and pack %.1f ms, host time)",
+            len(buckets),
+            total,
+            self.group.name,
+            1e3 * (time.perf_counter() - started),
+            1e3 * packing,
+        )
         return total

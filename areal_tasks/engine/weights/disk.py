@@ -127,7 +127,7 @@ def write_safetensors_shards(
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file({n: tensors[n] for n in names}, str(directory / fname), metadata=meta)
         files.append(fname)
-        weight_map.update({n: fname for n in names})
+        weight_map.update(dict.fromkeys(names, fname))
     index = {"metadata": {"total_size": sum(_nbytes(t) for t in tensors.values())}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
     return files

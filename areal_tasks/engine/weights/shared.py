@@ -104,7 +104,7 @@ def _sweep_orphans(directory: Path) -> None:
     containers sharing ``/dev/shm``) are left alone: their pids mean nothing here."""
     namespace = _pid_namespace()
     for path in directory.glob(f"{_FILE_PREFIX}*"):
-        parts = path.name[len(_FILE_PREFIX):].split("-", 2)
+        parts = path.name[len(_FILE_PREFIX) :].split("-", 2)
         if len(parts) != 3 or parts[0] != namespace or not parts[1].isdigit() or int(parts[1]) == os.getpid():
             continue
         try:
@@ -149,14 +149,22 @@ class SharedWeightBuffer:
         logger.info("shared weight buffer %s: %.1f MiB on %s", self.buffer_id[:8], nbytes / 2**20, device)
 
     def _describe_cuda(self) -> dict[str, Any]:
-        (device, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle,
-         event_sync) = self.flat.untyped_storage()._share_cuda_()  # fmt: skip
+        (device, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, event_sync) = (
+            self.flat.untyped_storage()._share_cuda_()
+        )
         return {
-            "kind": CUDA_IPC, "id": self.buffer_id, "nbytes": self.nbytes, "gpu_uuid": _gpu_uuid(device),
-            "handle": _b64(handle), "storage_bytes": int(size_bytes), "storage_offset": int(offset_bytes),
-            "ref_counter_handle": _b64(ref_handle), "ref_counter_offset": int(ref_offset),
-            "event_handle": _b64(event_handle or b""), "event_sync_required": int(bool(event_sync)),
-        }  # fmt: skip
+            "kind": CUDA_IPC,
+            "id": self.buffer_id,
+            "nbytes": self.nbytes,
+            "gpu_uuid": _gpu_uuid(device),
+            "handle": _b64(handle),
+            "storage_bytes": int(size_bytes),
+            "storage_offset": int(offset_bytes),
+            "ref_counter_handle": _b64(ref_handle),
+            "ref_counter_offset": int(ref_offset),
+            "event_handle": _b64(event_handle or b""),
+            "event_sync_required": int(bool(event_sync)),
+        }
 
     def describe(self) -> dict[str, Any]:
         """The JSON-safe description a server opens the buffer from (:func:`open_shared_buffer`)."""
@@ -238,9 +246,11 @@ def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device)
         if description.get("kind") == CUDA_IPC and description.get("gpu_uuid") == mine:
             return description
     where = sorted({str(d.get("gpu_uuid", d.get("kind"))) for d in descriptions})
-    raise EngineError(f"no shared weight buffer is on this server's GPU ({mine}); the trainer's are on {where}. "
-                      "Shared updates need each server on a GPU of a trainer rank (colocated); "
-                      "otherwise use rollout.weight_update=disk or collective")  # fmt: skip
+    raise EngineError(
+        f"no shared weight buffer is on this server's GPU ({mine}); the trainer's are on {where}. "
+        "Shared updates need each server on a GPU of a trainer rank (colocated); "
+        "otherwise use rollout.weight_update=disk or collective"
+    )
 
 
 def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
@@ -258,8 +268,10 @@ def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
         if kind == FILE:
             path = Path(str(description.get("path", "")))
             if not path.is_file() or path.stat().st_size < nbytes:
-                raise EngineError(f"shared weight buffer {path} is missing or shorter than {nbytes} bytes: "
-                                  "the trainer must run on this host and keep the buffer open")  # fmt: skip
+                raise EngineError(
+                    f"shared weight buffer {path} is missing or shorter than {nbytes} bytes: "
+                    "the trainer must run on this host and keep the buffer open"
+                )
             return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
         if kind == CUDA_IPC:
             return _open_cuda(description, nbytes)
@@ -277,11 +289,15 @@ def _open_cuda(description: Mapping[str, Any], nbytes: int) -> torch.Tensor:
         raise EngineError(f"GPU {target} holding the shared weight buffer is not visible to this process")
     torch.cuda._lazy_init()
     storage = torch.UntypedStorage._new_shared_cuda(
-        local[0], base64.b64decode(description["handle"]), int(description["storage_bytes"]),
-        int(description["storage_offset"]), base64.b64decode(description["ref_counter_handle"]),
-        int(description["ref_counter_offset"]), base64.b64decode(description["event_handle"]),
+        local[0],
+        base64.b64decode(description["handle"]),
+        int(description["storage_bytes"]),
+        int(description["storage_offset"]),
+        base64.b64decode(description["ref_counter_handle"]),
+        int(description["ref_counter_offset"]),
+        base64.b64decode(description["event_handle"]),
         bool(description["event_sync_required"]),
-    )  # fmt: skip
+    )
     flat = torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", local[0]))
     flat.set_(storage, 0, (nbytes,), (1,))
     return flat

@@ -107,7 +107,9 @@ class ServerPool:
         state.failures += 1
         cooldown = self._cooldown * 2 ** min(state.failures - 1, _MAX_COOLDOWN_DOUBLINGS)
         state.dead_until = self._clock() + cooldown
-        logger.warning("server %s is unreachable (%d in a row); avoiding it for %.1fs", address, state.failures, cooldown)
+        logger.warning(
+            "server %s is unreachable (%d in a row); avoiding it for %.1fs", address, state.failures, cooldown
+        )
 
     def mark_ok(self, address: str) -> None:
         """``address`` answered: it is alive."""

@@ -63,12 +63,11 @@ class ClientConfig:
             if f.name in _KEY_FIELDS:
                 continue
             value = getattr(self, f.name)
-            if f.name in ("max_retries", "retry_jitter"):
-                ok = value >= 0
-            else:
-                ok = value > 0
+            ok = value >= 0 if f.name in ("max_retries", "retry_jitter") else value > 0
             if not ok:
-                problems.append(f"{f.name}={value!r} must be {'>= 0' if f.name in ('max_retries', 'retry_jitter') else '> 0'}")
+                problems.append(
+                    f"{f.name}={value!r} must be {'>= 0' if f.name in ('max_retries', 'retry_jitter') else '> 0'}"
+                )
         if self.retry_jitter >= 1:
             problems.append(f"retry_jitter={self.retry_jitter!r} must be < 1")
         if problems:
@@ -105,6 +104,8 @@ def _key_problem(name: str, value: object) -> str | None:
     if not isinstance(value, str):
         return f"{name} must be a string or None, got a {type(value).__name__}"
     if not value or not all(33 <= ord(c) <= 126 for c in value):
-        return (f"{name} must be a non-empty string of printable ASCII without spaces (a bearer token); "
-                f"got {len(value)} characters (a trailing newline from a file or `echo`?)")
+        return (
+            f"{name} must be a non-empty string of printable ASCII without spaces (a bearer token); "
+            f"got {len(value)} characters (a trailing newline from a file or `echo`?)"
+        )
     return None

@@ -47,7 +47,9 @@ async def fan_out(
     results = await asyncio.gather(*(_one(transport, adapter, a, c, timeout_s) for a, c in zip(addresses, calls)))
     failures = [f"{a}: {err}" for a, (err, _) in zip(addresses, results) if err is not None]
     if failures:
-        raise InferenceControlError(f"{what} failed on {len(failures)} of {len(addresses)} servers: " + "; ".join(failures))
+        raise InferenceControlError(
+            f"{what} failed on {len(failures)} of {len(addresses)} servers: " + "; ".join(failures)
+        )
     logger.debug("%s done on %d servers", what, len(addresses))
     return [payload for _, payload in results]
 

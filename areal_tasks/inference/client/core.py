@@ -27,6 +27,7 @@ rids never are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
@@ -187,14 +188,20 @@ class RemoteInferenceEngine(InferenceEngine):
 
     async def check_health(self) -> dict[str, bool]:
         """``address -> healthy`` for every server (never raises)."""
-        results = await probe_all(self._transport, self.adapter, self.addresses, self.adapter.health(), self.config.control_timeout_s)
+        results = await probe_all(
+            self._transport, self.adapter, self.addresses, self.adapter.health(), self.config.control_timeout_s
+        )
         return {a: err is None for a, (err, _) in results.items()}
 
     async def server_versions(self) -> dict[str, int | None]:
         """``address -> weight version the server reports`` (raises InferenceControlError on failure)."""
         payloads = await fan_out(
-            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.model_info(),
-            self.config.control_timeout_s, "model_info",
+            self._transport,
+            self.adapter,
+            self.addresses,
+            lambda i, a: self.adapter.model_info(),
+            self.config.control_timeout_s,
+            "model_info",
         )
         return {a: self.adapter.parse_version(p) for a, p in zip(self.addresses, payloads)}
 
@@ -214,23 +221,33 @@ class RemoteInferenceEngine(InferenceEngine):
         self._pause_mode = mode  # before the calls: a half-done pause may have kept KV somewhere
         self._gate_requests(open_=False)
         await fan_out(
-            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.pause(mode),
-            self.config.control_timeout_s, f"pause({mode})",
+            self._transport,
+            self.adapter,
+            self.addresses,
+            lambda i, a: self.adapter.pause(mode),
+            self.config.control_timeout_s,
+            f"pause({mode})",
         )
         logger.info("paused %d servers (mode=%s)", len(self.addresses), mode)
 
     async def resume(self) -> None:
         self._timeline.resuming()  # before the calls: a server may start generating on receipt
         await fan_out(
-            self._transport, self.adapter, self.addresses, lambda i, a: self.adapter.resume(),
-            self.config.control_timeout_s, "resume",
+            self._transport,
+            self.adapter,
+            self.addresses,
+            lambda i, a: self.adapter.resume(),
+            self.config.control_timeout_s,
+            "resume",
         )
         self._paused = False
         self._pause_mode = None
         self._gate_requests(open_=True)
         logger.info("resumed %d servers at version %d", len(self.addresses), self._version)
 
-    async def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
+    async def update_weights(
+        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None
+    ) -> None:
         # after a retract/in_place pause sequences still hold KV of the old weights: SGLang (and the
         # embedded server) fail an update that asks to flush then, so ask only after abort or unpaused
         flush_cache = self._pause_mode in (None, "abort")
@@ -264,8 +281,13 @@ class RemoteInferenceEngine(InferenceEngine):
         took = time.perf_counter() - started
         pause = max((t.get("pause_s", 0.0) for t in timings), default=0.0)
         resume = max((t.get("resume_s", 0.0) for t in timings), default=0.0)
-        logger.info("swapped in weights of version %d on %d servers in one request each (%s, %.1f ms)",
-                    meta.version, len(self.addresses), meta.type, 1e3 * took)  # fmt: skip
+        logger.info(
+            "swapped in weights of version %d on %d servers in one request each (%s, %.1f ms)",
+            meta.version,
+            len(self.addresses),
+            meta.type,
+            1e3 * took,
+        )
         return {"pause": pause, "transfer": max(took - pause - resume, 0.0), "resume": resume}
 
     @property
@@ -273,7 +295,9 @@ class RemoteInferenceEngine(InferenceEngine):
         """Names of the collective weight-update groups the servers joined (and have not left)."""
         return self._weights.group_names
 
-    async def destroy_weight_groups(self, group_name: str | None = None, *, timeout_s: float | None = None) -> list[str]:
+    async def destroy_weight_groups(
+        self, group_name: str | None = None, *, timeout_s: float | None = None
+    ) -> list[str]:
         """Make every server leave the collective weight-update groups it joined (all, or ``group_name``).
 
         Call it while the trainer destroys its side of the group (with NCCL both must enter the
@@ -337,7 +361,9 @@ class RemoteInferenceEngine(InferenceEngine):
                         f"request {req.rid} was aborted {progress.n_resubmits} times (max_resubmits="
                         f"{self.config.max_resubmits}); {len(out_ids)} tokens generated so far"
                     )
-                logger.debug("request %s aborted after %d tokens on %s; resubmitting", req.rid, len(out_ids), piece.server)
+                logger.debug(
+                    "request %s aborted after %d tokens on %s; resubmitting", req.rid, len(out_ids), piece.server
+                )
         finally:
             self._inflight.pop(req.rid, None)
         latency = time.monotonic() - start
@@ -380,10 +406,8 @@ class RemoteInferenceEngine(InferenceEngine):
             if loop is running:
                 change()
                 continue
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nothing waits on it any more
                 loop.call_soon_threadsafe(change)
-            except RuntimeError:  # that loop is closed: nothing waits on it any more
-                pass
 
     async def _wait_resumed(self, progress: InflightRequest) -> None:
         state = self._state()
@@ -419,7 +443,9 @@ class RemoteInferenceEngine(InferenceEngine):
             progress.server = ""  # affinity is void once its server failed
             if retry < self.config.max_retries:
                 delay = self._retry.delay(retry, self._rng)
-                logger.warning("request %s: %s; retry %d/%d in %.2fs", rid, failures[-1], retry + 1, self.config.max_retries, delay)
+                logger.warning(
+                    "request %s: %s; retry %d/%d in %.2fs", rid, failures[-1], retry + 1, self.config.max_retries, delay
+                )
                 await self._sleep(delay)
         raise InferenceRetriesExhaustedError(
             f"request {rid} failed {len(failures)} times "
@@ -446,7 +472,9 @@ class RemoteInferenceEngine(InferenceEngine):
         if status != 200:
             if is_retryable_status(status):
                 raise _RetryableStatus(f"HTTP {status}: {str(payload)[:300]}")
-            raise InferenceRequestError(f"request {inp.rid}: server {server} refused it with HTTP {status}: {str(payload)[:500]}")
+            raise InferenceRequestError(
+                f"request {inp.rid}: server {server} refused it with HTTP {status}: {str(payload)[:500]}"
+            )
         output = self.adapter.parse_generate(payload, inp)
         reported = output.versions or [None] * len(output.output_ids)
         if len(reported) != len(output.output_ids) or len(output.output_logprobs) != len(output.output_ids):
@@ -457,7 +485,6 @@ class RemoteInferenceEngine(InferenceEngine):
         fallback = self._timeline.at(answered_at)
         versions = [fallback if v is None else v for v in reported]
         return _Piece(output, server, versions, sent_at, answered_at)
-
 
     # -- aborting abandoned attempts ------------------------------------------------------------
 

@@ -7,7 +7,6 @@ trips inside every update's pause, and a load from the trainer's shared-memory b
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -48,12 +47,20 @@ class EmbeddedAdapter(SGLangAdapter):
     def update_weights_from_shared(
         self, meta: WeightUpdateMeta, layout: Sequence[ParamSpec], *, flush_cache: bool = True
     ) -> HttpCall | None:
-        body = {"shared_buffers": [dict(b) for b in meta.shared_buffers], "weight_version": str(meta.version),
-                "flush_cache": flush_cache, "abort_all_requests": False, **_described(layout)}  # fmt: skip
+        body = {
+            "shared_buffers": [dict(b) for b in meta.shared_buffers],
+            "weight_version": str(meta.version),
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            **_described(layout),
+        }
         return HttpCall("POST", SHARED_WEIGHTS_PATH, json=body)
 
 
 def _described(specs: Sequence[ParamSpec]) -> dict[str, list]:
     """``names``, ``dtypes`` and ``shapes`` of ``specs``, in order (how the server reads a flat buffer)."""
-    return {"names": [p.name for p in specs], "dtypes": [p.dtype for p in specs],
-            "shapes": [list(p.shape) for p in specs]}  # fmt: skip
+    return {
+        "names": [p.name for p in specs],
+        "dtypes": [p.dtype for p in specs],
+        "shapes": [list(p.shape) for p in specs],
+    }

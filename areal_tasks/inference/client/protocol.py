@@ -183,9 +183,10 @@ class ProtocolAdapter(ABC):
         self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec] | None, mode: PauseMode, *, flush_cache: bool
     ) -> HttpCall | None:
         """One call that pauses in ``mode``, loads ``meta`` (a disk update, a collective one of
-        the single ``bucket``, or a shared one laid out as ``bucket``) and resumes, answering ``{"timings": {"pause_s", "transfer_s",
-        "resume_s"}}``; or None (the default): the client then sends pause, the update's calls and
-        resume one by one. The embedded server has one (``/areal/swap_weights``)."""
+        the single ``bucket``, or a shared one laid out as ``bucket``) and resumes, answering
+        ``{"timings": {"pause_s", "transfer_s", "resume_s"}}``; or None (the default): the client
+        then sends pause, the update's calls and resume one by one. The embedded server has one
+        (``/areal/swap_weights``)."""
         del meta, bucket, mode, flush_cache
         return None
 

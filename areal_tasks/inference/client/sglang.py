@@ -7,9 +7,10 @@
 "weight_versions": [{"version", "start", "end"}], ...}}``. Control endpoints:
 ``/abort_request`` (``{"rid", "abort_all"}``: stops every request whose rid *starts with* ``rid``),
 ``/pause_generation`` (``mode``), ``/continue_generation``, ``/update_weights_from_disk``,
-``/init_weights_update_group`` (left with ``/destroy_weights_update_group``), then per update ``/begin_weight_update``, one
-``/update_weights_from_distributed`` per bucket and ``/end_weight_update`` (0.5.23 refuses a
-distributed update outside that session), ``/get_model_info``, ``/health``.
+``/init_weights_update_group`` (left with ``/destroy_weights_update_group``), then per update
+``/begin_weight_update``, one ``/update_weights_from_distributed`` per bucket and
+``/end_weight_update`` (0.5.23 refuses a distributed update outside that session),
+``/get_model_info``, ``/health``.
 
 Policy versions: the client sends ``weight_version=str(meta.version)`` with every weight update,
 so the server reports the version of the weights that produced each token (``weight_versions``
@@ -131,7 +132,9 @@ class SGLangAdapter(ProtocolAdapter):
         also stops the ``<rid>_<j>`` samples of an ``n > 1`` request); an empty rid would match
         every request, so it is refused here."""
         if not isinstance(rid, str) or not rid:
-            raise InferenceError(f"abort: rid must be a non-empty string (an empty one aborts every request), got {rid!r}")
+            raise InferenceError(
+                f"abort: rid must be a non-empty string (an empty one aborts every request), got {rid!r}"
+            )
         return HttpCall("POST", "/abort_request", json={"rid": rid, "abort_all": False})
 
     def health(self) -> HttpCall:

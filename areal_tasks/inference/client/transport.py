@@ -100,17 +100,25 @@ def refusal_message(path: str, sent: KeyKind | None) -> str:
     admin = path in ADMIN_PATHS
     if sent is None:
         if admin:
-            return ("no key was sent; the server requires its admin API key (ClientConfig.admin_api_key, from "
-                    "rollout.server.admin_api_key_env), or its API key when it has no admin key")
+            return (
+                "no key was sent; the server requires its admin API key (ClientConfig.admin_api_key, from "
+                "rollout.server.admin_api_key_env), or its API key when it has no admin key"
+            )
         return "no key was sent; the server requires an API key (ClientConfig.api_key, from rollout.server.api_key_env)"
     if sent == "admin":
-        return ("the server refused the admin API key (ClientConfig.admin_api_key, from "
-                "rollout.server.admin_api_key_env): it is not the server's --admin-api-key")
+        return (
+            "the server refused the admin API key (ClientConfig.admin_api_key, from "
+            "rollout.server.admin_api_key_env): it is not the server's --admin-api-key"
+        )
     if admin:
-        return (f"{path} is an admin endpoint and the server refused the API key: it needs its admin key "
-                "(set ClientConfig.admin_api_key via rollout.server.admin_api_key_env), or the API key is wrong")
-    return ("the server refused the API key (ClientConfig.api_key, from "
-            "rollout.server.api_key_env): it is not the server's --api-key")
+        return (
+            f"{path} is an admin endpoint and the server refused the API key: it needs its admin key "
+            "(set ClientConfig.admin_api_key via rollout.server.admin_api_key_env), or the API key is wrong"
+        )
+    return (
+        "the server refused the API key (ClientConfig.api_key, from "
+        "rollout.server.api_key_env): it is not the server's --api-key"
+    )
 
 
 #: httpx failures that happen before a request's bytes leave the client.
@@ -145,8 +153,9 @@ class HttpTransport:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self._pools = math.ceil(max_connections / POOL_CONNECTIONS)
         per_pool = math.ceil(max_connections / self._pools)
-        self._limits = httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool,
-                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)  # fmt: skip
+        self._limits = httpx.Limits(
+            max_connections=per_pool, max_keepalive_connections=per_pool, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
         self._factory = transport_factory
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = (
             weakref.WeakKeyDictionary()
@@ -166,8 +175,9 @@ class HttpTransport:
 
     def _new_client(self) -> httpx.AsyncClient:
         transport = self._factory() if self._factory is not None else None
-        return httpx.AsyncClient(transport=transport, limits=self._limits, timeout=None, trust_env=False,
-                                 verify=tls_context())
+        return httpx.AsyncClient(
+            transport=transport, limits=self._limits, timeout=None, trust_env=False, verify=tls_context()
+        )
 
     async def send(self, address: str, call: HttpCall, timeout_s: float) -> tuple[int, Any]:
         """Execute ``call`` on the server at ``address`` (a base URL); returns ``(status, payload)``."""
@@ -177,8 +187,14 @@ class HttpTransport:
         client = self._client()
         try:
             async with asyncio.timeout(timeout_s):  # the total deadline, without a task per call
-                response = await client.request(call.method, address + call.path, json=call.json, params=call.params,
-                                                headers=headers, timeout=timeout)
+                response = await client.request(
+                    call.method,
+                    address + call.path,
+                    json=call.json,
+                    params=call.params,
+                    headers=headers,
+                    timeout=timeout,
+                )
         except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
             raise InferenceTimeoutError(f"{address}{call.path}: no answer within {timeout_s:.1f}s") from exc
         except httpx.TransportError as exc:

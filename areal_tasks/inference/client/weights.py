@@ -50,7 +50,9 @@ class _JoinedGroup:
 class WeightSync:
     """Drives one weight update on every server; remembers which collective groups exist."""
 
-    def __init__(self, transport: HttpTransport, adapter: ProtocolAdapter, ranks_per_server: int, update_timeout_s: float) -> None:
+    def __init__(
+        self, transport: HttpTransport, adapter: ProtocolAdapter, ranks_per_server: int, update_timeout_s: float
+    ) -> None:
         self._transport = transport
         self._adapter = adapter
         self._ranks_per_server = ranks_per_server
@@ -77,12 +79,19 @@ class WeightSync:
             name, addresses = group.name, list(group.addresses)
             call = self._adapter.destroy_weight_group(name)
             if call is None:
-                logger.info("%s servers have no call to leave weight-update group %s; forgetting it",
-                            self._adapter.name, name)  # fmt: skip
+                logger.info(
+                    "%s servers have no call to leave weight-update group %s; forgetting it", self._adapter.name, name
+                )
                 continue
             try:
-                await fan_out(self._transport, self._adapter, addresses, lambda i, a, call=call: call, timeout_s,
-                              f"destroy_weights_update_group({name})")  # fmt: skip
+                await fan_out(
+                    self._transport,
+                    self._adapter,
+                    addresses,
+                    lambda i, a, call=call: call,
+                    timeout_s,
+                    f"destroy_weights_update_group({name})",
+                )
             except InferenceControlError as exc:
                 failures.append(str(exc))
             else:
@@ -106,9 +115,12 @@ class WeightSync:
         if meta.type == "disk":
             await self._bracket(addresses, meta, self._adapter.begin_weight_update(meta), "begin_weight_update")
             await fan_out(
-                self._transport, self._adapter, addresses,
+                self._transport,
+                self._adapter,
+                addresses,
                 lambda i, a: self._adapter.update_weights_from_disk(meta, flush_cache=flush_cache),
-                self._update_timeout_s, f"update_weights_from_disk(version={meta.version}, path={meta.path})",
+                self._update_timeout_s,
+                f"update_weights_from_disk(version={meta.version}, path={meta.path})",
             )
             await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
             return
@@ -123,17 +135,27 @@ class WeightSync:
         await self._bracket(addresses, meta, self._adapter.begin_weight_update(meta), "begin_weight_update")
         for k, bucket in enumerate(buckets):
             await fan_out(
-                self._transport, self._adapter, addresses,
+                self._transport,
+                self._adapter,
+                addresses,
                 lambda i, a, bucket=bucket: self._adapter.update_weights_from_distributed(
                     meta, bucket, flush_cache=flush_cache
                 ),
-                meta.timeout_s, f"update_weights_from_distributed(version={meta.version}, bucket {k + 1}/{len(buckets)})",
+                meta.timeout_s,
+                f"update_weights_from_distributed(version={meta.version}, bucket {k + 1}/{len(buckets)})",
             )
         await self._bracket(addresses, meta, self._adapter.end_weight_update(meta), "end_weight_update")
-        logger.info("collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses))
+        logger.info(
+            "collective update to version %d: %d buckets on %d servers", meta.version, len(buckets), len(addresses)
+        )
 
-    async def _update_shared(self, addresses: Sequence[str], meta: WeightUpdateMeta,
-                             buckets: Sequence[Sequence[ParamSpec]] | None, flush_cache: bool) -> None:
+    async def _update_shared(
+        self,
+        addresses: Sequence[str],
+        meta: WeightUpdateMeta,
+        buckets: Sequence[Sequence[ParamSpec]] | None,
+        flush_cache: bool,
+    ) -> None:
         layout = _shared_layout(meta, buckets)
         call = self._adapter.update_weights_from_shared(meta, layout, flush_cache=flush_cache)
         if call is None:
@@ -141,8 +163,14 @@ class WeightSync:
                 f"{self._adapter.name} servers cannot load weights from shared memory; "
                 "set rollout.weight_update=disk or collective"
             )
-        await fan_out(self._transport, self._adapter, addresses, lambda i, a: call, self._update_timeout_s,
-                      f"update_weights_from_shared(version={meta.version})")  # fmt: skip
+        await fan_out(
+            self._transport,
+            self._adapter,
+            addresses,
+            lambda i, a: call,
+            self._update_timeout_s,
+            f"update_weights_from_shared(version={meta.version})",
+        )
 
     def swap_call(
         self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, mode: str, *, flush_cache: bool
@@ -162,16 +190,28 @@ class WeightSync:
         if meta.type == "collective":
             await self._ensure_group(addresses, meta)
         timeout = meta.timeout_s if meta.type == "collective" else self._update_timeout_s
-        payloads = await fan_out(self._transport, self._adapter, addresses, lambda i, a: call, timeout,
-                                 f"swap_weights(version={meta.version}, {meta.type})")  # fmt: skip
+        payloads = await fan_out(
+            self._transport,
+            self._adapter,
+            addresses,
+            lambda i, a: call,
+            timeout,
+            f"swap_weights(version={meta.version}, {meta.type})",
+        )
         return [dict(p.get("timings", {})) if isinstance(p, dict) else {} for p in payloads]
 
-    async def _bracket(self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall | None, what: str) -> None:
+    async def _bracket(
+        self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall | None, what: str
+    ) -> None:
         """Send the adapter's begin/end call of an update to every server (nothing when it has none)."""
         if call is not None:
             await fan_out(
-                self._transport, self._adapter, addresses, lambda i, a: call,
-                self._update_timeout_s, f"{what}(version={meta.version})",
+                self._transport,
+                self._adapter,
+                addresses,
+                lambda i, a: call,
+                self._update_timeout_s,
+                f"{what}(version={meta.version})",
             )
 
     async def _ensure_group(self, addresses: Sequence[str], meta: WeightUpdateMeta) -> None:
@@ -185,9 +225,12 @@ class WeightSync:
                 f"{len(addresses)} servers x {self._ranks_per_server} ranks = {expected}"
             )
         await fan_out(
-            self._transport, self._adapter, addresses,
+            self._transport,
+            self._adapter,
+            addresses,
             lambda i, a: self._adapter.init_weight_group(meta, 1 + i * self._ranks_per_server),
-            meta.timeout_s, f"init_weights_update_group({meta.group_name}@{meta.master_addr}:{meta.master_port})",
+            meta.timeout_s,
+            f"init_weights_update_group({meta.group_name}@{meta.master_addr}:{meta.master_port})",
         )
         self._groups.add(key)
 
@@ -195,9 +238,13 @@ class WeightSync:
 def _shared_layout(meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None) -> Sequence[ParamSpec]:
     """The one "bucket" of a shared update: the tensors in the order they lie in every buffer."""
     if buckets is None or len(buckets) != 1:
-        raise InferenceControlError("a shared weight update needs its layout as exactly one bucket "
-                                    f"(engine/weights/shared.py shared_layout), got {buckets!r:.80}")  # fmt: skip
+        raise InferenceControlError(
+            "a shared weight update needs its layout as exactly one bucket "
+            f"(engine/weights/shared.py shared_layout), got {buckets!r:.80}"
+        )
     if not meta.shared_buffers:
-        raise InferenceControlError("a shared weight update names no buffer: pass "
-                                    "meta.with_buffers(engine.shared_weight_buffers()) after the trainer packed")  # fmt: skip
+        raise InferenceControlError(
+            "a shared weight update names no buffer: pass "
+            "meta.with_buffers(engine.shared_weight_buffers()) after the trainer packed"
+        )
     return buckets[0]

@@ -17,7 +17,6 @@ Torch-free.
 from __future__ import annotations
 
 import json
-
 import logging
 import sys
 from collections.abc import Callable

@@ -62,11 +62,11 @@ class ServerFleet:
         self.max_restarts = max_restarts
         self.unhealthy_limit = unhealthy_limit
         self.health_timeout_s = health_timeout_s
-        self._spec_kwargs = dict(
-            devices_per_worker=devices_per_server,
-            hide_devices=hide_devices,
-            ready_timeout_s=startup_timeout_s,
-        )
+        self._spec_kwargs = {
+            "devices_per_worker": devices_per_server,
+            "hide_devices": hide_devices,
+            "ready_timeout_s": startup_timeout_s,
+        }
         self.restarts = [0] * n_servers
         self._addresses: list[str | None] = [None] * n_servers
         self._pending: dict[int, str] = {}
@@ -182,7 +182,9 @@ class ServerFleet:
                 continue
             except SchedulerError as exc:  # readiness timeout: a hung start is not retried
                 self.scheduler.stop_group(self.group_name(index))
-                raise InferenceServerFailedError(f"server {index} of fleet {self.name!r} never became healthy: {exc}") from exc
+                raise InferenceServerFailedError(
+                    f"server {index} of fleet {self.name!r} never became healthy: {exc}"
+                ) from exc
             self._addresses[index] = self._pending.pop(index)
             self._unhealthy[index] = 0
             return
@@ -204,7 +206,13 @@ class ServerFleet:
             self._unhealthy[index] = 0
             return None
         self._unhealthy[index] += 1
-        logger.warning("server %s health probe failed (%d/%d): %s", address, self._unhealthy[index], self.unhealthy_limit, result.detail)
+        logger.warning(
+            "server %s health probe failed (%d/%d): %s",
+            address,
+            self._unhealthy[index],
+            self.unhealthy_limit,
+            result.detail,
+        )
         if self._unhealthy[index] >= self.unhealthy_limit:
             return f"failed {self._unhealthy[index]} health probes in a row (last: {result.detail})"
         return None
@@ -217,7 +225,12 @@ class ServerFleet:
             )
         self.restarts[index] += 1
         logger.error(
-            "server %d of fleet %s %s\nrestarting it (%d/%d)", index, self.name, reason, self.restarts[index], self.max_restarts
+            "server %d of fleet %s %s\nrestarting it (%d/%d)",
+            index,
+            self.name,
+            reason,
+            self.restarts[index],
+            self.max_restarts,
         )
 
     def _restart(self, index: int, reason: str) -> None:

@@ -47,7 +47,7 @@ def apply_keys(
     """
     out = list(args)
     new_env: dict[str, str] = {}
-    for target, name in [*flags, *envs]:
+    for _, name in [*flags, *envs]:
         if not environ.get(name):
             raise KeyError(name)
     for flag, name in flags:
@@ -62,10 +62,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="python -m areal_tasks.inference.launch.with_keys",
         description="Run MODULE like python -m, with API keys from environment variables added to it.",
     )
-    parser.add_argument("--flag", type=_pair, action="append", default=[], metavar="FLAG=NAME",
-                        help="append --FLAG <value of $NAME> to the module's arguments")
-    parser.add_argument("--env", type=_pair, action="append", default=[], metavar="TARGET=NAME",
-                        help="set $TARGET to the value of $NAME")
+    parser.add_argument(
+        "--flag",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="FLAG=NAME",
+        help="append --FLAG <value of $NAME> to the module's arguments",
+    )
+    parser.add_argument(
+        "--env",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="TARGET=NAME",
+        help="set $TARGET to the value of $NAME",
+    )
     parser.add_argument("module", help="the module to run as __main__")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
     ns = parser.parse_args(argv)
@@ -73,8 +85,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         args, new_env = apply_keys(ns.args, ns.flag, ns.env, os.environ)
     except KeyError as exc:
         name = exc.args[0]
-        parser.exit(2, f"{parser.prog}: the environment variable {name} (an API key for {ns.module}) is "
-                       f"{'empty' if name in os.environ else 'not set'}\n")  # fmt: skip
+        parser.exit(
+            2,
+            f"{parser.prog}: the environment variable {name} (an API key for {ns.module}) is "
+            f"{'empty' if name in os.environ else 'not set'}\n",
+        )
     os.environ.update(new_env)
     sys.argv = [ns.module, *args]
     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)

@@ -32,9 +32,9 @@ from areal_tasks.inference.server.protocol import (
     InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
     SwapWeightsReqInput,
-    UpdateWeightsFromSharedReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromSharedReqInput,
     UpdateWeightVersionReqInput,
     split_generate,
 )
@@ -144,9 +144,11 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(req: InitWeightsUpdateGroupReqInput) -> JSONResponse:
-        return _result(*await weights.init_group(
-            req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend
-        ))
+        return _result(
+            *await weights.init_group(
+                req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend
+            )
+        )
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(req: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
@@ -162,10 +164,18 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(req: UpdateWeightsFromDistributedReqInput) -> JSONResponse:
-        return _result(*await weights.update_from_distributed(
-            req.names, req.dtypes, req.shapes, req.group_name, req.weight_version,
-            req.abort_all_requests, req.load_format, req.flush_cache,
-        ))
+        return _result(
+            *await weights.update_from_distributed(
+                req.names,
+                req.dtypes,
+                req.shapes,
+                req.group_name,
+                req.weight_version,
+                req.abort_all_requests,
+                req.load_format,
+                req.flush_cache,
+            )
+        )
 
     @app.post(SWAP_WEIGHTS_PATH)
     async def swap_weights(req: SwapWeightsReqInput) -> JSONResponse:
@@ -176,16 +186,24 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
 
     @app.post(SHARED_WEIGHTS_PATH)
     async def update_weights_from_shared(req: UpdateWeightsFromSharedReqInput) -> JSONResponse:
-        return _result(*await weights.update_from_shared(
-            req.shared_buffers, req.names, req.dtypes, req.shapes, req.weight_version,
-            req.abort_all_requests, req.flush_cache,
-        ))
+        return _result(
+            *await weights.update_from_shared(
+                req.shared_buffers,
+                req.names,
+                req.dtypes,
+                req.shapes,
+                req.weight_version,
+                req.abort_all_requests,
+                req.flush_cache,
+            )
+        )
 
     @app.post("/update_weight_version")
     async def update_weight_version(req: UpdateWeightVersionReqInput) -> JSONResponse:
         await weights.set_version(req.new_version, req.abort_all_requests)
-        return JSONResponse({"success": True, "message": f"Weight version updated to {req.new_version}",
-                             "new_version": req.new_version})
+        return JSONResponse(
+            {"success": True, "message": f"Weight version updated to {req.new_version}", "new_version": req.new_version}
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

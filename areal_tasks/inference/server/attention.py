@@ -66,26 +66,42 @@ def sdpa_backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def serve_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                            scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def serve_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """``(attn_output [B, T, H, D], None)`` like transformers' SDPA attention (see the module doc)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
-    one_query = (q_len == 1 and heads % kv_heads == 0 and dropout == 0.0
-                 and (attention_mask is None or attention_mask.shape[1] == 1)
-                 and all(kwargs.get(name) is None for name in ("position_bias", "softcap", "s_aux")))
+    one_query = (
+        q_len == 1
+        and heads % kv_heads == 0
+        and dropout == 0.0
+        and (attention_mask is None or attention_mask.shape[1] == 1)
+        and all(kwargs.get(name) is None for name in ("position_bias", "softcap", "s_aux"))
+    )
     grouped_query = query.reshape(batch, kv_heads, heads // kv_heads, head_dim) if one_query else query
-    if one_query and getattr(module, DECODE_KERNEL_ATTR, False) and kernel_fits(grouped_query, key, value, attention_mask):
+    if (
+        one_query
+        and getattr(module, DECODE_KERNEL_ATTR, False)
+        and kernel_fits(grouped_query, key, value, attention_mask)
+    ):
         scale = head_dim**-0.5 if scaling is None else scaling
         out = decode_attention(grouped_query, key, value, attention_mask, scale)
         return out.reshape(batch, heads, 1, head_dim).transpose(1, 2).contiguous(), None
     if not one_query or heads == kv_heads:
         with sdpa_backends(query):
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
     with sdpa_backends(query):
         out = torch.nn.functional.scaled_dot_product_attention(
             grouped_query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send

@@ -18,8 +18,9 @@ What keeps this fast and to one set of compiled graphs for every block:
   Python wrapper outside it hands the view the block's storage first
   (:meth:`~areal_tasks.inference.server.cuda_graph.StaticCacheView.use_layer`), and the module's
   integer ``layer_idx`` is traced as a symbol rather than a constant
-  (``allow_unspec_int_on_nn_module``, in :func:`~areal_tasks.models.compile.compile_block_forward`), so the blocks do not recompile one by one until the
-  recompile limit sends the later ones back to eager;
+  (``allow_unspec_int_on_nn_module``, in :func:`~areal_tasks.models.compile.compile_block_forward`),
+  so the blocks do not recompile one by one until the recompile limit sends the later ones back to
+  eager;
 - ``dynamic=True``: one graph serves every batch-size bucket (batch 1 and each KV-length bucket
   still specialise: a few graphs in all, compiled while the decode steps are captured).
 

@@ -36,10 +36,10 @@ from transformers.cache_utils import Cache
 
 from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.attention import static_shapes
+from areal_tasks.inference.server.block_compile import CompiledBlocks
 from areal_tasks.inference.server.greedy import GreedyPicker
 from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig, take_carried
-from areal_tasks.inference.server.block_compile import CompiledBlocks
 from areal_tasks.models.compile import decoder_blocks
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def length_buckets(max_len: int, smallest: int = 256) -> list[int]:
     while length < max_len:
         buckets.append(length)
         length *= 2
-    return buckets + [max_len]
+    return [*buckets, max_len]
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -64,7 +64,7 @@ def batch_buckets(max_batch: int) -> list[int]:
     step = 64
     while buckets and buckets[-1] + step < max_batch:
         buckets.append(buckets[-1] + step)
-    return buckets + [max_batch]
+    return [*buckets, max_batch]
 
 
 @torch.compiler.disable
@@ -121,8 +121,11 @@ class GraphModelRunner(ModelRunner):
         super().__init__(cfg)
         self.capture = self.device.type == "cuda" if capture is None else capture
         #: the compiled whole blocks the captured steps run (``compile_scope="blocks"``).
-        self._block_forwards = (CompiledBlocks(decoder_blocks(self.model))
-                                if self.capture and self.compiled and cfg.compile_scope == "blocks" else None)
+        self._block_forwards = (
+            CompiledBlocks(decoder_blocks(self.model))
+            if self.capture and self.compiled and cfg.compile_scope == "blocks"
+            else None
+        )
         self.buckets = batch_buckets(min(cfg.max_running_requests, self.cache.num_slots))
         self.lengths = length_buckets(self.max_len)
         largest = self.buckets[-1]
@@ -161,8 +164,10 @@ class GraphModelRunner(ModelRunner):
                 logger.exception("CUDA graph capture failed; decode steps run eagerly")
                 self.capture = False
                 return
-            logger.exception("CUDA graph capture with compiled decoder blocks failed; capturing the "
-                             "per-module compiled forward instead")
+            logger.exception(
+                "CUDA graph capture with compiled decoder blocks failed; capturing the "
+                "per-module compiled forward instead"
+            )
             self._block_forwards = None
         self._capture_or_fall_back()
 
@@ -175,7 +180,10 @@ class GraphModelRunner(ModelRunner):
         positions = self._inputs[1, :batch].view(batch, 1)
         view = StaticCacheView(self.cache, self._inputs[1, :batch], kv_len)
         masks = self._masks(positions, kv_len, trivial=False, additive=True)  # built once a step
-        with static_shapes(), self._compiled_blocks(view):  # fixed shapes: SDPA may use cuDNN (planned in the warm-up runs)
+        with (
+            static_shapes(),
+            self._compiled_blocks(view),
+        ):  # fixed shapes: SDPA may use cuDNN (planned in the warm-up runs)
             return self._forward(ids, positions, view, masks, 1, upcast=False)[:, -1]
 
     @torch.inference_mode()
@@ -197,8 +205,14 @@ class GraphModelRunner(ModelRunner):
         logger.info("captured CUDA graphs: decode batch sizes %s x KV lengths %s", self.buckets, self.lengths)
 
     @torch.inference_mode()
-    def decode(self, slots: list[int], tokens: list[int], positions: list[int],
-               carried: torch.Tensor | None = None, carried_rows: list[int] | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        slots: list[int],
+        tokens: list[int],
+        positions: list[int],
+        carried: torch.Tensor | None = None,
+        carried_rows: list[int] | None = None,
+    ) -> torch.Tensor:
         """:meth:`ModelRunner.decode` through the captured steps where the batch allows; the logits
         [B, V] stay in the model's dtype (the sampler upcasts as it reads them: no fp32 copy)."""
         count = len(slots)

@@ -8,8 +8,8 @@ and key/value head: it loads the ``g`` query heads that share that key/value hea
 the row's keys and values in blocks with an online soft-max (scores and sums in fp32, the
 probabilities rounded to the values' dtype for the second product, as flash attention does), and
 writes the ``g`` outputs (fp32 inputs multiply in full fp32, without TF32 rounding, so fp32
-serving keeps matching ``transformers`` token for token). The cache is read exactly once, in place: keys and values are strided
-views of the slot cache, nothing is copied or repeated.
+serving keeps matching ``transformers`` token for token). The cache is read exactly once, in place:
+keys and values are strided views of the slot cache, nothing is copied or repeated.
 
 The mask is the one the model runner builds for the row (``[B, 1, 1, L]``), boolean or additive,
 so sliding windows and per-row fill lengths need nothing of their own; or None (every position).
@@ -30,7 +30,13 @@ import torch
 
 from areal_tasks.models.compile import triton_on_cuda
 
-__all__ = ["decode_attention", "kernel_available", "kernel_fits", "launch_decode_attention", "reference_decode_attention"]
+__all__ = [
+    "decode_attention",
+    "kernel_available",
+    "kernel_fits",
+    "launch_decode_attention",
+    "reference_decode_attention",
+]
 
 #: keys and values per loop iteration, and warps per program (measured on an H200: see benchmarks.md).
 BLOCK = 64
@@ -47,16 +53,30 @@ def kernel_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     ``key``/``value [B, H_kv, L, D]``, a mask covering the ``L`` positions); otherwise the caller
     keeps SDPA."""
     head_dim = query.shape[-1]
-    return (query.is_cuda and query.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and key.dtype == value.dtype == query.dtype and value.shape == key.shape
-            and head_dim in (16, 32, 64, 128, 256) and query.shape[2] <= 64
-            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
-            and (mask is None or (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
-                                  and mask.shape[0] in (1, query.shape[0]) and mask.shape[3] >= key.shape[2])))
+    return (
+        query.is_cuda
+        and query.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and key.dtype == value.dtype == query.dtype
+        and value.shape == key.shape
+        and head_dim in (16, 32, 64, 128, 256)
+        and query.shape[2] <= 64
+        and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+        and (
+            mask is None
+            or (
+                mask.dim() == 4
+                and mask.shape[1] == 1
+                and mask.shape[2] == 1
+                and mask.shape[0] in (1, query.shape[0])
+                and mask.shape[3] >= key.shape[2]
+            )
+        )
+    )
 
 
-def reference_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                               mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def reference_decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """The same product in plain PyTorch (fp32): what the kernel is tested against."""
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
     if mask is not None:
@@ -71,9 +91,31 @@ def _kernel() -> Any:
 
     @triton.jit
     def grouped_decode_kernel(
-        q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, scale, kv_len,
-        sq_b, sq_h, sq_g, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_l, so_b, so_h, so_g,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_L: tl.constexpr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        m_ptr,
+        o_ptr,
+        scale,
+        kv_len,
+        sq_b,
+        sq_h,
+        sq_g,
+        sk_b,
+        sk_h,
+        sk_l,
+        sv_b,
+        sv_h,
+        sv_l,
+        sm_b,
+        sm_l,
+        so_b,
+        so_h,
+        so_g,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_L: tl.constexpr,
         MASK_KIND: tl.constexpr,  # 0: none, 1: boolean, 2: additive
         PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (no TF32 rounding), else "tf32" (unused by 16-bit dots)
     ):
@@ -111,14 +153,25 @@ def _kernel() -> Any:
             acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
             best = new_best
         out = acc / total[:, None]
-        tl.store(o_ptr + row * so_b + head * so_h + g[:, None] * so_g + d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=real[:, None])
+        tl.store(
+            o_ptr + row * so_b + head * so_h + g[:, None] * so_g + d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=real[:, None],
+        )
 
     return grouped_decode_kernel
 
 
-def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                            scale: float, out: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> None:
+def launch_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    out: torch.Tensor,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
+) -> None:
     """Run the kernel into ``out`` (shaped like ``query``) with ``block`` keys per iteration and
     ``num_warps`` warps per program; :func:`decode_attention` is this with the defaults."""
     batch, kv_heads, group, head_dim = query.shape
@@ -134,17 +187,41 @@ def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     current = torch.cuda.device(query.device) if query.is_cuda else contextlib.nullcontext()
     with current:
         _kernel()[(batch, kv_heads)](
-            query, key, value, mask_arg, out, scale, kv_len,
-            query.stride(0), query.stride(1), query.stride(2), key.stride(0), key.stride(1), key.stride(2),
-            value.stride(0), value.stride(1), value.stride(2), sm_b, sm_l, out.stride(0), out.stride(1), out.stride(2),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_L=block, MASK_KIND=kind,
-            PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=num_warps,
+            query,
+            key,
+            value,
+            mask_arg,
+            out,
+            scale,
+            kv_len,
+            query.stride(0),
+            query.stride(1),
+            query.stride(2),
+            key.stride(0),
+            key.stride(1),
+            key.stride(2),
+            value.stride(0),
+            value.stride(1),
+            value.stride(2),
+            sm_b,
+            sm_l,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            GROUP=group,
+            GROUP_PAD=group_pad,
+            HEAD_DIM=head_dim,
+            BLOCK_L=block,
+            MASK_KIND=kind,
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=num_warps,
         )
 
 
 @torch.library.custom_op("areal_serve::grouped_decode_attention", mutates_args=())
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """Attention of ``query [B, H_kv, g, D]`` (the ``g`` query heads of each key/value head, one
     position each) over ``key``/``value [B, H_kv, L, D]`` under ``mask`` (``[B or 1, 1, 1, L]``,
     boolean or additive, or None); returns ``[B, H_kv, g, D]`` in the query's dtype."""
@@ -154,6 +231,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 @decode_attention.register_fake
-def _decode_attention_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                            scale: float) -> torch.Tensor:
+def _decode_attention_shape(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     return torch.empty(query.shape, dtype=query.dtype, device=query.device)

@@ -63,8 +63,9 @@ PauseMode = Literal["abort", "retract", "in_place"]
 class Engine:
     """Continuous-batching generation over one :class:`ModelRunner` (see the module doc)."""
 
-    def __init__(self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192,
-                 overlap: bool = True) -> None:
+    def __init__(
+        self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192, overlap: bool = True
+    ) -> None:
         self.runner = runner
         #: launch each decode step before reading back the previous one (see the module doc).
         self.overlap = overlap
@@ -323,7 +324,7 @@ class Engine:
             return
         try:
             future.set_result(fn())
-        except BaseException as exc:  # handed to the caller through the future
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(exc)
 
     def _note_slow_iteration(self, started: float, prefilled: float, admitted: tuple[int, int]) -> None:
@@ -331,8 +332,14 @@ class Engine:
         for the iteration in progress, so these explain a slow pause."""
         took = time.perf_counter() - started
         if took >= SLOW_ITERATION_S:
-            logger.info("slow engine iteration: %.0f ms (prefill of %d sequences, %d tokens: %.0f ms; decode of %d)",
-                        1e3 * took, admitted[0], admitted[1], 1e3 * (prefilled - started), len(self._running))
+            logger.info(
+                "slow engine iteration: %.0f ms (prefill of %d sequences, %d tokens: %.0f ms; decode of %d)",
+                1e3 * took,
+                admitted[0],
+                admitted[1],
+                1e3 * (prefilled - started),
+                len(self._running),
+            )
 
     def _admit(self) -> tuple[int, int]:
         """Pop as many queued sequences as free slots and the prefill budget allow, and prefill them;
@@ -407,8 +414,9 @@ class Engine:
         max_len, keep = self.runner.max_len, []
         for seq in self._running:
             produced = len(seq.output_ids) + seq.pending_tokens
-            if seq.pending_tokens and (produced >= seq.params.max_new_tokens
-                                       or len(seq.prompt_ids) + produced >= max_len):
+            if seq.pending_tokens and (
+                produced >= seq.params.max_new_tokens or len(seq.prompt_ids) + produced >= max_len
+            ):
                 release_slot(self.runner.cache, seq)
                 self._draining.append(seq)
             else:
@@ -434,9 +442,13 @@ class Engine:
             seq.pending_tokens += 1
             seq.step_row = row
         carried = previous is not None and max(rows) >= 0
-        logits = self.runner.decode([s.slot for s in batch], tokens, positions,
-                                    previous.tokens if carried and previous is not None else None,
-                                    rows if carried else None)
+        logits = self.runner.decode(
+            [s.slot for s in batch],
+            tokens,
+            positions,
+            previous.tokens if carried and previous is not None else None,
+            rows if carried else None,
+        )
         return batch, logits
 
     def _collect(self) -> float:

@@ -79,9 +79,13 @@ def _fusible(modules: list[object]) -> bool:
     if len(linears) != len(modules):
         return False
     first = linears[0]
-    return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
-               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
-               for m in linears)
+    return all(
+        m.in_features == first.in_features
+        and m.weight.dtype == first.weight.dtype
+        and m.weight.device == first.weight.device
+        and (m.bias is None) == (first.bias is None)
+        for m in linears
+    )
 
 
 def fuse_input_projections(blocks: list[torch.nn.Module]) -> list[FusedGroup]:

@@ -132,8 +132,14 @@ class SlotKVCache:
         self.kv[layer] = torch.zeros(shape, dtype=like.dtype, device=self.device)
         self.keys[layer], self.values[layer] = self.kv[layer].unbind(0)
         if layer == 0:
-            logger.info("KV cache: %d slots x %d positions, %d kv heads x %d dims, %s",
-                        self.num_slots, self.max_len, kv_heads, head_dim, like.dtype)
+            logger.info(
+                "KV cache: %d slots x %d positions, %d kv heads x %d dims, %s",
+                self.num_slots,
+                self.max_len,
+                kv_heads,
+                head_dim,
+                like.dtype,
+            )
 
     def layer_kv(self, layer: int, like: torch.Tensor) -> torch.Tensor:
         """The joint storage [2, slots, kv_heads, max_len, head_dim] of ``layer`` (allocated like

@@ -35,16 +35,28 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
         ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", stats.gen_throughput),
         ("sglang:token_usage", "gauge", "The token usage.", usage),
         ("areal:paused", "gauge", "1 while generation is paused.", int(stats.paused is not None)),
-        ("areal:weight_update_draining", "gauge", "1 while a weight update waits for requests in flight.",
-         int(stats.draining)),
+        (
+            "areal:weight_update_draining",
+            "gauge",
+            "1 while a weight update waits for requests in flight.",
+            int(stats.draining),
+        ),
         ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens_total),
-        ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-         stats.generation_tokens_total),
+        (
+            "sglang:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            stats.generation_tokens_total,
+        ),
         ("sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished_total),
         ("areal:decode_steps_total", "counter", "Decode steps run.", stats.decode_steps_total),
         ("areal:decode_seconds_total", "counter", "Host seconds spent in decode steps.", stats.decode_seconds_total),
-        ("areal:decode_wait_seconds_total", "counter",
-         "Of the decode steps' host seconds, those spent waiting for the device.", stats.decode_wait_seconds_total),
+        (
+            "areal:decode_wait_seconds_total",
+            "counter",
+            "Of the decode steps' host seconds, those spent waiting for the device.",
+            stats.decode_wait_seconds_total,
+        ),
     ]
     label = f'{{model_name="{_escape(model_name)}"}}'
     lines = []

@@ -120,13 +120,16 @@ class ModelRunner:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or path)
         self._targets: dict[str, torch.Tensor] = {}
         self._targets_model: torch.nn.Module | None = None
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype,
-                                                          attn_implementation=register_serve_attention())
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=self.dtype, attn_implementation=register_serve_attention()
+        )
         self.model.to(self.device).eval()
         #: ``triton`` or ``sdpa``: what runs the grouped decode attention (``RunnerConfig.decode_attention``).
         self.decode_attention = self._decode_attention(cfg.decode_attention)
         #: names of the modules run through torch.compile (CUDA only; empty otherwise).
-        self.compiled = compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
+        self.compiled = (
+            compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
+        )
         #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner).
         self.greedy = GreedyPicker()
         self.config = self.model.config
@@ -150,17 +153,25 @@ class ModelRunner:
         self._warm_up()
         logger.info(
             "loaded %s (%s) on %s as %s: %d slots, context %d",
-            path, type(self.model).__name__, self.device, self.dtype, cfg.max_running_requests, self.max_len,
+            path,
+            type(self.model).__name__,
+            self.device,
+            self.dtype,
+            cfg.max_running_requests,
+            self.max_len,
         )
 
     def _decode_attention(self, choice: str) -> str:
         if choice not in DECODE_ATTENTION_CHOICES:
-            raise InferenceError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_CHOICES)}, "
-                                 f"got {choice!r}")
+            raise InferenceError(
+                f"decode_attention must be one of {', '.join(DECODE_ATTENTION_CHOICES)}, got {choice!r}"
+            )
         usable = self.device.type == "cuda" and kernel_available()
         if choice == "triton" and not usable:
-            raise InferenceError("decode_attention='triton' needs a CUDA device and the triton package; "
-                                 "use 'auto' (the kernel where it can run) or 'sdpa'")
+            raise InferenceError(
+                "decode_attention='triton' needs a CUDA device and the triton package; "
+                "use 'auto' (the kernel where it can run) or 'sdpa'"
+            )
         if choice == "sdpa" or not usable:
             return "sdpa"
         layers = use_decode_kernel(self.model)
@@ -208,8 +219,14 @@ class ModelRunner:
             allowed &= keys < filled.view(-1, 1, 1, 1)
         return allowed
 
-    def _masks(self, q_pos: torch.Tensor, kv_len: int, trivial: bool, filled: torch.Tensor | None = None,
-               additive: bool = False) -> Any:
+    def _masks(
+        self,
+        q_pos: torch.Tensor,
+        kv_len: int,
+        trivial: bool,
+        filled: torch.Tensor | None = None,
+        additive: bool = False,
+    ) -> Any:
         """The attention mask argument: one mask per layer type (None where plain causal suffices);
         boolean, or with ``additive`` SDPA's additive form in the model's dtype (0 where allowed,
         -inf elsewhere), which SDPA would otherwise derive from a boolean mask in every layer."""
@@ -223,8 +240,15 @@ class ModelRunner:
             masks[layer_type] = mask
         return masks if self._use_mapping else next(iter(masks.values()))
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, view: BatchCacheView, masks: Any,
-                 logits_to_keep: int | torch.Tensor, upcast: bool = True) -> torch.Tensor:
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        view: BatchCacheView,
+        masks: Any,
+        logits_to_keep: int | torch.Tensor,
+        upcast: bool = True,
+    ) -> torch.Tensor:
         """The model's logits for ``logits_to_keep``; in fp32 unless ``upcast`` is False (then in
         the model's dtype: the captured decode steps leave the upcast to the sampler)."""
         out = self.model(
@@ -279,8 +303,14 @@ class ModelRunner:
         return logits[torch.arange(len(prompts), device=self.device), column]
 
     @torch.inference_mode()
-    def decode(self, slots: list[int], tokens: list[int], positions: list[int],
-               carried: torch.Tensor | None = None, carried_rows: list[int] | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        slots: list[int],
+        tokens: list[int],
+        positions: list[int],
+        carried: torch.Tensor | None = None,
+        carried_rows: list[int] | None = None,
+    ) -> torch.Tensor:
         """One new token per slot, each at its own position; returns logits [B, V].
 
         With ``carried`` (token ids on the device, the previous step's samples) and ``carried_rows``,

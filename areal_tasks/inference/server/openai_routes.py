@@ -102,14 +102,16 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return match.group(0)
         arguments = payload.get("arguments", {})
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {
-                "name": payload["name"],
-                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-            },
-        })
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": payload["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
         return ""
 
     content = _TOOL_CALL.sub(take, text)
@@ -163,10 +165,19 @@ def openai_router() -> APIRouter:
     @router.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         server = request.app.state.server
-        return {"object": "list", "data": [{
-            "id": server.served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "areal", "root": server.model_path, "max_model_len": server.runner.max_len,
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": server.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "areal",
+                    "root": server.model_path,
+                    "max_model_len": server.runner.max_len,
+                }
+            ],
+        }
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
@@ -175,8 +186,16 @@ def openai_router() -> APIRouter:
             raise InferenceRequestError("echo=true is not supported by the embedded server")
         prompts = _prompts(req.prompt, server.tokenizer)
         params = req.sampling_params(req.max_tokens if req.max_tokens is not None else 16)
-        items = [{"input_ids": p, "sampling_params": params, "rid": req.rid, "return_logprob": req.logprobs is not None,
-                  "logprob_start_len": -1} for p in prompts]
+        items = [
+            {
+                "input_ids": p,
+                "sampling_params": params,
+                "rid": req.rid,
+                "return_logprob": req.logprobs is not None,
+                "logprob_start_len": -1,
+            }
+            for p in prompts
+        ]
         seqs = await server.generate_sequences(items)
         choices = []
         for index, seq in enumerate(seqs):
@@ -184,13 +203,30 @@ def openai_router() -> APIRouter:
             logprobs = None
             if req.logprobs is not None:
                 tokens = [server.tokenizer.decode([t]) for t in seq.output_ids]
-                logprobs = {"tokens": tokens, "token_logprobs": list(seq.output_logprobs),
-                            "top_logprobs": [None] * len(tokens), "text_offset": []}
-            choices.append({"index": index, "text": server.output_text(seq), "logprobs": logprobs,
-                            "finish_reason": reason, "matched_stop": matched})
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": server.served_model_name, "choices": choices, "usage": _usage(seqs, prompts),
-                "metadata": {"weight_version": seqs[-1].finish_version}}
+                logprobs = {
+                    "tokens": tokens,
+                    "token_logprobs": list(seq.output_logprobs),
+                    "top_logprobs": [None] * len(tokens),
+                    "text_offset": [],
+                }
+            choices.append(
+                {
+                    "index": index,
+                    "text": server.output_text(seq),
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                    "matched_stop": matched,
+                }
+            )
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": server.served_model_name,
+            "choices": choices,
+            "usage": _usage(seqs, prompts),
+            "metadata": {"weight_version": seqs[-1].finish_version},
+        }
 
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> dict[str, Any]:
@@ -200,8 +236,15 @@ def openai_router() -> APIRouter:
         prompt = render_chat(req, server.tokenizer)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = req.sampling_params(max_tokens)
-        items = [{"input_ids": prompt, "sampling_params": params, "rid": req.rid, "return_logprob": req.logprobs,
-                  "logprob_start_len": -1}]
+        items = [
+            {
+                "input_ids": prompt,
+                "sampling_params": params,
+                "rid": req.rid,
+                "return_logprob": req.logprobs,
+                "logprob_start_len": -1,
+            }
+        ]
         seqs = await server.generate_sequences(items)
         choices = []
         for index, seq in enumerate(seqs):
@@ -212,15 +255,34 @@ def openai_router() -> APIRouter:
             message = {"role": "assistant", "content": content, "tool_calls": calls or None, "reasoning_content": None}
             logprobs = None
             if req.logprobs:
-                logprobs = {"content": [
-                    {"token": (tok := server.tokenizer.decode([t])), "logprob": lp,
-                     "bytes": list(tok.encode()), "top_logprobs": []}
-                    for t, lp in zip(seq.output_ids, seq.output_logprobs)
-                ]}
-            choices.append({"index": index, "message": message, "logprobs": logprobs,
-                            "finish_reason": "tool_calls" if calls else reason, "matched_stop": matched})
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": server.served_model_name, "choices": choices, "usage": _usage(seqs, [prompt]),
-                "metadata": {"weight_version": seqs[-1].finish_version}}
+                logprobs = {
+                    "content": [
+                        {
+                            "token": (tok := server.tokenizer.decode([t])),
+                            "logprob": lp,
+                            "bytes": list(tok.encode()),
+                            "top_logprobs": [],
+                        }
+                        for t, lp in zip(seq.output_ids, seq.output_logprobs)
+                    ]
+                }
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": "tool_calls" if calls else reason,
+                    "matched_stop": matched,
+                }
+            )
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": server.served_model_name,
+            "choices": choices,
+            "usage": _usage(seqs, [prompt]),
+            "metadata": {"weight_version": seqs[-1].finish_version},
+        }
 
     return router

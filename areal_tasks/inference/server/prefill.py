@@ -54,8 +54,13 @@ def _wants_prompt_logprobs(seq: Sequence) -> bool:
 class Prefiller:
     """Runs the admission prefills of the engine loop (see the module doc)."""
 
-    def __init__(self, runner: ModelRunner, counters: EngineCounters, max_prefill_tokens: int,
-                 sample_and_check: Callable[[list[Sequence], torch.Tensor], None]) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        counters: EngineCounters,
+        max_prefill_tokens: int,
+        sample_and_check: Callable[[list[Sequence], torch.Tensor], None],
+    ) -> None:
         self.runner = runner
         self.cache = runner.cache
         self.counters = counters
@@ -66,8 +71,12 @@ class Prefiller:
         """Prefill ``seqs``; afterwards each one holds a slot and a first token, or is finished."""
         fresh, others, groups = [], [], set()
         for seq in seqs:
-            batchable = (not seq.retracted and seq.group.prompt_logits is None and seq.params.max_new_tokens > 0
-                         and not _wants_prompt_logprobs(seq))
+            batchable = (
+                not seq.retracted
+                and seq.group.prompt_logits is None
+                and seq.params.max_new_tokens > 0
+                and not _wants_prompt_logprobs(seq)
+            )
             if batchable and id(seq.group) not in groups:
                 fresh.append(seq)
                 groups.add(id(seq.group))
@@ -82,10 +91,11 @@ class Prefiller:
         chunks: list[list[Sequence]] = []
         current: list[Sequence] = []
         for seq in sorted(seqs, key=lambda s: len(s.prompt_ids)):
-            grown = current + [seq]
+            grown = [*current, seq]
             distinct = len({len(s.prompt_ids) for s in grown})
-            if current and (len(grown) * len(seq.prompt_ids) > self.max_prefill_tokens
-                            or distinct > MAX_DISTINCT_LENGTHS):
+            if current and (
+                len(grown) * len(seq.prompt_ids) > self.max_prefill_tokens or distinct > MAX_DISTINCT_LENGTHS
+            ):
                 chunks.append(current)
                 grown = [seq]
             current = grown

@@ -192,9 +192,11 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
     top = _per_item(req.top_logprobs_num, count, "top_logprobs_num")
     if any(t not in (None, 0) for t in top):
         raise InferenceRequestError("/generate: top_logprobs_num > 0 is not supported by the embedded server")
-    rids = _per_item(req.rid, count, "rid") if isinstance(req.rid, list) or req.rid is None or count == 1 else [
-        f"{req.rid}_{i}" for i in range(count)
-    ]
+    rids = (
+        _per_item(req.rid, count, "rid")
+        if isinstance(req.rid, list) or req.rid is None or count == 1
+        else [f"{req.rid}_{i}" for i in range(count)]
+    )
     params = _per_item(req.sampling_params, count, "sampling_params")
     logprob = _per_item(req.return_logprob, count, "return_logprob")
     start = _per_item(req.logprob_start_len, count, "logprob_start_len")
@@ -219,8 +221,8 @@ def weight_version_spans(seq: Sequence, current: str) -> list[dict[str, Any]]:
     """SGLang's ``weight_versions``: which weight version produced which output tokens."""
     changes = [*seq.version_events, (current, len(seq.output_ids))]
     spans: list[dict[str, Any]] = []
-    for version, end in changes:
-        end = min(end, len(seq.output_ids))
+    for version, change_end in changes:
+        end = min(change_end, len(seq.output_ids))
         if spans and end <= spans[-1]["end"]:
             continue
         if spans and spans[-1]["version"] == version:

@@ -191,10 +191,15 @@ class SamplingBatch:
             table = torch.ones(5, rows, device=device)
         else:
             table = host_to_device(
-                [[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
-                 [float(p.top_k if p.top_k > 0 else TOP_K_ALL) for p in params], [p.min_p for p in params],
-                 [float(p.greedy) for p in params]],
-                torch.float64, device,
+                [
+                    [1.0 if p.greedy else p.temperature for p in params],
+                    [p.top_p for p in params],
+                    [float(p.top_k if p.top_k > 0 else TOP_K_ALL) for p in params],
+                    [p.min_p for p in params],
+                    [float(p.greedy) for p in params],
+                ],
+                torch.float64,
+                device,
             )
         return cls(
             temperatures=table[0].float(),
@@ -231,9 +236,11 @@ def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Te
     return probs_sort, probs_idx
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch,
-           greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_pick,
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_pick,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` [B, V]; returns (token ids [B] int64, logprobs [B] float32).
 
     Nothing here waits for the device (no read-back of sizes or values), so the overlapped engine
@@ -254,8 +261,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch,
     cdf = torch.cumsum(weights, dim=-1)
     total = cdf[:, -1]
     # strictly below the total, so the search lands inside the CDF
-    targets = torch.minimum(_uniforms(batch, logits.shape[0], logits.device) * total,
-                            torch.nextafter(total, torch.zeros_like(total)))
+    targets = torch.minimum(
+        _uniforms(batch, logits.shape[0], logits.device) * total, torch.nextafter(total, torch.zeros_like(total))
+    )
     picks = torch.searchsorted(cdf, targets.view(-1, 1), right=True).clamp_(max=weights.shape[-1] - 1)
     # a pick lands on a zero weight only through the scan's float rounding (a parallel cumsum may
     # step up where a weight is 0): it then takes the row's most likely token, without a sync

@@ -81,14 +81,26 @@ def build_app(cfg: ServerConfig) -> Any:
         torch.set_num_threads(cfg.num_threads)
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
-    runner = build_runner(RunnerConfig(
-        model_path=cfg.model_path, dtype=cfg.dtype, device=cfg.device,
-        max_running_requests=cfg.max_running_requests, context_length=cfg.context_length,
-        tokenizer_path=cfg.tokenizer_path, cuda_graphs=cfg.cuda_graphs,
-        torch_compile=cfg.torch_compile, compile_scope=cfg.torch_compile_scope, decode_attention=cfg.decode_attention,
-    ))
-    engine = Engine(runner, weight_version=cfg.weight_version, max_prefill_tokens=cfg.max_prefill_tokens,
-                    overlap=cfg.overlap_schedule)
+    runner = build_runner(
+        RunnerConfig(
+            model_path=cfg.model_path,
+            dtype=cfg.dtype,
+            device=cfg.device,
+            max_running_requests=cfg.max_running_requests,
+            context_length=cfg.context_length,
+            tokenizer_path=cfg.tokenizer_path,
+            cuda_graphs=cfg.cuda_graphs,
+            torch_compile=cfg.torch_compile,
+            compile_scope=cfg.torch_compile_scope,
+            decode_attention=cfg.decode_attention,
+        )
+    )
+    engine = Engine(
+        runner,
+        weight_version=cfg.weight_version,
+        max_prefill_tokens=cfg.max_prefill_tokens,
+        overlap=cfg.overlap_schedule,
+    )
     name = cfg.served_model_name or Path(cfg.model_path).name
     server = EmbeddedServer(engine, cfg.model_path, name, tool_call_parser=cfg.tool_call_parser)
     app = create_app(server, api_key=cfg.api_key, admin_api_key=cfg.admin_api_key)

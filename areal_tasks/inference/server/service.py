@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 class EmbeddedServer:
     """Async facade over one engine (see the module doc)."""
 
-    def __init__(self, engine: Engine, model_path: str, served_model_name: str,
-                 tool_call_parser: str | None = None) -> None:
+    def __init__(
+        self, engine: Engine, model_path: str, served_model_name: str, tool_call_parser: str | None = None
+    ) -> None:
         self.engine = engine
         self.tool_call_parser = tool_call_parser
         self.runner: ModelRunner = engine.runner
@@ -100,7 +101,9 @@ class EmbeddedServer:
 
     async def abort(self, rid: str, abort_all: bool) -> int:
         if abort_all:
-            return await asyncio.wrap_future(self.engine.call(lambda: self.engine.abort_all("aborted by abort_request")))
+            return await asyncio.wrap_future(
+                self.engine.call(lambda: self.engine.abort_all("aborted by abort_request"))
+            )
         return await asyncio.wrap_future(self.engine.call(lambda: self.engine.abort_rid(rid)))
 
     async def flush_cache(self) -> tuple[bool, str]:
@@ -137,4 +140,3 @@ class EmbeddedServer:
 
 def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
     return replace(params, sampling_seed=seed)
-

@@ -38,8 +38,10 @@ from areal_tasks.inference.server.protocol import SwapWeightsReqInput
 
 logger = logging.getLogger(__name__)
 
-_FLUSH_FAILED = ("Weights were updated, but the cache was not flushed because requests are still running or "
-                 "queued. Retract or finish them, then call /flush_cache.")
+_FLUSH_FAILED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or "
+    "queued. Retract or finish them, then call /flush_cache."
+)
 _DRAIN_POLL_S = 0.005
 
 
@@ -99,27 +101,39 @@ class WeightService:
                 return self.engine.holds_kv()
 
             busy = bool(await self._call(apply))
-            logger.info("weight update: %d tensors staged in %.1f ms, applied in %.1f ms", len(named),
-                        1e3 * (applied_from - staged_from), 1e3 * (time.perf_counter() - applied_from))
+            logger.info(
+                "weight update: %d tensors staged in %.1f ms, applied in %.1f ms",
+                len(named),
+                1e3 * (applied_from - staged_from),
+                1e3 * (time.perf_counter() - applied_from),
+            )
         finally:
             if drain:
                 self.engine.set_gate(False)
         self.updates += 1
         return busy
 
-    async def update_from_disk(self, model_path: str, weight_version: str | None, abort_all: bool,
-                               load_format: str | None, flush_cache: bool) -> tuple[bool, str]:
+    async def update_from_disk(
+        self, model_path: str, weight_version: str | None, abort_all: bool, load_format: str | None, flush_cache: bool
+    ) -> tuple[bool, str]:
         if load_format not in (None, "auto", "safetensors"):
             return False, f"load_format {load_format!r} is not supported (use auto or safetensors)"
 
         async def stage() -> dict[str, torch.Tensor]:
             return await asyncio.to_thread(
-                weight_io.load_safetensors_dir, model_path, self.runner.weight_specs(),
-                self.runner.required_weight_names(), self.runner.device,
+                weight_io.load_safetensors_dir,
+                model_path,
+                self.runner.weight_specs(),
+                self.runner.required_weight_names(),
+                self.runner.device,
             )
 
         failed, busy, version = await self._versioned_update(
-            stage, weight_version, abort_all, "update_weights_from_disk", (InferenceError, OSError, ValueError),
+            stage,
+            weight_version,
+            abort_all,
+            "update_weights_from_disk",
+            (InferenceError, OSError, ValueError),
             detail=f"({model_path})",
         )
         if failed is not None:
@@ -130,8 +144,15 @@ class WeightService:
         return True, "Succeeded to update model weights."
 
     async def _versioned_update(
-        self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], weight_version: str | None, abort_all: bool,
-        route: str, errors: tuple[type[BaseException], ...], *, detail: str = "", wait: bool = False,
+        self,
+        stage: Callable[[], Awaitable[dict[str, torch.Tensor]]],
+        weight_version: str | None,
+        abort_all: bool,
+        route: str,
+        errors: tuple[type[BaseException], ...],
+        *,
+        detail: str = "",
+        wait: bool = False,
     ) -> tuple[BaseException | None, bool, str]:
         """A disk or shared update (``route``) under the update lock: abort running requests when
         asked, then stage and apply as ``weight_version`` (or the next version). Returns ``(the
@@ -148,9 +169,16 @@ class WeightService:
                 return exc, False, version
         return None, busy, version
 
-    async def update_from_shared(self, descriptions: list[dict], names: list[str], dtypes: list[str],
-                                 shapes: list[list[int]], weight_version: str | None, abort_all: bool,
-                                 flush_cache: bool) -> tuple[bool, str]:
+    async def update_from_shared(
+        self,
+        descriptions: list[dict],
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        weight_version: str | None,
+        abort_all: bool,
+        flush_cache: bool,
+    ) -> tuple[bool, str]:
         async def stage() -> dict[str, torch.Tensor]:
             named, fresh = self.shared.read(descriptions, names, dtypes, shapes)
             if fresh:  # the same buffer and layout as the last update: checked then
@@ -162,7 +190,11 @@ class WeightService:
             return named
 
         failed, busy, version = await self._versioned_update(
-            stage, weight_version, abort_all, "update_weights_from_shared", (InferenceError, RuntimeError, ValueError),
+            stage,
+            weight_version,
+            abort_all,
+            "update_weights_from_shared",
+            (InferenceError, RuntimeError, ValueError),
             wait=True,
         )
         if failed is not None:
@@ -171,14 +203,21 @@ class WeightService:
             return False, _FLUSH_FAILED
         return True, f"Succeeded to update model weights from shared memory. Weight version updated to {version}."
 
-    async def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                         group_name: str, backend: str) -> tuple[bool, str]:
+    async def init_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> tuple[bool, str]:
         if group_name in self.groups:
             return False, f"Failed to initialize custom process group: group {group_name!r} exists."
         try:
             group = await asyncio.to_thread(
-                weight_io.init_weights_update_group, master_address, master_port, rank_offset,
-                world_size, group_name, backend, self.runner.device,
+                weight_io.init_weights_update_group,
+                master_address,
+                master_port,
+                rank_offset,
+                world_size,
+                group_name,
+                backend,
+                self.runner.device,
             )
         except (InferenceError, RuntimeError, ValueError) as exc:
             logger.error("init_weights_update_group(%s) failed: %s", group_name, exc)
@@ -216,12 +255,23 @@ class WeightService:
                 await self._call(lambda: self.engine.weights_changed(version))
         return True, "Success"
 
-    async def update_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                      group_name: str, weight_version: str | None, abort_all: bool,
-                                      load_format: str | None, flush_cache: bool) -> tuple[bool, str]:
+    async def update_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: str | None,
+        abort_all: bool,
+        load_format: str | None,
+        flush_cache: bool,
+    ) -> tuple[bool, str]:
         session = self.session
         if session is None:
-            return False, "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            return (
+                False,
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
+            )
         group = self.groups.get(group_name)
         if group is None:
             return False, f"Failed to receive weights: group {group_name!r} is not initialized"
@@ -260,16 +310,24 @@ class WeightService:
         await self._call(lambda: self.engine.pause(req.mode))
         paused = time.perf_counter()
         if req.model_path is not None:
-            success, message = await self.update_from_disk(req.model_path, req.weight_version, False, None,
-                                                           req.flush_cache)  # fmt: skip
+            success, message = await self.update_from_disk(
+                req.model_path, req.weight_version, False, None, req.flush_cache
+            )
         elif req.shared_buffers:
-            success, message = await self.update_from_shared(req.shared_buffers, req.names, req.dtypes, req.shapes,
-                                                             req.weight_version, False, req.flush_cache)  # fmt: skip
+            success, message = await self.update_from_shared(
+                req.shared_buffers, req.names, req.dtypes, req.shapes, req.weight_version, False, req.flush_cache
+            )
         else:
             success, message = self.begin()
             if success:
                 success, message = await self.update_from_distributed(
-                    req.names, req.dtypes, req.shapes, req.group_name, req.weight_version, False, "flattened_bucket",
+                    req.names,
+                    req.dtypes,
+                    req.shapes,
+                    req.group_name,
+                    req.weight_version,
+                    False,
+                    "flattened_bucket",
                     req.flush_cache,
                 )
                 await self.end()  # close the session either way, so the next update can open one

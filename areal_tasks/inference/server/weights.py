@@ -108,12 +108,20 @@ class WeightUpdateGroup:
         it was destroyed cleanly (see ``engine/weights/collective.py``, ``leave_process_group``)."""
         from areal_tasks.engine.weights.collective import GROUP_DESTROY_TIMEOUT_S, leave_process_group
 
-        return leave_process_group(self.process_group, self.name, GROUP_DESTROY_TIMEOUT_S if timeout_s is None else timeout_s)
+        return leave_process_group(
+            self.process_group, self.name, GROUP_DESTROY_TIMEOUT_S if timeout_s is None else timeout_s
+        )
 
 
 def init_weights_update_group(
-    master_address: str, master_port: int, rank: int, world_size: int, group_name: str, backend: str,
-    device: torch.device, timeout_s: float = 1800.0,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    device: torch.device,
+    timeout_s: float = 1800.0,
 ) -> WeightUpdateGroup:
     """Join the group as SGLang's ``init_custom_process_group`` does (blocks until every member joined)."""
     from areal_tasks.engine.weights.collective import init_custom_process_group
@@ -153,12 +161,14 @@ def _flat_bytes(names: list[str], types: list[torch.dtype], shapes: list[list[in
     return total
 
 
-def split_flat(flat: torch.Tensor, names: list[str], types: list[torch.dtype],
-               shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+def split_flat(
+    flat: torch.Tensor, names: list[str], types: list[torch.dtype], shapes: list[list[int]]
+) -> dict[str, torch.Tensor]:
     """Views of the tensors lying back to back in the ``uint8`` tensor ``flat`` (no copy)."""
     if flat.numel() != _flat_bytes(names, types, shapes):
-        raise InferenceError(f"the flat buffer holds {flat.numel()} bytes, the tensors listed need "
-                             f"{_flat_bytes(names, types, shapes)}")  # fmt: skip
+        raise InferenceError(
+            f"the flat buffer holds {flat.numel()} bytes, the tensors listed need {_flat_bytes(names, types, shapes)}"
+        )
     views, start = {}, 0
     for name, dtype, shape in zip(names, types, shapes):
         size = torch.Size(shape).numel() * dtype.itemsize
@@ -177,8 +187,9 @@ class SharedBufferReader:
         self._opened: tuple[str, torch.Tensor] | None = None
         self._views: tuple[tuple, dict[str, torch.Tensor]] | None = None
 
-    def read(self, descriptions: list[dict[str, Any]], names: list[str], dtypes: list[str],
-             shapes: list[list[int]]) -> tuple[dict[str, torch.Tensor], bool]:
+    def read(
+        self, descriptions: list[dict[str, Any]], names: list[str], dtypes: list[str], shapes: list[list[int]]
+    ) -> tuple[dict[str, torch.Tensor], bool]:
         """Views of the listed tensors in the buffer on this server's device (no copy), and
         whether they are new (a buffer or layout not seen before: the caller validates those)."""
         from areal_tasks.engine.weights.shared import open_shared_buffer, pick_buffer
@@ -219,8 +230,13 @@ def receive_weights(
         return _receive(group, names, types, shapes, load_format)
 
 
-def _receive(group: WeightUpdateGroup, names: list[str], types: list[torch.dtype], shapes: list[list[int]],
-             load_format: str | None) -> dict[str, torch.Tensor]:
+def _receive(
+    group: WeightUpdateGroup,
+    names: list[str],
+    types: list[torch.dtype],
+    shapes: list[list[int]],
+    load_format: str | None,
+) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
 
     if load_format == "flattened_bucket":

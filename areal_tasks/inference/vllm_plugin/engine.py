@@ -106,8 +106,14 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
         parallel = self.parallel_config
         worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
         self.group = init_weights_update_group(
-            init_info.master_address, init_info.master_port, init_info.rank_offset + worker_rank,
-            init_info.world_size, init_info.group_name, init_info.backend, self.device, init_info.timeout_s,
+            init_info.master_address,
+            init_info.master_port,
+            init_info.rank_offset + worker_rank,
+            init_info.world_size,
+            init_info.group_name,
+            init_info.backend,
+            self.device,
+            init_info.timeout_s,
         )
 
     def shutdown(self) -> None:

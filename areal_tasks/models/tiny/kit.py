@@ -93,9 +93,7 @@ def check_config_keys(family: str, config_overrides: dict[str, Any]) -> None:
     known = set(AutoConfig.for_model(TEXT_MODEL_TYPE[family]).to_dict()) | set(tiny_config(family))
     unknown = sorted(set(config_overrides) - known)
     if unknown:
-        raise ModelError(
-            f"unknown {family} config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-        )
+        raise ModelError(f"unknown {family} config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
 
 
 def _transformers_version() -> str:

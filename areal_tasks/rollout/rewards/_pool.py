@@ -10,6 +10,7 @@ at most ``size`` at a time; one that timed out or died is reaped (``wait``) and 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pickle
@@ -131,10 +132,8 @@ class WorkerProcess:
 def _signal_kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the worker and everything it started (its own session); does not reap."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _kill_and_reap(procs: set[subprocess.Popen[bytes]]) -> None:

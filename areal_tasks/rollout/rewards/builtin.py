@@ -57,9 +57,7 @@ def exact_match(completion: str, answer: str, *, ignore_case: bool = False, **_:
 
 
 @register_reward("numeric")
-def numeric(
-    completion: str, answer: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6, **_: Any
-) -> float:
+def numeric(completion: str, answer: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-6, **_: Any) -> float:
     """1.0 if the completion's final number matches the reference number within the tolerances.
 
     The final number is the first one after the last ``Answer:`` (or ``####``), else the last

@@ -211,4 +211,3 @@ class RewardRunner:
     def __repr__(self) -> str:
         mode = f"{self.max_workers} worker processes" if self.max_workers else "in-process"
         return f"RewardRunner({self.name!r}, {mode}, timeout_s={self.timeout_s:g})"
-

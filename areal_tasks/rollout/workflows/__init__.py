@@ -40,8 +40,9 @@ __all__ = [
 class WorkflowFactory(Protocol):
     """Builds a workflow from a tokenizer, sampling parameters, a reward and keyword options."""
 
-    def __call__(self, tokenizer: Any, sampling: SamplingParams, reward: RewardFn, **options: Any) -> RolloutWorkflow:
-        ...
+    def __call__(
+        self, tokenizer: Any, sampling: SamplingParams, reward: RewardFn, **options: Any
+    ) -> RolloutWorkflow: ...
 
 
 #: every built-in workflow, by name.
@@ -71,7 +72,9 @@ def resolve_workflow(name: str) -> WorkflowFactory:
     return factory  # type: ignore[no-any-return]
 
 
-def make_workflow(name: str, tokenizer: Any, sampling: SamplingParams, reward: RewardFn, **options: Any) -> RolloutWorkflow:
+def make_workflow(
+    name: str, tokenizer: Any, sampling: SamplingParams, reward: RewardFn, **options: Any
+) -> RolloutWorkflow:
     """The workflow ``name`` (registered, or an import path) built with ``options``; ConfigError if unknown."""
     workflow = resolve_workflow(name)(tokenizer, sampling, reward, **options)
     if not isinstance(workflow, RolloutWorkflow):

@@ -69,8 +69,11 @@ class MultiTurnWorkflow(RLVRWorkflow):
         if not self.prompt_fits(prompt_ids):
             return None
         if not self._turn_fits(len(prompt_ids)):
-            logger.debug("rejecting a prompt of %d tokens: no room for a turn (max_total_tokens=%d)",
-                         len(prompt_ids), self.max_total_tokens)
+            logger.debug(
+                "rejecting a prompt of %d tokens: no room for a turn (max_total_tokens=%d)",
+                len(prompt_ids),
+                self.max_total_tokens,
+            )
             return None
         builder = TrajectoryBuilder(prompt_ids)
         turns: list[dict[str, Any]] = []

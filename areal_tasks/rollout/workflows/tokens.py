@@ -129,15 +129,18 @@ def feedback_segment(tokenizer: Any, feedback: str, system: str | None) -> Feedb
     :class:`ConfigError` when the template does not extend a conversation by appending.
     """
     head = [{"role": "system", "content": system}] if system else []
-    before = head + [
+    before = [
+        *head,
         {"role": "user", "content": _PLACEHOLDER_USER},
         {"role": "assistant", "content": _PLACEHOLDER_ASSISTANT},
     ]
-    after = before + [{"role": "user", "content": feedback}]
+    after = [*before, {"role": "user", "content": feedback}]
     text_before = chat_text(tokenizer, before, add_generation_prompt=False)
     at = text_before.rfind(_PLACEHOLDER_ASSISTANT)
     if at < 0:
-        raise ConfigError("the chat template dropped the assistant message's content; it cannot render multi-turn episodes")
+        raise ConfigError(
+            "the chat template dropped the assistant message's content; it cannot render multi-turn episodes"
+        )
     ids_before = chat_ids(tokenizer, before, add_generation_prompt=False)
     ids_after = chat_ids(tokenizer, after, add_generation_prompt=True)
     closer = _closer_ids(tokenizer, ids_before, text_before[at + len(_PLACEHOLDER_ASSISTANT) :])

@@ -73,7 +73,10 @@ def live_servers(
         "AREAL_PROJECT_DIR": str(REPO_ROOT),
     }
     airflow_server = AirflowStandalone(
-        tmp_path_factory.mktemp("airflow-standalone"), dags_folder=REPO_ROOT / "dags", env=env, wait_for_dags=[DAG_ID],
+        tmp_path_factory.mktemp("airflow-standalone"),
+        dags_folder=REPO_ROOT / "dags",
+        env=env,
+        wait_for_dags=[DAG_ID],
         unset_env=["MLFLOW_TRACKING_URI"],
     )
     try:
@@ -135,9 +138,7 @@ RUN_TIMEOUT_S = 900.0
 
 
 @pytest.fixture(scope="session")
-def rest_run(
-    airflow: AirflowClient, airflow_runs_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> RestRun:
+def rest_run(airflow: AirflowClient, airflow_runs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RestRun:
     """ONE tiny ``areal_rl_training`` run triggered over REST, whose training worker is killed once.
 
     Two test files read it (one run of 2.5-4 min serves both, instead of two): test_rest_trigger.py
@@ -193,6 +194,19 @@ def rest_run(
     final = airflow.wait_for_run(DAG_ID, run_id, timeout_s=RUN_TIMEOUT_S)
     seconds = time.monotonic() - started
     print(f"[rest_run] DAG run {run_id}: {final['state']} in {seconds:.1f}s")
-    return RestRun(run_id=run_id, conf=conf, storage=storage, experiment=experiment, model_name=model_name,
-                   sft_steps=SFT_STEPS, rl_steps=RL_STEPS, save_every=SAVE_EVERY, created=created, final=final,
-                   job_name=record["name"], killed_pid=victim, checkpoints_at_kill=saved, seconds=seconds)  # fmt: skip
+    return RestRun(
+        run_id=run_id,
+        conf=conf,
+        storage=storage,
+        experiment=experiment,
+        model_name=model_name,
+        sft_steps=SFT_STEPS,
+        rl_steps=RL_STEPS,
+        save_every=SAVE_EVERY,
+        created=created,
+        final=final,
+        job_name=record["name"],
+        killed_pid=victim,
+        checkpoints_at_kill=saved,
+        seconds=seconds,
+    )

@@ -82,8 +82,12 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
                 # do not train on the shared machine: fail the run before its first task gets far. Wait
                 # until the scheduler has started it: a run marked failed while still queued can be
                 # started afterwards by a scheduler loop that had already loaded it.
-                wait_for(lambda: _run_or_none(airflow, run_id)["state"] != "queued", 60,
-                         f"DAG run {run_id} to leave 'queued'", poll_s=0.2)
+                wait_for(
+                    lambda: _run_or_none(airflow, run_id)["state"] != "queued",
+                    60,
+                    f"DAG run {run_id} to leave 'queued'",
+                    poll_s=0.2,
+                )
                 airflow.set_run_state(DAG_ID, run_id, "failed")
                 page.get_by_test_id("trigger-dag-submit").wait_for(state="detached")  # the dialog closed
             finally:

@@ -94,8 +94,12 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", DAG_TEST_SCRIPT, str(ROOT / "dags"), json.dumps(conf), str(result)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     wall = time.perf_counter() - started
     (base / "dag_test.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     assert done.returncode == 0 and result.is_file(), (
@@ -104,15 +108,29 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     print(f"\n[dag_e2e] {DAG_ID} with dag.test(): {wall:.0f} s (log {base / 'dag_test.log'})")
     report = json.loads(result.read_text(encoding="utf-8"))
     summary_path = run_dir / "summary.json"
-    report.update(run_dir=run_dir, tracking_uri=tracking_uri, log=done.stdout + done.stderr,
-                  summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None)  # fmt: skip
+    report.update(
+        run_dir=run_dir,
+        tracking_uri=tracking_uri,
+        log=done.stdout + done.stderr,
+        summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None,
+    )
     return report
 
 
 def test_every_task_succeeded(dag_run: dict[str, Any]) -> None:
     tasks = dag_run["tasks"]
-    expected = {"resolve_job", "validate_storage", "detect_model", "provision_cluster", "start_mlflow_run", "train",
-                "checkpoints_to_evaluate", "evaluate_checkpoint[0]", "register_model", "finish_pipeline"}  # fmt: skip
+    expected = {
+        "resolve_job",
+        "validate_storage",
+        "detect_model",
+        "provision_cluster",
+        "start_mlflow_run",
+        "train",
+        "checkpoints_to_evaluate",
+        "evaluate_checkpoint[0]",
+        "register_model",
+        "finish_pipeline",
+    }
     assert expected <= set(tasks), f"tasks that did not run: {sorted(expected - set(tasks))}"
     failed = {k: v for k, v in tasks.items() if k in expected and v != "success"}
     assert not failed, f"tasks not successful: {failed}\n{dag_run['log'][-6000:]}"

@@ -104,8 +104,9 @@ def test_operator_eval_matches_the_trainers_after_rl_eval(tmp_path: Path, monkey
     assert 0.2 < trainer < 0.8, f"the test reward should be a coin for a random model, trainer scored {trainer}"
 
     checkpoints = f"{storage}/{cfg.experiment.name}/{cfg.experiment.trial}/checkpoints"
-    operator = EvaluateCheckpointOperator(task_id="evaluate_checkpoint", config="configs/demo_grpo.yaml",
-                                          checkpoint=checkpoints, overrides=overrides)  # fmt: skip
+    operator = EvaluateCheckpointOperator(
+        task_id="evaluate_checkpoint", config="configs/demo_grpo.yaml", checkpoint=checkpoints, overrides=overrides
+    )
     result = operator.execute({})
     assert result["step"] == 1 and result["n_prompts"] == N_PROMPTS and result["n_samples"] == N_SAMPLES
     evaluated = result["metrics"]["eval/reward"]

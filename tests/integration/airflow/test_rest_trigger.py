@@ -41,8 +41,15 @@ def test_rest_triggered_run_trains_registers_and_tracks(
 
     instances = airflow.task_instances(DAG_ID, run_id)
     states = {(ti["task_id"], ti["map_index"]): (ti["state"], ti["try_number"]) for ti in instances}
-    for task_id in ("resolve_job", "validate_storage", "detect_model", "provision_cluster", "start_mlflow_run",
-                    "register_model", "finish_pipeline"):  # fmt: skip
+    for task_id in (
+        "resolve_job",
+        "validate_storage",
+        "detect_model",
+        "provision_cluster",
+        "start_mlflow_run",
+        "register_model",
+        "finish_pipeline",
+    ):
         assert states.get((task_id, -1)) == ("success", 1), airflow.run_report(DAG_ID, run_id)
     evaluations = [key for key in states if key[0] == "evaluate_checkpoint"]
     assert evaluations and all(states[key][0] == "success" for key in evaluations), airflow.run_report(DAG_ID, run_id)
@@ -82,5 +89,7 @@ def test_rest_triggered_run_trains_registers_and_tracks(
     summary = json.loads((Path(train["run_dir"]) / "summary.json").read_text())
     assert summary["mlflow_run_id"] == mlflow_run_id
     assert str(summary["registered_model_version"]) == candidate.version
-    print(f"\n[test_rest_trigger] run {run_id} ({rest_run.seconds:.0f}s): MLflow run {mlflow_run_id}, "
-          f"{rest_run.model_name} v{candidate.version} {sorted(registered['aliases'])}")  # fmt: skip
+    print(
+        f"\n[test_rest_trigger] run {run_id} ({rest_run.seconds:.0f}s): MLflow run {mlflow_run_id}, "
+        f"{rest_run.model_name} v{candidate.version} {sorted(registered['aliases'])}"
+    )

@@ -59,8 +59,10 @@ def test_killed_training_worker_is_retried_and_resumes_from_checkpoint(
     assert resumed_after % rest_run.save_every == 0 and resumed_after < rest_run.rl_steps, summary["first_step"]
     assert summary["steps"] == rest_run.rl_steps and summary["final_version"] == rest_run.rl_steps
     assert summary.get("sft_reused") is True, {k: v for k, v in summary.items() if k.startswith("sft")}
-    print(f"\n[test_retry] killed pid {rest_run.killed_pid} after checkpoints {rest_run.checkpoints_at_kill}; "
-          f"the retry resumed at RL step {summary['first_step']} of {rest_run.rl_steps}")  # fmt: skip
+    print(
+        f"\n[test_retry] killed pid {rest_run.killed_pid} after checkpoints {rest_run.checkpoints_at_kill}; "
+        f"the retry resumed at RL step {summary['first_step']} of {rest_run.rl_steps}"
+    )
 
 
 @pytest.mark.timeout(600)
@@ -74,16 +76,22 @@ def test_marking_the_deferred_train_task_failed_cancels_its_job(
     """
     tag = uuid.uuid4().hex[:8]
     run_id = f"cancel_{tag}"
-    conf = {"config": "configs/demo_grpo.yaml", "experiment_name": f"it-cancel-{tag}", "sft_steps": 100,
-            "max_steps": 110, "storage_url": (tmp_path / "storage").as_uri()}  # fmt: skip
+    conf = {
+        "config": "configs/demo_grpo.yaml",
+        "experiment_name": f"it-cancel-{tag}",
+        "sft_steps": 100,
+        "max_steps": 110,
+        "storage_url": (tmp_path / "storage").as_uri(),
+    }
     started = time.monotonic()
     airflow.trigger(DAG_ID, conf, run_id=run_id)
 
     def deferred_with_running_job() -> dict | None:
         train = airflow.task_instance(DAG_ID, run_id, "train")
         if train["state"] in ("failed", "upstream_failed", "success"):
-            raise AssertionError(f"train ended ({train['state']}) before it could be cancelled\n"
-                                 f"{airflow.run_report(DAG_ID, run_id)}")  # fmt: skip
+            raise AssertionError(
+                f"train ended ({train['state']}) before it could be cancelled\n{airflow.run_report(DAG_ID, run_id)}"
+            )
         records = [r for r in job_records(airflow_runs_dir) if run_id in r["name"]]
         return records[0] if records and train["state"] == "deferred" else None
 
@@ -109,5 +117,7 @@ def test_marking_the_deferred_train_task_failed_cancels_its_job(
 
     wait_for(settled, 120, f"the tasks of {run_id} to stop", poll_s=1.0)
     assert airflow.task_instance(DAG_ID, run_id, "train")["state"] == "failed"
-    print(f"\n[test_retry] marked train failed at {marked - started:.1f}s; job {status.state} and its "
-          f"{len(processes)} processes gone {cancel_s:.1f}s later; run settled at {time.monotonic() - started:.1f}s")
+    print(
+        f"\n[test_retry] marked train failed at {marked - started:.1f}s; job {status.state} and its "
+        f"{len(processes)} processes gone {cancel_s:.1f}s later; run settled at {time.monotonic() - started:.1f}s"
+    )

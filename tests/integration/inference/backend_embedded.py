@@ -26,4 +26,6 @@ def start_embedded(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
             yield ServerControl("embedded", fleet.addresses, model_dir, workdir)
 
 
-register_backend(BackendSpec("embedded", start_embedded, features=frozenset({"collective", "server_versions", "shared"})))
+register_backend(
+    BackendSpec("embedded", start_embedded, features=frozenset({"collective", "server_versions", "shared"}))
+)

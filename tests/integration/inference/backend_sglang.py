@@ -50,15 +50,18 @@ def start_sglang(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
     cfg.rollout.server.python = _sglang_python()
     cfg.rollout.server.mem_fraction = 0.3
     cfg.rollout.server.extra_args = ["--disable-cuda-graph", "--log-level", "warning"]
-    with LocalScheduler(workdir / "run", handle_signals=False) as scheduler:
-        with ServerFleet.from_config(scheduler, cfg, str(model_dir)) as fleet:
-            yield ServerControl("sglang", fleet.addresses, model_dir, workdir)
+    with (
+        LocalScheduler(workdir / "run", handle_signals=False) as scheduler,
+        ServerFleet.from_config(scheduler, cfg, str(model_dir)) as fleet,
+    ):
+        yield ServerControl("sglang", fleet.addresses, model_dir, workdir)
 
 
 _missing = _missing_reason()
 register_backend(
     BackendSpec(
-        "sglang", start_sglang,
+        "sglang",
+        start_sglang,
         marks=(pytest.mark.gpu, pytest.mark.skipif(_missing is not None, reason=_missing or "")),
         features=frozenset({"collective", "server_versions"}),
     )

@@ -21,7 +21,7 @@ _VLLM_TESTS = Path(__file__).resolve().parents[1] / "vllm"
 if str(_VLLM_TESTS) not in sys.path:
     sys.path.insert(0, str(_VLLM_TESTS))
 
-import vllm_test_server
+import vllm_test_server  # noqa: E402 - importable only once its folder is on sys.path (above)
 
 
 @contextlib.contextmanager
@@ -29,7 +29,10 @@ def start_vllm(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
     del model_dir  # the suite's default tiny model has 16-wide heads, which vLLM's CPU backend lacks
     with vllm_test_server.shared_vllm_server(workdir) as server:
         yield ServerControl(
-            "vllm", [server.address], server.model_path, workdir,
+            "vllm",
+            [server.address],
+            server.model_path,
+            workdir,
             adapter_kwargs={"model": vllm_test_server.SERVED_NAME},
             version=server.reported_version() or 0,
         )
@@ -38,7 +41,8 @@ def start_vllm(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
 _missing = vllm_test_server.vllm_missing_reason()
 register_backend(
     BackendSpec(
-        "vllm", start_vllm,
+        "vllm",
+        start_vllm,
         marks=(pytest.mark.skipif(_missing is not None, reason=_missing or ""),),
         features=frozenset({"collective"}),
     )

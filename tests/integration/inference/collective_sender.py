@@ -42,8 +42,14 @@ class CollectiveTrainer:
 
     def meta(self, version: int) -> WeightUpdateMeta:
         return WeightUpdateMeta.collective(
-            version, "127.0.0.1", self.port, 1 + self.n_servers, group_name=f"suite-{uuid.uuid4().hex[:8]}",
-            backend="gloo", bucket_bytes=self.bucket_bytes, timeout_s=120.0,
+            version,
+            "127.0.0.1",
+            self.port,
+            1 + self.n_servers,
+            group_name=f"suite-{uuid.uuid4().hex[:8]}",
+            backend="gloo",
+            bucket_bytes=self.bucket_bytes,
+            timeout_s=120.0,
         )
 
     def send(self, meta: WeightUpdateMeta) -> None:
@@ -62,7 +68,7 @@ class CollectiveTrainer:
         def target() -> None:
             try:
                 self.send(meta)
-            except BaseException as exc:  # reported to the test below
+            except BaseException as exc:  # noqa: BLE001 - reported to the test below
                 errors.append(exc)
 
         thread = threading.Thread(target=target, name="collective-trainer", daemon=True)

@@ -64,7 +64,9 @@ class ServerControl:
         target = self.workdir / f"weights-v{version}"
         with atomic_directory(target) as staging:
             scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
-            write_safetensors_shards(scaled, staging, max_shard_bytes=max(1, sum(t.nbytes for t in state.values()) // 2))
+            write_safetensors_shards(
+                scaled, staging, max_shard_bytes=max(1, sum(t.nbytes for t in state.values()) // 2)
+            )
         return target
 
 
@@ -117,7 +119,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="session")
-def inference_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_qwen2: Path) -> Iterator[ServerControl]:
+def inference_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_qwen2: Path
+) -> Iterator[ServerControl]:
     spec = BACKENDS[request.param]
     with spec.start(tmp_path_factory.mktemp(f"inference-{spec.name}"), tiny_qwen2) as control:
         control.features = frozenset(control.features or spec.features)

@@ -36,8 +36,9 @@ async def _pause_once_caught(client: Any, tasks: Sequence[asyncio.Task], max_new
     raise AssertionError("no pause caught a request with partial output")
 
 
-async def start_and_pause(client: Any, launch: Callable[[], list[asyncio.Task]],
-                          max_new_tokens: int) -> tuple[list[asyncio.Task], list]:
+async def start_and_pause(
+    client: Any, launch: Callable[[], list[asyncio.Task]], max_new_tokens: int
+) -> tuple[list[asyncio.Task], list]:
     """Start requests with ``launch()`` and pause the client while some hold partial output;
     returns the tasks and the caught requests (the client is left paused)."""
     for _ in range(ROUNDS):
@@ -46,5 +47,4 @@ async def start_and_pause(client: Any, launch: Callable[[], list[asyncio.Task]],
         if partial is not None:
             return tasks, partial
         await asyncio.gather(*tasks)
-    raise AssertionError(f"in {ROUNDS} rounds every request finished before a pause caught one; "
-                         "raise max_new_tokens")
+    raise AssertionError(f"in {ROUNDS} rounds every request finished before a pause caught one; raise max_new_tokens")

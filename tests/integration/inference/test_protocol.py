@@ -85,9 +85,9 @@ def test_health_and_reported_versions(backend) -> None:
             return await client.check_health(), await client.server_versions()
 
     health, versions = run(scenario())
-    assert health == {a: True for a in client.addresses}
+    assert health == dict.fromkeys(client.addresses, True)
     if "server_versions" in control.features:
-        assert versions == {a: control.version for a in client.addresses}
+        assert versions == dict.fromkeys(client.addresses, control.version)
 
 
 def greedy_logprobs(client) -> list[float]:
@@ -146,7 +146,8 @@ def test_weight_update_mid_generation_loses_no_request(backend) -> None:
     async def scenario():
         async with client:
             tasks, partial = await start_and_pause(
-                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n_tokens)
+                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n_tokens
+            )
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
             return partial, await asyncio.gather(*tasks)
@@ -199,8 +200,9 @@ def test_collective_swap_matches_the_disk_update(backend, bucket_bytes: int, cap
 
     expected = logprobs_at_scale(client, control, 0.5)
     version = control.version + 1
-    trainer = CollectiveTrainer.from_model_dir(control.model_path, scale=0.5, n_servers=len(client.addresses),
-                                               bucket_bytes=bucket_bytes)  # fmt: skip
+    trainer = CollectiveTrainer.from_model_dir(
+        control.model_path, scale=0.5, n_servers=len(client.addresses), bucket_bytes=bucket_bytes
+    )
     assert (len(trainer.buckets) == 1) == (bucket_bytes == 1 << 30)
 
     async def scenario():

@@ -24,8 +24,18 @@ from embedded_server import ADMIN_KEY, running_server  # noqa: E402
 @pytest.fixture(scope="session")
 def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("embedded-server") / "server.log"
-    with running_server(tiny_qwen2, log, "--admin-api-key", ADMIN_KEY, "--context-length", "2048",
-                        "--max-running-requests", "8", "--tool-call-parser", "qwen25") as url:
+    with running_server(
+        tiny_qwen2,
+        log,
+        "--admin-api-key",
+        ADMIN_KEY,
+        "--context-length",
+        "2048",
+        "--max-running-requests",
+        "8",
+        "--tool-call-parser",
+        "qwen25",
+    ) as url:
         yield url
 
 
@@ -47,4 +57,3 @@ def reference(tiny_qwen2: Path):
 
     torch.set_num_threads(1)
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).eval()
-

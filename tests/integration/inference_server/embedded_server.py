@@ -37,11 +37,31 @@ def _log_tail(path: Path, lines: int = 40) -> str:
 def running_server(model_dir: Path, log_path: Path, *extra_args: str) -> Iterator[str]:
     """Run ``areal serve`` on ``model_dir``; yields its base URL."""
     port = free_port()
-    argv = [sys.executable, "-m", "areal_tasks.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--device", "cpu", "--num-threads", "1", *extra_args]
+    argv = [
+        sys.executable,
+        "-m",
+        "areal_tasks.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--num-threads",
+        "1",
+        *extra_args,
+    ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + _STARTUP_S
@@ -72,6 +92,12 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     import torch
 
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()

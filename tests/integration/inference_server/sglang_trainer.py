@@ -42,8 +42,9 @@ def main() -> None:
     timeout = timedelta(seconds=120)
     store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{args.port}", 0, args.world_size, timeout=timeout))
     store = dist.PrefixStore(args.group, store)
-    group, _ = _new_process_group_helper(world, rank, [], dist.Backend("gloo"), store, group_name=args.group,
-                                         timeout=timeout)
+    group, _ = _new_process_group_helper(
+        world, rank, [], dist.Backend("gloo"), store, group_name=args.group, timeout=timeout
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world)}
     for _, tensor in ordered_state(args.per_tensor):
         dist.broadcast(tensor.contiguous(), src=0, group=group)

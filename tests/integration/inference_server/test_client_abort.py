@@ -71,8 +71,9 @@ def test_a_timed_out_request_stops_on_the_server(keyless_url: str) -> None:
                 await task
             await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
         async with _engine(keyless_url, request_timeout_s=60.0) as engine:
-            resp = await engine.agenerate(ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0,
-                                                                              ignore_eos=True)))
+            resp = await engine.agenerate(
+                ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
+            )
         assert resp.stop_reason == "length" and resp.output_len == 4
 
     asyncio.run(scenario())
@@ -87,8 +88,9 @@ def test_a_cancelled_request_stops_on_the_server(keyless_url: str) -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the cancellation")
-            resp = await engine.agenerate(ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0,
-                                                                              ignore_eos=True)))
+            resp = await engine.agenerate(
+                ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
+            )
         assert resp.stop_reason == "length" and resp.output_len == 4
 
     asyncio.run(scenario())

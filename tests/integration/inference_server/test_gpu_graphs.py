@@ -39,8 +39,9 @@ def _decode_all(runner: ModelRunner, steps: int) -> tuple[list[list[int]], list[
 
 @pytest.mark.parametrize("scope", ["pointwise", "blocks"])
 def test_graph_replay_equals_eager_decode(tiny_qwen2: Path, scope: str) -> None:
-    cfg = RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=600,
-                       compile_scope=scope)
+    cfg = RunnerConfig(
+        str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=600, compile_scope=scope
+    )
     graphs = GraphModelRunner(cfg)
     assert graphs.capture and len(graphs.lengths) == 3
     assert graphs.compile_scope == scope  # no fall-back: the whole blocks compiled and were captured
@@ -58,8 +59,13 @@ def test_bf16_graphs_with_the_triton_decode_attention_match_sdpa(tiny_qwen2: Pat
 
     if not kernel_available():
         pytest.skip("triton does not import")
-    base = dict(model_path=str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=8,
-                context_length=600)
+    base = {
+        "model_path": str(tiny_qwen2),
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "max_running_requests": 8,
+        "context_length": 600,
+    }
     kernel = GraphModelRunner(RunnerConfig(**base))
     sdpa = GraphModelRunner(RunnerConfig(**base, decode_attention="sdpa"))
     assert (kernel.decode_attention, sdpa.decode_attention) == ("triton", "sdpa")
@@ -78,8 +84,9 @@ def test_bf16_graphs_with_the_triton_decode_attention_match_sdpa(tiny_qwen2: Pat
 
 
 def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
-    runner = build_runner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8,
-                                       context_length=256))
+    runner = build_runner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=256)
+    )
     assert isinstance(runner, GraphModelRunner)
     engine = Engine(runner)
     engine.start()
@@ -88,8 +95,11 @@ def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
         for i, prompt in enumerate(PROMPTS):
             fut: concurrent.futures.Future = concurrent.futures.Future()
             params = SamplingParams(temperature=0.0, max_new_tokens=10 + 7 * i, ignore_eos=True)
-            seqs.append(Sequence(rid=f"g{i}", group=SequenceGroup(prompt), params=params,
-                                 on_finish=lambda s, f=fut: f.set_result(s)))
+            seqs.append(
+                Sequence(
+                    rid=f"g{i}", group=SequenceGroup(prompt), params=params, on_finish=lambda s, f=fut: f.set_result(s)
+                )
+            )
             futures.append(fut)
         engine.submit(seqs)
         outputs = [f.result(timeout=300).output_ids for f in futures]
@@ -98,9 +108,15 @@ def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
     reference = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).cuda().eval()
     for i, (prompt, out) in enumerate(zip(PROMPTS, outputs)):
         with torch.no_grad():
-            want = reference.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=10 + 7 * i,
-                                      min_new_tokens=10 + 7 * i, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert out == want[0, len(prompt):].tolist()
+            want = reference.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=10 + 7 * i,
+                min_new_tokens=10 + 7 * i,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        assert out == want[0, len(prompt) :].tolist()
 
 
 def test_sampling_never_waits_for_the_device() -> None:
@@ -110,8 +126,12 @@ def test_sampling_never_waits_for_the_device() -> None:
     from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
 
     device = torch.device("cuda")
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
-              SamplingParams(temperature=0.7, top_p=0.9, top_k=50, min_p=0.01), SamplingParams(temperature=1.0)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=50, min_p=0.01),
+        SamplingParams(temperature=1.0),
+    ]
     generators = [None, None, None, make_generator(7, device)]
     logits = torch.randn(len(params), 151936, device=device)
     SamplingBatch.build(params, generators, device)  # the first pinned host block is allocated here
@@ -149,8 +169,9 @@ def test_compiled_greedy_reads_bf16_logits_without_waiting() -> None:
 def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> None:
     """The overlapped loop (device tokens carried into the captured graphs' inputs) and the
     step-by-step loop give the same greedy sequences, including one stopped by a stop token."""
-    runner = build_runner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8,
-                                       context_length=256))
+    runner = build_runner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=256)
+    )
 
     def run(overlap: bool, stop: int | None) -> list[list[int]]:
         engine = Engine(runner, overlap=overlap)
@@ -159,10 +180,20 @@ def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> No
             futures, seqs = [], []
             for i, prompt in enumerate(PROMPTS):
                 fut: concurrent.futures.Future = concurrent.futures.Future()
-                params = SamplingParams(temperature=0.0, max_new_tokens=10 + 17 * i, ignore_eos=True,
-                                        stop_token_ids=frozenset([stop] if stop is not None and i == 2 else []))
-                seqs.append(Sequence(rid=f"o{i}", group=SequenceGroup(prompt), params=params,
-                                     on_finish=lambda s, f=fut: f.set_result(s)))
+                params = SamplingParams(
+                    temperature=0.0,
+                    max_new_tokens=10 + 17 * i,
+                    ignore_eos=True,
+                    stop_token_ids=frozenset([stop] if stop is not None and i == 2 else []),
+                )
+                seqs.append(
+                    Sequence(
+                        rid=f"o{i}",
+                        group=SequenceGroup(prompt),
+                        params=params,
+                        on_finish=lambda s, f=fut: f.set_result(s),
+                    )
+                )
                 futures.append(fut)
             engine.submit(seqs)
             return [f.result(timeout=300).output_ids for f in futures]
@@ -179,12 +210,14 @@ def test_prefill_attention_never_uses_cudnn(tiny_qwen2: Path, monkeypatch) -> No
     """Prefill shapes vary: its SDPA calls run with cuDNN (a plan built per new shape) switched off,
     and the global setting is untouched afterwards. In bf16, where SDPA would pick cuDNN, the decode
     graphs are still captured (their warm-up plans cuDNN outside the capture)."""
-    graphs = GraphModelRunner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4,
-                                           context_length=128))
+    graphs = GraphModelRunner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4, context_length=128)
+    )
     assert graphs.capture
     del graphs
-    runner = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4,
-                                      context_length=128))
+    runner = ModelRunner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=4, context_length=128)
+    )
     seen = []
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
 

@@ -29,9 +29,19 @@ def _wait_metric(http, name: str, at_least: float) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("path", ["/pause_generation", "/continue_generation", "/update_weights_from_disk",
-                                  "/init_weights_update_group", "/update_weights_from_distributed",
-                                  "/begin_weight_update", "/flush_cache", "/abort_request"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/pause_generation",
+        "/continue_generation",
+        "/update_weights_from_disk",
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/begin_weight_update",
+        "/flush_cache",
+        "/abort_request",
+    ],
+)
 def test_admin_endpoints_need_the_admin_key(http, path: str) -> None:
     assert http.post(path, json={}).status_code == 401
     wrong = http.post(path, json={}, headers={"Authorization": "Bearer nope"})
@@ -41,13 +51,18 @@ def test_admin_endpoints_need_the_admin_key(http, path: str) -> None:
 def test_open_endpoints_need_no_key(http) -> None:
     assert http.get("/health").status_code == 200
     assert http.get("/metrics").status_code == 200
-    assert http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+    assert (
+        http.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+    )
 
 
 def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_headers) -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        victim = pool.submit(http.post, "/generate", json={
-            "input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 2000, **GREEDY}})
+        victim = pool.submit(
+            http.post,
+            "/generate",
+            json={"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 2000, **GREEDY}},
+        )
         _wait_metric(http, "sglang:num_running_reqs", 1)
         paused = http.post("/pause_generation", json={"mode": "abort"}, headers=admin_headers)
         assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
@@ -56,7 +71,9 @@ def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_h
         assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["status_code"] is None
         assert 0 < len(out["output_ids"]) < 2000
         assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
-        late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}})
+        late = pool.submit(
+            http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}}
+        )
         _wait_metric(http, "sglang:num_queue_reqs", 1)
         assert _metric(http, "areal:paused") == 1 and not late.done()
         resumed = http.post("/continue_generation", json={}, headers=admin_headers)
@@ -86,19 +103,27 @@ def test_update_weights_from_disk_changes_outputs_and_bumps_the_version(
     try:
         done = http.post("/update_weights_from_disk", json={"model_path": str(shards)}, headers=admin_headers)
         assert done.status_code == 200, done.text
-        assert done.json() == {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        assert done.json() == {
+            "success": True,
+            "message": "Succeeded to update model weights.",
+            "num_paused_requests": 0,
+        }
         info = http.get("/get_model_info").json()
         assert info["weight_version"] == str(int(before) + 1) and info["model_path"] == str(shards)
         out = http.post("/generate", json=body).json()
         assert out["output_ids"] == hf_greedy(other, PROMPT, 8) != hf_greedy(reference, PROMPT, 8)
         assert out["meta_info"]["weight_version"] == info["weight_version"]
-        bad = http.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")},
-                        headers=admin_headers)
+        bad = http.post(
+            "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")}, headers=admin_headers
+        )
         assert bad.status_code == 400 and bad.json()["success"] is False
         assert http.get("/get_model_info").json()["weight_version"] == info["weight_version"]
     finally:
-        restored = http.post("/update_weights_from_disk", json={"model_path": str(tiny_qwen2), "weight_version": "42"},
-                             headers=admin_headers)
+        restored = http.post(
+            "/update_weights_from_disk",
+            json={"model_path": str(tiny_qwen2), "weight_version": "42"},
+            headers=admin_headers,
+        )
     assert restored.json()["success"] is True
     assert http.get("/get_model_info").json()["weight_version"] == "42"
     assert http.post("/generate", json=body).json()["output_ids"] == hf_greedy(reference, PROMPT, 8)
@@ -106,15 +131,19 @@ def test_update_weights_from_disk_changes_outputs_and_bumps_the_version(
 
 def test_update_while_paused_in_place_reports_the_unflushed_cache(http, admin_headers, tiny_qwen2: Path) -> None:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(http.post, "/generate", json={
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, **GREEDY}})
+        running = pool.submit(
+            http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, **GREEDY}}
+        )
         _wait_metric(http, "sglang:num_running_reqs", 1)
         http.post("/pause_generation", json={"mode": "in_place"}, headers=admin_headers)
         assert http.post("/flush_cache", headers=admin_headers).status_code == 400
         version = http.get("/get_model_info").json()["weight_version"]
         new_version = str(int(version) + 100)
-        update = http.post("/update_weights_from_disk", headers=admin_headers,
-                           json={"model_path": str(tiny_qwen2), "weight_version": new_version})
+        update = http.post(
+            "/update_weights_from_disk",
+            headers=admin_headers,
+            json={"model_path": str(tiny_qwen2), "weight_version": new_version},
+        )
         assert update.status_code == 400 and "cache was not flushed" in update.json()["message"]
         http.post("/continue_generation", json={}, headers=admin_headers)
         out = running.result(timeout=60).json()
@@ -139,11 +168,16 @@ def test_update_on_a_running_server_waits_for_requests_in_flight(http, admin_hea
     version = http.get("/get_model_info").json()["weight_version"]
     new_version = str(int(version) + 1)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        running = pool.submit(http.post, "/generate", json={
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, **GREEDY}})
+        running = pool.submit(
+            http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, **GREEDY}}
+        )
         _wait_metric(http, "sglang:num_running_reqs", 1)
-        update = pool.submit(http.post, "/update_weights_from_disk", headers=admin_headers,
-                             json={"model_path": str(tiny_qwen2), "weight_version": new_version})
+        update = pool.submit(
+            http.post,
+            "/update_weights_from_disk",
+            headers=admin_headers,
+            json={"model_path": str(tiny_qwen2), "weight_version": new_version},
+        )
         _wait_metric(http, "areal:weight_update_draining", 1)
         late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
         _wait_metric(http, "sglang:num_queue_reqs", 1)

@@ -29,8 +29,11 @@ BODY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperatu
 
 def _specs(model_dir: Path) -> dict:
     state = ordered_state(model_dir)
-    return {"names": [n for n, _ in state], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in state],
-            "shapes": [list(t.shape) for _, t in state]}
+    return {
+        "names": [n for n, _ in state],
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in state],
+        "shapes": [list(t.shape) for _, t in state],
+    }
 
 
 def _post(http, path: str, headers: dict, **body) -> dict:
@@ -40,8 +43,9 @@ def _post(http, path: str, headers: dict, **body) -> dict:
     return payload
 
 
-def test_collective_update_per_tensor_and_flattened_bucket(http, admin_headers, reference, tiny_qwen2: Path,
-                                                          tmp_path: Path) -> None:
+def test_collective_update_per_tensor_and_flattened_bucket(
+    http, admin_headers, reference, tiny_qwen2: Path, tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM
 
     other_dir = build_tiny_model("qwen2", seed=1)
@@ -54,13 +58,36 @@ def test_collective_update_per_tensor_and_flattened_bucket(http, admin_headers, 
     port = free_port()
     log = open(tmp_path / "trainer.log", "wb")
     trainer = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "sglang_trainer.py"), "--port", str(port), "--group", group,
-         "--per-tensor", str(other_dir), "--bucket", str(tiny_qwen2)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            str(Path(__file__).parent / "sglang_trainer.py"),
+            "--port",
+            str(port),
+            "--group",
+            group,
+            "--per-tensor",
+            str(other_dir),
+            "--bucket",
+            str(tiny_qwen2),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(_post, http, "/init_weights_update_group", admin_headers, master_address="127.0.0.1",
-                                 master_port=port, rank_offset=1, world_size=2, group_name=group, backend="gloo")
+            joined = pool.submit(
+                _post,
+                http,
+                "/init_weights_update_group",
+                admin_headers,
+                master_address="127.0.0.1",
+                master_port=port,
+                rank_offset=1,
+                world_size=2,
+                group_name=group,
+                backend="gloo",
+            )
             assert joined.result(timeout=120)["success"] is True
         start = int(http.get("/get_model_info").json()["weight_version"])
 
@@ -76,8 +103,15 @@ def test_collective_update_per_tensor_and_flattened_bucket(http, admin_headers, 
 
         # session 2: one flattened bucket carrying an explicit version
         _post(http, "/begin_weight_update", admin_headers)
-        loaded = _post(http, "/update_weights_from_distributed", admin_headers, group_name=group,
-                       load_format="flattened_bucket", weight_version="77", **_specs(tiny_qwen2))
+        loaded = _post(
+            http,
+            "/update_weights_from_distributed",
+            admin_headers,
+            group_name=group,
+            load_format="flattened_bucket",
+            weight_version="77",
+            **_specs(tiny_qwen2),
+        )
         assert loaded["success"] is True and "Weight version updated to 77" in loaded["message"]
         _post(http, "/end_weight_update", admin_headers)
         out = http.post("/generate", json=BODY).json()

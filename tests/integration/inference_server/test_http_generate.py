@@ -19,8 +19,13 @@ def _generate(http, **body):
 
 
 def test_greedy_answer_matches_transformers_and_sglang_shape(http, reference) -> None:
-    out = _generate(http, rid="greedy-1", input_ids=PROMPT, return_logprob=True,
-                    sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    out = _generate(
+        http,
+        rid="greedy-1",
+        input_ids=PROMPT,
+        return_logprob=True,
+        sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+    )
     assert out["output_ids"] == hf_greedy(reference, PROMPT, 12)
     meta = out["meta_info"]
     assert meta["id"] == "greedy-1"
@@ -35,12 +40,18 @@ def test_greedy_answer_matches_transformers_and_sglang_shape(http, reference) ->
 
 
 def test_text_prompt_stop_string_and_texts_in_logprobs(http) -> None:
-    base = _generate(http, text="hello world", sampling_params={"max_new_tokens": 10, "temperature": 0,
-                                                                "ignore_eos": True})
+    base = _generate(
+        http, text="hello world", sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    )
     assert base["meta_info"]["prompt_tokens"] > 0
     stop = base["text"][3:6]
-    out = _generate(http, text="hello world", return_logprob=True, return_text_in_logprobs=True,
-                    sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stop": [stop]})
+    out = _generate(
+        http,
+        text="hello world",
+        return_logprob=True,
+        return_text_in_logprobs=True,
+        sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stop": [stop]},
+    )
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in out["text"] and base["text"].startswith(out["text"])
     assert all(isinstance(e[2], str) for e in out["meta_info"]["output_token_logprobs"])
@@ -49,20 +60,37 @@ def test_text_prompt_stop_string_and_texts_in_logprobs(http) -> None:
 def test_batch_and_n_answer_lists_in_prompt_major_order(http) -> None:
     batch = _generate(http, input_ids=[PROMPT, [11, 12]], sampling_params={"max_new_tokens": 3, "temperature": 0})
     assert isinstance(batch, list) and [o["meta_info"]["prompt_tokens"] for o in batch] == [5, 2]
-    samples = _generate(http, rid="multi", input_ids=PROMPT,
-                        sampling_params={"max_new_tokens": 6, "n": 3, "sampling_seed": 9, "ignore_eos": True})
+    samples = _generate(
+        http,
+        rid="multi",
+        input_ids=PROMPT,
+        sampling_params={"max_new_tokens": 6, "n": 3, "sampling_seed": 9, "ignore_eos": True},
+    )
     assert [o["meta_info"]["id"] for o in samples] == ["multi_0", "multi_1", "multi_2"]
     assert len({tuple(o["output_ids"]) for o in samples}) == 3
-    again = _generate(http, rid="multi2", input_ids=PROMPT,
-                      sampling_params={"max_new_tokens": 6, "n": 3, "sampling_seed": 9, "ignore_eos": True})
+    again = _generate(
+        http,
+        rid="multi2",
+        input_ids=PROMPT,
+        sampling_params={"max_new_tokens": 6, "n": 3, "sampling_seed": 9, "ignore_eos": True},
+    )
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in samples]
 
 
 def test_concurrent_requests_equal_their_solo_answers(http) -> None:
     prompts = [[3 + i, 40 + i, 9] for i in range(6)]
-    bodies = [{"input_ids": p, "sampling_params": {"max_new_tokens": 4 + 3 * i, "temperature": 0.8,
-                                                   "sampling_seed": i, "ignore_eos": True}}
-              for i, p in enumerate(prompts)]
+    bodies = [
+        {
+            "input_ids": p,
+            "sampling_params": {
+                "max_new_tokens": 4 + 3 * i,
+                "temperature": 0.8,
+                "sampling_seed": i,
+                "ignore_eos": True,
+            },
+        }
+        for i, p in enumerate(prompts)
+    ]
     solo = [_generate(http, **b)["output_ids"] for b in bodies]
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         together = list(pool.map(lambda b: _generate(http, **b)["output_ids"], bodies))

@@ -41,8 +41,18 @@ def keyed_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with pytest.MonkeyPatch.context() as mp:
         for name, value in KEYS.items():
             mp.setenv(name, value)  # the server inherits them, as from the LocalScheduler
-        with running_server(tiny_qwen2, log, "--api-key-env", API_ENV, "--admin-api-key-env", ADMIN_ENV,
-                            "--context-length", "2048", "--max-running-requests", "4") as url:  # fmt: skip
+        with running_server(
+            tiny_qwen2,
+            log,
+            "--api-key-env",
+            API_ENV,
+            "--admin-api-key-env",
+            ADMIN_ENV,
+            "--context-length",
+            "2048",
+            "--max-running-requests",
+            "4",
+        ) as url:
             # the key values are not on the server's command line
             assert all(value not in " ".join(_cmdline_of(url)) for value in KEYS.values())
             yield url
@@ -105,8 +115,9 @@ def test_generate_pause_resume_and_disk_update_with_both_keys(keyed_url: str, ti
 
 def test_an_abandoned_attempt_is_aborted_with_the_admin_key(keyed_url: str, caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        async with _engine(keyed_url, api_key=KEYS[API_ENV], admin_api_key=KEYS[ADMIN_ENV],
-                           request_timeout_s=1.0) as client:  # fmt: skip
+        async with _engine(
+            keyed_url, api_key=KEYS[API_ENV], admin_api_key=KEYS[ADMIN_ENV], request_timeout_s=1.0
+        ) as client:
             with pytest.raises(InferenceRetriesExhaustedError):
                 await client.agenerate(ModelRequest(PROMPT, LONG))
         deadline = time.monotonic() + 5.0

@@ -8,8 +8,16 @@ from transformers import AutoTokenizer
 pytestmark = pytest.mark.integration
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is the weather?"}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "look up the weather",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "look up the weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,9 @@ def test_chat_renders_tools_into_the_template_and_counts_usage(http, tokenizer) 
 
 
 def test_chat_n_samples_and_bad_messages(http) -> None:
-    out = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3, "n": 2, "seed": 1,
-                                                  "ignore_eos": True}).json()
+    out = http.post(
+        "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 3, "n": 2, "seed": 1, "ignore_eos": True}
+    ).json()
     assert [c["index"] for c in out["choices"]] == [0, 1]
     assert out["choices"][0]["message"]["content"] != out["choices"][1]["message"]["content"]
     assert out["usage"]["completion_tokens"] == 6
@@ -50,8 +59,10 @@ def test_chat_n_samples_and_bad_messages(http) -> None:
 
 
 def test_completions_with_text_and_token_prompts(http) -> None:
-    out = http.post("/v1/completions", json={"prompt": "hello there", "max_tokens": 4, "temperature": 0,
-                                             "ignore_eos": True, "logprobs": 0}).json()
+    out = http.post(
+        "/v1/completions",
+        json={"prompt": "hello there", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 0},
+    ).json()
     assert out["object"] == "text_completion" and out["usage"]["completion_tokens"] == 4
     choice = out["choices"][0]
     assert len(choice["logprobs"]["token_logprobs"]) == 4 and choice["finish_reason"] == "length"

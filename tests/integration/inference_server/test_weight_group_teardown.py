@@ -61,8 +61,9 @@ def client(server_url: str) -> Iterator[tuple[object, _Loop]]:
     from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
 
     loop = _Loop()
-    engine = RemoteInferenceEngine([server_url], make_adapter("embedded"), ClientConfig(control_timeout_s=60.0),
-                                   transport_factory=_AdminTransport)  # fmt: skip
+    engine = RemoteInferenceEngine(
+        [server_url], make_adapter("embedded"), ClientConfig(control_timeout_s=60.0), transport_factory=_AdminTransport
+    )
     try:
         yield engine, loop
     finally:
@@ -86,8 +87,16 @@ def _update(engine, loop: _Loop, meta: WeightUpdateMeta, group: WeightGroup | No
 
 
 def _meta(version: int) -> WeightUpdateMeta:
-    return WeightUpdateMeta.collective(version, "127.0.0.1", free_port(), 2, group_name=GROUP, backend="gloo",
-                                       bucket_bytes=BUCKET_BYTES, timeout_s=60.0)  # fmt: skip
+    return WeightUpdateMeta.collective(
+        version,
+        "127.0.0.1",
+        free_port(),
+        2,
+        group_name=GROUP,
+        backend="gloo",
+        bucket_bytes=BUCKET_BYTES,
+        timeout_s=60.0,
+    )
 
 
 def test_join_update_leave_from_both_sides_then_join_again(client, http, tiny_qwen2: Path) -> None:

@@ -5,8 +5,9 @@ Each step's 32 demonstrations per rank go through the engine in 4 micro-batches 
 (``actor.micro_batch.n_mbs=4``): the same gradient (the engine weights micro-batches by loss tokens;
 the losses match the one-micro-batch run to 1e-7) in less time on CPU (on one worker, 60 steps
 took 46 s in 4 micro-batches against 54 s in one). One train worker instead of two is not faster:
-0.64 s a step against 0.49 s (the slope between 30 and 60 steps). Fewer or smaller steps do not do: 150 steps, or 200 of 32 demonstrations, leave a warm
-start that RL barely improves in 20 steps (gains 0.02-0.07)."""
+0.64 s a step against 0.49 s (the slope between 30 and 60 steps). Fewer or smaller steps do not do:
+150 steps, or 200 of 32 demonstrations, leave a warm start that RL barely improves in 20 steps
+(gains 0.02-0.07)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ SFT_MICRO_BATCHES = 4
 def warm_start(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Directory of the warm-started HF model."""
     run_dir = tmp_path_factory.mktemp("warm_start")
-    cfg = load_config(CONFIG, [f"experiment.run_dir={run_dir}", f"train.sft_warmup_steps={SFT_STEPS}",
-                               f"train.total_steps={SFT_STEPS + 1}",
-                               f"actor.micro_batch.n_mbs={SFT_MICRO_BATCHES}"])  # fmt: skip
+    cfg = load_config(
+        CONFIG,
+        [
+            f"experiment.run_dir={run_dir}",
+            f"train.sft_warmup_steps={SFT_STEPS}",
+            f"train.total_steps={SFT_STEPS + 1}",
+            f"actor.micro_batch.n_mbs={SFT_MICRO_BATCHES}",
+        ],
+    )
     return str(run_sft(cfg))

@@ -32,18 +32,29 @@ ASYNC_TOLERANCE = 0.07
 
 
 def rl(run_dir: Path, model: str, *overrides: str) -> dict:
-    cfg = load_config(CONFIG, [f"experiment.run_dir={run_dir}", f"model.path={model}", "train.sft_warmup_steps=0",
-                               f"train.total_steps={RL_STEPS}", "actor.optimizer.lr=2e-4", "saver.freq_steps=null",
-                               "evaluation.n_samples=8",
-                               *overrides])  # fmt: skip
+    cfg = load_config(
+        CONFIG,
+        [
+            f"experiment.run_dir={run_dir}",
+            f"model.path={model}",
+            "train.sft_warmup_steps=0",
+            f"train.total_steps={RL_STEPS}",
+            "actor.optimizer.lr=2e-4",
+            "saver.freq_steps=null",
+            "evaluation.n_samples=8",
+            *overrides,
+        ],
+    )
     return run_train(cfg)
 
 
 def report(name: str, run: dict) -> None:
     """The run's gain next to the margin, for the log (``-s``): how far above noise the test passes."""
     gain = run["reward_after"] - run["reward_before"]
-    print(f"\n[test_learning] {name}: eval reward {run['reward_before']:.3f} -> {run['reward_after']:.3f} "
-          f"(gain {gain:.3f}, MIN_GAIN {MIN_GAIN}) in {run['wall_seconds']:.0f} s")
+    print(
+        f"\n[test_learning] {name}: eval reward {run['reward_before']:.3f} -> {run['reward_after']:.3f} "
+        f"(gain {gain:.3f}, MIN_GAIN {MIN_GAIN}) in {run['wall_seconds']:.0f} s"
+    )
 
 
 @pytest.fixture(scope="module")

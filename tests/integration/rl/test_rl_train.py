@@ -6,8 +6,9 @@ keys, one metrics row per step with versions advancing, a checkpoint per ``saver
 recovery that continues after the last checkpoint instead of starting over, with weight updates
 through shared memory (the servers map the trainer's buffer). Also: the multi-turn
 workflow with asynchronous rollout (eta = 2), the rollout side in its own process (what ``auto``
-picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow, and a broken reward that fails the
-run in a second, before anything starts. (PPO with a critic: test_learning.py.)
+picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow, and a
+broken reward that fails the run in a second, before anything starts. (PPO with a critic:
+test_learning.py.)
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ BASE = [
 
 
 def train(run_dir: Path, model: str, *overrides: str) -> dict:
-    cfg = load_config("configs/demo_grpo.yaml", [f"experiment.run_dir={run_dir}", f"model.path={model}", *BASE, *overrides])
+    cfg = load_config(
+        "configs/demo_grpo.yaml", [f"experiment.run_dir={run_dir}", f"model.path={model}", *BASE, *overrides]
+    )
     return run_train(cfg)
 
 
@@ -77,13 +80,20 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    summary = train(tmp_path, warm_start, "train.total_steps=4", "rollout.workflow.name=multi_turn",
-                    "rollout.max_head_offpolicyness=2", "rollout.max_concurrent_rollouts=16",
-                    "rollout.own_process=on",  # the rollout side in a child process, as on GPUs
-                    "rollout.pause_mode=in_place",  # in-flight requests stay on the server across updates
-                    "rollout.weight_update=collective",  # broadcast from train rank 0 over gloo, as NCCL on GPUs
-                    f"tracking.mlflow_uri={uri}", f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
-                    "saver.freq_steps=2")  # fmt: skip
+    summary = train(
+        tmp_path,
+        warm_start,
+        "train.total_steps=4",
+        "rollout.workflow.name=multi_turn",
+        "rollout.max_head_offpolicyness=2",
+        "rollout.max_concurrent_rollouts=16",
+        "rollout.own_process=on",  # the rollout side in a child process, as on GPUs
+        "rollout.pause_mode=in_place",  # in-flight requests stay on the server across updates
+        "rollout.weight_update=collective",  # broadcast from train rank 0 over gloo, as NCCL on GPUs
+        f"tracking.mlflow_uri={uri}",
+        f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
+        "saver.freq_steps=2",
+    )
     assert summary["max_head_offpolicyness"] == 2
     rows = metrics(tmp_path)
     assert len(rows) == 4

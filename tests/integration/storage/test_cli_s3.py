@@ -25,8 +25,19 @@ def test_s3_validate_passes_with_env_credentials(
     s3_server: SeaweedS3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _use_env(monkeypatch, s3_server)
-    code = main(["storage", "validate", f"s3://{s3_bucket}/runs", "--endpoint-url", s3_server.endpoint_url,
-                 "--region", "us-east-1", "--probe-mb", "1"])  # fmt: skip
+    code = main(
+        [
+            "storage",
+            "validate",
+            f"s3://{s3_bucket}/runs",
+            "--endpoint-url",
+            s3_server.endpoint_url,
+            "--region",
+            "us-east-1",
+            "--probe-mb",
+            "1",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert report["storage"]["credentials"].endswith("from env AWS_ACCESS_KEY_ID")

@@ -14,10 +14,10 @@ from storage import (
     StorageConnectionError,
     StorageNotFoundError,
     StoragePermissionError,
+    atomic,
     copy_tree,
     read_commit,
 )
-from storage import atomic
 from storage.testing.seaweed import SeaweedS3Server
 
 pytestmark = pytest.mark.integration
@@ -79,10 +79,9 @@ def test_large_atomic_write_goes_multipart(
 
 
 def test_failed_atomic_write_publishes_nothing(s3_storage: Storage) -> None:
-    with pytest.raises(RuntimeError):
-        with s3_storage.atomic_write("x.bin") as handle:
-            handle.write(b"partial")
-            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError), s3_storage.atomic_write("x.bin") as handle:
+        handle.write(b"partial")
+        raise RuntimeError("crash")
     assert not s3_storage.exists("x.bin")
 
 
@@ -92,10 +91,9 @@ def test_commit_semantics_on_s3(s3_storage: Storage) -> None:
         assert s3_storage.list_committed("ckpt") == []  # written in place, not yet committed
     assert s3_storage.list_committed("ckpt") == ["step_5"]
     assert read_commit(s3_storage, "ckpt/step_5")["files"] == {"model/shard0.bin": 100}
-    with pytest.raises(RuntimeError):
-        with s3_storage.staged_directory("ckpt/step_6") as d:
-            d.write_bytes("model/shard0.bin", b"partial")
-            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError), s3_storage.staged_directory("ckpt/step_6") as d:
+        d.write_bytes("model/shard0.bin", b"partial")
+        raise RuntimeError("crash")
     assert s3_storage.list_committed("ckpt") == ["step_5"]
     assert s3_storage.walk_files("ckpt/step_6") == {}  # the partial files are gone
 

@@ -112,7 +112,9 @@ def test_read_only_identity_fails_the_write_checks(s3_server: SeaweedS3Server, s
     assert "cannot write" in report.result("storage.round_trip").message
 
 
-def test_multinode_probe_on_s3_with_credentials_from_the_environment(s3_server: SeaweedS3Server, s3_bucket: str) -> None:
+def test_multinode_probe_on_s3_with_credentials_from_the_environment(
+    s3_server: SeaweedS3Server, s3_bucket: str
+) -> None:
     report = validate_storage(
         f"s3://{s3_bucket}/runs", env=s3_server.env(), thresholds=FAST, nodes=2, runner=LocalProcessRunner()
     )

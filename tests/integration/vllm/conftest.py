@@ -20,8 +20,8 @@ for _helpers in (Path(__file__).parent, Path(__file__).resolve().parents[1] / "i
     if str(_helpers) not in sys.path:
         sys.path.insert(0, str(_helpers))
 
-import vllm_test_server
-from vllm_session import VLLMSession
+import vllm_test_server  # noqa: E402 - importable only once its folder is on sys.path (above)
+from vllm_session import VLLMSession  # noqa: E402 - likewise
 
 HERE = Path(__file__).parent
 

@@ -37,9 +37,12 @@ def test_generate_with_logprobs_matches_transformers(vllm: VLLMSession) -> None:
     sampled = SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True)
     first, again, other_seed, greedy_resp = generate(
         vllm,
-        [ModelRequest(PROMPT, sampled), ModelRequest(PROMPT, sampled),
-         ModelRequest(PROMPT, SamplingParams(max_new_tokens=16, temperature=0.8, seed=4, ignore_eos=True)),
-         ModelRequest(PROMPT, greedy(16))],
+        [
+            ModelRequest(PROMPT, sampled),
+            ModelRequest(PROMPT, sampled),
+            ModelRequest(PROMPT, SamplingParams(max_new_tokens=16, temperature=0.8, seed=4, ignore_eos=True)),
+            ModelRequest(PROMPT, greedy(16)),
+        ],
     )
     for resp in (first, greedy_resp):
         assert resp.stop_reason == "length" and resp.output_len == 16
@@ -90,8 +93,14 @@ def test_collective_update_with_buckets_splitting_layers(vllm: VLLMSession) -> N
 
 
 def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: VLLMSession) -> None:
-    body = {"model": SERVED_NAME, "prompt": PROMPT, "temperature": 0.0, "ignore_eos": True,
-            "return_token_ids": True, "max_tokens": 900}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPT,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "max_tokens": 900,
+    }
 
     async def scenario():
         async with httpx.AsyncClient(base_url=f"http://{vllm.server.address}", timeout=120.0) as http:
@@ -126,8 +135,11 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
 
     async def scenario():
         async with vllm.client() as client:
-            tasks, partial = await start_and_pause(client, lambda: [
-                asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs], n)
+            tasks, partial = await start_and_pause(
+                client,
+                lambda: [asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs],
+                n,
+            )
             await client.resume()
             return partial, await asyncio.gather(*tasks)
 
@@ -153,7 +165,8 @@ def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> Non
 
         async with vllm.client() as client:
             tasks, partial = await start_and_pause(
-                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n)
+                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n
+            )
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
             return partial, await asyncio.gather(*tasks)

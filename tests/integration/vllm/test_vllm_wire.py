@@ -36,8 +36,14 @@ print(json.dumps({
 
 @pytest.fixture(scope="module")
 def vllm_schema() -> dict:
-    out = subprocess.run([str(VLLM_PYTHON), "-c", _SCHEMA], check=False, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONSAFEPATH": "1"})
+    out = subprocess.run(
+        [str(VLLM_PYTHON), "-c", _SCHEMA],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

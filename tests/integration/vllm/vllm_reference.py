@@ -38,8 +38,13 @@ def output_logprobs(
 
 
 def check_against_model(
-    model_dir: Path, prompt: Sequence[int], output: Sequence[int], logprobs: Sequence[float],
-    *, temperature: float = 0.0, greedy: bool = True,
+    model_dir: Path,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    logprobs: Sequence[float],
+    *,
+    temperature: float = 0.0,
+    greedy: bool = True,
 ) -> None:
     """Assert that ``output`` (with ``logprobs``) is what the model at ``model_dir`` produces."""
     assert len(output) == len(logprobs) > 0
@@ -53,4 +58,3 @@ def check_against_model(
     if greedy:
         gap = logits.max(dim=-1).values - logits.gather(1, chosen.view(-1, 1)).view(-1)
         assert bool((gap <= TIE_TOL).all()), f"tokens are not {model_dir.name}'s greedy choice: gaps {gap.tolist()}"
-

@@ -30,8 +30,9 @@ class VLLMSession:
     def client(self) -> RemoteInferenceEngine:
         """A client of the server at the current version (use it as ``async with``)."""
         config = ClientConfig(request_timeout_s=120.0, max_retries=2, retry_backoff_s=0.05)
-        return RemoteInferenceEngine([self.server.address], make_adapter("vllm", model=SERVED_NAME), config,
-                                     version=self.version)
+        return RemoteInferenceEngine(
+            [self.server.address], make_adapter("vllm", model=SERVED_NAME), config, version=self.version
+        )
 
     def publish(self, model_dir: Path) -> tuple[Path, int]:
         """Write ``model_dir``'s weights as the trainer does (sharded, atomic); return (dir, next version)."""

@@ -84,9 +84,11 @@ def _server_command(model_dir: Path):
     cfg.rollout.server.python = str(VLLM_PYTHON)
     cfg.rollout.server.context_length = 1024
     cfg.rollout.server.extra_args = [
-        "--served-model-name", SERVED_NAME,
+        "--served-model-name",
+        SERVED_NAME,
         "--enforce-eager",
-        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+        "--kv-cache-memory-bytes",
+        str(KV_CACHE_BYTES),
     ]
     command = build_server_command(cfg, str(model_dir))
     env = {**command.env, "TOKENIZERS_PARALLELISM": "false"}
@@ -107,8 +109,15 @@ def _start(workdir: Path) -> Iterator[VLLMServer]:
 
     model = vllm_tiny_model(0)
     with LocalScheduler(workdir / "run", devices=[], handle_signals=False) as scheduler:
-        fleet = ServerFleet(scheduler, _server_command(model), 1, name="vllm", hide_devices=True,
-                            startup_timeout_s=START_TIMEOUT_S, max_restarts=0)
+        fleet = ServerFleet(
+            scheduler,
+            _server_command(model),
+            1,
+            name="vllm",
+            hide_devices=True,
+            startup_timeout_s=START_TIMEOUT_S,
+            max_restarts=0,
+        )
         with fleet:
             (address,) = fleet.addresses
             (info,) = scheduler.status(fleet.group_name(0))

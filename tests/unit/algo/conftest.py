@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -53,7 +54,7 @@ def split_batch(batch: Batch, bounds: Sequence[int]) -> list[Batch]:
     """Micro-batches of whole sequences: ``bounds`` are sequence indices, e.g. ``[0, 2, 5, 8]``."""
     cu = batch["cu_seqlens"].long()
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         t0, t1 = int(cu[lo]), int(cu[hi])
         mb: Batch = {}
         for key, value in batch.items():

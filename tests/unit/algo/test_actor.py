@@ -19,7 +19,7 @@ from areal_tasks.errors import AlgorithmError
 def _setup(make_batch: Callable, **overrides: object) -> tuple:
     algo = build_algorithm(GRPOConfig(loss_agg_mode="token_mean", **overrides))
     batch = algo.compute_advantages(make_batch())
-    logp = (batch["logprobs"] + 0.1 * torch.randn(batch["logprobs"].shape, generator=torch.Generator().manual_seed(3)))
+    logp = batch["logprobs"] + 0.1 * torch.randn(batch["logprobs"].shape, generator=torch.Generator().manual_seed(3))
     return algo, batch, logp.requires_grad_(True)
 
 
@@ -112,5 +112,7 @@ def test_kl_loss_term(make_batch: Callable) -> None:
 def test_stats_are_plain_floats(make_batch: Callable) -> None:
     algo, batch, logp = _setup(make_batch)
     _, stats = algo.actor_loss_fn({"logprobs": logp, "entropy": torch.rand(logp.shape)}, batch)
-    assert {"loss", "pg_loss", "clip_frac", "approx_kl", "behav_weight_mean", "behav_weight_max", "entropy"} <= set(stats)
+    assert {"loss", "pg_loss", "clip_frac", "approx_kl", "behav_weight_mean", "behav_weight_max", "entropy"} <= set(
+        stats
+    )
     assert all(type(v) is float for v in stats.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -47,11 +49,12 @@ def test_weighted_micro_batches_reproduce_full_batch_loss_and_gradient(mode: str
     full = aggregate_loss(per_token(theta), mask, cu, mode, constant=8)
     (grad_full,) = torch.autograd.grad(full, theta)
     bounds = [0, 2, 3, 6]
-    mbs = [(int(cu[a]), int(cu[b]), cu[a : b + 1] - cu[a]) for a, b in zip(bounds[:-1], bounds[1:])]
+    mbs = [(int(cu[a]), int(cu[b]), cu[a : b + 1] - cu[a]) for a, b in itertools.pairwise(bounds)]
     total_weight = sum(loss_weight(mask[t0:t1], c, mode, constant=8) for t0, t1, c in mbs)
     total = sum(
         aggregate_loss(per_token(theta[t0:t1]), mask[t0:t1], c, mode, constant=8)
-        * loss_weight(mask[t0:t1], c, mode, constant=8) / total_weight
+        * loss_weight(mask[t0:t1], c, mode, constant=8)
+        / total_weight
         for t0, t1, c in mbs
     )
     (grad_split,) = torch.autograd.grad(total, theta)

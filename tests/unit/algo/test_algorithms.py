@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -29,7 +30,7 @@ def _seq_adv(batch: dict, adv: torch.Tensor) -> list[float]:
     """The single advantage each sequence carries on its trained tokens (asserts it is constant)."""
     out = []
     cu, mask = batch["cu_seqlens"].tolist(), batch["loss_mask"]
-    for lo, hi in zip(cu[:-1], cu[1:]):
+    for lo, hi in itertools.pairwise(cu):
         vals = adv[lo:hi][mask[lo:hi]]
         assert torch.allclose(vals, vals[0].expand_as(vals))
         assert torch.all(adv[lo:hi][~mask[lo:hi]] == 0)

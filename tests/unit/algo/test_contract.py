@@ -88,9 +88,7 @@ def test_one_or_three_micro_batches_give_the_same_loss_and_gradient(
         outputs = _outputs(batch)
         mbs = split({**batch, **{f"out_{k}": v for k, v in outputs.items()}}, [0, 3, 4, 8])
         total_weight = sum(weight_fn(mb) for mb in mbs)
-        total = sum(
-            loss_fn({k: mb[f"out_{k}"] for k in outputs}, mb)[0] * weight_fn(mb) / total_weight for mb in mbs
-        )
+        total = sum(loss_fn({k: mb[f"out_{k}"] for k in outputs}, mb)[0] * weight_fn(mb) / total_weight for mb in mbs)
         (grad_split,) = torch.autograd.grad(total, outputs[key])
         assert total.item() == pytest.approx(full.item(), rel=1e-5, abs=1e-7)
         assert torch.allclose(grad_split, grad_full, atol=1e-6)

@@ -29,8 +29,13 @@ def test_overlong_penalty_is_dapo_piecewise_ramp() -> None:
 
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal() -> None:
-    groups = [torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.0, 1.0, 0.0]), torch.tensor([0.0, 0.0]),
-              torch.tensor([0.7]), torch.tensor([0.2, 0.3])]
+    groups = [
+        torch.tensor([1.0, 1.0, 1.0]),
+        torch.tensor([0.0, 1.0, 0.0]),
+        torch.tensor([0.0, 0.0]),
+        torch.tensor([0.7]),
+        torch.tensor([0.2, 0.3]),
+    ]
     assert informative_groups(groups).tolist() == [False, True, False, False, True]
 
 

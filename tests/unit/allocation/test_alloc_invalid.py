@@ -63,7 +63,12 @@ INVALID = [
     ("megatron:t2p2t2", "dim 't' given twice", "each dim once", 13),
     ("fsdp:d0", "dim 'd0' is zero", "at least 1", 5),
     ("sglang:d2t0+fsdp:d2", "dim 't0' is zero", "at least 1", 9),
-    ("fsdp:d4p2", "FSDP has no pipeline parallelism", "use megatron (or archon) for pipeline parallelism, or drop p", 7),
+    (
+        "fsdp:d4p2",
+        "FSDP has no pipeline parallelism",
+        "use megatron (or archon) for pipeline parallelism, or drop p",
+        7,
+    ),
     ("fsdp:d4e2", "FSDP has no expert parallelism", "use megatron or archon", 7),
     ("sglang:d2c2+fsdp:d4", "sglang takes no context-parallel dim (c)", "drop c", 9),
     ("vllm:e2+fsdp:d4", "vllm takes no expert-parallel dim (e)", "drop e", 5),

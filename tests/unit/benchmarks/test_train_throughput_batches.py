@@ -29,7 +29,7 @@ def test_fill_keeps_exactly_the_named_micro_batches(seed: int) -> None:
     # kept sequences keep their tokens, in order
     starts = batch["cu_seqlens"][:-1].tolist()
     first = filled["input_ids"][: sequence_lengths(filled)[0]]
-    assert any(torch.equal(batch["input_ids"][s:s + len(first)], first) for s in starts)
+    assert any(torch.equal(batch["input_ids"][s : s + len(first)], first) for s in starts)
 
 
 def test_fill_leaves_a_batch_that_already_fits() -> None:

@@ -32,6 +32,7 @@ def test_one_job_in_flight_and_a_second_submit_waits():
             events.append(f"end {name}")
             running.remove(name)
             return name
+
         return run
 
     first = saver.submit(job("a", release))
@@ -73,7 +74,9 @@ def test_staged_copy_is_independent():
     live["w"].add_(1)
     live["opt"]["step"].add_(1)
     live["opt"]["lr"][0] = 0.2
-    assert torch.equal(staged["w"], torch.ones(4)) and float(staged["opt"]["step"]) == 1.0 and staged["opt"]["lr"] == [0.1]
+    assert (
+        torch.equal(staged["w"], torch.ones(4)) and float(staged["opt"]["step"]) == 1.0 and staged["opt"]["lr"] == [0.1]
+    )
     assert state_nbytes(staged) == 4 * 4 + 4
 
 

@@ -39,7 +39,7 @@ def _state(seed: int = 0) -> dict:
 def _zeros_like(state: dict) -> dict:
     out = {}
     for key, value in state.items():
-        out[key] = torch.zeros_like(value) if isinstance(value, torch.Tensor) else {k: None for k in value}
+        out[key] = torch.zeros_like(value) if isinstance(value, torch.Tensor) else dict.fromkeys(value)
     return out
 
 

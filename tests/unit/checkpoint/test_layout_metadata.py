@@ -22,8 +22,14 @@ def test_step_directories_and_run_key():
 
 def test_metadata_round_trip_and_validation():
     meta = CheckpointMetadata(
-        step=4, epoch=1, version=4, metrics={"loss": 0.5}, parent=3, incremental=True,
-        references={"step_1": ["dcp/rank-00000.distcp"]}, sizes=ByteCounts(100, 40, 60),
+        step=4,
+        epoch=1,
+        version=4,
+        metrics={"loss": 0.5},
+        parent=3,
+        incremental=True,
+        references={"step_1": ["dcp/rank-00000.distcp"]},
+        sizes=ByteCounts(100, 40, 60),
         files={"a.json": FileInfo(3, "ab")},
     )
     assert CheckpointMetadata.from_json(meta.to_json()) == meta

@@ -18,8 +18,13 @@ def _run(engine, manager, steps, *, save_every=1, metrics=None):
     for step in steps:
         losses.append(engine.train_step())
         if step % save_every == 0:
-            state = TrainerState(step=step, epoch=step // 3, version=engine.get_version(),
-                                 dataloader={"index": step * 16}, executor={"stale": [step, 0]})
+            state = TrainerState(
+                step=step,
+                epoch=step // 3,
+                version=engine.get_version(),
+                dataloader={"index": step * 16},
+                executor={"stale": [step, 0]},
+            )
             manager.save(step, {"actor": engine}, state, (metrics or {}).get(step, {"loss": losses[-1]})).wait()
     return losses
 
@@ -30,8 +35,9 @@ def test_resume_is_bit_identical(storage_url, toy_engine, make_manager):
     expected_params = straight.params()
 
     first = toy_engine(seed=0)
-    manager = make_manager(storage_url.replace("store", "store2") if "store" in storage_url else storage_url + "-2",
-                           keep_last=10)
+    manager = make_manager(
+        storage_url.replace("store", "store2") if "store" in storage_url else storage_url + "-2", keep_last=10
+    )
     got = _run(first, manager, range(1, 4), save_every=3)
     resumed = toy_engine(seed=123)  # different init and RNG: everything must come from the checkpoint
     state = manager.recover("auto", {"actor": resumed})
@@ -137,7 +143,11 @@ def test_incremental_references_frozen_weights_and_prune_keeps_them(storage_url,
     assert meta.sizes.referenced >= embedding_bytes
     data_size = meta.files["dcp/rank-00000.distcp"].size
     n_items = len(json.loads(manager.layout.storage.read_text("step_3/dcp/index.json"))["items"])
-    assert meta.sizes.logical - meta.sizes.referenced <= data_size < meta.sizes.logical - meta.sizes.referenced + 64 * n_items
+    assert (
+        meta.sizes.logical - meta.sizes.referenced
+        <= data_size
+        < meta.sizes.logical - meta.sizes.referenced + 64 * n_items
+    )
     # step_2 referenced nothing of its own that step_3 reuses beyond step_1's data: it is gone
     assert [i.dir for i in manager.list()] == ["step_1", "step_3"]
     assert not manager.layout.storage.exists(f"step_1/{COMPLETE_MARKER}")
@@ -176,8 +186,12 @@ def test_verified_load_detects_corruption(file_url, toy_engine, make_manager, tm
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="sha256"):
-        dcp_load(sharded_state_dict({"actor": engine}), StorageDCPReader(manager.layout.storage, "step_1", verify=True),
-                 None, False)
+        dcp_load(
+            sharded_state_dict({"actor": engine}),
+            StorageDCPReader(manager.layout.storage, "step_1", verify=True),
+            None,
+            False,
+        )
 
 
 def test_saving_before_the_first_step_changes_nothing(file_url, toy_engine, make_manager):

@@ -53,5 +53,8 @@ def test_prune_protects_and_refuses_dangling_references():
     plan = plan_prune(directories, {2: ({}, {})}, RetentionPolicy(keep_last=1), protect=["step_3"])
     assert plan == PrunePlan(kept={2: ["last"]}, delete=["step_1"], strip={})
     with pytest.raises(CheckpointError, match="missing"):
-        plan_prune({"step_1": [], "step_2": ["_COMPLETE"]}, {2: ({}, {"step_1": ["dcp/rank-00000.distcp"]})},
-                   RetentionPolicy(keep_last=1))
+        plan_prune(
+            {"step_1": [], "step_2": ["_COMPLETE"]},
+            {2: ({}, {"step_1": ["dcp/rank-00000.distcp"]})},
+            RetentionPolicy(keep_last=1),
+        )

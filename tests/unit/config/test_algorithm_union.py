@@ -71,7 +71,7 @@ class _Shape:
     name: str = "circle"
 
     @classmethod
-    def variant_class(cls, name: str) -> type["_Shape"]:
+    def variant_class(cls, name: str) -> type[_Shape]:
         variants: dict[str, type[_Shape]] = {"circle": _Circle, "square": _Square}
         if name not in variants:
             raise ConfigError(f"unknown shape {name!r}")

@@ -29,14 +29,19 @@ def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
 
 def test_validate_ok_prints_hash(run, repo_root: Path, tmp_path: Path) -> None:
     recipe = str(repo_root / "configs" / "demo_grpo.yaml")
-    code, out, err = run("config", "validate", recipe, f"experiment.run_dir={tmp_path}")
+    code, out, _err = run("config", "validate", recipe, f"experiment.run_dir={tmp_path}")
     expected = config_hash(load_config(recipe, [f"experiment.run_dir={tmp_path}"]))
     assert (code, out) == (0, f"OK: {recipe} ({expected})\n")
 
 
 def test_validate_invalid_lists_problems_on_stderr(run, repo_root: Path) -> None:
-    code, out, err = run("config", "validate", str(repo_root / "configs" / "demo_grpo.yaml"),
-                         "train.batch_size=10", "rollout.sampling.top_p=0")
+    code, out, err = run(
+        "config",
+        "validate",
+        str(repo_root / "configs" / "demo_grpo.yaml"),
+        "train.batch_size=10",
+        "rollout.sampling.top_p=0",
+    )
     assert code == 2 and out == ""
     assert err.startswith("areal config: error: invalid configuration (3 problems):")
     for field in ("train.batch_size", "rollout.sampling.top_p", "actor.micro_batch.granularity"):
@@ -68,8 +73,13 @@ def test_show_defaults_with_override_prints_loadable_yaml(run, tmp_path: Path) -
 
 
 def test_write_flag_writes_run_dir_config(run, tmp_path: Path) -> None:
-    code, out, _ = run("config", "validate", "--write", str(Path(__file__).resolve().parents[3] / "configs" / "base.yaml"),
-                       f"experiment.run_dir={tmp_path}")
+    code, out, _ = run(
+        "config",
+        "validate",
+        "--write",
+        str(Path(__file__).resolve().parents[3] / "configs" / "base.yaml"),
+        f"experiment.run_dir={tmp_path}",
+    )
     assert code == 0
     assert (tmp_path / "config.yaml").is_file()
     assert f"wrote {tmp_path / 'config.yaml'}" in out

@@ -51,8 +51,10 @@ def test_every_section_table_matches_its_dataclass(repo_root: Path) -> None:
     for name in sorted(documented):
         cls = getattr(config_pkg, name)
         types = field_types(cls)
-        expected = [(f.name, type_name(types[f.name]).replace(" | ", " or "), expected_default(f))
-                    for f in dataclasses.fields(cls)]
+        expected = [
+            (f.name, type_name(types[f.name]).replace(" | ", " or "), expected_default(f))
+            for f in dataclasses.fields(cls)
+        ]
         assert tables[name] == expected, f"docs/configuration.md table for {name} is out of date"
 
 

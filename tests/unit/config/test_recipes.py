@@ -13,7 +13,9 @@ def test_base_yaml_equals_schema_defaults(repo_root: Path) -> None:
     assert load_config(repo_root / "configs" / "base.yaml") == load_config()
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
+)
 def test_every_recipe_validates(repo_root: Path, name: str) -> None:
     load_config(repo_root / "configs" / name)
 

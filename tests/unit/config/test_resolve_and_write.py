@@ -41,12 +41,20 @@ def test_explicit_storage_url_is_kept(tmp_path: Path) -> None:
 
 
 def test_write_resolved_round_trip(tmp_path: Path) -> None:
-    overrides = [f"experiment.run_dir={tmp_path / 'run'}", "algorithm.name=dapo", "rollout.sampling.stop=['1e-6', 'true']",
-                 "storage.options={key: 'null', n: 2}", "ref.optimizer.lr=3e-7", "actor.lora.target_modules=[q]"]
+    overrides = [
+        f"experiment.run_dir={tmp_path / 'run'}",
+        "algorithm.name=dapo",
+        "rollout.sampling.stop=['1e-6', 'true']",
+        "storage.options={key: 'null', n: 2}",
+        "ref.optimizer.lr=3e-7",
+        "actor.lora.target_modules=[q]",
+    ]
     cfg = load_config(None, overrides)
     path = write_resolved(cfg)
     assert path == tmp_path / "run" / "config.yaml"
-    assert path.read_text(encoding="utf-8").startswith(f"# resolved configuration written by areal-tasks; config_hash: {config_hash(cfg)}")
+    assert path.read_text(encoding="utf-8").startswith(
+        f"# resolved configuration written by areal-tasks; config_hash: {config_hash(cfg)}"
+    )
     again = load_config(path)
     assert again == cfg
     assert config_hash(again) == config_hash(cfg)

@@ -26,35 +26,59 @@ CASES: list[tuple[list[str], str]] = [
     # allocation
     (["allocation=embedded:d1+"], "allocation: invalid allocation spec"),
     (["allocation=vllm:d1+fsdp:d1"], "rollout.backend: must match the allocation's inference backend 'vllm'"),
-    (["allocation=embedded:d1+megatron:d1", "cluster.gpus_per_node=8"],
-     "actor.backend: must match the allocation's training backend 'megatron'"),
-    (["allocation=embedded:d2+fsdp:d4", "cluster.gpus_per_node=4"],
-     "allocation: 'embedded:d2+fsdp:d4' needs 6 GPUs but the cluster has cluster.nodes * cluster.gpus_per_node = 4"),
+    (
+        ["allocation=embedded:d1+megatron:d1", "cluster.gpus_per_node=8"],
+        "actor.backend: must match the allocation's training backend 'megatron'",
+    ),
+    (
+        ["allocation=embedded:d2+fsdp:d4", "cluster.gpus_per_node=4"],
+        "allocation: 'embedded:d2+fsdp:d4' needs 6 GPUs but the cluster has cluster.nodes * cluster.gpus_per_node = 4",
+    ),
     (["allocation=embedded:d1+fsdp:d3"], "allocation: the actor's data-parallel size d3 must divide"),
     (["allocation=fsdp:d1"], "allocation: 'fsdp:d1' has no inference component"),
     (["allocation=embedded:d1"], "allocation: 'embedded:d1' has no training component"),
-    (["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1", "rollout.weight_update=collective"],
-     "rollout.weight_update: 'collective' cannot reach servers on the trainer's own GPUs"),
-    (["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.weight_update=shared"],
-     "rollout.weight_update: 'shared' needs the embedded inference server; 'vllm' servers cannot read"),
-    (["allocation=embedded:d1+fsdp:d1", "cluster.gpus_per_node=2", "rollout.weight_update=shared"],
-     "rollout.weight_update: 'shared' reads the trainer's buffers on its own GPUs, but in 'embedded:d1+fsdp:d1'"),
-    (["allocation=embedded:d2+fsdp:d2", "cluster.nodes=2", "rollout.weight_update=shared"],
-     "rollout.weight_update: 'shared' on CPU reads one file on the trainer's host, but cluster.nodes is 2"),
+    (
+        [
+            "allocation=embedded[rollout]:d1|fsdp[actor]:d1",
+            "cluster.gpus_per_node=1",
+            "rollout.weight_update=collective",
+        ],
+        "rollout.weight_update: 'collective' cannot reach servers on the trainer's own GPUs",
+    ),
+    (
+        ["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.weight_update=shared"],
+        "rollout.weight_update: 'shared' needs the embedded inference server; 'vllm' servers cannot read",
+    ),
+    (
+        ["allocation=embedded:d1+fsdp:d1", "cluster.gpus_per_node=2", "rollout.weight_update=shared"],
+        "rollout.weight_update: 'shared' reads the trainer's buffers on its own GPUs, but in 'embedded:d1+fsdp:d1'",
+    ),
+    (
+        ["allocation=embedded:d2+fsdp:d2", "cluster.nodes=2", "rollout.weight_update=shared"],
+        "rollout.weight_update: 'shared' on CPU reads one file on the trainer's host, but cluster.nodes is 2",
+    ),
     (["allocation=sglang:d1+fsdp:d1", "rollout.backend=sglang"], "backend 'sglang' needs GPUs"),
-    (["allocation=embedded[rollout]:d1+fsdp[actor]:d1+fsdp[critic]:d1"],
-     "critic: the allocation places a 'critic' component"),
+    (
+        ["allocation=embedded[rollout]:d1+fsdp[actor]:d1+fsdp[critic]:d1"],
+        "critic: the allocation places a 'critic' component",
+    ),
     # lengths
-    (["actor.micro_batch.max_tokens_per_mb=100"],
-     "actor.micro_batch.max_tokens_per_mb: must fit one whole sequence (dataset.max_prompt_len + "
-     "rollout.sampling.max_new_tokens = 512), got 100"),
+    (
+        ["actor.micro_batch.max_tokens_per_mb=100"],
+        "actor.micro_batch.max_tokens_per_mb: must fit one whole sequence (dataset.max_prompt_len + "
+        "rollout.sampling.max_new_tokens = 512), got 100",
+    ),
     (["ref.micro_batch.max_tokens_per_mb=100"], "ref.micro_batch.max_tokens_per_mb: must fit one whole sequence"),
-    (["actor.micro_batch.max_tokens_per_mb=1024", "actor.micro_batch.memory_budget_gb=4"],
-     "actor.micro_batch: set max_tokens_per_mb or memory_budget_gb"),
+    (
+        ["actor.micro_batch.max_tokens_per_mb=1024", "actor.micro_batch.memory_budget_gb=4"],
+        "actor.micro_batch: set max_tokens_per_mb or memory_budget_gb",
+    ),
     (["rollout.server.context_length=300"], "rollout.server.context_length: must be >= dataset.max_prompt_len"),
     (["actor.lr_schedule.warmup_steps=100"], "actor.lr_schedule.warmup_steps: must be < train.total_steps=100"),
-    (["actor.lr_schedule.warmup_steps=5", "actor.lr_schedule.warmup_ratio=0.1"],
-     "actor.lr_schedule: set warmup_steps or warmup_ratio, not both"),
+    (
+        ["actor.lr_schedule.warmup_steps=5", "actor.lr_schedule.warmup_ratio=0.1"],
+        "actor.lr_schedule: set warmup_steps or warmup_ratio, not both",
+    ),
     # rollout
     (["rollout.max_head_offpolicyness=-1"], "rollout.max_head_offpolicyness: must be >= 0"),
     (["rollout.max_concurrent_rollouts=2"], "rollout.max_concurrent_rollouts: must be >= rollout.group_size=4"),
@@ -74,8 +98,10 @@ CASES: list[tuple[list[str], str]] = [
     (["rollout.server.max_restarts=-1"], "rollout.server.max_restarts: must be >= 0"),
     (["rollout.server.api_key_env=sk-123"], "rollout.server.api_key_env: must name an environment variable"),
     (["rollout.server.admin_api_key_env='9LIVES'"], "rollout.server.admin_api_key_env: must name an environment"),
-    (["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.server.admin_api_key_env=ADMIN"],
-     "rollout.server.admin_api_key_env: vLLM has no admin key"),
+    (
+        ["allocation=vllm:d1+fsdp:d1", "rollout.backend=vllm", "rollout.server.admin_api_key_env=ADMIN"],
+        "rollout.server.admin_api_key_env: vLLM has no admin key",
+    ),
     # engines
     (["actor.optimizer.lr=0"], "actor.optimizer.lr: must be > 0"),
     (["actor.optimizer.beta2=1"], "actor.optimizer.beta2: must be >= 0 and < 1"),
@@ -127,7 +153,9 @@ def test_defaults_are_valid() -> None:
 
 
 def test_ppo_with_critic_and_ref_is_valid() -> None:
-    cfg = load_config(None, ["algorithm.name=ppo", "critic.value_head=true", "algorithm.kl_coef=0.01", "ref.backend=fsdp"])
+    cfg = load_config(
+        None, ["algorithm.name=ppo", "critic.value_head=true", "algorithm.kl_coef=0.01", "ref.backend=fsdp"]
+    )
     assert cfg.critic is not None and cfg.ref is not None
 
 
@@ -157,10 +185,17 @@ def test_ref_optimizer_is_not_checked_because_ref_does_not_train() -> None:
 
 
 def test_group_algorithms() -> None:
-    names = {name: uses_groups(load_config(None, [f"algorithm.name={name}", *extra]).algorithm)
-             for name, extra in [("grpo", []), ("dapo", []), ("rloo", []), ("gspo", []),
-                                 ("ppo", ["critic.value_head=true"]),
-                                 ("reinforce_plus_plus", ["ref.backend=fsdp"])]}
+    names = {
+        name: uses_groups(load_config(None, [f"algorithm.name={name}", *extra]).algorithm)
+        for name, extra in [
+            ("grpo", []),
+            ("dapo", []),
+            ("rloo", []),
+            ("gspo", []),
+            ("ppo", ["critic.value_head=true"]),
+            ("reinforce_plus_plus", ["ref.backend=fsdp"]),
+        ]
+    }
     assert names == {"grpo": True, "dapo": True, "rloo": True, "gspo": True, "ppo": False, "reinforce_plus_plus": False}
 
 
@@ -211,8 +246,12 @@ def test_a_fixed_sampling_seed_with_groups_is_refused() -> None:
 
 def test_colocation_with_disk_updates_and_on_cpu_is_valid() -> None:
     validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "cluster.gpus_per_node=1"]))
-    validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1",
-                                       "rollout.weight_update=collective"]))  # CPU: gloo between processes
+    validate_config(
+        load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "rollout.weight_update=collective"])
+    )  # CPU: gloo between processes
     for cpu_or_gpu in (["cluster.gpus_per_node=1"], []):  # CUDA IPC on the shared GPU; a /dev/shm file on CPU
-        validate_config(load_config(None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1",
-                                           "rollout.weight_update=shared", *cpu_or_gpu]))
+        validate_config(
+            load_config(
+                None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "rollout.weight_update=shared", *cpu_or_gpu]
+            )
+        )

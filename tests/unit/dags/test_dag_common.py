@@ -17,12 +17,22 @@ import areal_dag_common as common  # noqa: E402
 
 
 def test_job_overrides_keep_unset_params_and_apply_extra_last() -> None:
-    params = {"model": "tiny:qwen2", "dataset": None, "algorithm": "ppo", "max_steps": 23, "sft_steps": 0,
-              "storage_url": "", "extra_overrides": ["actor.optimizer.lr=1e-5"]}  # fmt: skip
+    params = {
+        "model": "tiny:qwen2",
+        "dataset": None,
+        "algorithm": "ppo",
+        "max_steps": 23,
+        "sft_steps": 0,
+        "storage_url": "",
+        "extra_overrides": ["actor.optimizer.lr=1e-5"],
+    }
     assert common.job_overrides(params) == [
-        "model.path=tiny:qwen2", "algorithm.name=ppo", "train.total_steps=23", "train.sft_warmup_steps=0",
+        "model.path=tiny:qwen2",
+        "algorithm.name=ppo",
+        "train.total_steps=23",
+        "train.sft_warmup_steps=0",
         "actor.optimizer.lr=1e-5",
-    ]  # fmt: skip
+    ]
 
 
 def test_job_overrides_refuse_an_extra_override_without_a_value() -> None:
@@ -65,11 +75,22 @@ def test_default_run_dir_is_per_dag_run_and_filesystem_safe(monkeypatch: pytest.
 
 
 def _context(try_number: int, max_tries: int, task_id: str = "train") -> dict:
-    ti = SimpleNamespace(task_id=task_id, map_index=-1, try_number=try_number, max_tries=max_tries,
-                         dag_id="areal_rl_training", run_id="manual__x", log_url="http://127.0.0.1:8080/log")  # fmt: skip
+    ti = SimpleNamespace(
+        task_id=task_id,
+        map_index=-1,
+        try_number=try_number,
+        max_tries=max_tries,
+        dag_id="areal_rl_training",
+        run_id="manual__x",
+        log_url="http://127.0.0.1:8080/log",
+    )
     task = SimpleNamespace(retry_delay=timedelta(seconds=60), retry_exponential_backoff=2.0)
-    return {"ti": ti, "task": task, "exception": RuntimeError("job areal__x failed: worker exited 1"),
-            "params": {"config": "configs/demo_grpo.yaml", "model": None}}  # fmt: skip
+    return {
+        "ti": ti,
+        "task": task,
+        "exception": RuntimeError("job areal__x failed: worker exited 1"),
+        "params": {"config": "configs/demo_grpo.yaml", "model": None},
+    }
 
 
 def test_retry_summary_says_what_failed_and_that_the_job_resumes() -> None:

@@ -8,6 +8,7 @@ that pulls in torch or transformers makes every parse cost seconds. The parse ti
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ DAG_IDS = {"areal_rl_training", "areal_scheduled_retraining", "areal_checkpoint_
 HEAVY = ("torch", "transformers", "peft", "mlflow")
 
 PARSE_SCRIPT = textwrap.dedent(
-    """
+    f"""
     import json, sys, time
     started = time.perf_counter()
     from airflow.dag_processing.dagbag import BundleDagBag
@@ -34,31 +35,30 @@ PARSE_SCRIPT = textwrap.dedent(
     def seconds(value):
         return None if value is None else value.total_seconds()
 
-    dags = {}
+    dags = {{}}
     for dag_id, dag in bag.dags.items():
-        dags[dag_id] = {
+        dags[dag_id] = {{
             "fileloc": dag.fileloc,
-            "params": {name: {"value": param.value if param.has_value else None,
-                              "description": param.description, "schema": param.schema}
-                       for name, param in dag.params.items()},
+            "params": {{name: {{"value": param.value if param.has_value else None,
+                              "description": param.description, "schema": param.schema}}
+                       for name, param in dag.params.items()}},
             "has_failure_callback": bool(dag.has_on_failure_callback),
-            "tasks": {t.task_id: {"retries": t.retries,
+            "tasks": {{t.task_id: {{"retries": t.retries,
                                   "retry_exponential_backoff": t.retry_exponential_backoff,
                                   "retry_delay_s": seconds(t.retry_delay),
                                   "execution_timeout_s": seconds(t.execution_timeout),
                                   "on_failure_callback": bool(t.on_failure_callback),
                                   "on_retry_callback": bool(t.on_retry_callback),
-                                  "upstream": sorted(t.upstream_task_ids)} for t in dag.tasks},
-        }
-    print(json.dumps({
-        "import_errors": {k: str(v) for k, v in bag.import_errors.items()},
+                                  "upstream": sorted(t.upstream_task_ids)}} for t in dag.tasks}},
+        }}
+    print(json.dumps({{
+        "import_errors": {{k: str(v) for k, v in bag.import_errors.items()}},
         "dags": dags,
         "airflow_import_s": imported - started,
         "parse_s": parsed - imported,
-        "heavy": sorted(m for m in %r if m in sys.modules),
-    }))
+        "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules),
+    }}))
     """
-    % (HEAVY,)
 )
 
 
@@ -76,8 +76,9 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "AREAL_DAG_RETRY_DELAY_S": "7",
         "PYTHONPATH": str(ROOT),
     }
-    out = subprocess.run([sys.executable, "-c", PARSE_SCRIPT, str(DAGS)], cwd=home, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS)], cwd=home, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, f"parsing dags/ crashed:\n{out.stderr[-4000:]}"
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(
@@ -118,8 +119,11 @@ def test_every_param_is_a_documented_typed_form_field(parsed: dict[str, Any]) ->
             types = schema.get("type") if isinstance(schema.get("type"), list) else [schema.get("type")]
             if "integer" in types and ("minimum" not in schema or "maximum" not in schema):
                 problems.append(f"{where}: an integer without minimum/maximum")
-            if "string" in types and not any(k in schema for k in ("enum", "minLength", "maxLength", "pattern")) \
-                    and "null" not in types:
+            if (
+                "string" in types
+                and not any(k in schema for k in ("enum", "minLength", "maxLength", "pattern"))
+                and "null" not in types
+            ):
                 problems.append(f"{where}: a required string without limits (enum/minLength/pattern)")
     assert not problems, "\n".join(problems)
 
@@ -138,8 +142,20 @@ def test_param_defaults_validate_against_their_schemas(parsed: dict[str, Any]) -
 
 
 def test_training_dags_expose_the_job_params(parsed: dict[str, Any]) -> None:
-    wanted = {"config", "model", "dataset", "algorithm", "allocation_mode", "storage_url", "experiment_name",
-              "max_steps", "sft_steps", "eval_prompts", "mlflow_tracking_uri", "registered_model_name"}  # fmt: skip
+    wanted = {
+        "config",
+        "model",
+        "dataset",
+        "algorithm",
+        "allocation_mode",
+        "storage_url",
+        "experiment_name",
+        "max_steps",
+        "sft_steps",
+        "eval_prompts",
+        "mlflow_tracking_uri",
+        "registered_model_name",
+    }
     for dag_id in ("areal_rl_training", "areal_scheduled_retraining"):
         assert wanted <= set(parsed["dags"][dag_id]["params"]), dag_id
     params = parsed["dags"]["areal_rl_training"]["params"]
@@ -184,7 +200,7 @@ def test_a_failed_task_fails_the_run(parsed: dict[str, Any]) -> None:
 def test_training_graph_order(parsed: dict[str, Any]) -> None:
     tasks = parsed["dags"]["areal_rl_training"]["tasks"]
     chain = ["resolve_job", "validate_storage", "detect_model", "provision_cluster", "start_mlflow_run", "train"]
-    for before, after in zip(chain, chain[1:]):
+    for before, after in itertools.pairwise(chain):
         assert before in tasks[after]["upstream"], f"{after} must run after {before}"
     assert "train" in tasks["checkpoints_to_evaluate"]["upstream"]
     assert "evaluate_checkpoint" in tasks["register_model"]["upstream"]

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from areal_tasks.datasets import Record, accuracy, arithmetic_reward, build_demonstrations, extract_answer, format_answer
+from areal_tasks.datasets import (
+    Record,
+    accuracy,
+    arithmetic_reward,
+    build_demonstrations,
+    extract_answer,
+    format_answer,
+)
 from areal_tasks.errors import ConfigError
 
 

@@ -325,6 +325,7 @@ def test_named_volumes(model: dict[str, Any], services: dict[str, Any]) -> None:
     assert declared == {"postgres-data", "seaweedfs-data", "airflow-logs", "areal-runs", "areal-cache"}
     used = {v["source"] for s in services.values() for v in s.get("volumes", []) if v["type"] == "volume"}
     assert used == declared
+
     def named(name: str) -> set[str]:
         return {v["source"] for v in services[name].get("volumes", []) if v["type"] == "volume"}
 
@@ -456,16 +457,22 @@ def test_requirements_from_pyproject() -> None:
     script = ROOT / "docker/requirements_from_pyproject.py"
     ok = subprocess.run(
         [sys.executable, str(script), str(ROOT / "pyproject.toml"), "train,serve,storage"],
-        capture_output=True, text=True, check=False, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=TIMEOUT_S,
+    )
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
     assert "pyyaml>=6" in lines and "s3fs[boto3]==2026.9.0" in lines and any(r.startswith("torch") for r in lines)
     assert not any(r.startswith("pytest") for r in lines), "the dev extra is not installed in the image"
     bad = subprocess.run(
         [sys.executable, str(script), str(ROOT / "pyproject.toml"), "train,trian"],
-        capture_output=True, text=True, check=False, timeout=TIMEOUT_S,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=TIMEOUT_S,
+    )
     assert bad.returncode == 2 and "trian" in bad.stderr and "train" in bad.stderr
 
 
@@ -517,19 +524,25 @@ def test_bucket_job_and_scoped_identities(
     script = ROOT / "docker/create_buckets.py"
     for attempt in ("create", "again, idempotent"):
         result = subprocess.run(
-            [sys.executable, str(script), *job["command"]], env=env, capture_output=True, text=True,
-            timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
+            [sys.executable, str(script), *job["command"]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
         assert result.returncode == 0, f"{attempt}: {result.stderr}"
         assert "buckets ready: areal, mlflow" in result.stdout
 
     def client(service: str):
         service_env = _env(services, service)
         return botocore.session.get_session().create_client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
             aws_access_key_id=service_env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=service_env["AWS_SECRET_ACCESS_KEY"],
-        )  # fmt: skip
+        )
 
     # each service's credentials write and read its own bucket, and are refused on the other one
     for service, own, other in (("airflow-scheduler", "areal", "mlflow"), ("mlflow", "mlflow", "areal")):

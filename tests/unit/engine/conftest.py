@@ -28,8 +28,12 @@ def _packed_batch(seed: int = 0, n_seqs: int = 6, vocab: int = 200) -> dict[str,
     total = int(cu[-1])
     mask = torch.ones(total, dtype=torch.int32)
     mask[cu[:-1].long()] = 0  # a sequence's first token has no prediction to score
-    return {"input_ids": torch.randint(0, vocab, (total,), generator=gen), "cu_seqlens": cu, "loss_mask": mask,
-            "advantages": torch.randn(total, generator=gen)}
+    return {
+        "input_ids": torch.randint(0, vocab, (total,), generator=gen),
+        "cu_seqlens": cu,
+        "loss_mask": mask,
+        "advantages": torch.randn(total, generator=gen),
+    }
 
 
 @pytest.fixture

@@ -76,11 +76,13 @@ class _TorchVarlen:
 @pytest.fixture
 def routed(monkeypatch):
     """(torch's stand-in, the native op's calls), with this torch's varlen API replaced."""
+
     def use(params: set[str]):
         fn, native = _TorchVarlen(), []
         monkeypatch.setattr(attention, "_varlen", (fn, frozenset(params)))
         monkeypatch.setattr(attention, "_gqa_op", lambda *args: native.append(args) or torch.zeros_like(args[0]))
         return fn, native
+
     return use
 
 
@@ -97,7 +99,7 @@ def test_grouped_heads_without_enable_gqa_go_to_the_native_op(routed, scaling) -
     q, k, v, cu = _inputs()
     attention.varlen_packed(q, k, v, cu, 60, scaling=scaling)
     assert not fn.calls
-    (nq, nk, nv, ncu, max_len, scale), = native
+    ((nq, nk, nv, ncu, max_len, scale),) = native
     assert nq is q and nk is k and nv is v  # the query is not pre-scaled, the heads not repeated
     assert ncu.dtype == torch.int32 and max_len == 60
     assert scale == pytest.approx(DIM**-0.5 if scaling is None else scaling)
@@ -108,7 +110,7 @@ def test_enable_gqa_keeps_torchs_op(routed) -> None:
     q, k, v, cu = _inputs()
     attention.varlen_packed(q, k, v, cu, 60)
     assert not native
-    (_, fk, _, kwargs), = fn.calls
+    ((_, fk, _, kwargs),) = fn.calls
     assert kwargs["enable_gqa"] is True and fk.shape[1] == KV_HEADS
 
 
@@ -117,6 +119,6 @@ def test_a_sliding_window_without_enable_gqa_repeats_the_heads(routed) -> None:
     q, k, v, cu = _inputs()
     attention.varlen_packed(q, k, v, cu, 60, sliding_window=16)
     assert not native
-    (_, fk, fv, kwargs), = fn.calls
+    ((_, fk, fv, kwargs),) = fn.calls
     assert fk.shape[1] == fv.shape[1] == HEADS and kwargs["window_size"] == (15, 0)
-    torch.testing.assert_close(fk[:, :HEADS // KV_HEADS], k[:, :1].expand(-1, HEADS // KV_HEADS, -1))
+    torch.testing.assert_close(fk[:, : HEADS // KV_HEADS], k[:, :1].expand(-1, HEADS // KV_HEADS, -1))

@@ -20,7 +20,7 @@ def test_block_table_covers_every_element_once(sizes: list[int]) -> None:
     for param, start in zip(table.block_param.tolist(), table.block_start.tolist()):
         numel, offset = int(table.param_numel[param]), int(table.param_offset[param])
         assert 0 <= start < numel and start % BLOCK == 0
-        covered[offset + start: offset + min(start + BLOCK, numel)] += 1
+        covered[offset + start : offset + min(start + BLOCK, numel)] += 1
     assert bool((covered == 1).all())
     assert table.param_offset.tolist() == [sum(sizes[:i]) for i in range(len(sizes))]
 

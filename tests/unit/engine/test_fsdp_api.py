@@ -35,8 +35,17 @@ def test_disk_and_collective_round_trip_through_json():
         ({"type": "disk", "version": -1, "path": "/x"}, "version"),
         ({"type": "collective", "version": 1, "master_addr": "h", "master_port": 0, "world_size": 2}, "master_port"),
         ({"type": "collective", "version": 1, "master_addr": "h", "master_port": 1, "world_size": 1}, "world_size"),
-        ({"type": "collective", "version": 1, "master_addr": "h", "master_port": 1, "world_size": 2,
-          "backend": "mpi"}, "backend"),
+        (
+            {
+                "type": "collective",
+                "version": 1,
+                "master_addr": "h",
+                "master_port": 1,
+                "world_size": 2,
+                "backend": "mpi",
+            },
+            "backend",
+        ),
         ({"type": "tcp", "version": 1}, "type"),
     ],
 )

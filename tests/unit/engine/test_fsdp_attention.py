@@ -3,6 +3,8 @@ key/value heads) and with a sliding window."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from areal_tasks.engine.fsdp.attention import packed_attention
 def _alone(q, k, v, bounds, window):
     outs = []
     rep = q.shape[1] // k.shape[1]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         i = torch.arange(b - a)
         mask = i[None, :] <= i[:, None]
         if window is not None:
@@ -49,16 +51,28 @@ def _reference_varlen(q, k, v, cu, max_q, max_k, *, scale=None, window=(-1, 0), 
     sliding = None if window[0] < 0 else window[0] + 1
     mask = block_causal_mask(cu, q.shape[0], sliding)
     out = torch.nn.functional.scaled_dot_product_attention(
-        qb, repeat_heads(kb, rep), repeat_heads(vb, rep), attn_mask=mask, scale=scale)
+        qb, repeat_heads(kb, rep), repeat_heads(vb, rep), attn_mask=mask, scale=scale
+    )
     return out[0].transpose(0, 1)
 
 
-def new_api(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-            window_size=(-1, -1), enable_gqa=False):
+def new_api(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    return_aux=None,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+):
     assert cu_seq_q.dtype == torch.int32 and isinstance(max_q, int)
     assert window_size[1] == 0, "the engine's attention is causal"
-    return _reference_varlen(query, key, value, cu_seq_q, max_q, max_k, scale=scale, window=window_size,
-                             gqa=enable_gqa)
+    return _reference_varlen(query, key, value, cu_seq_q, max_q, max_k, scale=scale, window=window_size, gqa=enable_gqa)
 
 
 def old_api(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
@@ -86,15 +100,28 @@ def test_varlen_adapter_matches_each_sequence_alone(api, scaling, window, monkey
     monkeypatch.setattr(attn, "_gqa_op", native_gqa)
     if api is old_api and window is not None:
         with pytest.raises(attn.EngineError, match="window_size"):
-            attn.varlen_packed(torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), torch.zeros(4, 2, 8),
-                               torch.tensor([0, 4]), 4, sliding_window=window)
+            attn.varlen_packed(
+                torch.zeros(4, 2, 8),
+                torch.zeros(4, 2, 8),
+                torch.zeros(4, 2, 8),
+                torch.tensor([0, 4]),
+                4,
+                sliding_window=window,
+            )
         return
     gen = torch.Generator().manual_seed(0)
     bounds = (0, 1, 6, 15, 19)
     q = torch.randn(1, 4, 19, 16, generator=gen)
     k, v = torch.randn(1, 2, 19, 16, generator=gen), torch.randn(1, 2, 19, 16, generator=gen)
-    out = attn.varlen_packed(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
-                             torch.tensor(bounds), 9, scaling=scaling, sliding_window=window)
+    out = attn.varlen_packed(
+        q[0].transpose(0, 1),
+        k[0].transpose(0, 1),
+        v[0].transpose(0, 1),
+        torch.tensor(bounds),
+        9,
+        scaling=scaling,
+        sliding_window=window,
+    )
     ref = _alone(q * (1.0 if scaling is None else scaling / 0.25), k, v, bounds, window)  # _alone scales by 0.25
     torch.testing.assert_close(out.transpose(0, 1).unsqueeze(0), ref, atol=1e-5, rtol=1e-5)
 

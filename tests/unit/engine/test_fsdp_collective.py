@@ -84,10 +84,15 @@ def test_each_planned_bucket_is_one_broadcast_the_server_receives(loopback: Loop
         assert sent == sum(t.numel() * t.element_size() for t in tensors.values())
         received: dict[str, torch.Tensor] = {}
         for bucket in buckets:
-            received.update(receive_weights(
-                server, [s.name for s in bucket], [s.dtype for s in bucket], [list(s.shape) for s in bucket],
-                "flattened_bucket",
-            ))
+            received.update(
+                receive_weights(
+                    server,
+                    [s.name for s in bucket],
+                    [s.dtype for s in bucket],
+                    [list(s.shape) for s in bucket],
+                    "flattened_bucket",
+                )
+            )
         assert loopback.read == len(loopback.sent)
         assert set(received) == set(tensors)
         for name, tensor in tensors.items():

@@ -8,8 +8,12 @@ import pytest
 import torch
 
 from areal_tasks.engine.fsdp.attention import VARLEN_ATTN, register_varlen_attention
-from areal_tasks.engine.fsdp.compile import (AUTO_BLOCKS_PER_GRAPH, blocks_per_graph, compile_whole_blocks,
-                                             resolve_compile_scope)
+from areal_tasks.engine.fsdp.compile import (
+    AUTO_BLOCKS_PER_GRAPH,
+    blocks_per_graph,
+    compile_whole_blocks,
+    resolve_compile_scope,
+)
 from areal_tasks.errors import EngineError
 from areal_tasks.models.compile import decoder_blocks
 
@@ -45,9 +49,15 @@ def _packed_inputs(lengths: list[int], vocab: int, seed: int) -> dict:
     total = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     positions = torch.cat([torch.arange(n) for n in lengths])
-    return {"input_ids": torch.randint(0, vocab, (1, total), generator=gen), "position_ids": positions[None],
-            "use_cache": False, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths),
-            "max_length_k": max(lengths)}
+    return {
+        "input_ids": torch.randint(0, vocab, (1, total), generator=gen),
+        "position_ids": positions[None],
+        "use_cache": False,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+    }
 
 
 def assert_matches_eager(compiled, eager, lengths_list: list[list[int]]) -> None:
@@ -69,8 +79,9 @@ def test_compiled_blocks_match_eager_without_graph_breaks_or_per_length_recompil
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=register_varlen_attention(),
-                                                 dtype=torch.float32)
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_qwen2, attn_implementation=register_varlen_attention(), dtype=torch.float32
+    )
     compiled = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=VARLEN_ATTN, dtype=torch.float32)
     blocks = decoder_blocks(compiled)
     assert len(blocks) >= 2
@@ -86,8 +97,23 @@ def test_compiled_blocks_match_eager_without_graph_breaks_or_per_length_recompil
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
 
 
-def _block_mask_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                       window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+def _block_mask_varlen(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    return_aux=None,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+    seqused_k=None,
+    block_table=None,
+    num_splits=None,
+):
     """A CPU stand-in with the signature of torch's ``varlen_attn`` (token-major ``[T, H, D]``)."""
     from areal_tasks.engine.fsdp.attention import block_causal_mask, repeat_heads
 
@@ -109,10 +135,12 @@ def test_the_varlen_route_traces_as_one_graph_per_block(tiny_qwen2, monkeypatch)
     from areal_tasks.engine.fsdp import attention
 
     monkeypatch.setattr(attention, "packed_kernel", lambda *args, **kwargs: "varlen")
-    monkeypatch.setattr(attention, "_varlen",
-                        (_block_mask_varlen, frozenset(inspect.signature(_block_mask_varlen).parameters)))
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation=register_varlen_attention(),
-                                                 dtype=torch.float32)
+    monkeypatch.setattr(
+        attention, "_varlen", (_block_mask_varlen, frozenset(inspect.signature(_block_mask_varlen).parameters))
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_qwen2, attn_implementation=register_varlen_attention(), dtype=torch.float32
+    )
     block = decoder_blocks(model)[0]
     eager_forward = block.forward
     torch._dynamo.reset()
@@ -160,8 +188,9 @@ def test_groups_of_blocks_match_eager_under_checkpointing_and_share_one_graph(ti
 
     path = tiny_model_factory("qwen2", num_hidden_layers=4)
     torch.manual_seed(0)
-    eager = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_varlen_attention(),
-                                                 dtype=torch.float32)
+    eager = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation=register_varlen_attention(), dtype=torch.float32
+    )
     compiled = AutoModelForCausalLM.from_pretrained(path, attn_implementation=VARLEN_ATTN, dtype=torch.float32)
     blocks = decoder_blocks(compiled)
     assert len(blocks) == 4
@@ -201,8 +230,12 @@ def test_auto_blocks_per_graph_divides_the_blocks_evenly(num_blocks: int, want: 
     """``auto``: every group the same size (one graph to compile), at most AUTO_BLOCKS_PER_GRAPH."""
     assert AUTO_BLOCKS_PER_GRAPH == 8
     assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="none", layer_types=None, num_blocks=num_blocks) == want
-    assert blocks_per_graph("auto", scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * num_blocks,
-                            num_blocks=num_blocks) == want
+    assert (
+        blocks_per_graph(
+            "auto", scope="blocks", fsdp_wrap="root", layer_types=["full_attention"] * num_blocks, num_blocks=num_blocks
+        )
+        == want
+    )
 
 
 def test_auto_blocks_per_graph_is_one_where_blocks_cannot_share_a_graph() -> None:

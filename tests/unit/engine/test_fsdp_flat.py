@@ -34,8 +34,13 @@ def weight(mb: dict) -> float:
 
 
 def engine(model_dir: str, wrap: str, *, dtype: str = "auto", **overrides) -> FSDPEngine:
-    config = EngineConfig(optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.5), micro_batch=MicroBatchSpec(n_mbs=2),
-                          fsdp_wrap=wrap, dtype=dtype, **overrides)
+    config = EngineConfig(
+        optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.5),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+        fsdp_wrap=wrap,
+        dtype=dtype,
+        **overrides,
+    )
     built = FSDPEngine(config, model_dir, parallel=ParallelDims(dp=1), total_steps=4)
     built.initialize()
     return built
@@ -50,8 +55,14 @@ def run(model_dir: str, wrap: str, packed_batch, **kwargs) -> dict:
     losses = [e.train_batch(packed_batch(seed), policy_loss, weight)["loss"] for seed in (1, 2)]
     forward = e.forward_batch(packed_batch(3), with_entropy=True)
     weights = {k: v.clone() for k, v in iter_full_tensors(e.model, e.device)}
-    result = {"grads": grads, "losses": losses, "forward": forward, "weights": weights, "kernels": e.kernels,
-              "types": {type(p) for p in e.model.parameters()}}
+    result = {
+        "grads": grads,
+        "losses": losses,
+        "forward": forward,
+        "weights": weights,
+        "kernels": e.kernels,
+        "types": {type(p) for p in e.model.parameters()},
+    }
     e.destroy()
     return result
 
@@ -83,8 +94,9 @@ def test_a_bf16_compute_copy_matches_fsdp_mixed_precision(tiny_qwen2, world_of_o
 def test_micro_batches_add_up_in_fp32_and_modules_get_the_masters_back(tiny_model_factory) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_factory("qwen2", tie_word_embeddings=True),
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_factory("qwen2", tie_word_embeddings=True), dtype=torch.float32
+    )
     tied = model.lm_head.weight is model.get_input_embeddings().weight
     flat = FlatParams(model, torch.bfloat16)
     assert tied and model.lm_head.weight is model.get_input_embeddings().weight
@@ -147,13 +159,14 @@ def test_what_it_cannot_hold_is_refused_by_name(tiny_qwen2, world_of_one) -> Non
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_a_non_finite_gradient_skips_the_step_and_a_finite_one_takes_it(tiny_qwen2, world_of_one, packed_batch,
-                                                                          fused) -> None:
+def test_a_non_finite_gradient_skips_the_step_and_a_finite_one_takes_it(
+    tiny_qwen2, world_of_one, packed_batch, fused
+) -> None:
     """Fused AdamW over the flat buffers (as on a GPU) decides the skip on the device from its
     ``found_inf`` flag and reads nothing back before the step is queued; the unfused optimizer
     decides on the host. Either way a NaN gradient leaves weights, optimizer state and step count
     as they were, and the next finite batch trains."""
-    from areal_tasks.engine.fsdp.optim import build_optimizer, build_lr_scheduler
+    from areal_tasks.engine.fsdp.optim import build_lr_scheduler, build_optimizer
 
     e = engine(str(tiny_qwen2), "none")
     e.optimizer = build_optimizer(e.params, e.config.optimizer, fused=fused)

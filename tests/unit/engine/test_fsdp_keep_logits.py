@@ -58,13 +58,16 @@ def test_auto_keeps_the_logits_of_a_capped_micro_batch_that_fits_the_gpu() -> No
     assert not auto_keep_logits(token_cap=edge + 1, device_bytes=h200, **qwen)
 
 
-@pytest.mark.parametrize(("cap", "budget", "gpu_bytes", "kept"), [
-    (None, None, None, False),  # the CPU: nothing to size against
-    (256, None, 10**12, True),  # an explicit cap whose logits fit
-    (None, None, 10**12, False),  # no cap: a micro-batch may be any length
-    (256, None, 10**4, False),  # too large a share of the device
-    (None, 8.0, 10**12, False),  # a cap sized from the budget would shrink to make room
-])
+@pytest.mark.parametrize(
+    ("cap", "budget", "gpu_bytes", "kept"),
+    [
+        (None, None, None, False),  # the CPU: nothing to size against
+        (256, None, 10**12, True),  # an explicit cap whose logits fit
+        (None, None, 10**12, False),  # no cap: a micro-batch may be any length
+        (256, None, 10**4, False),  # too large a share of the device
+        (None, 8.0, 10**12, False),  # a cap sized from the budget would shrink to make room
+    ],
+)
 def test_auto_keep_logits_in_the_engine(tiny_qwen2, world_of_one, monkeypatch, cap, budget, gpu_bytes, kept) -> None:
     from areal_tasks.engine.fsdp import build
 

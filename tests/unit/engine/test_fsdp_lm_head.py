@@ -46,8 +46,16 @@ def test_chunked_head_equals_full_logits(chunk, temperature, entropy_grad, bias)
     ref_loss = (ref_lp * up_lp).sum() + ((ref_ent if entropy_grad else ref_ent.detach()) * up_ent).sum()
     ref_grads = _grads(ref_loss, params)
 
-    lp, ent = chunked_next_token_stats(hidden, weight, labels, bias=b, temperature=temperature, with_entropy=True,
-                                       entropy_grad=entropy_grad, chunk=chunk)
+    lp, ent = chunked_next_token_stats(
+        hidden,
+        weight,
+        labels,
+        bias=b,
+        temperature=temperature,
+        with_entropy=True,
+        entropy_grad=entropy_grad,
+        chunk=chunk,
+    )
     assert ent.requires_grad == entropy_grad
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
@@ -64,8 +72,9 @@ def test_entropy_only_gradient_and_logprob_only_output():
     logits = hidden @ weight.t()
     _, ref_ent = next_token_stats(logits, labels, temperature=1.3, with_entropy=True)
     ref = _grads((ref_ent * up_ent).sum(), (hidden, weight))
-    _, ent = chunked_next_token_stats(hidden, weight, labels, temperature=1.3, with_entropy=True,
-                                      entropy_grad=True, chunk=6)
+    _, ent = chunked_next_token_stats(
+        hidden, weight, labels, temperature=1.3, with_entropy=True, entropy_grad=True, chunk=6
+    )
     for got, want in zip(_grads((ent * up_ent).sum(), (hidden, weight)), ref):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     lp, none = chunked_next_token_stats(hidden, weight, labels, chunk=4)
@@ -177,12 +186,14 @@ def test_kept_logits_give_the_same_results_without_recomputing_them(bias, monkey
     every result and gradient is what the recomputing head gives."""
     hidden, weight, b, labels, up_lp, up_ent = _inputs(seed=4, bias=bias)
     params = (hidden, weight, b)
-    lp, ent = chunked_next_token_stats(hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True,
-                                       entropy_grad=True, chunk=5)
+    lp, ent = chunked_next_token_stats(
+        hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True, entropy_grad=True, chunk=5
+    )
     want = _grads((lp * up_lp).sum() + (ent * up_ent).sum(), params)
     calls = _counting_linear(monkeypatch)
-    kept_lp, kept_ent = chunked_next_token_stats(hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True,
-                                                 entropy_grad=True, chunk=5, keep_logits=True)
+    kept_lp, kept_ent = chunked_next_token_stats(
+        hidden, weight, labels, bias=b, temperature=0.9, with_entropy=True, entropy_grad=True, chunk=5, keep_logits=True
+    )
     assert not calls  # the forward writes the logits into the kept buffer
     got = _grads((kept_lp * up_lp).sum() + (kept_ent * up_ent).sum(), params)
     assert not calls  # and the backward reads them

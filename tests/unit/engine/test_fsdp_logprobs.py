@@ -3,6 +3,8 @@ alone (transformers detects the packing from the position ids), in the batch lay
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def _packed(seed: int = 0, lengths=(5, 1, 9, 3, 12)) -> dict:
 def _unpacked(model, mb, temperature=1.0):
     lps, ents = [], []
     cu = mb["cu_seqlens"].tolist()
-    for a, b in zip(cu, cu[1:]):
+    for a, b in itertools.pairwise(cu):
         ids = mb["input_ids"][a:b]
         logits = model(input_ids=ids[None]).logits[0, :-1].float() / temperature
         logp = torch.log_softmax(logits, -1)
@@ -81,8 +83,9 @@ def test_chunked_head_forward_equals_full_logits_forward(grad_entropy, tiny_mode
     adv = torch.randn(mb["input_ids"].shape[0], generator=torch.Generator().manual_seed(4))
     outs = []
     for model, lm_head in ((plain, None), (fused, head)):
-        out = MicroBatchForward(model, spec, None, lm_head=lm_head)(mb, with_entropy=True,
-                                                                       bounds=tuple(mb["cu_seqlens"].tolist()))
+        out = MicroBatchForward(model, spec, None, lm_head=lm_head)(
+            mb, with_entropy=True, bounds=tuple(mb["cu_seqlens"].tolist())
+        )
         loss = -(out["logprobs"] * adv).sum() - (0.1 * out["entropy"].sum() if grad_entropy else 0.0)
         loss.backward()
         outs.append(out)

@@ -59,9 +59,8 @@ def test_failed_write_leaves_the_old_directory(tmp_path):
     target = tmp_path / "weights"
     with atomic_directory(target) as staging:
         (staging / "a.txt").write_text("old")
-    with pytest.raises(RuntimeError, match="boom"):
-        with atomic_directory(target) as staging:
-            (staging / "half.txt").write_text("x")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), atomic_directory(target) as staging:
+        (staging / "half.txt").write_text("x")
+        raise RuntimeError("boom")
     assert (target / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]

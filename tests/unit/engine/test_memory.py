@@ -19,14 +19,31 @@ from areal_tasks.engine.memory import (
 from areal_tasks.errors import ConfigError, EngineError
 
 # h=8, L=2, a=2 heads, g=1 kv head, d=4, I=16, V=32, untied, no biases.
-TINY = dict(model_type="llama", hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=4, intermediate_size=16, vocab_size=32, tie_word_embeddings=False)  # fmt: skip
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 16,
+    "vocab_size": 32,
+    "tie_word_embeddings": False,
+}
 # per layer: q 8*8 + k 8*4 + v 8*4 + o 8*8 = 192, MLP 3*8*16 = 384, norms 2*8 = 16  -> 592
 # root: embedding 32*8 + lm_head 32*8 + final norm 8 = 520; total 2*592 + 520 = 1704
 TINY_PARAMS = 1704
 
-QWEN2_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-                num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)  # fmt: skip
+QWEN2_7B = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
 
 
 def test_tiny_config_static_bytes_by_hand() -> None:
@@ -124,8 +141,14 @@ def test_qwen2_biases_and_qwen3_qk_norms_are_counted() -> None:
     assert qwen3.num_params == TINY_PARAMS + 2 * 2 * 4
 
 
-SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=300)  # fmt: skip
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+}
 
 
 # Parameter counts of these configs' transformers models (5.24, built on the meta device).
@@ -136,10 +159,28 @@ SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
         (dict(SMALL, model_type="qwen2", tie_word_embeddings=True), 81216),
         (dict(SMALL, model_type="llama"), 100160),
         (dict(SMALL, model_type="qwen3", head_dim=32), 124864),
-        (dict(SMALL, model_type="qwen2_moe", moe_intermediate_size=32, shared_expert_intermediate_size=48,
-              num_experts=4, num_experts_per_tok=2), 131776),  # fmt: skip
-        (dict(SMALL, model_type="qwen3_moe", moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-              head_dim=16), 113024),  # fmt: skip
+        (
+            dict(
+                SMALL,
+                model_type="qwen2_moe",
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+                num_experts=4,
+                num_experts_per_tok=2,
+            ),
+            131776,
+        ),
+        (
+            dict(
+                SMALL,
+                model_type="qwen3_moe",
+                moe_intermediate_size=32,
+                num_experts=4,
+                num_experts_per_tok=2,
+                head_dim=16,
+            ),
+            113024,
+        ),
         (dict(SMALL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2), 211264),
     ],
     ids=["qwen2", "qwen2-tied", "llama", "qwen3", "qwen2-moe", "qwen3-moe", "mixtral"],
@@ -169,8 +210,15 @@ def test_monotonic_in_tokens_parallelism_and_checkpointing() -> None:
 
 
 def test_the_logits_term_dominates_small_models_with_a_150k_vocabulary() -> None:
-    small = dict(QWEN2_7B, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936)  # fmt: skip
+    small = dict(
+        QWEN2_7B,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+    )
     est = estimate_memory(small, param_dtype="bf16", gradient_checkpointing=True)
     assert est.logits_bytes_per_token > 0.9 * est.bytes_per_token
 
@@ -267,8 +315,9 @@ def test_kept_logits_cost_one_compute_dtype_row_of_the_vocabulary_a_token() -> N
 
     for ckpt in (False, True):
         plain = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt)
-        kept = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt,
-                               ce_keep_logits=True)
+        kept = estimate_memory(
+            QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt, ce_keep_logits=True
+        )
         assert kept.logits_bytes_per_token == 2 * QWEN2_7B["vocab_size"]
         assert kept.activation_bytes_per_token_no_ckpt == plain.activation_bytes_per_token_no_ckpt + 2 * 152064
         assert kept.bytes_per_token > plain.bytes_per_token

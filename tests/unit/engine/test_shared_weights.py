@@ -54,8 +54,13 @@ print(json.dumps(out))
 
 def read_in_another_process(buffer: SharedWeightBuffer, layout) -> dict[str, float]:
     wire = [[s.name, s.dtype, list(s.shape), s.nbytes] for s in layout]
-    done = subprocess.run([sys.executable, "-c", READER, json.dumps(buffer.describe()), json.dumps(wire)],
-                          capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", READER, json.dumps(buffer.describe()), json.dumps(wire)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -86,8 +91,9 @@ def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, mon
     import areal_tasks.engine.weights.shared as shared
 
     monkeypatch.setattr(shared, "_shm_dir", lambda: tmp_path)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # a pid that has exited  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()  # a pid that has exited
     namespace = shared._pid_namespace()
     orphan = tmp_path / f"areal-weights-{namespace}-{dead}-0123abcd"
     alive = tmp_path / f"areal-weights-{namespace}-{os.getppid()}-4567ef01"  # the test runner's parent

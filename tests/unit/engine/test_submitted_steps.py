@@ -43,8 +43,12 @@ def weight(mb: dict) -> float:
 
 def engine(model_dir: str, *, fused: bool) -> FSDPEngine:
     """The flat-buffer engine of one rank, with a decaying LR (it changes every step)."""
-    config = EngineConfig(optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.5), micro_batch=MicroBatchSpec(n_mbs=2),
-                          fsdp_wrap="none", lr_schedule=LRScheduleConfig(type="linear", min_lr_ratio=0.1))
+    config = EngineConfig(
+        optimizer=OptimizerConfig(lr=1e-3, grad_clip=0.5),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+        fsdp_wrap="none",
+        lr_schedule=LRScheduleConfig(type="linear", min_lr_ratio=0.1),
+    )
     built = FSDPEngine(config, model_dir, parallel=ParallelDims(dp=1), total_steps=6)
     built.initialize()
     built.optimizer = build_optimizer(built.params, built.config.optimizer, fused=fused)
@@ -84,7 +88,8 @@ def test_queued_steps_train_like_one_step_at_a_time(tiny_qwen2, world_of_one, pa
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_non_finite_step_in_a_queue_is_skipped_and_reported_by_its_result(
-        tiny_qwen2, world_of_one, packed_batch, fused, caplog) -> None:
+    tiny_qwen2, world_of_one, packed_batch, fused, caplog
+) -> None:
     e = engine(str(tiny_qwen2), fused=fused)
     first = e.submit_train_batch(packed_batch(1), policy_loss, weight)
     first.result()
@@ -97,7 +102,8 @@ def test_a_non_finite_step_in_a_queue_is_skipped_and_reported_by_its_result(
     assert bad_stats["update_skipped"] == 1.0 and not torch.isfinite(torch.tensor(bad_stats["grad_norm"]))
     assert good_stats["update_skipped"] == 0.0 and good_stats["grad_norm"] > 0
     assert [r.getMessage() for r in caplog.records if "optimizer step skipped" in r.getMessage()] == [
-        "non-finite gradient norm nan: optimizer step skipped"]
+        "non-finite gradient norm nan: optimizer step skipped"
+    ]
     assert float(e.optimizer.state[e.params[0]]["step"]) == steps_before + 1  # only the good step counted
     assert any(not torch.equal(value, before[name]) for name, value in weights(e).items())
     e.destroy()

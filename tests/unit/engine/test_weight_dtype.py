@@ -23,8 +23,15 @@ from areal_tasks.engine.weights.collective import WeightGroup
 
 
 def _engine(model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None):
-    engine = SimpleNamespace(model=model, config=SimpleNamespace(dtype=dtype), device=torch.device(device),
-                             role="actor", model_path=model_path, weight_groups={}, staged_weights=None)  # fmt: skip
+    engine = SimpleNamespace(
+        model=model,
+        config=SimpleNamespace(dtype=dtype),
+        device=torch.device(device),
+        role="actor",
+        model_path=model_path,
+        weight_groups={},
+        staged_weights=None,
+    )
     engine.weight_specs = lambda: weight_specs(engine)  # FSDPEngine keeps this list; here it is recomputed
     return engine
 
@@ -44,16 +51,25 @@ def single_rank(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "device", "expected"),
-    [("auto", "cpu", torch.float32), ("auto", "cuda", torch.bfloat16), ("bfloat16", "cpu", torch.bfloat16),
-     ("float16", "cpu", torch.float16), ("float32", "cuda", torch.float32)],
+    [
+        ("auto", "cpu", torch.float32),
+        ("auto", "cuda", torch.bfloat16),
+        ("bfloat16", "cpu", torch.bfloat16),
+        ("float16", "cpu", torch.float16),
+        ("float32", "cuda", torch.float32),
+    ],
 )
 def test_publish_dtype_is_the_compute_dtype(dtype: str, device: str, expected: torch.dtype) -> None:
     assert publish_dtype(_engine(None, dtype, device)) == expected
 
 
 def test_cast_floating_casts_only_floating_tensors() -> None:
-    named = [("w", torch.ones(2)), ("i", torch.arange(3)), ("b", torch.ones(1, dtype=torch.bool)),
-             ("m", torch.empty(4, 2, device="meta"))]  # fmt: skip
+    named = [
+        ("w", torch.ones(2)),
+        ("i", torch.arange(3)),
+        ("b", torch.ones(1, dtype=torch.bool)),
+        ("m", torch.empty(4, 2, device="meta")),
+    ]
     out = dict(cast_floating(named, torch.bfloat16))
     assert out["w"].dtype == torch.bfloat16 and out["m"].dtype == torch.bfloat16 and out["m"].shape == (4, 2)
     assert out["i"].dtype == torch.int64 and out["b"].dtype == torch.bool
@@ -79,14 +95,16 @@ def test_collective_sends_the_planned_compute_dtype_bytes(fp32_model, single_ran
     buckets = plan_weight_buckets(specs, meta.bucket_bytes)  # what the client posts to the servers
     assert [t.numel() for t in sent] == [sum(s.nbytes for s in b) for b in buckets]
     names = {s.name for s in specs}  # all bf16: the plan keeps the state-dict order
-    expected = torch.cat([t.to(torch.bfloat16).reshape(-1).view(torch.uint8)
-                          for n, t in fp32_model.state_dict().items() if n in names])  # fmt: skip
+    expected = torch.cat(
+        [t.to(torch.bfloat16).reshape(-1).view(torch.uint8) for n, t in fp32_model.state_dict().items() if n in names]
+    )
     assert torch.equal(torch.cat(sent), expected)
 
 
 @pytest.mark.parametrize("staged_version", [1, 7])
-def test_weights_staged_before_the_pause_are_the_bytes_sent(fp32_model, single_rank, monkeypatch,
-                                                            staged_version: int) -> None:
+def test_weights_staged_before_the_pause_are_the_bytes_sent(
+    fp32_model, single_rank, monkeypatch, staged_version: int
+) -> None:
     """``stage_weights`` packs a one-bucket update ahead; ``send_weights`` then only broadcasts it.
     A stage for another version is dropped and the weights are gathered afresh (same bytes)."""
     from areal_tasks.engine.fsdp import export
@@ -106,8 +124,9 @@ def test_weights_staged_before_the_pause_are_the_bytes_sent(fp32_model, single_r
     assert engine.staged_weights is None
     assert gathers == ([] if staged_version == 1 else [1])
     names = {s.name for s in weight_specs(engine)}
-    expected = torch.cat([t.to(torch.bfloat16).reshape(-1).view(torch.uint8)
-                          for n, t in fp32_model.state_dict().items() if n in names])  # fmt: skip
+    expected = torch.cat(
+        [t.to(torch.bfloat16).reshape(-1).view(torch.uint8) for n, t in fp32_model.state_dict().items() if n in names]
+    )
     assert len(sent) == 1 and torch.equal(sent[0], expected)
 
 
@@ -122,7 +141,9 @@ def test_nothing_is_staged_when_the_weights_need_several_buckets(fp32_model, sin
 def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, single_rank, tmp_path) -> None:
     from areal_tasks.engine.weights.disk import read_safetensors_dir
 
-    send_weights(_engine(fp32_model, "bfloat16", model_path=str(tiny_qwen2)), WeightUpdateMeta.disk(str(tmp_path / "v1"), 1))
+    send_weights(
+        _engine(fp32_model, "bfloat16", model_path=str(tiny_qwen2)), WeightUpdateMeta.disk(str(tmp_path / "v1"), 1)
+    )
     written = read_safetensors_dir(tmp_path / "v1")
     assert written and {t.dtype for t in written.values()} == {torch.bfloat16}
     assert (tmp_path / "v1" / "config.json").is_file()

@@ -33,7 +33,7 @@ def main() -> None:
             return handle.read().strip() == str(args.port)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self.send_response(503 if sick() else 200)
                 self.end_headers()

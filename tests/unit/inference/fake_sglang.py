@@ -20,16 +20,60 @@ import httpx
 
 VOCAB = 1000
 SGLANG_SAMPLING_KEYS = {
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
-    "watermark", "choice",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
 }
-DISK_KEYS = {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async", "torch_empty_cache",
-             "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache", "manifest"}
-DIST_KEYS = {"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version",
-             "load_format", "selector", "torch_empty_cache"}
+DISK_KEYS = {
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+    "manifest",
+}
+DIST_KEYS = {
+    "names",
+    "dtypes",
+    "shapes",
+    "group_name",
+    "flush_cache",
+    "abort_all_requests",
+    "weight_version",
+    "load_format",
+    "selector",
+    "torch_empty_cache",
+}
 GROUP_KEYS = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
 
 
@@ -104,7 +148,9 @@ class FakeSGLangServer:
         return httpx.Response(200)
 
     async def _model_info(self, body: Any) -> httpx.Response:
-        return httpx.Response(200, json={"model_path": "/fake", "weight_version": self.weight_version, "is_generation": True})
+        return httpx.Response(
+            200, json={"model_path": "/fake", "weight_version": self.weight_version, "is_generation": True}
+        )
 
     async def _generate(self, body: dict[str, Any]) -> httpx.Response:
         if self.statuses:
@@ -278,6 +324,10 @@ def make_engine(cluster: FakeCluster, sleeps: list[float] | None = None, version
 
     cfg = ClientConfig(**{"retry_backoff_s": 0.1, "retry_jitter": 0.0, "max_retries": 2, **config})
     return RemoteInferenceEngine(
-        cluster.addresses, make_adapter("sglang"), cfg, version=version, sleep=record,
+        cluster.addresses,
+        make_adapter("sglang"),
+        cfg,
+        version=version,
+        sleep=record,
         transport_factory=cluster.transport,
     )

@@ -37,8 +37,13 @@ def test_response_round_trip_and_alignment() -> None:
 
 
 def test_bucket_plan_respects_size_order_and_alignment() -> None:
-    specs = [ParamSpec("a", "bfloat16", (3,)), ParamSpec("b", "float32", (2,)), ParamSpec("c", "float32", (100,)),
-             ParamSpec("d", "int8", (1,)), ParamSpec("e", "float64", (1,))]
+    specs = [
+        ParamSpec("a", "bfloat16", (3,)),
+        ParamSpec("b", "float32", (2,)),
+        ParamSpec("c", "float32", (100,)),
+        ParamSpec("d", "int8", (1,)),
+        ParamSpec("e", "float64", (1,)),
+    ]
     buckets = plan_weight_buckets(specs, bucket_bytes=16)
     assert [[p.name for p in b] for b in buckets] == [["b", "a"], ["c"], ["e", "d"]]
     for bucket in buckets:

@@ -51,12 +51,20 @@ def test_choose_key(path: str, api: str | None, admin: str | None, expected: tup
 def test_adapter_admin_calls_are_admin_paths_and_data_calls_are_not(backend: str) -> None:
     adapter = make_adapter(backend)
     disk = WeightUpdateMeta(type="disk", version=1, path="/w")
-    collective = WeightUpdateMeta(type="collective", version=1, group_name="g", master_addr="h", master_port=1,
-                                  world_size=2)  # fmt: skip
-    admin = [adapter.pause("abort"), adapter.resume(), adapter.update_weights_from_disk(disk),
-             adapter.init_weight_group(collective, 1), adapter.update_weights_from_distributed(collective, []),
-             adapter.abort("r-0000"), adapter.destroy_weight_group("g"), adapter.begin_weight_update(collective),
-             adapter.end_weight_update(collective)]  # fmt: skip
+    collective = WeightUpdateMeta(
+        type="collective", version=1, group_name="g", master_addr="h", master_port=1, world_size=2
+    )
+    admin = [
+        adapter.pause("abort"),
+        adapter.resume(),
+        adapter.update_weights_from_disk(disk),
+        adapter.init_weight_group(collective, 1),
+        adapter.update_weights_from_distributed(collective, []),
+        adapter.abort("r-0000"),
+        adapter.destroy_weight_group("g"),
+        adapter.begin_weight_update(collective),
+        adapter.end_weight_update(collective),
+    ]
     for call in admin:
         if call is not None:
             assert call.path in ADMIN_PATHS, f"{backend}: {call.path} should carry the admin key"
@@ -140,7 +148,9 @@ def test_engine_without_keys_sends_no_header_and_fails_clearly() -> None:
 def test_engine_with_a_wrong_admin_key_says_so_without_showing_keys() -> None:
     async def scenario() -> None:
         cluster, seen = FakeCluster(1), []
-        async with engine(cluster, guarded(cluster, API, ADMIN, seen), api_key=API, admin_api_key="wrong-key") as client:
+        async with engine(
+            cluster, guarded(cluster, API, ADMIN, seen), api_key=API, admin_api_key="wrong-key"
+        ) as client:
             await client.agenerate(ModelRequest([1], SamplingParams(max_new_tokens=1)))
             with pytest.raises(InferenceControlError) as exc:
                 await client.pause("abort")
@@ -232,10 +242,24 @@ def test_with_keys_adds_the_key_inside_the_process_only(tmp_path: Path) -> None:
         "import os, sys\n"
         "print(repr(sys.argv[1:]), os.environ.get('VLLM_API_KEY'), open('/proc/self/cmdline').read().count('SECRET'))\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "K1": "SECRET-1", "K2": "SECRET-2"}  # fmt: skip
-    argv = [sys.executable, "-m", "areal_tasks.inference.launch.with_keys", "--flag", "api-key=K1",
-            "--env", "VLLM_API_KEY=K2", "show_args", "--port", "1"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "K1": "SECRET-1",
+        "K2": "SECRET-2",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "areal_tasks.inference.launch.with_keys",
+        "--flag",
+        "api-key=K1",
+        "--env",
+        "VLLM_API_KEY=K2",
+        "show_args",
+        "--port",
+        "1",
+    ]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert out == ["['--port',", "'1',", "'--api-key',", "'SECRET-1']", "SECRET-2", "0"]
     env.pop("K1")
@@ -244,17 +268,45 @@ def test_with_keys_adds_the_key_inside_the_process_only(tmp_path: Path) -> None:
 
 
 def test_redact_argv() -> None:
-    argv = ["python", "-m", "sglang.launch_server", "--api-key", API, f"--admin-api-key={ADMIN}", "--hf-token", "t",
-            "--api-key-env", "MY_API_KEY", "--tokenizer", "tok", "--max-tokens", "5"]  # fmt: skip
-    assert redact_argv(argv) == ["python", "-m", "sglang.launch_server", "--api-key", "***", "--admin-api-key=***",
-                                 "--hf-token", "***", "--api-key-env", "MY_API_KEY", "--tokenizer", "tok",
-                                 "--max-tokens", "5"]  # fmt: skip
+    argv = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--api-key",
+        API,
+        f"--admin-api-key={ADMIN}",
+        "--hf-token",
+        "t",
+        "--api-key-env",
+        "MY_API_KEY",
+        "--tokenizer",
+        "tok",
+        "--max-tokens",
+        "5",
+    ]
+    assert redact_argv(argv) == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--api-key",
+        "***",
+        "--admin-api-key=***",
+        "--hf-token",
+        "***",
+        "--api-key-env",
+        "MY_API_KEY",
+        "--tokenizer",
+        "tok",
+        "--max-tokens",
+        "5",
+    ]
 
 
 def test_spawn_log_redacts_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="areal_tasks.launch.process"):
-        proc = WorkerProcess.spawn("w", [sys.executable, "-c", "pass", "--api-key", API], dict(os.environ), None,
-                                   tmp_path / "w.log")  # fmt: skip
+        proc = WorkerProcess.spawn(
+            "w", [sys.executable, "-c", "pass", "--api-key", API], dict(os.environ), None, tmp_path / "w.log"
+        )
         proc.popen.wait(timeout=30)
     assert "--api-key ***" in caplog.text and API not in caplog.text
 

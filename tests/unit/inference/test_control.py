@@ -12,7 +12,11 @@ from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import InferenceControlError
 
-SPECS = [ParamSpec("embed", "float32", (8, 4)), ParamSpec("norm", "bfloat16", (4,)), ParamSpec("head", "float32", (4, 8))]
+SPECS = [
+    ParamSpec("embed", "float32", (8, 4)),
+    ParamSpec("norm", "bfloat16", (4,)),
+    ParamSpec("head", "float32", (4, 8)),
+]
 
 
 def calls(server, path):
@@ -25,7 +29,7 @@ def test_disk_update_reaches_every_server_then_bumps_the_version() -> None:
         async with make_engine(cluster) as engine:
             await engine.update_weights(WeightUpdateMeta.disk("/ckpt/v5", 5))
             assert engine.get_version() == 5
-            assert await engine.server_versions() == {a: 5 for a in cluster.addresses}
+            assert await engine.server_versions() == dict.fromkeys(cluster.addresses, 5)
         for server in cluster.servers:
             assert [p for p, _ in server.calls if "weight" in p] == ["/update_weights_from_disk"]
             assert calls(server, "/update_weights_from_disk") == [
@@ -96,8 +100,11 @@ def test_shared_update_is_refused_before_any_call_where_it_cannot_work() -> None
     async def scenario() -> None:
         cluster = FakeCluster(2)
         async with make_engine(cluster) as engine:
-            with pytest.raises(InferenceControlError, match="sglang servers cannot load weights from shared memory; "
-                                                            "set rollout.weight_update=disk or collective"):
+            with pytest.raises(
+                InferenceControlError,
+                match="sglang servers cannot load weights from shared memory; "
+                "set rollout.weight_update=disk or collective",
+            ):
                 await engine.update_weights(WeightUpdateMeta.shared(1, (buffer,)), [SPECS])
             with pytest.raises(InferenceControlError, match="names no buffer"):
                 await engine.update_weights(WeightUpdateMeta.shared(1), [SPECS])
@@ -140,7 +147,9 @@ def test_update_flushes_the_cache_only_when_no_paused_sequence_holds_kv(mode, fl
             assert engine.get_version() == 3
         for server in cluster.servers:
             assert [b["flush_cache"] for b in calls(server, "/update_weights_from_disk")] == [flush, True]
-            assert [b["flush_cache"] for b in calls(server, "/update_weights_from_distributed")] == [flush] * len(buckets)
+            assert [b["flush_cache"] for b in calls(server, "/update_weights_from_distributed")] == [flush] * len(
+                buckets
+            )
 
     asyncio.run(scenario())
 
@@ -155,7 +164,9 @@ def test_fake_server_refuses_a_flush_while_paused_sequences_hold_kv() -> None:
             await http.post("/pause_generation", json={"mode": "in_place"})
             refused = await http.post("/update_weights_from_disk", json=body)
             assert refused.status_code == 400 and "cache was not flushed" in refused.json()["message"]
-            assert (await http.post("/update_weights_from_disk", json={**body, "flush_cache": False})).status_code == 200
+            assert (
+                await http.post("/update_weights_from_disk", json={**body, "flush_cache": False})
+            ).status_code == 200
             await http.post("/continue_generation", json={})
             assert (await http.post("/update_weights_from_disk", json=body)).status_code == 200
 

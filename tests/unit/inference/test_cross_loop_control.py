@@ -35,9 +35,15 @@ class Server:
             return httpx.Response(200, json={"status": "ok"})
         body = json.loads(request.content)
         n = body["sampling_params"]["max_new_tokens"]
-        meta = {"id": body["rid"], "finish_reason": {"type": "length", "length": n}, "prompt_tokens": 1,
-                "completion_tokens": n, "cached_tokens": 0, "output_token_logprobs": [[-1.0, 5, None]] * n,
-                "weight_version": "0"}
+        meta = {
+            "id": body["rid"],
+            "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": 1,
+            "completion_tokens": n,
+            "cached_tokens": 0,
+            "output_token_logprobs": [[-1.0, 5, None]] * n,
+            "weight_version": "0",
+        }
         return httpx.Response(200, json={"text": "", "output_ids": [5] * n, "meta_info": meta})
 
     def generates(self) -> int:
@@ -67,11 +73,15 @@ def wait_for(predicate, what: str) -> None:
 
 def test_a_pause_on_one_loop_holds_the_requests_of_another_until_the_resume(episodes_loop):
     server = Server()
-    engine = RemoteInferenceEngine([ADDRESS], make_adapter("sglang"), ClientConfig(max_retries=0),
-                                   transport_factory=lambda: httpx.MockTransport(server.handle))  # fmt: skip
+    engine = RemoteInferenceEngine(
+        [ADDRESS],
+        make_adapter("sglang"),
+        ClientConfig(max_retries=0),
+        transport_factory=lambda: httpx.MockTransport(server.handle),
+    )
     assert engine.control_from_any_loop
 
-    def generate() -> "asyncio.Future":
+    def generate() -> asyncio.Future:
         req = ModelRequest([1], SamplingParams(max_new_tokens=3))
         return asyncio.run_coroutine_threadsafe(engine.agenerate(req), episodes_loop)
 
@@ -88,8 +98,12 @@ def test_a_pause_on_one_loop_holds_the_requests_of_another_until_the_resume(epis
 
 def test_a_loop_first_seen_during_a_pause_starts_held_and_a_closed_loop_is_skipped():
     server = Server()
-    engine = RemoteInferenceEngine([ADDRESS], make_adapter("sglang"), ClientConfig(max_retries=0),
-                                   transport_factory=lambda: httpx.MockTransport(server.handle))  # fmt: skip
+    engine = RemoteInferenceEngine(
+        [ADDRESS],
+        make_adapter("sglang"),
+        ClientConfig(max_retries=0),
+        transport_factory=lambda: httpx.MockTransport(server.handle),
+    )
     asyncio.run(engine.agenerate(ModelRequest([1], SamplingParams(max_new_tokens=1))))  # a loop, now closed
     asyncio.run(engine.pause("in_place"))  # the closed loop's gate cannot change: skipped, not an error
 

@@ -32,8 +32,9 @@ def scheduler(tmp_path: Path) -> Iterator[LocalScheduler]:
 
 def fleet(scheduler: LocalScheduler, *extra: str, n: int = 2, max_restarts: int = 2, **kw) -> ServerFleet:
     argv = [sys.executable, SCRIPT, "--host", "{host}", "--port", "{port}", *extra]
-    return ServerFleet(scheduler, ServerCommand("embedded", argv), n, max_restarts=max_restarts,
-                       startup_timeout_s=60, **kw)
+    return ServerFleet(
+        scheduler, ServerCommand("embedded", argv), n, max_restarts=max_restarts, startup_timeout_s=60, **kw
+    )
 
 
 def healthy(address: str) -> bool:

@@ -30,10 +30,32 @@ def test_sglang_command() -> None:
     cfg.model.trust_remote_code = True
     cmd = build_server_command(cfg, "/models/qwen")
     assert cmd.argv == [
-        "/envs/serve/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/qwen",
-        "--host", "{host}", "--port", "{port}", "--tp-size", "4", "--pp-size", "2",
-        "--mem-fraction-static", "0.7", "--dtype", "bfloat16", "--context-length", "4096",
-        "--random-seed", "7", "--trust-remote-code", "--weight-version", "0", "--log-level", "warning",
+        "/envs/serve/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/qwen",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--tp-size",
+        "4",
+        "--pp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--dtype",
+        "bfloat16",
+        "--context-length",
+        "4096",
+        "--random-seed",
+        "7",
+        "--trust-remote-code",
+        "--weight-version",
+        "0",
+        "--log-level",
+        "warning",
     ]
     assert cmd.health_path == "/health"
     assert server_layout(cfg).n_servers == 2 and server_layout(cfg).devices_per_server == 8
@@ -44,11 +66,33 @@ def test_vllm_command_uses_its_own_python() -> None:
     cfg.model.tokenizer_path = "/models/tok"
     cmd = build_server_command(cfg, "/models/qwen")
     assert cmd.argv == [
-        "/envs/serve/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/qwen",
-        "--tokenizer", "/models/tok", "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2",
-        "--gpu-memory-utilization", "0.7", "--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "7",
-        "--weight-transfer-config", '{"backend": "areal"}', "--logprobs-mode", "processed_logprobs",
-        "--log-level", "warning",
+        "/envs/serve/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/models/qwen",
+        "--tokenizer",
+        "/models/tok",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--tensor-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.7",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "4096",
+        "--seed",
+        "7",
+        "--weight-transfer-config",
+        '{"backend": "areal"}',
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--log-level",
+        "warning",
     ]
     assert cmd.env == {"VLLM_SERVER_DEV_MODE": "1", "PYTHONSAFEPATH": "1"}
 
@@ -58,8 +102,22 @@ def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
     cfg.model.dtype = "float32"
     cmd = build_server_command(cfg, "/models/tiny", weight_version=3)
     assert cmd.argv == [
-        sys.executable, "-m", "areal_tasks.cli", "serve", "--model", "/models/tiny",
-        "--host", "{host}", "--port", "{port}", "--dtype", "float32", "--seed", "1", "--weight-version", "3",
+        sys.executable,
+        "-m",
+        "areal_tasks.cli",
+        "serve",
+        "--model",
+        "/models/tiny",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--dtype",
+        "float32",
+        "--seed",
+        "1",
+        "--weight-version",
+        "3",
     ]
 
 

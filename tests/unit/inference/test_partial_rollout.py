@@ -198,7 +198,10 @@ def test_an_abort_carrying_an_error_is_not_resubmitted() -> None:
     async def scenario() -> None:
         cluster = FakeCluster(1)
         cluster.servers[0].abort_with = {
-            "type": "abort", "message": "input is longer than the context", "status_code": 400, "err_type": "BadRequestError",
+            "type": "abort",
+            "message": "input is longer than the context",
+            "status_code": 400,
+            "err_type": "BadRequestError",
         }
         async with make_engine(cluster) as engine:
             with pytest.raises(InferenceRequestError, match="longer than the context"):

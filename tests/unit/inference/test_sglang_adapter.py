@@ -17,20 +17,48 @@ INP = GenerateInput("abc-0000", [1, 2, 3], SamplingParams(max_new_tokens=4))
 
 def answer(output_ids, finish, **meta):
     logprobs = meta.pop("logprobs", [[-0.5, t, None] for t in output_ids])
-    return {"text": "x", "output_ids": output_ids,
-            "meta_info": {"id": "abc-0000", "finish_reason": finish, "prompt_tokens": 3,
-                          "completion_tokens": len(output_ids), "output_token_logprobs": logprobs, **meta}}
+    return {
+        "text": "x",
+        "output_ids": output_ids,
+        "meta_info": {
+            "id": "abc-0000",
+            "finish_reason": finish,
+            "prompt_tokens": 3,
+            "completion_tokens": len(output_ids),
+            "output_token_logprobs": logprobs,
+            **meta,
+        },
+    }
 
 
 def test_generate_body_uses_sglang_names() -> None:
-    sampling = SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=-1, stop=("</s>",),
-                              stop_token_ids=(2,), ignore_eos=True, seed=11)
+    sampling = SamplingParams(
+        max_new_tokens=7,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=-1,
+        stop=("</s>",),
+        stop_token_ids=(2,),
+        ignore_eos=True,
+        seed=11,
+    )
     call = ADAPTER.generate(GenerateInput("r-0001", [5, 6], sampling))
     assert (call.method, call.path) == ("POST", "/generate")
     assert call.json == {
-        "rid": "r-0001", "input_ids": [5, 6], "return_logprob": True, "stream": False,
-        "sampling_params": {"max_new_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
-                            "ignore_eos": True, "stop": ["</s>"], "stop_token_ids": [2], "sampling_seed": 11},
+        "rid": "r-0001",
+        "input_ids": [5, 6],
+        "return_logprob": True,
+        "stream": False,
+        "sampling_params": {
+            "max_new_tokens": 7,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": -1,
+            "ignore_eos": True,
+            "stop": ["</s>"],
+            "stop_token_ids": [2],
+            "sampling_seed": 11,
+        },
     }
     assert set(call.json["sampling_params"]) <= SGLANG_SAMPLING_KEYS
 
@@ -42,8 +70,11 @@ def test_empty_stop_lists_and_no_seed_are_left_out() -> None:
 
 @pytest.mark.parametrize(
     ("finish", "reason"),
-    [({"type": "stop", "matched": 9}, "stop"), ({"type": "length", "length": 2}, "length"),
-     ({"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, "abort")],
+    [
+        ({"type": "stop", "matched": 9}, "stop"),
+        ({"type": "length", "length": 2}, "length"),
+        ({"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, "abort"),
+    ],
 )
 def test_finish_reasons(finish, reason) -> None:
     out = ADAPTER.parse_generate(answer([7, 9], finish), INP)
@@ -95,13 +126,23 @@ def test_control_bodies_use_sglang_fields() -> None:
     assert disk.json["model_path"] == "/w/v3" and disk.json["weight_version"] == "3"
     meta = WeightUpdateMeta.collective(2, "10.0.0.1", 29500, 3, group_name="g", backend="nccl")
     init = ADAPTER.init_weight_group(meta, rank_offset=2)
-    assert init.json == {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 2, "world_size": 3,
-                         "group_name": "g", "backend": "nccl"}
+    assert init.json == {
+        "master_address": "10.0.0.1",
+        "master_port": 29500,
+        "rank_offset": 2,
+        "world_size": 3,
+        "group_name": "g",
+        "backend": "nccl",
+    }
     assert set(init.json) == GROUP_KEYS
     bucket = [ParamSpec("w", "bfloat16", (2, 3)), ParamSpec("b", "float32", (3,))]
     dist = ADAPTER.update_weights_from_distributed(meta, bucket)
     assert set(dist.json) <= DIST_KEYS
-    assert (dist.json["names"], dist.json["dtypes"], dist.json["shapes"]) == (["w", "b"], ["bfloat16", "float32"], [[2, 3], [3]])
+    assert (dist.json["names"], dist.json["dtypes"], dist.json["shapes"]) == (
+        ["w", "b"],
+        ["bfloat16", "float32"],
+        [[2, 3], [3]],
+    )
     assert dist.json["load_format"] == "flattened_bucket" and dist.json["group_name"] == "g"
     assert ADAPTER.pause("retract").json == {"mode": "retract"}
     assert ADAPTER.resume().path == "/continue_generation"

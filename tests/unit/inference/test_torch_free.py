@@ -24,7 +24,11 @@ def test_client_launch_and_api_do_not_import_torch() -> None:
 
 
 def test_every_file_has_a_docstring() -> None:
-    paths = [*(ROOT / "areal_tasks/inference/client").glob("*.py"), *(ROOT / "areal_tasks/inference/launch").glob("*.py"),
-             ROOT / "areal_tasks/api/inference.py", ROOT / "areal_tasks/inference/__init__.py"]
+    paths = [
+        *(ROOT / "areal_tasks/inference/client").glob("*.py"),
+        *(ROOT / "areal_tasks/inference/launch").glob("*.py"),
+        ROOT / "areal_tasks/api/inference.py",
+        ROOT / "areal_tasks/inference/__init__.py",
+    ]
     missing = [str(p.relative_to(ROOT)) for p in paths if ast.get_docstring(ast.parse(p.read_text())) is None]
     assert not missing

@@ -35,8 +35,9 @@ def test_calls_take_the_pools_in_turn(max_connections, pools):
     transport = _transport(max_connections, seen)
 
     async def run() -> list:
-        answers = await asyncio.gather(*(transport.send("http://server", HttpCall("GET", "/health"), 5.0)
-                                         for _ in range(3 * pools)))
+        answers = await asyncio.gather(
+            *(transport.send("http://server", HttpCall("GET", "/health"), 5.0) for _ in range(3 * pools))
+        )
         clients = list(transport._clients[asyncio.get_running_loop()])
         await transport.aclose()
         assert all(client.is_closed for client in clients)

@@ -20,27 +20,58 @@ INP = GenerateInput("r-0001", [5, 6], SamplingParams(max_new_tokens=3))
 def answer(token_ids, finish="length", logprobs=None, tokens=None):
     logprobs = [-0.5] * len(token_ids) if logprobs is None else logprobs
     tokens = [f"token_id:{t}" for t in token_ids] if tokens is None else tokens
-    return {"choices": [{"index": 0, "text": "x", "finish_reason": finish, "token_ids": token_ids,
-                         "logprobs": {"tokens": tokens, "token_logprobs": logprobs}}]}
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "text": "x",
+                "finish_reason": finish,
+                "token_ids": token_ids,
+                "logprobs": {"tokens": tokens, "token_logprobs": logprobs},
+            }
+        ]
+    }
 
 
 def test_generate_body_has_token_prompt_logprobs_and_every_sampling_field() -> None:
-    sampling = SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=5, stop=("</s>",),
-                              stop_token_ids=(2,), ignore_eos=True, seed=11)
+    sampling = SamplingParams(
+        max_new_tokens=7,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=5,
+        stop=("</s>",),
+        stop_token_ids=(2,),
+        ignore_eos=True,
+        seed=11,
+    )
     call = ADAPTER.generate(GenerateInput("r-0002", [5, 6], sampling))
     assert (call.method, call.path) == ("POST", "/v1/completions")
     assert call.json == {
-        "model": "tiny", "prompt": [5, 6], "request_id": "r-0002", "stream": False, "logprobs": 0,
-        "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
-        "include_stop_str_in_output": True, "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
-        "ignore_eos": True, "stop": ["</s>"], "stop_token_ids": [2], "seed": 11,
+        "model": "tiny",
+        "prompt": [5, 6],
+        "request_id": "r-0002",
+        "stream": False,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "ignore_eos": True,
+        "stop": ["</s>"],
+        "stop_token_ids": [2],
+        "seed": 11,
     }
     assert "model" not in make_adapter("vllm").generate(INP).json
     assert "seed" not in ADAPTER.generate(INP).json
 
 
-@pytest.mark.parametrize(("finish", "expected"), [("length", "length"), ("stop", "stop"), ("abort", "abort"),
-                                                  ("repetition", "stop")])
+@pytest.mark.parametrize(
+    ("finish", "expected"), [("length", "length"), ("stop", "stop"), ("abort", "abort"), ("repetition", "stop")]
+)
 def test_parse_maps_finish_reasons(finish: str, expected: str) -> None:
     out = ADAPTER.parse_generate(answer([7, 8], finish, logprobs=[-0.25, -1.5]), INP)
     assert (out.output_ids, out.output_logprobs, out.stop_reason) == ([7, 8], [-0.25, -1.5], expected)
@@ -74,7 +105,11 @@ def test_control_calls() -> None:
     assert ADAPTER.pause("in_place").params == ADAPTER.pause("retract").params == {"mode": "keep"}
     assert (ADAPTER.resume().method, ADAPTER.resume().path) == ("POST", "/resume")
     assert ADAPTER.model_info().path == "/weight_info"
-    assert [ADAPTER.parse_version(p) for p in ({"weight_version": "4"}, {"weight_version": None}, [])] == [4, None, None]
+    assert [ADAPTER.parse_version(p) for p in ({"weight_version": "4"}, {"weight_version": None}, [])] == [
+        4,
+        None,
+        None,
+    ]
 
 
 def test_a_disk_update_is_start_update_finish() -> None:
@@ -89,9 +124,23 @@ def test_a_collective_update_joins_once_and_sends_buckets() -> None:
     meta = WeightUpdateMeta.collective(5, "10.0.0.1", 29500, 3, group_name="g", timeout_s=30.0)
     init = ADAPTER.init_weight_group(meta, rank_offset=2)
     assert init.path == "/init_weight_transfer_engine"
-    assert init.json == {"init_info": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 2,
-                                       "world_size": 3, "group_name": "g", "backend": "gloo", "timeout_s": 30.0}}
+    assert init.json == {
+        "init_info": {
+            "master_address": "10.0.0.1",
+            "master_port": 29500,
+            "rank_offset": 2,
+            "world_size": 3,
+            "group_name": "g",
+            "backend": "gloo",
+            "timeout_s": 30.0,
+        }
+    }
     bucket = [ParamSpec("a.weight", "float32", (2, 3)), ParamSpec("b.bias", "bfloat16", (4,))]
     call = ADAPTER.update_weights_from_distributed(meta, bucket)
-    assert call.json == {"update_info": {"names": ["a.weight", "b.bias"], "dtype_names": ["float32", "bfloat16"],
-                                         "shapes": [[2, 3], [4]]}}
+    assert call.json == {
+        "update_info": {
+            "names": ["a.weight", "b.bias"],
+            "dtype_names": ["float32", "bfloat16"],
+            "shapes": [[2, 3], [4]],
+        }
+    }

@@ -86,8 +86,17 @@ def test_executor_passthrough_works_before_start_and_after_stop() -> None:
 
     cluster = FakeCluster(1)
     engine = make_engine(cluster)
-    executor = RolloutExecutor(engine=engine, workflow=NoWorkflow(), dataset=[1, 2], batch_size=2, group_size=1,
-                               max_concurrent_rollouts=1, max_head_offpolicyness=0, max_failure_rate=0.5, seed=0)  # fmt: skip
+    executor = RolloutExecutor(
+        engine=engine,
+        workflow=NoWorkflow(),
+        dataset=[1, 2],
+        batch_size=2,
+        group_size=1,
+        max_concurrent_rollouts=1,
+        max_head_offpolicyness=0,
+        max_failure_rate=0.5,
+        seed=0,
+    )
     buckets = plan_weight_buckets(SPECS, bucket_bytes=1 << 20)
     executor.pause()
     executor.update_weights(_meta(1, servers=1), buckets)

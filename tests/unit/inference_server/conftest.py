@@ -1,7 +1,7 @@
 """Fixtures of the embedded-server unit tests: one tiny qwen2 model runner and engine per module.
 
-``server_helpers.py`` beside this file holds the request helpers. Torch runs on one thread here: the tiny model's matmuls are far too small to gain from more, and
-the test machine's cores are shared.
+``server_helpers.py`` beside this file holds the request helpers. Torch runs on one thread here: the
+tiny model's matmuls are far too small to gain from more, and the test machine's cores are shared.
 """
 
 from __future__ import annotations

@@ -33,8 +33,15 @@ def make_request(prompt: list[int], rid: str = "r", n: int = 1, return_logprob: 
     for j in range(n):
         fut: concurrent.futures.Future = concurrent.futures.Future()
         seed = None if p.sampling_seed is None else p.sampling_seed + j
-        seqs.append(Sequence(rid=rid if n == 1 else f"{rid}_{j}", group=group, params=replace(p, sampling_seed=seed),
-                             on_finish=lambda s, f=fut: f.set_result(s), return_logprob=return_logprob))
+        seqs.append(
+            Sequence(
+                rid=rid if n == 1 else f"{rid}_{j}",
+                group=group,
+                params=replace(p, sampling_seed=seed),
+                on_finish=lambda s, f=fut: f.set_result(s),
+                return_logprob=return_logprob,
+            )
+        )
         futures.append(fut)
     return Submitted(seqs, futures)
 

@@ -34,9 +34,8 @@ def test_compiled_forwards_are_swapped_in_only_inside_the_context() -> None:
     with compiled.active(view):
         assert all("forward" in block.__dict__ for block in blocks)
     assert all("forward" not in block.__dict__ for block in blocks)
-    with pytest.raises(ValueError, match="boom"):
-        with compiled.active(view):
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), compiled.active(view):
+        raise ValueError("boom")
     assert all("forward" not in block.__dict__ for block in blocks)
     x = torch.ones(1, 2)
     assert torch.equal(blocks[0](x), torch.nn.functional.linear(x, blocks[0].weight, blocks[0].bias))
@@ -89,5 +88,5 @@ def test_compiled_blocks_decode_like_eager_with_one_graph_set_for_all_blocks() -
     # a block's layer index specialised per block would compile at least 3 graphs a block
     assert 0 < counters["stats"]["unique_graphs"] < 3 * layers
     # the only graph break is the cache write, which must never be traced (a copy of the whole store)
-    breaks = [reason for reason in counters["graph_break"]]
+    breaks = list(counters["graph_break"])
     assert breaks and all("write_at_positions" in reason for reason in breaks), breaks

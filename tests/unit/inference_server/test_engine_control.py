@@ -30,7 +30,9 @@ def test_stop_token_ids_and_eos(engine) -> None:
     engine.finisher.eos_token_ids = engine.runner.eos_token_ids
     try:
         assert generate(engine, PROMPT, temperature=0.0, max_new_tokens=12).output_ids == seq.output_ids
-        assert generate(engine, PROMPT, temperature=0.0, max_new_tokens=12, ignore_eos=True).output_ids == base.output_ids
+        assert (
+            generate(engine, PROMPT, temperature=0.0, max_new_tokens=12, ignore_eos=True).output_ids == base.output_ids
+        )
     finally:
         engine.runner.eos_token_ids = engine.finisher.eos_token_ids = saved
 
@@ -113,6 +115,7 @@ def test_weight_change_mid_sequence_records_version_spans(engine) -> None:
         def apply():
             runner.load_weights([("lm_head.weight", weights)])
             engine.weights_changed(version)
+
         return apply
 
     try:
@@ -125,7 +128,8 @@ def test_weight_change_mid_sequence_records_version_spans(engine) -> None:
     from areal_tasks.inference.server.protocol import weight_version_spans
 
     assert weight_version_spans(seq, "7") == [
-        {"version": old_version, "start": 0, "end": split}, {"version": "7", "start": split, "end": 30},
+        {"version": old_version, "start": 0, "end": split},
+        {"version": "7", "start": split, "end": 30},
     ]
     assert torch.equal(head, saved)
 
@@ -153,9 +157,11 @@ def test_running_sequences_are_compacted_into_the_lowest_slots(engine, monkeypat
 
     # recorded in the engine thread: b can finish (and c move) before this thread first looks at c
     monkeypatch.setattr(cache, "move_many", recording)
-    reqs = [make_request(PROMPT, rid="a", temperature=0.0, max_new_tokens=80, ignore_eos=True),
-            make_request(PROMPT, rid="b", temperature=0.0, max_new_tokens=2, ignore_eos=True),
-            make_request([9, 8, 7, 6], rid="c", temperature=0.0, max_new_tokens=80, ignore_eos=True)]
+    reqs = [
+        make_request(PROMPT, rid="a", temperature=0.0, max_new_tokens=80, ignore_eos=True),
+        make_request(PROMPT, rid="b", temperature=0.0, max_new_tokens=2, ignore_eos=True),
+        make_request([9, 8, 7, 6], rid="c", temperature=0.0, max_new_tokens=80, ignore_eos=True),
+    ]
     engine.submit([r.seqs[0] for r in reqs])
     c = reqs[2].seqs[0]
     _wait_tokens(c, 1)

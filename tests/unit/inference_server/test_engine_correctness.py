@@ -31,9 +31,15 @@ def reference(tiny_qwen2: Path, one_thread: None):
 
 def _hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def _hf_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> torch.Tensor:
@@ -50,8 +56,10 @@ def test_greedy_matches_generate_under_continuous_batching(engine, reference) ->
     engine.submit(long.seqs)
     while len(long.seqs[0].output_ids) < 3:
         time.sleep(0.001)
-    reqs = [make_request(p, rid=f"r{i}", temperature=0.0, max_new_tokens=n, ignore_eos=True)
-            for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))]
+    reqs = [
+        make_request(p, rid=f"r{i}", temperature=0.0, max_new_tokens=n, ignore_eos=True)
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+    ]
     for req in reqs:
         engine.submit(req.seqs)
     results = [req.wait()[0] for req in reqs]
@@ -67,8 +75,10 @@ def test_greedy_matches_generate_under_continuous_batching(engine, reference) ->
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_output_logprobs_match_a_forward_pass(engine, reference, temperature: float) -> None:
-    reqs = [make_request(p, rid=f"lp{i}", temperature=temperature, max_new_tokens=12, ignore_eos=True,
-                         sampling_seed=i) for i, p in enumerate(PROMPTS[:3])]
+    reqs = [
+        make_request(p, rid=f"lp{i}", temperature=temperature, max_new_tokens=12, ignore_eos=True, sampling_seed=i)
+        for i, p in enumerate(PROMPTS[:3])
+    ]
     for req in reqs:
         engine.submit(req.seqs)
     for req, prompt in zip(reqs, PROMPTS):
@@ -92,10 +102,10 @@ def test_prompt_logprobs_match_a_forward_pass(engine, reference) -> None:
 
 def test_batched_results_equal_running_alone(engine) -> None:
     settings = [
-        dict(temperature=0.0, max_new_tokens=15),
-        dict(temperature=0.9, top_p=0.9, sampling_seed=3, max_new_tokens=20),
-        dict(temperature=1.2, top_k=30, sampling_seed=4, max_new_tokens=7),
-        dict(temperature=0.8, min_p=0.001, sampling_seed=5, max_new_tokens=25),
+        {"temperature": 0.0, "max_new_tokens": 15},
+        {"temperature": 0.9, "top_p": 0.9, "sampling_seed": 3, "max_new_tokens": 20},
+        {"temperature": 1.2, "top_k": 30, "sampling_seed": 4, "max_new_tokens": 7},
+        {"temperature": 0.8, "min_p": 0.001, "sampling_seed": 5, "max_new_tokens": 25},
     ]
     alone = [generate(engine, PROMPTS[i], rid=f"alone{i}", ignore_eos=True, **kw) for i, kw in enumerate(settings)]
     reqs = [make_request(PROMPTS[i], rid=f"batch{i}", ignore_eos=True, **kw) for i, kw in enumerate(settings)]
@@ -109,15 +119,23 @@ def test_batched_results_equal_running_alone(engine) -> None:
 
 
 def test_n_samples_share_the_prompt_and_equal_single_runs(engine) -> None:
-    req = make_request(PROMPTS[0], rid="multi", n=4, temperature=1.0, sampling_seed=100, max_new_tokens=10,
-                       ignore_eos=True)
+    req = make_request(
+        PROMPTS[0], rid="multi", n=4, temperature=1.0, sampling_seed=100, max_new_tokens=10, ignore_eos=True
+    )
     engine.submit(req.seqs)
     samples = req.wait()
     assert [s.rid for s in samples] == ["multi_0", "multi_1", "multi_2", "multi_3"]
     assert len({tuple(s.output_ids) for s in samples}) == 4
     for j, seq in enumerate(samples):
-        single = generate(engine, PROMPTS[0], rid=f"single{j}", temperature=1.0, sampling_seed=100 + j,
-                          max_new_tokens=10, ignore_eos=True)
+        single = generate(
+            engine,
+            PROMPTS[0],
+            rid=f"single{j}",
+            temperature=1.0,
+            sampling_seed=100 + j,
+            max_new_tokens=10,
+            ignore_eos=True,
+        )
         assert single.output_ids == seq.output_ids
 
 
@@ -125,7 +143,7 @@ def test_sampled_first_tokens_follow_the_models_distribution(engine, reference) 
     """3000 samples of the token after a fixed prefix (one request, n = 3000, temperature 0.05, top-p
     0.8) against SGLang's distribution over transformers' logits, by chi-square at p = 1e-6."""
     prefix, draws = [5, 6, 7, 8, 9], 3000
-    params = dict(temperature=0.05, top_p=0.8, max_new_tokens=1, sampling_seed=2024)
+    params = {"temperature": 0.05, "top_p": 0.8, "max_new_tokens": 1, "sampling_seed": 2024}
     req = make_request(prefix, rid="stat", n=draws, return_logprob=False, **params)
     engine.submit(req.seqs)
     tokens = torch.tensor([s.output_ids[0] for s in req.wait()])

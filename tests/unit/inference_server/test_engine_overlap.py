@@ -34,14 +34,22 @@ def any_runner(request, tiny_qwen2, one_thread) -> ModelRunner:
 def _workload(stop_token: int | None) -> list[Submitted]:
     """Mixed lengths, an ``n = 3`` seeded request, a sampled one, one that fills the context and
     (with ``stop_token``) one that stops on a token mid-way."""
-    reqs = [make_request(p, rid=f"g{i}", temperature=0.0, max_new_tokens=m, ignore_eos=True)
-            for i, (p, m) in enumerate(zip(PROMPTS, (1, 2, 5, 17, 9)))]
-    reqs.append(make_request(PROMPTS[1], rid="n3", n=3, temperature=1.0, top_p=0.9, sampling_seed=11,
-                             max_new_tokens=12, ignore_eos=True))
+    reqs = [
+        make_request(p, rid=f"g{i}", temperature=0.0, max_new_tokens=m, ignore_eos=True)
+        for i, (p, m) in enumerate(zip(PROMPTS, (1, 2, 5, 17, 9)))
+    ]
+    reqs.append(
+        make_request(
+            PROMPTS[1], rid="n3", n=3, temperature=1.0, top_p=0.9, sampling_seed=11, max_new_tokens=12, ignore_eos=True
+        )
+    )
     reqs.append(make_request(PROMPTS[3], rid="long", temperature=0.0, max_new_tokens=500, ignore_eos=True))
     if stop_token is not None:
-        reqs.append(make_request(PROMPTS[3], rid="stop", temperature=0.0, max_new_tokens=20, ignore_eos=True,
-                                 stop_token_ids=[stop_token]))
+        reqs.append(
+            make_request(
+                PROMPTS[3], rid="stop", temperature=0.0, max_new_tokens=20, ignore_eos=True, stop_token_ids=[stop_token]
+            )
+        )
     return reqs
 
 
@@ -175,8 +183,10 @@ def test_the_sampling_table_is_rebuilt_only_when_the_rows_change(runner, monkeyp
     monkeypatch.setattr(engine_module.SamplingBatch, "build", counting_build)
     engine = _start(runner, overlap=True)
     try:
-        reqs = [make_request(PROMPTS[0], rid="short", temperature=1.0, max_new_tokens=6, ignore_eos=True),
-                make_request(PROMPTS[1], rid="long", temperature=1.0, max_new_tokens=30, ignore_eos=True)]
+        reqs = [
+            make_request(PROMPTS[0], rid="short", temperature=1.0, max_new_tokens=6, ignore_eos=True),
+            make_request(PROMPTS[1], rid="long", temperature=1.0, max_new_tokens=30, ignore_eos=True),
+        ]
         for req in reqs:
             engine.submit(req.seqs)
         outputs = {seq.rid: seq.output_ids for req in reqs for seq in req.wait()}

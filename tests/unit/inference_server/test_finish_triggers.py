@@ -43,7 +43,8 @@ def test_fast_path_finishes_exactly_where_the_full_check_does(seed: int) -> None
     rng = random.Random(seed)
     checker = FinishChecker(_Tokenizer(), EOS, context_length=rng.choice([20, 64, 512]))
     params = SamplingParams(
-        max_new_tokens=rng.choice([1, 5, 30, 100]), ignore_eos=rng.random() < 0.4,
+        max_new_tokens=rng.choice([1, 5, 30, 100]),
+        ignore_eos=rng.random() < 0.4,
         stop_token_ids=frozenset(rng.sample(range(30), rng.choice([0, 1, 3]))),
         stop=tuple(rng.choice([(), ("xyz",), ("bc", "q")])),
     )

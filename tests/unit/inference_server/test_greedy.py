@@ -47,7 +47,8 @@ def test_sample_hands_all_greedy_batches_to_the_given_picker() -> None:
     greedy = SamplingBatch.build([SamplingParams(temperature=0.0)] * 2, [None, None], logits.device)
     tokens, _ = sample(logits, greedy, picker)
     assert seen == [(2, 50)] and torch.equal(tokens, logits.argmax(-1))
-    mixed = SamplingBatch.build([SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)],
-                                [None, None], logits.device)
+    mixed = SamplingBatch.build(
+        [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)], [None, None], logits.device
+    )
     sample(logits, mixed, picker)
     assert len(seen) == 1  # a mixed batch samples every row itself

@@ -38,12 +38,15 @@ def test_moves_carry_positions_and_lengths():
     assert cache.allocate() == 3
 
 
-@pytest.mark.parametrize("moves,what", [
-    ([(5, 2)], "targets"),            # target in use
-    ([(5, 0), (4, 0)], "targets"),    # the same target twice
-    ([(1, 0)], "sources"),            # source is free
-    ([(5, 0), (5, 1)], "sources"),    # the same source twice
-])
+@pytest.mark.parametrize(
+    "moves,what",
+    [
+        ([(5, 2)], "targets"),  # target in use
+        ([(5, 0), (4, 0)], "targets"),  # the same target twice
+        ([(1, 0)], "sources"),  # source is free
+        ([(5, 0), (5, 1)], "sources"),  # the same source twice
+    ],
+)
 def test_invalid_moves_are_refused_and_change_nothing(moves, what):
     cache = _filled_cache()
     free, lengths = sorted(cache.free_slot_ids()), list(cache.lengths)

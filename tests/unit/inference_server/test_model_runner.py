@@ -28,10 +28,16 @@ def _greedy_batch(runner: ModelRunner, prompts: list[list[int]], steps: int) -> 
     return outs
 
 
-@pytest.mark.parametrize("family, overrides", [
-    ("llama", {}), ("qwen3", {}), ("gemma", {}), ("qwen2_moe", {}),
-    ("mistral", {"sliding_window": 4}),
-])
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        ("llama", {}),
+        ("qwen3", {}),
+        ("gemma", {}),
+        ("qwen2_moe", {}),
+        ("mistral", {"sliding_window": 4}),
+    ],
+)
 def test_ragged_batch_greedy_equals_generate(family: str, overrides: dict, one_thread: None) -> None:
     path = build_tiny_model(family, **overrides)
     runner = ModelRunner(RunnerConfig(str(path), device="cpu", max_running_requests=4, context_length=64))
@@ -39,9 +45,15 @@ def test_ragged_batch_greedy_equals_generate(family: str, overrides: dict, one_t
     got = _greedy_batch(runner, PROMPTS, STEPS)
     for prompt, out in zip(PROMPTS, got):
         with torch.no_grad():
-            want = reference.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert out == want[0, len(prompt):].tolist(), family
+            want = reference.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        assert out == want[0, len(prompt) :].tolist(), family
 
 
 def test_tied_embeddings_load_under_either_name(one_thread: None) -> None:
@@ -77,7 +89,7 @@ def test_batched_ragged_prefill_equals_single_prefills(runner) -> None:
             runner.cache.release(slot)
     for prompt, token, row in zip(prompts, nxt, stepped):
         slot = runner.cache.allocate()
-        want = runner.prefill(slot, prompt + [token])[-1]
+        want = runner.prefill(slot, [*prompt, token])[-1]
         runner.cache.release(slot)
         assert torch.allclose(row, want, atol=1e-5)
 
@@ -89,8 +101,9 @@ def test_static_bucketed_decode_equals_eager_decode(tiny_qwen2, one_thread: None
     assert batch_buckets(256)[-4:] == [160, 192, 224, 256]
     assert batch_buckets(5) == [1, 2, 4, 5] and batch_buckets(700)[-2:] == [640, 700]
     assert length_buckets(392) == [256, 392] and length_buckets(48, smallest=16) == [16, 32, 48]
-    static = GraphModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6,
-                                           context_length=48), capture=False)
+    static = GraphModelRunner(
+        RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6, context_length=48), capture=False
+    )
     static.lengths = length_buckets(48, smallest=16)  # several length buckets within this short context
     eager = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6, context_length=48))
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]

@@ -23,8 +23,9 @@ def _split(**body):
 
 def test_split_single_batch_and_per_item_fields() -> None:
     items, is_batch = _split(input_ids=[1, 2], rid="a", return_logprob=True)
-    assert not is_batch and items == [{"input_ids": [1, 2], "sampling_params": {}, "rid": "a",
-                                       "return_logprob": True, "logprob_start_len": -1}]
+    assert not is_batch and items == [
+        {"input_ids": [1, 2], "sampling_params": {}, "rid": "a", "return_logprob": True, "logprob_start_len": -1}
+    ]
     items, is_batch = _split(input_ids=[[1], [2, 3]], sampling_params=[{"n": 2}, {}], rid="b")
     assert is_batch and [i["rid"] for i in items] == ["b_0", "b_1"]
     assert [i["sampling_params"] for i in items] == [{"n": 2}, {}]
@@ -49,11 +50,16 @@ def _seq(events, n_out: int) -> Sequence:
 def test_weight_version_spans_follow_sglang() -> None:
     assert weight_version_spans(_seq([], 4), "3") == [{"version": "3", "start": 0, "end": 4}]
     spans = weight_version_spans(_seq([("1", 2), ("2", 5)], 7), "3")
-    assert spans == [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 5},
-                     {"version": "3", "start": 5, "end": 7}]
+    assert spans == [
+        {"version": "1", "start": 0, "end": 2},
+        {"version": "2", "start": 2, "end": 5},
+        {"version": "3", "start": 5, "end": 7},
+    ]
     # an update between the same token counts leaves no empty span
     assert weight_version_spans(_seq([("1", 2), ("2", 2)], 3), "3") == [
-        {"version": "1", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 3}]
+        {"version": "1", "start": 0, "end": 2},
+        {"version": "3", "start": 2, "end": 3},
+    ]
 
 
 @pytest.mark.parametrize(
@@ -79,10 +85,22 @@ def test_api_key_rules(path, header, api_key, admin_key, allowed) -> None:
 
 
 def test_metrics_text_format() -> None:
-    stats = EngineStats(num_running=3, num_waiting=2, paused=None, draining=True, prompt_tokens_total=10,
-                        generation_tokens_total=20, requests_finished_total=4, gen_throughput=12.5,
-                        cache_used_tokens=25, cache_capacity_tokens=100, weight_version="1",
-                        decode_steps_total=7, decode_seconds_total=0.5, decode_wait_seconds_total=0.25)
+    stats = EngineStats(
+        num_running=3,
+        num_waiting=2,
+        paused=None,
+        draining=True,
+        prompt_tokens_total=10,
+        generation_tokens_total=20,
+        requests_finished_total=4,
+        gen_throughput=12.5,
+        cache_used_tokens=25,
+        cache_capacity_tokens=100,
+        weight_version="1",
+        decode_steps_total=7,
+        decode_seconds_total=0.5,
+        decode_wait_seconds_total=0.25,
+    )
     lines = render_metrics(stats, 'm"x').splitlines()
     assert 'areal:decode_steps_total{model_name="m\\"x"} 7.0' in lines
     assert 'areal:decode_wait_seconds_total{model_name="m\\"x"} 0.25' in lines

@@ -67,8 +67,12 @@ def _batch(params: list[SamplingParams], gens: list | None = None) -> SamplingBa
 def test_greedy_rows_take_argmax_with_raw_logprobs() -> None:
     torch.manual_seed(0)
     logits = torch.randn(4, 50)
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7), SamplingParams(top_k=1),
-              SamplingParams(temperature=0.0)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(top_k=1),
+        SamplingParams(temperature=0.0),
+    ]
     tokens, logprobs = sample(logits, _batch(params))
     for row in (0, 2, 3):
         assert tokens[row] == logits[row].argmax()

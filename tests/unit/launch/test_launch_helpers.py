@@ -76,11 +76,11 @@ def test_device_pool_acquire_release_keeps_order() -> None:
 @pytest.fixture
 def http_server() -> Iterator[int]:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/health" else 503)
             self.end_headers()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return None  # keep test output quiet
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
@@ -118,4 +118,3 @@ def test_make_scheduler(tmp_path: Path) -> None:
         make_scheduler("slurm")
     with pytest.raises(SchedulerError, match="supported kinds: local"):
         make_scheduler("kubernetes")
-

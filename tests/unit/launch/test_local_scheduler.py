@@ -71,7 +71,9 @@ def _controller_script(run_dir: Path, pidfile: Path, then: str) -> str:
         from areal_tasks.api.scheduler import WorkerGroupSpec
         from areal_tasks.launch import LocalScheduler
         sched = LocalScheduler(run_dir={str(run_dir)!r}, devices=[])
-        [info] = sched.start_group(WorkerGroupSpec(name="w", command=[sys.executable, "-c", "import time; time.sleep(600)"]))
+        [info] = sched.start_group(
+            WorkerGroupSpec(name="w", command=[sys.executable, "-c", "import time; time.sleep(600)"])
+        )
         with open({str(pidfile)!r} + ".tmp", "w") as f:
             f.write(str(info.pid))
         import os; os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
@@ -135,16 +137,21 @@ def test_devices_are_handed_out_from_the_pool(local: LocalScheduler, worker_cmd:
     assert local.start_group(more)[0].devices == ["0"]
 
 
-
 def test_a_colocated_group_shares_the_devices_another_group_holds(
     local: LocalScheduler, worker_cmd: Cmd, tmp_path: Path
 ) -> None:
-    holder = local.start_group(WorkerGroupSpec(name="servers", command=worker_cmd("sleep"), replicas=2,
-                                               devices_per_worker=1))
+    holder = local.start_group(
+        WorkerGroupSpec(name="servers", command=worker_cmd("sleep"), replicas=2, devices_per_worker=1)
+    )
     held = [i.devices for i in holder]
     assert held == [["0"], ["1"]]
-    sharer = WorkerGroupSpec(name="trainers", command=worker_cmd("dump", str(tmp_path / "t{rank}")), replicas=2,
-                             devices_per_worker=1, shared_devices=held)
+    sharer = WorkerGroupSpec(
+        name="trainers",
+        command=worker_cmd("dump", str(tmp_path / "t{rank}")),
+        replicas=2,
+        devices_per_worker=1,
+        shared_devices=held,
+    )
     infos = local.start_group(sharer)
     assert [i.devices for i in infos] == held
     local.wait("trainers", timeout_s=WAIT_S)
@@ -157,15 +164,18 @@ def test_a_colocated_group_shares_the_devices_another_group_holds(
     with pytest.raises(SchedulerError, match="0 are held by no worker; start the group that holds them first"):
         local.start_group(sharer)
     with pytest.raises(SchedulerError, match="7 are not in the pool"):
-        local.start_group(WorkerGroupSpec(name="stray", command=worker_cmd("sleep"), devices_per_worker=1,
-                                          shared_devices=[["7"]]))
-    assert local.start_group(WorkerGroupSpec(name="again", command=worker_cmd("sleep"), replicas=2,
-                                             devices_per_worker=1))[1].devices == ["1"]
+        local.start_group(
+            WorkerGroupSpec(name="stray", command=worker_cmd("sleep"), devices_per_worker=1, shared_devices=[["7"]])
+        )
+    assert local.start_group(
+        WorkerGroupSpec(name="again", command=worker_cmd("sleep"), replicas=2, devices_per_worker=1)
+    )[1].devices == ["1"]
 
 
 def test_shared_devices_must_fit_the_group() -> None:
     with pytest.raises(ConfigError, match="one list of devices_per_worker=1 ids per replica"):
         WorkerGroupSpec(name="g", command=["x"], replicas=2, devices_per_worker=1, shared_devices=[["0"]])
+
 
 def test_a_worker_computes_on_its_first_own_device_else_on_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "1")

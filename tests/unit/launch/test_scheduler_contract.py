@@ -137,8 +137,14 @@ def test_placeholders_are_expanded_in_command_env_and_cwd(
     spec = WorkerGroupSpec(
         name="probe",
         command=worker_cmd(
-            "dump", str(tmp_path / "out-{rank}.json"), "{rank}/{world_size}", "{host}:{port}", "{port_1}",
-            "{run_dir}", "{group}", "{'literal': 1}",
+            "dump",
+            str(tmp_path / "out-{rank}.json"),
+            "{rank}/{world_size}",
+            "{host}:{port}",
+            "{port_1}",
+            "{run_dir}",
+            "{group}",
+            "{'literal': 1}",
         ),
         env={"MY_PORT": "{port}"},
         cwd=str(tmp_path),

@@ -1,14 +1,14 @@
 """A tiny worker program for the scheduler tests; the first argument picks what it does.
 
-  http PORT                       serve GET /health -> 200 on 127.0.0.1:PORT until killed
-  touch PATH                      create PATH, then sleep until killed
-  crash CODE MESSAGE              print MESSAGE to stderr and exit with CODE
-  ready-then-crash READY TRIGGER CODE
-                                  create READY, wait for TRIGGER to appear, exit with CODE
-  stubborn-child READY PIDFILE    start a grandchild that ignores SIGTERM (it writes its pid to
-                                  PIDFILE, then creates READY); sleep until killed
-  dump OUT [ARGS...]              write argv and env as JSON to OUT, print to stdout and stderr, exit 0
-  sleep                           sleep until killed
+http PORT                       serve GET /health -> 200 on 127.0.0.1:PORT until killed
+touch PATH                      create PATH, then sleep until killed
+crash CODE MESSAGE              print MESSAGE to stderr and exit with CODE
+ready-then-crash READY TRIGGER CODE
+                                create READY, wait for TRIGGER to appear, exit with CODE
+stubborn-child READY PIDFILE    start a grandchild that ignores SIGTERM (it writes its pid to
+                                PIDFILE, then creates READY); sleep until killed
+dump OUT [ARGS...]              write argv and env as JSON to OUT, print to stdout and stderr, exit 0
+sleep                           sleep until killed
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ def _sleep_forever() -> None:
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
         self.wfile.write(b"ok")
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         sys.stderr.write("health: " + format % args + "\n")
 
 

@@ -53,9 +53,18 @@ def test_tiny_writes_model_and_prints_detection(tmp_path: Path) -> None:
 
 def test_tiny_set_overrides_change_the_shape(tmp_path: Path) -> None:
     out = _areal(
-        "tiny", "--family", "qwen2", "--out", str(tmp_path / "m"),
-        "--set", "hidden_size=32", "--set", "intermediate_size=48", "--set", "tie_word_embeddings=true",
-    )  # fmt: skip
+        "tiny",
+        "--family",
+        "qwen2",
+        "--out",
+        str(tmp_path / "m"),
+        "--set",
+        "hidden_size=32",
+        "--set",
+        "intermediate_size=48",
+        "--set",
+        "tie_word_embeddings=true",
+    )
     assert out.returncode == 0, out.stderr
     model = json.loads(out.stdout)["model"]
     assert (model["hidden_size"], model["intermediate_size"], model["head_dim"]) == (32, 48, 8)

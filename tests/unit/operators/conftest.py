@@ -37,8 +37,12 @@ def fake_train_command() -> list[str]:
     return [sys.executable, str(FAKE_TRAIN)]
 
 
-def make_context(dag_id: str = "areal_rl_training", run_id: str = "manual__2026-01-02T03:04:05+00:00",
-                 task_id: str = "train", map_index: int = -1) -> dict[str, Any]:  # fmt: skip
+def make_context(
+    dag_id: str = "areal_rl_training",
+    run_id: str = "manual__2026-01-02T03:04:05+00:00",
+    task_id: str = "train",
+    map_index: int = -1,
+) -> dict[str, Any]:
     """The part of an Airflow task context the operators read: ``ti`` with its ids."""
     ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, try_number=1)
     return {"ti": ti, "run_id": run_id}
@@ -65,5 +69,7 @@ def store(mlflow_template_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.chdir(tmp_path)  # MLflow's fallback artifact root is ./mlruns
     uri = f"sqlite:///{db}"
     hook = MlflowHook(uri)
-    run_id = hook.start_run("areal-test", "pipeline", {"areal.dag_id": "d"}, artifact_location=(tmp_path / "art").as_uri())
+    run_id = hook.start_run(
+        "areal-test", "pipeline", {"areal.dag_id": "d"}, artifact_location=(tmp_path / "art").as_uri()
+    )
     return SimpleNamespace(uri=uri, hook=hook, run_id=run_id, client=mlflow.MlflowClient(uri), tmp=tmp_path)

@@ -28,7 +28,9 @@ def main() -> int:
             handle.write(json.dumps({"step": 1, "reward/mean": 0.25}) + "\n")
         time.sleep(120)
         return 0
-    checkpoint = run_dir / "storage" / os.environ.get("FAKE_EXPERIMENT", "demo_grpo") / "trial0" / "checkpoints" / "step_3"
+    checkpoint = (
+        run_dir / "storage" / os.environ.get("FAKE_EXPERIMENT", "demo_grpo") / "trial0" / "checkpoints" / "step_3"
+    )
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "_COMPLETE").write_text("{}", encoding="utf-8")
     (run_dir / "summary.json").write_text(json.dumps({"reward_before": 0.4, "reward_after": 0.7, "steps": 3}))

@@ -84,8 +84,9 @@ def test_bad_allocation_is_reported(tmp_path: Path) -> None:
         LocalClusterHook(tmp_path).check_resources("fsdp:d2x")
 
 
-@pytest.mark.parametrize(("kind", "match"), [("ray", "planned"), ("slurm", "planned"), ("skypilot", "planned"),
-                                             ("k8s", "unknown")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "match"), [("ray", "planned"), ("slurm", "planned"), ("skypilot", "planned"), ("k8s", "unknown")]
+)
 def test_other_schedulers_are_refused_with_the_supported_list(kind: str, match: str) -> None:
     with pytest.raises(ArealAirflowError, match=rf"scheduler '{kind}' .*{match}.*supported schedulers: local"):
         get_cluster_hook(kind, jobs_root="/tmp/x")

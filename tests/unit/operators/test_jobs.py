@@ -51,7 +51,7 @@ def test_success_and_failure_exit_codes(jobs: LocalJobs, tmp_path: Path) -> None
     ok = jobs.submit("ok", [PY, "-c", "print('all good')"], run_dir=tmp_path / "run_ok")
     assert ok.state == "running" and ok.attempt == 1 and ok.run_dir == str(tmp_path / "run_ok")
     assert (tmp_path / "run_ok").is_dir()
-    bad = jobs.submit("bad", [PY, "-c", "import sys; print('boom'); sys.exit(3)"])
+    jobs.submit("bad", [PY, "-c", "import sys; print('boom'); sys.exit(3)"])
     assert wait_state(jobs, "ok") == "succeeded"
     assert jobs.status("ok").exit_code == 0
     assert wait_state(jobs, "bad") == "failed"
@@ -116,7 +116,9 @@ def test_cancel_kills_grandchildren_gracefully(jobs: LocalJobs, tmp_path: Path) 
 
 
 def test_cancel_sigkills_what_ignores_sigterm(jobs: LocalJobs) -> None:
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
     status = jobs.submit("stubborn", [PY, "-c", code])
     deadline = time.monotonic() + 10
     while "ready" not in jobs.log_tail("stubborn"):
@@ -174,8 +176,10 @@ def test_reused_pid_is_not_taken_for_the_job(jobs: LocalJobs) -> None:
 def test_the_job_record_and_log_hide_secret_flags(jobs: LocalJobs, tmp_path: Path, caplog) -> None:
     """A key passed on a job's command line runs as given but stays out of the record and the log."""
     with caplog.at_level("INFO", logger="areal_tasks.launch.jobs"):
-        jobs.submit("secret", [PY, "-c", "import sys; sys.exit(0 if sys.argv[2][::-1] == '2retnuh' else 4)",
-                               "--api-key", "hunter2"])
+        jobs.submit(
+            "secret",
+            [PY, "-c", "import sys; sys.exit(0 if sys.argv[2][::-1] == '2retnuh' else 4)", "--api-key", "hunter2"],
+        )
     assert wait_state(jobs, "secret") == "succeeded", "the job did not get its real arguments"
     records = list(jobs.root.rglob("job.json"))
     text = "".join(r.read_text() for r in records)

@@ -85,8 +85,13 @@ def test_register_candidate_and_champion_gating(store: SimpleNamespace) -> None:
     tie = hook.register(evaluated(25, 0.5), "areal-policy", {"eval/reward": 0.5}, "eval/reward")
     assert not tie["champion_changed"]  # a tie keeps the champion
 
-    better = hook.register(evaluated(30, 0.9), "areal-policy", {"eval/reward": 0.9, "eval/accuracy": 1.0}, "eval/reward",
-                           tags={"areal.model_dir": "/runs/x/hf/step_30"})  # fmt: skip
+    better = hook.register(
+        evaluated(30, 0.9),
+        "areal-policy",
+        {"eval/reward": 0.9, "eval/accuracy": 1.0},
+        "eval/reward",
+        tags={"areal.model_dir": "/runs/x/hf/step_30"},
+    )
     assert better["version"] == "4" and better["champion_changed"] and better["aliases"] == ["candidate", "champion"]
     champion = hook.get_champion("areal-policy")
     assert champion["version"] == "4" and champion["checkpoint_url"] == "file:///ckpt/step_30"

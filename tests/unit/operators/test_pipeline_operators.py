@@ -26,13 +26,21 @@ from operators.operators.registry import pick_best, resolve_evaluations
 from tests.unit.operators.conftest import make_context
 
 QWEN2_7B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
-    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-}  # fmt: skip
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+}
 
 
 def test_validate_storage_operator(tmp_path: Path) -> None:
-    report = ValidateStorageOperator(task_id="v", storage_url=(tmp_path / "s").as_uri(), min_free_gb=None).execute(make_context())
+    report = ValidateStorageOperator(task_id="v", storage_url=(tmp_path / "s").as_uri(), min_free_gb=None).execute(
+        make_context()
+    )
     assert report["ok"] and report["summary"]["fail"] == 0
     (tmp_path / "file").write_text("x")
     with pytest.raises(ArealConfigError, match="local.path"):
@@ -53,12 +61,14 @@ def test_detect_model_operator(tmp_path: Path) -> None:
 
 def test_provision_cluster_operator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    op = ProvisionClusterOperator(task_id="p", allocation_mode="embedded:d1+fsdp:d2", n_gpus="0",
-                                  min_memory_gb="0.01", jobs_root=str(tmp_path))  # fmt: skip
+    op = ProvisionClusterOperator(
+        task_id="p", allocation_mode="embedded:d1+fsdp:d2", n_gpus="0", min_memory_gb="0.01", jobs_root=str(tmp_path)
+    )
     assert op.execute(make_context())["ok"]
     with pytest.raises(ArealAirflowError, match="needs 3 GPUs"):
-        ProvisionClusterOperator(task_id="p", allocation_mode="sglang:d1+fsdp:d2", n_gpus=3,
-                                 jobs_root=str(tmp_path)).execute(make_context())  # fmt: skip
+        ProvisionClusterOperator(
+            task_id="p", allocation_mode="sglang:d1+fsdp:d2", n_gpus=3, jobs_root=str(tmp_path)
+        ).execute(make_context())
     with pytest.raises(ArealAirflowError, match="supported schedulers: local"):
         ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", scheduler="slurm").execute(make_context())
     with pytest.raises(ArealAirflowError, match="must be numbers"):
@@ -83,8 +93,13 @@ def checkpoints(tmp_path: Path) -> Path:
 
 
 def evaluate_op(tmp_path: Path, checkpoint: str, **kwargs) -> EvaluateCheckpointOperator:
-    return EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=checkpoint,
-                                      overrides=[f"experiment.run_dir={tmp_path / 'run'}"], **kwargs)  # fmt: skip
+    return EvaluateCheckpointOperator(
+        task_id="e",
+        config="configs/demo_grpo.yaml",
+        checkpoint=checkpoint,
+        overrides=[f"experiment.run_dir={tmp_path / 'run'}"],
+        **kwargs,
+    )
 
 
 def test_evaluation_refuses_incomplete_missing_and_empty_checkpoints(tmp_path: Path, checkpoints: Path) -> None:
@@ -97,8 +112,9 @@ def test_evaluation_refuses_incomplete_missing_and_empty_checkpoints(tmp_path: P
     with pytest.raises(ArealConfigError, match="checkpoint is empty"):
         evaluate_op(tmp_path, "None").execute(make_context())
     with pytest.raises(ArealConfigError, match="not valid"):
-        EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=str(checkpoints),
-                                   overrides=["train.batch_size=-1"]).execute(make_context())  # fmt: skip
+        EvaluateCheckpointOperator(
+            task_id="e", config="configs/demo_grpo.yaml", checkpoint=str(checkpoints), overrides=["train.batch_size=-1"]
+        ).execute(make_context())
 
 
 def test_evaluation_locates_the_newest_complete_checkpoint(tmp_path: Path, checkpoints: Path) -> None:
@@ -107,8 +123,12 @@ def test_evaluation_locates_the_newest_complete_checkpoint(tmp_path: Path, check
     assert (url, step) == ((checkpoints / "step_3").as_uri(), 3) and layout.is_complete(3)
     assert op._n_prompts(op._config()) == 5
     assert evaluate_op(tmp_path, str(checkpoints))._n_prompts(op._config()) is None  # every eval prompt, as the trainer
-    with_limit = EvaluateCheckpointOperator(task_id="e", config="configs/demo_grpo.yaml", checkpoint=str(checkpoints),
-                                            overrides=["evaluation.max_eval_prompts=7"])  # fmt: skip
+    with_limit = EvaluateCheckpointOperator(
+        task_id="e",
+        config="configs/demo_grpo.yaml",
+        checkpoint=str(checkpoints),
+        overrides=["evaluation.max_eval_prompts=7"],
+    )
     assert with_limit._n_prompts(with_limit._config()) == 7
     with pytest.raises(ArealConfigError, match="n_prompts=0"):
         evaluate_op(tmp_path, str(checkpoints), n_prompts=0)._n_prompts(op._config())
@@ -117,13 +137,21 @@ def test_evaluation_locates_the_newest_complete_checkpoint(tmp_path: Path, check
 def test_evaluation_record_logs_a_pointer_model(tmp_path: Path, store: SimpleNamespace) -> None:
     op = evaluate_op(tmp_path, "unused", mlflow_run_id=store.run_id, mlflow_tracking_uri=store.uri)
     uri = op._record("file:///c/step_3", 3, {"eval/reward": 0.5})
-    assert store.hook.get_conn().get_logged_model(uri.removeprefix("models:/")).params["checkpoint_url"] == "file:///c/step_3"
+    assert (
+        store.hook.get_conn().get_logged_model(uri.removeprefix("models:/")).params["checkpoint_url"]
+        == "file:///c/step_3"
+    )
     assert evaluate_op(tmp_path, "unused", mlflow_run_id="None")._record("file:///c/step_3", 3, {}) is None
 
 
 def test_pick_best() -> None:
-    evals = [None, {"step": 1, "metrics": {"eval/reward": 0.5}}, {"step": 2, "metrics": {"eval/reward": 0.5}},
-             {"step": 3, "metrics": {"eval/reward": 0.25}}, {"step": 4, "metrics": {}}]  # fmt: skip
+    evals = [
+        None,
+        {"step": 1, "metrics": {"eval/reward": 0.5}},
+        {"step": 2, "metrics": {"eval/reward": 0.5}},
+        {"step": 3, "metrics": {"eval/reward": 0.25}},
+        {"step": 4, "metrics": {}},
+    ]
     assert pick_best(evals, "eval/reward")["step"] == 2  # a tie goes to the later checkpoint
     assert pick_best(evals, "eval/reward", higher_is_better=False)["step"] == 3
     with pytest.raises(ArealAirflowError, match="no evaluation carries the gate metric 'eval/x'"):
@@ -164,12 +192,22 @@ def test_resolve_evaluations_never_reads_past_the_end() -> None:
 def test_register_model_operator(store: SimpleNamespace) -> None:
     def evaluation(step: int, reward: float) -> dict:
         url = f"file:///c/step_{step}"
-        return {"checkpoint": url, "step": step, "model_dir": f"/hf/step_{step}", "metrics": {"eval/reward": reward},
-                "model_uri": store.hook.log_checkpoint_model(store.run_id, url, {"eval/reward": reward})}  # fmt: skip
+        return {
+            "checkpoint": url,
+            "step": step,
+            "model_dir": f"/hf/step_{step}",
+            "metrics": {"eval/reward": reward},
+            "model_uri": store.hook.log_checkpoint_model(store.run_id, url, {"eval/reward": reward}),
+        }
 
     def register(evaluations) -> dict:
-        return RegisterModelOperator(task_id="r", evaluations=evaluations, model_name="policy", mlflow_run_id=store.run_id,
-                                     mlflow_tracking_uri=store.uri).execute(make_context())  # fmt: skip
+        return RegisterModelOperator(
+            task_id="r",
+            evaluations=evaluations,
+            model_name="policy",
+            mlflow_run_id=store.run_id,
+            mlflow_tracking_uri=store.uri,
+        ).execute(make_context())
 
     mapped = ProbingSequence([evaluation(3, 0.25), evaluation(6, 0.5)])  # the mapped evaluate task's XCom
     first = register(mapped)

@@ -43,16 +43,26 @@ def test_serialize_round_trip() -> None:
     rebuilt = getattr(importlib.import_module(module), cls_name)(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
     json.dumps(kwargs)  # the triggerer stores the kwargs as JSON
-    assert kwargs == {"job_name": "dag__run__train", "jobs_root": "/tmp/jobs", "scheduler": "local",
-                      "poll_interval": 2.5, "cancel_grace_s": 7.0}  # fmt: skip
+    assert kwargs == {
+        "job_name": "dag__run__train",
+        "jobs_root": "/tmp/jobs",
+        "scheduler": "local",
+        "poll_interval": 2.5,
+        "cancel_grace_s": 7.0,
+    }
 
 
 def test_succeeded_job_yields_one_event(jobs: LocalJobs, tmp_path: Path) -> None:
     jobs.submit("ok", [PY, "-c", "import time; time.sleep(0.3)"], run_dir=tmp_path / "run")
     events = collect(trigger_for(jobs, "ok"))
     assert len(events) == 1
-    assert events[0].payload == {"status": "succeeded", "reason": "exited with code 0", "job_name": "ok",
-                                 "run_dir": str(tmp_path / "run"), "exit_code": 0}  # fmt: skip
+    assert events[0].payload == {
+        "status": "succeeded",
+        "reason": "exited with code 0",
+        "job_name": "ok",
+        "run_dir": str(tmp_path / "run"),
+        "exit_code": 0,
+    }
 
 
 def test_failed_job_yields_one_failed_event(jobs: LocalJobs) -> None:
@@ -128,8 +138,10 @@ def test_on_kill_cancels_the_job(jobs: LocalJobs) -> None:
 def write_config(run_dir: Path, name: str, sft_steps: int, total_steps: int) -> None:
     """A resolved-config YAML like the job writes (only the train section matters here)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / name).write_text(f"# resolved\nexperiment:\n  name: x\ntrain:\n  batch_size: 8\n"
-                                f"  total_steps: {total_steps}\n  sft_warmup_steps: {sft_steps}\n")  # fmt: skip
+    (run_dir / name).write_text(
+        f"# resolved\nexperiment:\n  name: x\ntrain:\n  batch_size: 8\n"
+        f"  total_steps: {total_steps}\n  sft_warmup_steps: {sft_steps}\n"
+    )
 
 
 def append(path: Path, *rows: dict[str, Any], tail: str = "") -> None:
@@ -189,8 +201,15 @@ def test_a_rewritten_metrics_file_is_read_from_its_start(tmp_path: Path) -> None
 
 def test_progress_lines_stay_short(tmp_path: Path) -> None:
     write_config(tmp_path, "rl_config.yaml", sft_steps=300_000, total_steps=400_000)
-    row = {"step": 99_999, "reward/mean": -123.456789, "eval/reward": 0.123456, "staleness/mean": 12.3456,
-           "perf/step_s": 12345.678, "actor/loss": 1e-30, **{f"extra/{k}": k for k in range(50)}}  # fmt: skip
+    row = {
+        "step": 99_999,
+        "reward/mean": -123.456789,
+        "eval/reward": 0.123456,
+        "staleness/mean": 12.3456,
+        "perf/step_s": 12345.678,
+        "actor/loss": 1e-30,
+        **{f"extra/{k}": k for k in range(50)},
+    }
     append(tmp_path / "rl_metrics.jsonl", *([row] * 12_345))
     (line,) = _Progress().read(str(tmp_path))
     assert line.startswith("rl step 99999/100000 reward -123.457 eval 0.123 stale 12 ") and len(line) <= 100, line
@@ -201,10 +220,12 @@ def test_progress_is_logged_while_running(
 ) -> None:
     run_dir = tmp_path / "run"
     write_config(run_dir, "config.yaml", sft_steps=2, total_steps=9)
-    code = (f"import json, time; open({str(run_dir / 'sft_metrics.jsonl')!r}, 'w').write(json.dumps("
-            "{'step': 1, 'loss': 0.5}) + '\\n'); time.sleep(0.4); "
-            f"open({str(run_dir / 'rl_metrics.jsonl')!r}, 'w').write(json.dumps("
-            "{'step': 7, 'reward/mean': 0.5}) + '\\n'); time.sleep(0.6)")  # fmt: skip
+    code = (
+        f"import json, time; open({str(run_dir / 'sft_metrics.jsonl')!r}, 'w').write(json.dumps("
+        "{'step': 1, 'loss': 0.5}) + '\\n'); time.sleep(0.4); "
+        f"open({str(run_dir / 'rl_metrics.jsonl')!r}, 'w').write(json.dumps("
+        "{'step': 7, 'reward/mean': 0.5}) + '\\n'); time.sleep(0.6)"
+    )
     jobs.submit("progress", [PY, "-c", code], run_dir=run_dir)
     with caplog.at_level("INFO"):
         events = collect(trigger_for(jobs, "progress"))
@@ -219,8 +240,10 @@ def test_the_last_steps_of_an_ended_job_are_reported(
     jobs: LocalJobs, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
-    code = (f"import json; open({str(run_dir / 'rl_metrics.jsonl')!r}, 'w').write(''.join(json.dumps("
-            "{'step': k, 'reward/mean': 0.5}) + '\\n' for k in (1, 2, 3)))")  # fmt: skip
+    code = (
+        f"import json; open({str(run_dir / 'rl_metrics.jsonl')!r}, 'w').write(''.join(json.dumps("
+        "{'step': k, 'reward/mean': 0.5}) + '\\n' for k in (1, 2, 3)))"
+    )
     jobs.submit("quick", [PY, "-c", code], run_dir=run_dir)
     deadline = time.monotonic() + 30
     while jobs.status("quick").state == "running" and time.monotonic() < deadline:

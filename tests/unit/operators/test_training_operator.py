@@ -29,9 +29,17 @@ NAME = job_name_for("areal_rl_training", "manual__2026-01-02T03:04:05+00:00", "t
 @pytest.fixture
 def op_factory(jobs: LocalJobs, tmp_path: Path, fake_train_command: list[str]):
     def build(**kwargs: Any) -> AReaLTrainingOperator:
-        args = {"task_id": "train", "config": CONFIG, "overrides": ["train.total_steps=303"],
-                "jobs_root": str(jobs.root), "run_dir": str(tmp_path / "run"), "poll_interval": 0.05,
-                "train_command": fake_train_command, "cancel_grace_s": 5.0, **kwargs}  # fmt: skip
+        args = {
+            "task_id": "train",
+            "config": CONFIG,
+            "overrides": ["train.total_steps=303"],
+            "jobs_root": str(jobs.root),
+            "run_dir": str(tmp_path / "run"),
+            "poll_interval": 0.05,
+            "train_command": fake_train_command,
+            "cancel_grace_s": 5.0,
+            **kwargs,
+        }
         return AReaLTrainingOperator(**args)
 
     return build
@@ -60,8 +68,9 @@ def test_job_name_is_deterministic_and_safe() -> None:
     assert len(long) <= 150 and long != job_name_for("d" * 199, "r", "t")
 
 
-def test_missing_job_is_submitted_then_deferred(op_factory, jobs: LocalJobs, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_missing_job_is_submitted_then_deferred(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_TRAIN_MODE", "sleep")
     op = op_factory(mlflow_run_id="abc123", mlflow_tracking_uri="sqlite:////tmp/never-used.db", cancel_grace_s=60)
     with pytest.raises(TaskDeferred) as deferred:
@@ -76,13 +85,17 @@ def test_missing_job_is_submitted_then_deferred(op_factory, jobs: LocalJobs, tmp
     assert call["mlflow_run_id"] == "abc123"
     argv = call["argv"]
     assert argv[0] == "--config" and argv[1] == str(ROOT / CONFIG)
-    assert argv[2:] == ["train.total_steps=303", f"experiment.run_dir={tmp_path / 'run'}",
-                        "tracking.mlflow_uri=sqlite:////tmp/never-used.db"]  # fmt: skip
+    assert argv[2:] == [
+        "train.total_steps=303",
+        f"experiment.run_dir={tmp_path / 'run'}",
+        "tracking.mlflow_uri=sqlite:////tmp/never-used.db",
+    ]
     assert jobs.status(NAME).state == "running" and jobs.status(NAME).attempt == 1
 
 
-def test_running_job_is_reattached_not_resubmitted(op_factory, jobs: LocalJobs, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_running_job_is_reattached_not_resubmitted(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_TRAIN_MODE", "sleep")
     with pytest.raises(TaskDeferred):
         op_factory().execute(make_context())
@@ -98,17 +111,24 @@ def test_succeeded_job_returns_without_training_again(op_factory, jobs: LocalJob
     result = op.execute(make_context())
     run_dir = tmp_path / "run"
     checkpoint = (run_dir / "storage" / "demo_grpo" / "trial0" / "checkpoints" / "step_3").as_uri()
-    assert result == {"job_name": NAME, "run_dir": str(run_dir),
-                      "summary": {"reward_before": 0.4, "reward_after": 0.7, "steps": 3},
-                      "checkpoints": [checkpoint], "final_checkpoint": checkpoint, "mlflow_run_id": None,
-                      "reward_before": 0.4, "reward_after": 0.7}  # fmt: skip
+    assert result == {
+        "job_name": NAME,
+        "run_dir": str(run_dir),
+        "summary": {"reward_before": 0.4, "reward_after": 0.7, "steps": 3},
+        "checkpoints": [checkpoint],
+        "final_checkpoint": checkpoint,
+        "mlflow_run_id": None,
+        "reward_before": 0.4,
+        "reward_after": 0.7,
+    }
     again = op_factory().execute(make_context())  # a retry after success: deferrable, but nothing to wait for
     assert again == result
     assert len(calls(run_dir)) == 1 and jobs.status(NAME).attempt == 1
 
 
-def test_failed_job_is_resubmitted_with_recovery(op_factory, jobs: LocalJobs, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_failed_job_is_resubmitted_with_recovery(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_TRAIN_MODE", "fail")
     with pytest.raises(ArealAirflowError, match="exited with code 3") as failed:
         op_factory(deferrable=False).execute(make_context())
@@ -122,8 +142,9 @@ def test_failed_job_is_resubmitted_with_recovery(op_factory, jobs: LocalJobs, tm
     assert calls(tmp_path / "run")[1]["argv"][-1] == "recover.mode=auto"
 
 
-def test_cancelled_job_is_resubmitted_with_recovery(op_factory, jobs: LocalJobs, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_cancelled_job_is_resubmitted_with_recovery(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_TRAIN_MODE", "sleep")
     with pytest.raises(TaskDeferred):
         op_factory().execute(make_context())
@@ -133,12 +154,18 @@ def test_cancelled_job_is_resubmitted_with_recovery(op_factory, jobs: LocalJobs,
     assert jobs.status(NAME).attempt == 2 and calls(tmp_path / "run")[-1]["argv"][-1] == "recover.mode=auto"
 
 
-def test_execute_complete_success_and_failures(op_factory, jobs: LocalJobs, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_execute_complete_success_and_failures(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     op = op_factory(deferrable=False)
     op.execute(make_context())  # a real succeeded job with its summary and checkpoint
-    event = {"status": "succeeded", "reason": "exited with code 0", "job_name": NAME,
-             "run_dir": str(tmp_path / "run"), "exit_code": 0}  # fmt: skip
+    event = {
+        "status": "succeeded",
+        "reason": "exited with code 0",
+        "job_name": NAME,
+        "run_dir": str(tmp_path / "run"),
+        "exit_code": 0,
+    }
     assert op_factory().execute_complete(make_context(), event)["reward_after"] == 0.7
     failed = {**event, "status": "failed", "reason": "exited with code 3", "exit_code": 3}
     with pytest.raises(ArealAirflowError, match="training job .* failed: exited with code 3") as info:
@@ -194,8 +221,13 @@ def test_templated_absent_run_id_means_none(op_factory, tmp_path: Path, monkeypa
 
 def test_run_dir_and_tracking_uri_given_as_overrides_are_not_repeated(op_factory, tmp_path: Path) -> None:
     run_dir = tmp_path / "given_run"
-    op = op_factory(overrides=[f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"],
-                    run_dir=None, mlflow_run_id="r1", mlflow_tracking_uri="sqlite:////tmp/b.db", deferrable=False)
+    op = op_factory(
+        overrides=[f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"],
+        run_dir=None,
+        mlflow_run_id="r1",
+        mlflow_tracking_uri="sqlite:////tmp/b.db",
+        deferrable=False,
+    )
     assert op.execute(make_context())["run_dir"] == str(run_dir)
     argv = calls(run_dir)[0]["argv"]
     assert argv[2:] == [f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"]

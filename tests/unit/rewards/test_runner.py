@@ -84,9 +84,11 @@ def test_timeout_kills_the_worker_and_the_runner_recovers() -> None:
 
 def test_timeout_also_kills_what_the_reward_started(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    with RewardRunner("reward_helpers:hang_with_child", max_workers=1, timeout_s=0.4) as r:
-        with pytest.raises(RewardTimeoutError):
-            r.score_sync("c", "a", pid_file=str(pid_file))
+    with (
+        RewardRunner("reward_helpers:hang_with_child", max_workers=1, timeout_s=0.4) as r,
+        pytest.raises(RewardTimeoutError),
+    ):
+        r.score_sync("c", "a", pid_file=str(pid_file))
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 3
     while not _gone(grandchild) and time.monotonic() < deadline:
@@ -122,9 +124,11 @@ def test_non_finite_and_non_number_results(max_workers: int) -> None:
         for bad in ("nan", "inf", "-inf"):
             with pytest.raises(RewardError, match="not a finite number"):
                 r.score_sync(bad, "")
-    with RewardRunner("reward_helpers:not_a_number", max_workers=max_workers, timeout_s=5) as r:
-        with pytest.raises(RewardError, match=r"returned a str \('1.0'\), not a number"):
-            r.score_sync("", "")
+    with (
+        RewardRunner("reward_helpers:not_a_number", max_workers=max_workers, timeout_s=5) as r,
+        pytest.raises(RewardError, match=r"returned a str \('1.0'\), not a number"),
+    ):
+        r.score_sync("", "")
 
 
 def test_concurrent_scores_share_the_pool() -> None:
@@ -208,7 +212,10 @@ def test_workers_exit_when_the_caller_dies(tmp_path: Path) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", script, str(Path(reward_helpers.__file__).parent)],
-        capture_output=True, text=True, timeout=30, cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert out.returncode == 0, out.stderr
     worker = int(out.stdout)
@@ -225,17 +232,21 @@ def test_functions_workers_cannot_import_are_refused() -> None:
     exec("def score(completion, answer, **kw):\n    return 1.0\n", module.__dict__)
     sys.modules[module.__name__] = module
     try:
-        with RewardRunner("only_in_this_process:score", max_workers=1, timeout_s=5) as r:
-            with pytest.raises(RewardError, match="cannot load only_in_this_process:score.*ModuleNotFoundError"):
-                r.score_sync("", "")
+        with (
+            RewardRunner("only_in_this_process:score", max_workers=1, timeout_s=5) as r,
+            pytest.raises(RewardError, match="cannot load only_in_this_process:score.*ModuleNotFoundError"),
+        ):
+            r.score_sync("", "")
     finally:
         del sys.modules[module.__name__]
 
 
 def test_unpicklable_arguments() -> None:
-    with RewardRunner("reward_helpers:pid", max_workers=1, timeout_s=5) as r:
-        with pytest.raises(RewardError, match="cannot be pickled"):
-            r.score_sync("", "", lock=threading.Lock())
+    with (
+        RewardRunner("reward_helpers:pid", max_workers=1, timeout_s=5) as r,
+        pytest.raises(RewardError, match="cannot be pickled"),
+    ):
+        r.score_sync("", "", lock=threading.Lock())
 
 
 @pytest.mark.parametrize(

@@ -76,9 +76,16 @@ class TimedEngine(InferenceEngine):
             self.in_flight -= 1
         half = self.n_tokens // 2
         versions = [first] * half + [last] * (self.n_tokens - half)
-        return ModelResponse(rid=req.rid, input_ids=list(req.input_ids), output_ids=[7] * self.n_tokens,
-                             output_logprobs=[-0.5] * self.n_tokens, output_versions=versions, stop_reason="stop",
-                             ttft_s=0.0, latency_s=0.0)  # fmt: skip
+        return ModelResponse(
+            rid=req.rid,
+            input_ids=list(req.input_ids),
+            output_ids=[7] * self.n_tokens,
+            output_logprobs=[-0.5] * self.n_tokens,
+            output_versions=versions,
+            stop_reason="stop",
+            ttft_s=0.0,
+            latency_s=0.0,
+        )
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         self.pause_calls.append(mode)

@@ -17,6 +17,7 @@ from areal_tasks.rollout.control_loop import ControlLoop, prompt_thread_switches
 def test_runs_coroutines_on_its_own_thread_and_returns_their_results_and_errors():
     control = ControlLoop("test-control")
     try:
+
         async def where(x: int) -> tuple[str, int]:
             await asyncio.sleep(0)
             return threading.current_thread().name, x * 2

@@ -27,8 +27,16 @@ T = 30.0  # prepare_batch timeout: generous, only there so a bug fails instead o
 
 
 def make(engine: TimedEngine | None = None, workflow: FakeWorkflow | None = None, **kw: Any) -> RolloutExecutor:
-    settings: dict[str, Any] = dict(batch_size=8, group_size=2, max_concurrent_rollouts=16, max_head_offpolicyness=1,
-                                    max_failure_rate=0.5, failure_window=16, seed=3, dataset=list(range(40)))  # fmt: skip
+    settings: dict[str, Any] = {
+        "batch_size": 8,
+        "group_size": 2,
+        "max_concurrent_rollouts": 16,
+        "max_head_offpolicyness": 1,
+        "max_failure_rate": 0.5,
+        "failure_window": 16,
+        "seed": 3,
+        "dataset": list(range(40)),
+    }
     settings.update(kw)
     return RolloutExecutor(engine=engine or TimedEngine(), workflow=workflow or FakeWorkflow(), **settings)
 
@@ -140,7 +148,7 @@ def test_admission_bound_returns_fast_groups_first_and_the_slow_one_late(caplog:
             assert 0 not in group_ids(ex.prepare_batch(timeout_s=T))
             step(ex, engine)
         workflow.release()
-        for version in range(2, 8):
+        for version in range(2, 8):  # noqa: B007 - read after the loop: the version whose batch held the group
             batch = ex.prepare_batch(timeout_s=T)
             step(ex, engine)
             if 0 in group_ids(batch):
@@ -244,9 +252,8 @@ def test_failures_above_the_rate_fail_the_executor_with_the_cause() -> None:
 
 def test_invalid_trajectories_count_as_failures() -> None:
     workflow = FakeWorkflow(invalid=lambda item, n: True)
-    with make(workflow=workflow, max_failure_rate=0.2, failure_window=8) as ex:
-        with pytest.raises(RolloutError) as info:
-            ex.prepare_batch(timeout_s=T)
+    with make(workflow=workflow, max_failure_rate=0.2, failure_window=8) as ex, pytest.raises(RolloutError) as info:
+        ex.prepare_batch(timeout_s=T)
     assert isinstance(info.value.__cause__, TrajectoryError)
 
 
@@ -254,9 +261,8 @@ def test_a_raising_group_filter_fails_the_executor() -> None:
     def broken(group: list[Any]) -> bool:
         raise KeyError("reward")
 
-    with make(group_filter=broken) as ex:
-        with pytest.raises(RolloutError, match="group_filter raised KeyError") as info:
-            ex.prepare_batch(timeout_s=T)
+    with make(group_filter=broken) as ex, pytest.raises(RolloutError, match="group_filter raised KeyError") as info:
+        ex.prepare_batch(timeout_s=T)
     assert isinstance(info.value.__cause__, KeyError)
 
 
@@ -337,8 +343,11 @@ def test_swap_weights_runs_on_a_control_loop_while_the_episodes_loop_is_blocked(
         workflow.arm.set()
         assert workflow.blocking.wait(T)
         done: list[dict[str, float]] = []
-        swap = threading.Thread(target=lambda: done.append(
-            ex.swap_weights(WeightUpdateMeta(type="disk", version=1, path="/nowhere"), None, 1, "in_place")))
+        swap = threading.Thread(
+            target=lambda: done.append(
+                ex.swap_weights(WeightUpdateMeta(type="disk", version=1, path="/nowhere"), None, 1, "in_place")
+            )
+        )
         swap.start()
         swap.join(T)  # the episodes' loop is still blocked: the swap did not need it
         blocked_throughout = not workflow.unblock.is_set()
@@ -408,7 +417,13 @@ def test_state_dict_round_trip_continues_with_the_next_prompts() -> None:
             step(ex, engine)
         return out
 
-    kw: dict[str, Any] = dict(dataset=list(range(6)), batch_size=4, group_size=2, max_head_offpolicyness=0, seed=11)
+    kw: dict[str, Any] = {
+        "dataset": list(range(6)),
+        "batch_size": 4,
+        "group_size": 2,
+        "max_head_offpolicyness": 0,
+        "seed": 11,
+    }
     ref_engine = TimedEngine(seed=1)
     with make(ref_engine, **kw) as ref:
         reference = run(ref, ref_engine, 5)  # 3 batches per epoch: crosses into the second epoch
@@ -442,7 +457,7 @@ def test_a_state_without_late_samples_loads() -> None:
 
 
 def test_state_dict_replays_groups_that_were_not_consumed() -> None:
-    kw: dict[str, Any] = dict(batch_size=4, group_size=2, max_head_offpolicyness=2, max_concurrent_rollouts=16)
+    kw: dict[str, Any] = {"batch_size": 4, "group_size": 2, "max_head_offpolicyness": 2, "max_concurrent_rollouts": 16}
     engine_a = TimedEngine(seed=4)
     with make(engine_a, **kw) as a:
         a.prepare_batch(timeout_s=T)
@@ -539,10 +554,16 @@ def test_invalid_settings_are_refused(overrides: dict[str, Any], words: str) -> 
 
 
 def test_from_config_takes_the_rollout_section() -> None:
-    cfg = RolloutConfig(group_size=4, max_concurrent_rollouts=12, max_head_offpolicyness=3, max_failure_rate=0.25,
-                        staleness_bound="admission")  # fmt: skip
-    ex = RolloutExecutor.from_config(cfg, engine=TimedEngine(), workflow=FakeWorkflow(), dataset=[1, 2, 3],
-                                     batch_size=8, seed=0, version=5)  # fmt: skip
+    cfg = RolloutConfig(
+        group_size=4,
+        max_concurrent_rollouts=12,
+        max_head_offpolicyness=3,
+        max_failure_rate=0.25,
+        staleness_bound="admission",
+    )
+    ex = RolloutExecutor.from_config(
+        cfg, engine=TimedEngine(), workflow=FakeWorkflow(), dataset=[1, 2, 3], batch_size=8, seed=0, version=5
+    )
     assert (ex.group_size, ex.batch_size, ex.max_head_offpolicyness, ex.staleness_bound) == (4, 8, 3, "admission")
     assert ex.stats()["version"] == 5 and ex.stats()["capacity"] == 12 and ex.stats()["staleness_bound"] == "admission"
     ex.stop()

@@ -52,7 +52,7 @@ def test_data_source_refuses_a_state_of_another_dataset() -> None:
 
 def test_admission_budget_is_eta_plus_one_batches_ahead_of_the_trainer() -> None:
     rule = AdmissionRule(batch_size=8, group_size=2, max_concurrent=100, eta=0)
-    kw = dict(base_version=0, consumed=0, ready=0, in_flight=0)
+    kw = {"base_version": 0, "consumed": 0, "ready": 0, "in_flight": 0}
     assert rule.may_admit(version=0, running=6, **kw)
     assert not rule.may_admit(version=0, running=8, **kw)  # batch 0 is fully started: wait for version 1
     assert rule.may_admit(version=1, running=8, **kw)
@@ -117,7 +117,8 @@ def test_select_batch_bounds_agree_when_all_deadlines_are_equal() -> None:
     ready = [G(name, 4) for name in "qpsr"]
     for n in range(1, 5):
         assert select_batch(ready[:n], [], version=4, groups_per_batch=4) == select_batch(
-            ready[:n], [], version=4, groups_per_batch=4, bound="admission")  # fmt: skip
+            ready[:n], [], version=4, groups_per_batch=4, bound="admission"
+        )
     assert select_batch(ready, [], version=4, groups_per_batch=4) == (ready, True)
 
 
@@ -133,8 +134,14 @@ def test_staleness_bounds_are_the_config_choices() -> None:
 
 def traj(versions: list[int], reward: float = 1.0) -> Trajectory:
     n = len(versions)
-    return Trajectory(input_ids=[1] + [2] * n, loss_mask=[0] + [1] * n, logprobs=[0.0] * (n + 1),
-                      versions=[-1] + versions, reward=reward, prompt_len=1)  # fmt: skip
+    return Trajectory(
+        input_ids=[1] + [2] * n,
+        loss_mask=[0] + [1] * n,
+        logprobs=[0.0] * (n + 1),
+        versions=[-1, *versions],
+        reward=reward,
+        prompt_len=1,
+    )
 
 
 def test_stats_helpers() -> None:

@@ -87,7 +87,9 @@ def test_episode_contract(name: str, scenario: str, tokenizer_name: str) -> None
 def test_the_docs_example_workflow_keeps_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     text = (ROOT / "docs/workflows.md").read_text()
     section = text[text.index("## Writing your own") :]
-    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))]
+    code = section[
+        section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
+    ]
     registry = dict(WORKFLOWS)
     monkeypatch.setattr(workflows_pkg, "WORKFLOWS", registry)  # the example registers into a copy
     exec(compile(code, "docs/workflows.md", "exec"), {"__name__": "docs_example"})
@@ -134,7 +136,9 @@ def test_cancellation_while_scoring_propagates(name: str) -> None:
             return 0.0
 
         workflow = WORKFLOWS[name](tokenizer_by_name("fake"), SAMPLING, slow_reward)
-        task = asyncio.create_task(workflow.arun_episode(FakeEngine(tokenizer_by_name("fake"), [Reply("Answer: 5")]), RECORD))
+        task = asyncio.create_task(
+            workflow.arun_episode(FakeEngine(tokenizer_by_name("fake"), [Reply("Answer: 5")]), RECORD)
+        )
         await scoring.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -32,7 +32,7 @@ def test_correct_at_the_first_turn_stops_with_full_reward() -> None:
 
 
 def test_correct_at_the_second_turn_earns_the_discount() -> None:
-    tok, engine, traj = episode([Reply("Answer: 4", versions="mixed"), Reply("Answer: 5")], turn_discount=0.8)
+    _tok, engine, traj = episode([Reply("Answer: 4", versions="mixed"), Reply("Answer: 5")], turn_discount=0.8)
     assert traj.reward == pytest.approx(0.8)
     assert traj.metadata["turn_rewards"] == [0.0, 1.0] and traj.metadata["turns"] == 2
     assert traj.metadata["completions"] == ["Answer: 4", "Answer: 5"] and traj.metadata["completion"] == "Answer: 5"
@@ -59,7 +59,7 @@ def test_second_request_is_the_whole_sequence_and_feedback_is_masked() -> None:
 
 
 def test_a_turn_cut_by_length_gets_the_end_of_turn_token_before_the_feedback() -> None:
-    tok, engine, traj = episode([Reply("1 + " * 10, eos=False), Reply("Answer: 5")])
+    tok, engine, _traj = episode([Reply("1 + " * 10, eos=False), Reply("Answer: 5")])
     first = engine.responses[0]
     assert first.stop_reason == "length" and first.output_len == SAMPLING.max_new_tokens
     context = engine.requests[1].input_ids[len(engine.requests[0].input_ids) + first.output_len :]

@@ -42,8 +42,13 @@ def test_trajectory_is_prompt_plus_output_with_aligned_lists() -> None:
     assert resp.output_versions[0] == 3 and resp.output_versions[-1] == 4
     assert traj.prompt_len == n and traj.reward == 1.0
     assert traj.metadata == {
-        "stop_reason": "stop", "completion": "Answer: 5", "answer": "5", "n_output_tokens": m,
-        "latency_s": resp.latency_s, "n_resubmits": resp.n_resubmits, "turns": 1,
+        "stop_reason": "stop",
+        "completion": "Answer: 5",
+        "answer": "5",
+        "n_output_tokens": m,
+        "latency_s": resp.latency_s,
+        "n_resubmits": resp.n_resubmits,
+        "turns": 1,
     }
     assert engine.requests[0].sampling == SAMPLING
 
@@ -96,7 +101,9 @@ def test_system_prompt_none_renders_only_the_user_turn() -> None:
     tok = FakeTokenizer()
     engine = FakeEngine(tok, [Reply("Answer: 5")])
     run(RLVRWorkflow(tok, SAMPLING, arith_reward, system_prompt=None), engine)
-    assert tok.decode(engine.requests[0].input_ids) == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tok.decode(engine.requests[0].input_ids) == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_items_may_be_records_objects_or_mappings() -> None:
@@ -107,7 +114,11 @@ def test_items_may_be_records_objects_or_mappings() -> None:
         with pytest.raises(RolloutError, match="prompt and an answer"):
             item_fields(bad)
     tok = FakeTokenizer()
-    traj = run(RLVRWorkflow(tok, SAMPLING, arith_reward), FakeEngine(tok, [Reply("Answer: 5")]), {"prompt": RECORD.prompt, "answer": 5})
+    traj = run(
+        RLVRWorkflow(tok, SAMPLING, arith_reward),
+        FakeEngine(tok, [Reply("Answer: 5")]),
+        {"prompt": RECORD.prompt, "answer": 5},
+    )
     assert traj.reward == 1.0 and traj.metadata["answer"] == "5"
 
 

@@ -94,7 +94,7 @@ class FakeEngine(InferenceEngine):
 
     def output_ids(self, reply: Reply) -> list[int]:
         ids = [int(t) for t in self.tokenizer.encode(reply.text, add_special_tokens=False)]
-        return ids + [int(self.tokenizer.eos_token_id)] if reply.eos else ids
+        return [*ids, int(self.tokenizer.eos_token_id)] if reply.eos else ids
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         call = len(self.requests)
@@ -109,14 +109,18 @@ class FakeEngine(InferenceEngine):
         if len(ids) > req.sampling.max_new_tokens:
             ids, stop = ids[: req.sampling.max_new_tokens], "length"
         n = len(ids)
-        if reply.versions == "mixed":
-            versions = [3] * (n // 2) + [4] * (n - n // 2)
-        else:
-            versions = [self.version] * n
+        versions = [3] * (n // 2) + [4] * (n - n // 2) if reply.versions == "mixed" else [self.version] * n
         logprobs = [-0.01 * (call + 1) - 0.001 * i for i in range(n)]
         response = ModelResponse(
-            rid=req.rid, input_ids=list(req.input_ids), output_ids=ids, output_logprobs=logprobs,
-            output_versions=versions, stop_reason=stop, ttft_s=0.01, latency_s=0.5 + call, n_resubmits=call % 2,
+            rid=req.rid,
+            input_ids=list(req.input_ids),
+            output_ids=ids,
+            output_logprobs=logprobs,
+            output_versions=versions,
+            stop_reason=stop,
+            ttft_s=0.01,
+            latency_s=0.5 + call,
+            n_resubmits=call % 2,
         )
         self.responses.append(response)
         return response

@@ -37,16 +37,14 @@ def test_atomic_write_publishes_only_on_success(storage: Storage) -> None:
 
 def test_atomic_write_failure_keeps_old_content_and_leaves_no_temp(storage: Storage) -> None:
     storage.write_text("d/f.txt", "old")
-    with pytest.raises(RuntimeError, match="boom"):
-        with storage.atomic_write("d/f.txt") as handle:
-            handle.write(b"partial")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), storage.atomic_write("d/f.txt") as handle:
+        handle.write(b"partial")
+        raise RuntimeError("boom")
     assert storage.read_text("d/f.txt") == "old"
     assert storage.list("d") == ["f.txt"]
-    with pytest.raises(RuntimeError):
-        with storage.atomic_write("d/new.txt") as handle:
-            handle.write(b"partial")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), storage.atomic_write("d/new.txt") as handle:
+        handle.write(b"partial")
+        raise RuntimeError("boom")
     assert not storage.exists("d/new.txt")
 
 
@@ -127,10 +125,9 @@ def test_local_staging_is_a_hidden_sibling_renamed_into_place(tmp_path: Path) ->
 
 
 def test_failed_staged_directory_is_discarded(storage: Storage) -> None:
-    with pytest.raises(RuntimeError, match="crash"):
-        with storage.staged_directory("ckpt/step_2") as d:
-            d.write_text("partial.bin", "x")
-            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError, match="crash"), storage.staged_directory("ckpt/step_2") as d:
+        d.write_text("partial.bin", "x")
+        raise RuntimeError("crash")
     assert storage.list_committed("ckpt") == []
     assert not storage.exists("ckpt/step_2")
     assert list_uncommitted(storage, "ckpt") == []
@@ -154,9 +151,8 @@ def test_committing_twice_is_refused(storage: Storage) -> None:
     storage.commit_directory("c")
     with pytest.raises(CommitError, match="already committed"):
         storage.commit_directory("c")
-    with pytest.raises(CommitError, match="already committed"):
-        with storage.staged_directory("c"):
-            pass
+    with pytest.raises(CommitError, match="already committed"), storage.staged_directory("c"):
+        pass
 
 
 def test_verify_commit_finds_missing_and_changed_files(storage: Storage) -> None:

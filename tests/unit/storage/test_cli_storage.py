@@ -56,8 +56,9 @@ def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_two_nodes_on_a_shared_path_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, report, _ = _run(capsys, str(tmp_path / "shared"), "--nodes", "2", "--probe-mb", "1",
-                           "--run-dir", str(tmp_path / "logs"))  # fmt: skip
+    code, report, _ = _run(
+        capsys, str(tmp_path / "shared"), "--nodes", "2", "--probe-mb", "1", "--run-dir", str(tmp_path / "logs")
+    )
     assert code == 0, report
     assert report is not None
     visibility = [c for c in report["checks"] if c["check"] == "multinode.visibility"]
@@ -68,8 +69,9 @@ def test_two_nodes_on_a_shared_path_pass(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_two_nodes_with_private_paths_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = tmp_path / "node0", tmp_path / "node1"
-    code, report, err = _run(capsys, str(tmp_path / "shared"), "--nodes", "2", "--node-paths", str(a), str(b),
-                             "--probe-mb", "1")  # fmt: skip
+    code, report, err = _run(
+        capsys, str(tmp_path / "shared"), "--nodes", "2", "--node-paths", str(a), str(b), "--probe-mb", "1"
+    )
     assert code == 1
     assert report is not None
     failed = [c for c in report["checks"] if c["status"] == "fail"]

@@ -51,7 +51,9 @@ def test_copy_commits_destination_and_skips_source_marker(tmp_path: Path) -> Non
 
 def test_copy_retries_a_transient_upload_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _source(tmp_path)
-    dst = Storage.from_url(f"memory://flaky-{uuid.uuid4().hex}", retry=RetryPolicy(attempts=3, initial_delay_s=0.001, jitter=0))
+    dst = Storage.from_url(
+        f"memory://flaky-{uuid.uuid4().hex}", retry=RetryPolicy(attempts=3, initial_delay_s=0.001, jitter=0)
+    )
     real_put = dst.fs.put_file
     failures = []
 

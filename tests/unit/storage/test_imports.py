@@ -19,7 +19,8 @@ def test_local_work_loads_no_heavy_or_upper_layer_modules(tmp_path: Path) -> Non
         "with s.staged_directory('d') as d:\n"
         "    d.write_text('x', 'y')\n"
         "assert validate_storage(s.url, thresholds=Thresholds(probe_mb=1, latency_samples=1)).ok\n"
-        "loaded = sorted(m for m in ('s3fs', 'botocore', 'aiobotocore', 'torch', 'areal_tasks', 'tqdm') if m in sys.modules)\n"
+        "loaded = sorted(m for m in ('s3fs', 'botocore', 'aiobotocore', 'torch', 'areal_tasks', 'tqdm')"
+        " if m in sys.modules)\n"
         "print(','.join(loaded))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -39,7 +39,9 @@ def test_shared_path_passes_and_warns_about_a_local_filesystem(tmp_path: Path) -
 
 def test_private_directory_per_node_is_caught(tmp_path: Path) -> None:
     node_paths = [str(tmp_path / "node0"), str(tmp_path / "node1")]
-    report = validate_storage(tmp_path / "shared", thresholds=FAST, nodes=2, runner=LocalProcessRunner(), node_urls=node_paths)
+    report = validate_storage(
+        tmp_path / "shared", thresholds=FAST, nodes=2, runner=LocalProcessRunner(), node_urls=node_paths
+    )
     assert not report.ok
     assert _visibility(report) == {"node 0": Status.FAIL, "node 1": Status.FAIL}
     failure = report.result("multinode.visibility", node=report.failures()[1].node)
@@ -81,7 +83,9 @@ def test_same_path_backed_by_different_directories_is_caught(tmp_path: Path) -> 
 def test_a_node_that_cannot_write_is_named(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     node_paths = [str(tmp_path / "ok"), str(tmp_path / "file" / "sub")]
-    report = validate_storage(tmp_path / "ok", thresholds=FAST, nodes=2, runner=LocalProcessRunner(), node_urls=node_paths)
+    report = validate_storage(
+        tmp_path / "ok", thresholds=FAST, nodes=2, runner=LocalProcessRunner(), node_urls=node_paths
+    )
     (failure,) = report.failures()
     assert failure.check == "multinode.write" and failure.node.startswith("node 1")
     assert "could not write its probe" in failure.message

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 
 import pytest
 
@@ -33,7 +32,7 @@ def _wrapped(cause: BaseException, outer: BaseException) -> BaseException:
         ConnectionResetError("reset"),
         BrokenPipeError("pipe"),
         TimeoutError("timed out"),
-        socket.timeout("timed out"),
+        TimeoutError("timed out"),
         OSError(errno.ETIMEDOUT, "timed out"),
         ClientError("InternalError", 500),
         ClientError("ServiceUnavailable", 503),

@@ -95,7 +95,9 @@ def test_reading_a_directory_is_an_io_error(tmp_path: Path) -> None:
 
 def test_describe_has_no_secrets() -> None:
     pytest.importorskip("s3fs")
-    storage = Storage.from_url("s3://bkt/p", {"key": "AKIAVERYSECRETKEY", "secret": "sekret", "endpoint_url": "http://127.0.0.1:1"})
+    storage = Storage.from_url(
+        "s3://bkt/p", {"key": "AKIAVERYSECRETKEY", "secret": "sekret", "endpoint_url": "http://127.0.0.1:1"}
+    )
     text = repr(storage) + str(storage.describe())
     assert "sekret" not in text and "AKIAVERYSECRETKEY" not in text
     assert storage.describe()["endpoint_url"] == "http://127.0.0.1:1"

@@ -86,8 +86,12 @@ def test_s3_options_from_environment() -> None:
 
 def test_s3_options_override_environment_and_accept_aliases() -> None:
     env = {"AWS_ENDPOINT_URL": "http://env:1", "AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "envsecret"}
-    options = {"endpoint_url": "http://opt:2", "aws_access_key_id": "OPTKEY", "aws_secret_access_key": "optsecret",
-               "region_name": "us-west-2"}  # fmt: skip
+    options = {
+        "endpoint_url": "http://opt:2",
+        "aws_access_key_id": "OPTKEY",
+        "aws_secret_access_key": "optsecret",
+        "region_name": "us-west-2",
+    }
     kw = resolve_options(parse_url("s3://bkt"), options, env).fs_kwargs
     assert (kw["endpoint_url"], kw["key"], kw["secret"]) == ("http://opt:2", "OPTKEY", "optsecret")
     assert kw["client_kwargs"]["region_name"] == "us-west-2"

@@ -46,8 +46,12 @@ def test_filesystem_of_fake_mount_table(path: str, fs_type: str, sharing: str) -
 
 def test_classify_and_parse() -> None:
     assert [classify_fs_type(t) for t in ("xfs", "overlay", "NFS", "gpfs", "fuse.sshfs")] == [
-        "local", "local", "shared", "shared", "unknown",
-    ]  # fmt: skip
+        "local",
+        "local",
+        "shared",
+        "shared",
+        "unknown",
+    ]
     assert parse_mounts(MOUNTS)[3] == ("//nas/share", "/mnt/my share", "cifs")
 
 

@@ -36,6 +36,9 @@ def test_nothing_is_shared_without_colocation_or_gpus(allocation: str, gpus: int
 
 def test_a_count_mismatch_names_both_counts() -> None:
     cfg = _cfg("embedded[rollout]:d2|fsdp[actor]:d2", 2)
-    with pytest.raises(ConfigError, match=r"the actor's 2 ranks share the inference servers' GPUs, but the servers "
-                                          r"hold 1 \(0\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the actor's 2 ranks share the inference servers' GPUs, but the servers "
+        r"hold 1 \(0\)",
+    ):
         colocated_devices(cfg, [["0"], []])

@@ -50,13 +50,16 @@ def store(template_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.chdir(tmp_path)  # MLflow's fallback artifact root is ./mlruns
     monkeypatch.delenv(RUN_ID_ENV, raising=False)
     uri = f"sqlite:///{db}"
-    return SimpleNamespace(uri=uri, artifacts=(tmp_path / "artifacts").as_uri(), client=mlflow.MlflowClient(uri),
-                           tmp=tmp_path)  # fmt: skip
+    return SimpleNamespace(
+        uri=uri, artifacts=(tmp_path / "artifacts").as_uri(), client=mlflow.MlflowClient(uri), tmp=tmp_path
+    )
 
 
 @pytest.fixture
 def cfg(tmp_path: Path):
-    return load_config(overrides=[f"experiment.run_dir={tmp_path / 'run'}", "experiment.name=exp", "experiment.trial=t1"])
+    return load_config(
+        overrides=[f"experiment.run_dir={tmp_path / 'run'}", "experiment.name=exp", "experiment.trial=t1"]
+    )
 
 
 def make(store: SimpleNamespace, **kwargs) -> MLflowCallback:
@@ -65,8 +68,9 @@ def make(store: SimpleNamespace, **kwargs) -> MLflowCallback:
 
 
 def artifact_text(store: SimpleNamespace, run_id: str, path: str) -> str:
-    local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(store.tmp / "dl"),
-                                                tracking_uri=store.uri)  # fmt: skip
+    local = mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=path, dst_path=str(store.tmp / "dl"), tracking_uri=store.uri
+    )
     return Path(local).read_text(encoding="utf-8")
 
 
@@ -147,8 +151,11 @@ def test_eval_with_model_dir_logs_a_logged_model(store) -> None:
     assert [m.name for m in models] == ["step_3"]
     model = models[0]
     assert model.status == mlflow.entities.LoggedModelStatus.READY and model.source_run_id == cb.run_id
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/{model.model_id}", dst_path=str(store.tmp / "dl"),
-                                                     tracking_uri=store.uri))  # fmt: skip
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            f"models:/{model.model_id}", dst_path=str(store.tmp / "dl"), tracking_uri=store.uri
+        )
+    )
     assert sorted(p.name for p in local.iterdir()) == ["config.json", "weights.bin"]
     run = store.client.get_run(cb.run_id)
     assert [(o.model_id, o.step) for o in run.outputs.model_outputs] == [(model.model_id, 3)]
@@ -245,8 +252,13 @@ def test_failures_mid_run_are_counted_not_raised(store, monkeypatch) -> None:
 
 
 def test_flatten_params_respects_mlflow_limits(caplog) -> None:
-    tree = {"a": {"b": {"c": 1e-6}, "flag": True, "none": None, "items": [1, 2], "empty": {}},
-            "long": "x" * 7000, "k" * 300: 1, "bad key!": 2, "s": "text"}  # fmt: skip
+    tree = {
+        "a": {"b": {"c": 1e-6}, "flag": True, "none": None, "items": [1, 2], "empty": {}},
+        "long": "x" * 7000,
+        "k" * 300: 1,
+        "bad key!": 2,
+        "s": "text",
+    }
     params = flatten_params(tree)
     assert params["a.b.c"] == "1e-06"
     assert params["a.flag"] == "true" and params["a.none"] == "null"

@@ -13,7 +13,11 @@ def test_relays_the_newest_bar_line_only(tmp_path: Path) -> None:
     out = io.StringIO()
     relay = ProgressRelay(log, out)
     assert relay.poll() is None  # no log yet
-    log.write_text("2026 INFO starting\nsft:   0%|          | 0/300 [00:00<?, ?it/s]\rsft:   1%|          | 3/300 [00:01<01:40,  2.9it/s, loss=6.9]")
+    log.write_text(
+        "2026 INFO starting\n"
+        "sft:   0%|          | 0/300 [00:00<?, ?it/s]\r"
+        "sft:   1%|          | 3/300 [00:01<01:40,  2.9it/s, loss=6.9]"
+    )
     shown = relay.poll()
     assert shown is not None and shown.startswith("sft:   1%|") and "3/300" in shown
     assert relay.poll() is None  # nothing new

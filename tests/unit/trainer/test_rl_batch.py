@@ -17,14 +17,22 @@ from areal_tasks.trainer.rl_step import batch_statistics
 def traj(prompt: list[int], output: list[int], version: int, reward: float) -> Trajectory:
     n_p, n_o = len(prompt), len(output)
     return Trajectory(
-        input_ids=prompt + output, loss_mask=[0] * n_p + [1] * n_o,
-        logprobs=[0.0] * n_p + [-0.5] * n_o, versions=[-1] * n_p + [version] * n_o,
-        reward=reward, prompt_len=n_p,
+        input_ids=prompt + output,
+        loss_mask=[0] * n_p + [1] * n_o,
+        logprobs=[0.0] * n_p + [-0.5] * n_o,
+        versions=[-1] * n_p + [version] * n_o,
+        reward=reward,
+        prompt_len=n_p,
     )
 
 
 def test_pack_keeps_order_groups_and_versions() -> None:
-    trajs = [traj([1, 2], [3], 0, 1.0), traj([1, 2], [4, 5], 1, 0.0), traj([7], [8, 9, 10], 1, 0.5), traj([7], [8], 0, 0.0)]
+    trajs = [
+        traj([1, 2], [3], 0, 1.0),
+        traj([1, 2], [4, 5], 1, 0.0),
+        traj([7], [8, 9, 10], 1, 0.5),
+        traj([7], [8], 0, 0.0),
+    ]
     batch = pack_trajectories(trajs, group_size=2, policy_version=2)
     assert batch["input_ids"].tolist() == [1, 2, 3, 1, 2, 4, 5, 7, 8, 9, 10, 7, 8]
     assert batch[keys.CU_SEQLENS].tolist() == [0, 3, 7, 11, 13]

@@ -32,11 +32,21 @@ def _closed_port() -> int:
 
 
 def _config(tmp_path: Path, model: Path, *overrides: str):
-    return load_config("configs/demo_grpo.yaml", [
-        f"experiment.run_dir={tmp_path}", f"model.path={model}", "dataset.path=demo:arithmetic?n_train=16&n_eval=4",
-        "train.batch_size=8", "rollout.group_size=4", "rollout.max_concurrent_rollouts=8",
-        "rollout.reward.workers=1", "train.sft_warmup_steps=0", "rollout.own_process=on", *overrides,
-    ])  # fmt: skip
+    return load_config(
+        "configs/demo_grpo.yaml",
+        [
+            f"experiment.run_dir={tmp_path}",
+            f"model.path={model}",
+            "dataset.path=demo:arithmetic?n_train=16&n_eval=4",
+            "train.batch_size=8",
+            "rollout.group_size=4",
+            "rollout.max_concurrent_rollouts=8",
+            "rollout.reward.workers=1",
+            "train.sft_warmup_steps=0",
+            "rollout.own_process=on",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")

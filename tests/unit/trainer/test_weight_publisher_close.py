@@ -53,7 +53,9 @@ class FakeExecutor:
         return ["g"]
 
 
-def _publisher(meet: Rendezvous, *, fail: bool = False, joined: bool = True) -> tuple[WeightPublisher, FakeGroup, FakeExecutor]:
+def _publisher(
+    meet: Rendezvous, *, fail: bool = False, joined: bool = True
+) -> tuple[WeightPublisher, FakeGroup, FakeExecutor]:
     group, executor = FakeGroup(meet), FakeExecutor(meet, fail)
     actor = SimpleNamespace(weight_groups={("127.0.0.1", 1, "g"): group})
     cfg = SimpleNamespace(rollout=SimpleNamespace(weight_update="collective"))
@@ -74,7 +76,7 @@ def test_close_runs_the_servers_leave_concurrently_with_the_trainer_destroy() ->
 
 
 def test_a_server_that_fails_to_leave_is_logged_not_raised(caplog) -> None:
-    publisher, group, executor = _publisher(Rendezvous(), fail=True)
+    publisher, group, _executor = _publisher(Rendezvous(), fail=True)
     with caplog.at_level(logging.WARNING):
         publisher.close()
     assert group.met is True and publisher.actor.weight_groups == {}
