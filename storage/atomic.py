@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader sees the old content or all of the new, never a partial file.
+"""Atomic writes: a reader sees the old content or all of the new, never a partial file or directory.
 
 On a mounted filesystem the data goes to a hidden temporary file in the same directory, which is
 flushed, fsynced and renamed over the target (``rename`` is atomic on POSIX filesystems, NFS
@@ -12,16 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from storage.storage import Storage
 
-__all__ = ["TEMP_PREFIX", "UPLOAD_PART_BYTES", "atomic_writer", "write_local"]
+__all__ = ["TEMP_PREFIX", "UPLOAD_PART_BYTES", "atomic_directory", "atomic_writer", "write_local", "write_local_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ def _temp_path(path: str) -> str:
     return os.path.join(directory, f"{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:12]}")
 
 
-def _fsync_dir(directory: str) -> None:
+def _fsync_dir(directory: str | os.PathLike[str]) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,6 +78,61 @@ def write_local(path: str, data: bytes) -> None:
     except BaseException:
         _discard(temp)
         raise
+
+
+def write_local_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to the local ``path`` atomically and durably."""
+    write_local(os.fspath(path), text.encode("utf-8"))
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(dirpath)
+
+
+def _make_readable(root: Path) -> None:
+    """World-readable files and directories: readers may run as another user (writers such as
+    safetensors create files 0600)."""
+    os.chmod(root, 0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+
+
+@contextmanager
+def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty local staging directory; on success it replaces ``target`` in one rename.
+
+    The staging directory is a hidden sibling of ``target`` (same filesystem, so the rename is
+    atomic); its files are made world-readable and fsynced before the swap. An existing ``target``
+    is moved aside first and removed after the swap. On an exception the staging directory is
+    removed and ``target`` is left as it was.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        yield staging
+        _make_readable(staging)
+        _fsync_tree(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(target, old)
+    os.rename(staging, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old)
+    logger.info("wrote %s", target)
 
 
 @contextmanager

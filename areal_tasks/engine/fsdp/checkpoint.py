@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.engine.fsdp.export import hf_config_of, is_peft_model, iter_full_tensors, iter_hf_tensors, write_hf_dir
-from areal_tasks.engine.weights.disk import atomic_directory, read_safetensors_dir
+from areal_tasks.engine.weights.disk import read_safetensors_dir
 from areal_tasks.errors import EngineError
+from storage.atomic import atomic_directory
 
 if TYPE_CHECKING:
     import torch

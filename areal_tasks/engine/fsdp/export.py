@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.engine.fsdp.lora import LoraMerger, lora_scalings
-from areal_tasks.engine.weights.disk import DEFAULT_MAX_SHARD_BYTES, atomic_directory, write_safetensors_shards
+from areal_tasks.engine.weights.disk import DEFAULT_MAX_SHARD_BYTES, write_safetensors_shards
+from storage.atomic import atomic_directory
 
 if TYPE_CHECKING:
     import torch

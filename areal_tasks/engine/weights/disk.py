@@ -1,21 +1,18 @@
-"""Sharded HF safetensors written atomically: readers see the old directory or the new one, never half.
+"""Sharded HF safetensors: the layout every server and ``transformers`` read.
 
-:func:`atomic_directory` builds the content in a hidden sibling directory, fsyncs it and renames it
-into place (an existing directory is moved aside first and removed after the swap).
-:func:`write_safetensors_shards` writes ``model.safetensors`` or, above ``max_shard_bytes``,
-``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json``, the layout that
-``transformers.from_pretrained`` and every inference server read.
+Directories are written whole through :func:`storage.atomic.atomic_directory` (readers see the old
+directory or the new one, never half). :func:`write_safetensors_shards` writes ``model.safetensors``
+or, above ``max_shard_bytes``, ``model-0000i-of-0000n.safetensors`` shards plus
+``model.safetensors.index.json``, the layout that ``transformers.from_pretrained`` and every
+inference server read.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,61 +26,6 @@ logger = logging.getLogger(__name__)
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def _make_readable(root: Path) -> None:
-    """World-readable files and directories: servers may run as another user (writers such as
-    safetensors create files 0600)."""
-    os.chmod(root, 0o755)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            os.chmod(os.path.join(dirpath, name), 0o755)
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o644)
-
-
-@contextlib.contextmanager
-def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield an empty staging directory; on success it replaces ``target`` in one rename.
-
-    On an exception the staging directory is removed and ``target`` is left as it was.
-    """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
-    try:
-        yield staging
-        _make_readable(staging)
-        _fsync_tree(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(target, old)
-    os.rename(staging, target)
-    _fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old)
-    logger.info("wrote %s", target)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -1,17 +1,14 @@
-"""Sharded safetensors and the atomic directory: HF layout, index, replace-in-one-rename, no
-half-written directory after a failure."""
+"""Sharded safetensors: the HF layout and its index."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from areal_tasks.engine.weights.disk import (
     INDEX_FILE,
     SINGLE_FILE,
-    atomic_directory,
     plan_shards,
     read_safetensors_dir,
     write_safetensors_shards,
@@ -41,26 +38,3 @@ def test_sharded_with_index(tmp_path):
     back = read_safetensors_dir(tmp_path)
     for name, tensor in _tensors().items():
         assert torch.equal(back[name], tensor)
-
-
-def test_atomic_directory_replaces_and_cleans_up(tmp_path):
-    target = tmp_path / "weights"
-    with atomic_directory(target) as staging:
-        (staging / "a.txt").write_text("old")
-    with atomic_directory(target) as staging:
-        assert not (staging / "a.txt").exists()
-        (staging / "b.txt").write_text("new")
-    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
-    assert (target / "b.txt").stat().st_mode & 0o044 == 0o044, "exported files must be readable by servers"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
-
-
-def test_failed_write_leaves_the_old_directory(tmp_path):
-    target = tmp_path / "weights"
-    with atomic_directory(target) as staging:
-        (staging / "a.txt").write_text("old")
-    with pytest.raises(RuntimeError, match="boom"), atomic_directory(target) as staging:
-        (staging / "half.txt").write_text("x")
-        raise RuntimeError("boom")
-    assert (target / "a.txt").read_text() == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]

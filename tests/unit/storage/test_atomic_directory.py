@@ -1,0 +1,31 @@
+"""``atomic_directory``: a directory replaced in one rename, readable by other users, and no
+half-written directory after a failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.atomic import atomic_directory
+
+
+def test_atomic_directory_replaces_and_cleans_up(tmp_path):
+    target = tmp_path / "weights"
+    with atomic_directory(target) as staging:
+        (staging / "a.txt").write_text("old")
+    with atomic_directory(target) as staging:
+        assert not (staging / "a.txt").exists()
+        (staging / "b.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert (target / "b.txt").stat().st_mode & 0o044 == 0o044, "written files must be readable by other users (servers)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
+
+
+def test_failed_write_leaves_the_old_directory(tmp_path):
+    target = tmp_path / "weights"
+    with atomic_directory(target) as staging:
+        (staging / "a.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="boom"), atomic_directory(target) as staging:
+        (staging / "half.txt").write_text("x")
+        raise RuntimeError("boom")
+    assert (target / "a.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
