@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from areal_tasks.errors import InferenceControlError
-from areal_tasks.trainer.rl_loop import WeightPublisher
+from areal_tasks.trainer.weight_publisher import WeightPublisher
 
 WAIT_S = 10.0
 
