@@ -5,7 +5,7 @@ the tokenizer files of the model it was built from). Export then needs no engine
 group: the engine's model tensors are read from the DCP data (shards reassembled into full
 tensors by DCP's resharding), LoRA adapters are merged into the base weights (``W0 + s * B @ A``,
 the same code the engine's own HF save uses), a tied LM head is dropped, and the directory is
-written atomically with the engine's HF writer (:func:`areal_tasks.engine.fsdp.export.write_hf_dir`,
+written atomically with the engine's HF writer (:func:`areal_tasks.models.hf_dir.write_hf_dir`,
 the one writer of HF directories; the sidecar uses its config clean-up and tokenizer file list) --
 so the export equals ``engine.save(path, "hf")``.
 """
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 def hf_sidecar_files(engine: Any) -> dict[str, bytes]:
     """``{file name: bytes}`` of the HF sidecar of ``engine``: its config and tokenizer files."""
-    from areal_tasks.engine.fsdp.export import export_config, hf_config_of, hf_side_file_paths
+    from areal_tasks.models.hf_dir import export_config, hf_config_of, hf_side_file_paths
 
     config = hf_config_of(engine.model)
     if config is None or not hasattr(config, "to_json_string"):
@@ -97,7 +97,7 @@ def export_hf(checkpoints: Storage, step: int, out_dir: str | os.PathLike[str], 
     """Write checkpoint ``step``'s ``engine`` as an HF model directory at ``out_dir`` (atomically)."""
     from transformers import AutoConfig
 
-    from areal_tasks.engine.fsdp.export import write_hf_dir
+    from areal_tasks.models.hf_dir import write_hf_dir
 
     _engine_entry(checkpoints, step, engine)  # a clear error for an unknown engine comes first
     sidecar_key = f"{step_dir(step)}/{HF_DIR}/{engine}"

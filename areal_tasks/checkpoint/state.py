@@ -129,7 +129,7 @@ def _lora_scalings(model: torch.nn.Module) -> dict[str, float]:
 def engine_side_state(engines: Mapping[str, CheckpointableEngine]) -> dict[str, dict[str, Any]]:
     """The JSON part of each engine: LR scheduler, version, whether the optimizer has stepped yet, and
     what the HF export needs."""
-    from areal_tasks.engine.fsdp.export import hf_config_of
+    from areal_tasks.models.hf_dir import hf_config_of
 
     out = {}
     for name, engine in engines.items():

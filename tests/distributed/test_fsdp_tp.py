@@ -36,7 +36,7 @@ def test_unsupported_family_or_sizes_are_clear_errors():
 def test_tp2_weight_update_publishes_the_full_weights(tiny_model_factory, tmp_path):
     import torch
 
-    from areal_tasks.engine.weights.disk import read_safetensors_dir
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
     run_workers("workers_fsdp:tp_publish", 2, tmp_path, {"model_dir": str(tiny_model_factory("qwen2"))})
     params = torch.load(tmp_path / "result.pt", weights_only=False)["params"]

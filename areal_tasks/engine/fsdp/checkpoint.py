@@ -20,9 +20,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.engine.fsdp.export import hf_config_of, is_peft_model, iter_full_tensors, iter_hf_tensors, write_hf_dir
-from areal_tasks.engine.weights.disk import read_safetensors_dir
+from areal_tasks.engine.fsdp.export import iter_full_tensors, iter_hf_tensors
 from areal_tasks.errors import EngineError
+from areal_tasks.models.hf_dir import hf_config_of, is_peft_model, write_hf_dir
+from areal_tasks.models.safetensors_dir import read_safetensors_dir
 from storage.atomic import atomic_directory
 
 if TYPE_CHECKING:

@@ -1,45 +1,25 @@
-"""Full HF-named tensors out of a sharded model, and the HF directory (weights + config + tokenizer).
+"""Full HF-named tensors out of a sharded model.
 
 :func:`iter_full_tensors` walks the model's state dict one tensor at a time, gathering each
 FSDP/TP shard into the full tensor (a collective: every rank of the engine must iterate, in the same
 order). :func:`iter_hf_tensors` renames to plain HF keys, merges LoRA adapters when asked and drops
 the tied LM head; :func:`iter_hf_meta` gives the same names, dtypes and shapes without gathering.
-:func:`write_hf_dir` (rank 0) writes everything atomically. It is the one HF directory writer: the
-checkpoint export (:mod:`areal_tasks.checkpoint.export`) calls it too, and builds its sidecar with
-:func:`export_config` and :func:`hf_side_file_paths`.
+Writing them as an HF directory is :func:`areal_tasks.models.hf_dir.write_hf_dir`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from areal_tasks.engine.fsdp.lora import LoraMerger, lora_scalings
-from areal_tasks.engine.weights.disk import DEFAULT_MAX_SHARD_BYTES, write_safetensors_shards
-from storage.atomic import atomic_directory
+from areal_tasks.models.hf_dir import hf_config_of, is_peft_model
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-#: files copied from the source model directory next to exported weights (tokenizer, generation).
-HF_SIDE_FILES = (
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 def iter_full_tensors(
@@ -89,18 +69,6 @@ def _full(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return tensor.detach()
 
 
-def is_peft_model(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is peft-wrapped (its parameters live under ``base_model.model.``)."""
-    return any(name.startswith("base_model.model.") for name, _ in model.named_parameters())
-
-
-def hf_config_of(model: torch.nn.Module) -> Any:
-    """The HF config of a plain or peft-wrapped model (None when the model has none)."""
-    if is_peft_model(model):
-        return getattr(model.base_model.model, "config", None)
-    return getattr(model, "config", None)
-
-
 def iter_hf_tensors(
     model: torch.nn.Module, device: torch.device, *, in_param_dtype: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -128,41 +96,3 @@ def _as_hf(model: torch.nn.Module, stream: Iterator[tuple[str, torch.Tensor]]) -
         if tied and name == "lm_head.weight":
             continue
         yield name, tensor
-
-
-def export_config(config: Any) -> Any:
-    """A copy of ``config`` without the engine-only attention implementation (the engine's
-    attention kernel is not part of the model)."""
-    import copy
-
-    out = copy.deepcopy(config)
-    for attr in ("_attn_implementation_internal", "_attn_implementation"):
-        if attr in out.__dict__:
-            out.__dict__[attr] = None
-    return out
-
-
-def hf_side_file_paths(source_dir: str | os.PathLike[str] | None) -> list[Path]:
-    """The :data:`HF_SIDE_FILES` present in ``source_dir`` (none when it is not a directory)."""
-    if source_dir is None or not Path(source_dir).is_dir():
-        return []
-    return [Path(source_dir) / fname for fname in HF_SIDE_FILES if (Path(source_dir) / fname).is_file()]
-
-
-def write_hf_dir(
-    path: str | os.PathLike[str],
-    tensors: Mapping[str, torch.Tensor],
-    config: Any,
-    *,
-    source_dir: str | os.PathLike[str] | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-    extra_json: Mapping[str, str] | None = None,
-) -> None:
-    """Atomically write an HF model directory: safetensors shards, ``config.json``, tokenizer files."""
-    with atomic_directory(path) as staging:
-        write_safetensors_shards(tensors, staging, max_shard_bytes=max_shard_bytes)
-        export_config(config).save_pretrained(staging)
-        for fname, text in (extra_json or {}).items():
-            (staging / fname).write_text(text)
-        for src in hf_side_file_paths(source_dir):
-            shutil.copy2(src, staging / src.name)

@@ -204,7 +204,7 @@ def close_shared_buffer(engine: FSDPEngine) -> None:
 
 def _write_hf(engine: FSDPEngine, path: str | None, stream: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Rank 0: write ``stream`` as an HF directory at ``path`` (atomically, with config and tokenizer)."""
-    from areal_tasks.engine.fsdp.export import hf_config_of, write_hf_dir
+    from areal_tasks.models.hf_dir import hf_config_of, write_hf_dir
 
     if path is None:
         raise EngineError("a disk weight update needs meta.path")

@@ -1,7 +1,7 @@
 """Reading a weight directory the trainer wrote: HF safetensors, one file or index + shards.
 
 The trainer publishes a policy version as ``model.safetensors`` or ``model-0000i-of-0000n
-.safetensors`` + ``model.safetensors.index.json`` (``areal_tasks.engine.weights.disk``, written
+.safetensors`` + ``model.safetensors.index.json`` (``areal_tasks.models.safetensors_dir``, written
 atomically). Tensors are yielded one file at a time, so a server holds at most one shard in memory
 besides what it is loading into.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from areal_tasks.engine.weights.disk import INDEX_FILE
 from areal_tasks.errors import InferenceError
+from areal_tasks.models.safetensors_dir import INDEX_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import torch
 from areal_tasks.api.inference import plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.engine.weights.collective import BucketedBroadcastSender, join_weight_group, spec_of
-from areal_tasks.engine.weights.disk import read_safetensors_dir
 from areal_tasks.launch.ports import PortAllocator
+from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
 
 class CollectiveTrainer:

@@ -58,7 +58,7 @@ class ServerControl:
 
     def write_weights(self, version: int, scale: float = 1.0) -> Path:
         """A disk update of ``version``: the model's weights times ``scale`` as sharded safetensors."""
-        from areal_tasks.engine.weights.disk import read_safetensors_dir, write_safetensors_shards
+        from areal_tasks.models.safetensors_dir import read_safetensors_dir, write_safetensors_shards
         from storage.atomic import atomic_directory
 
         state = read_safetensors_dir(self.model_path)

@@ -249,8 +249,8 @@ def shared_buffer_of(control: ServerControl, scale: float):
     import torch
 
     from areal_tasks.engine.weights.collective import spec_of
-    from areal_tasks.engine.weights.disk import read_safetensors_dir
     from areal_tasks.engine.weights.shared import SharedWeightBuffer, shared_layout
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
     state = read_safetensors_dir(control.model_path)
     scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
@@ -286,7 +286,7 @@ def test_shared_update_matches_the_disk_update(backend, through: str) -> None:
         control.version = meta.version
         assert client.get_version() == meta.version
         assert greedy_logprobs(client) == pytest.approx(expected, abs=1e-4)
-        from areal_tasks.engine.weights.disk import read_safetensors_dir
+        from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
         buffer.pack(layout, read_safetensors_dir(control.model_path).items())  # the original weights, same buffer
         meta = WeightUpdateMeta.shared(control.version + 1, (buffer.describe(),))

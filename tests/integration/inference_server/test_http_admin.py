@@ -82,7 +82,7 @@ def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_h
 
 
 def _write_weights(source: Path, target: Path) -> Path:
-    from areal_tasks.engine.weights.disk import read_safetensors_dir, write_safetensors_shards
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir, write_safetensors_shards
     from storage.atomic import atomic_directory
 
     state = read_safetensors_dir(source)

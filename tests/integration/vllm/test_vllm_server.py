@@ -68,7 +68,7 @@ def test_disk_update_serves_the_new_model(vllm: VLLMSession) -> None:
 def test_collective_update_with_buckets_splitting_layers(vllm: VLLMSession) -> None:
     from collective_sender import CollectiveTrainer
 
-    from areal_tasks.engine.weights.disk import read_safetensors_dir
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
     other = vllm_tiny_model(seed=1)
     # 8 KiB buckets: q/k/v (and gate/up) of one layer land in different buckets, so vLLM's fused

@@ -12,8 +12,8 @@ from pathlib import Path
 from vllm_test_server import SERVED_NAME, VLLMServer
 
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.disk import read_safetensors_dir, write_safetensors_shards
 from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
+from areal_tasks.models.safetensors_dir import read_safetensors_dir, write_safetensors_shards
 from storage.atomic import atomic_directory
 
 #: shards of at most this many bytes, so a checkpoint of the tiny model spans several files + index.

@@ -139,7 +139,7 @@ def test_nothing_is_staged_when_the_weights_need_several_buckets(fp32_model, sin
 
 
 def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, single_rank, tmp_path) -> None:
-    from areal_tasks.engine.weights.disk import read_safetensors_dir
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
     send_weights(
         _engine(fp32_model, "bfloat16", model_path=str(tiny_qwen2)), WeightUpdateMeta.disk(str(tmp_path / "v1"), 1)

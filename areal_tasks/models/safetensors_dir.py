@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from areal_tasks.errors import EngineError
+from areal_tasks.errors import ModelError
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 def plan_shards(sizes: Mapping[str, int], max_shard_bytes: int) -> list[list[str]]:
     """Group tensor names, in order, into shards of at most ``max_shard_bytes`` (a bigger tensor gets its own)."""
     if max_shard_bytes < 1:
-        raise EngineError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
+        raise ModelError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
     shards: list[list[str]] = [[]]
     used = 0
     for name, size in sizes.items():
@@ -86,7 +86,7 @@ def read_safetensors_dir(directory: str | os.PathLike[str]) -> dict[str, torch.T
     elif (directory / SINGLE_FILE).exists():
         files = [SINGLE_FILE]
     else:
-        raise EngineError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
+        raise ModelError(f"{directory} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
     out: dict[str, torch.Tensor] = {}
     for fname in files:
         out.update(load_file(str(directory / fname)))

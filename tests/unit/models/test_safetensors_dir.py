@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from areal_tasks.engine.weights.disk import (
+from areal_tasks.models.safetensors_dir import (
     INDEX_FILE,
     SINGLE_FILE,
     plan_shards,
