@@ -23,6 +23,7 @@ from airflow.sdk import TriggerRule, XComArg, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 from areal_dag_common import default_run_dir, job_overrides, job_poll_interval, resolve_config_path, train_timeout
 
+from areal_tasks.api.run_dir import RunPaths
 from operators.operators.cluster import ProvisionClusterOperator
 from operators.operators.evaluation import EvaluateCheckpointOperator
 from operators.operators.model import DetectModelOperator
@@ -31,9 +32,6 @@ from operators.operators.storage import ValidateStorageOperator
 from operators.operators.training import AReaLTrainingOperator
 
 logger = logging.getLogger("areal.dags")
-
-#: the pipeline's figures added to ``<run dir>/summary.json`` (next to the trainer's own).
-SUMMARY_FILE = "summary.json"
 
 
 @task(multiple_outputs=True, retries=0, execution_timeout=timedelta(minutes=2))
@@ -206,7 +204,7 @@ def finish_pipeline(
         "airflow_run_id": context["run_id"],
         "job_name": train_result.get("job_name"),
     }
-    path = Path(job["run_dir"]) / SUMMARY_FILE
+    path = RunPaths.of(job["run_dir"]).summary  # the pipeline's figures go next to the trainer's
     trainer_summary: dict[str, Any] = dict(train_result.get("summary") or {})
     if path.is_file():
         trainer_summary = {**trainer_summary, **json.loads(path.read_text(encoding="utf-8"))}

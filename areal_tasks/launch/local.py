@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
     OWN_DEVICES_ENV,
     Scheduler,
@@ -264,7 +265,7 @@ class LocalScheduler(Scheduler):
         target = expand_placeholders(spec.readiness.target, values)
         if spec.readiness.kind == "file":
             target = os.path.join(cwd or os.getcwd(), target)
-        log_path = self.run_dir / "logs" / spec.name / f"{rank}.log"
+        log_path = RunPaths.of(self.run_dir).worker_log(spec.name, rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
         info = WorkerInfo(

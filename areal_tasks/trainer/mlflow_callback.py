@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: environment variable naming an existing MLflow run to attach to (set by the pipeline).
-RUN_ID_ENV = "AREAL_MLFLOW_RUN_ID"
 #: tag holding the URL of the newest checkpoint.
 LATEST_CHECKPOINT_TAG = "areal.latest_checkpoint"
 #: tag holding the reason given to :meth:`MLflowCallback.fail`.
@@ -149,7 +149,7 @@ class MLflowCallback:
         """
         from mlflow import MlflowClient
 
-        run_id = self._requested_run_id or os.environ.get(RUN_ID_ENV) or None
+        run_id = self._requested_run_id or os.environ.get(MLFLOW_RUN_ID_ENV) or None
         try:
             client = MlflowClient(tracking_uri=self.tracking_uri)
             if run_id is not None:
@@ -256,11 +256,11 @@ class MLflowCallback:
             run = client.get_run(run_id)
         except Exception as exc:
             raise ConfigError(
-                f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${RUN_ID_ENV}) cannot be read at "
+                f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${MLFLOW_RUN_ID_ENV}) cannot be read at "
                 f"{self.tracking_uri!r}: {_describe(exc)}"
             ) from exc
         if run.info.lifecycle_stage == LifecycleStage.DELETED:
-            raise ConfigError(f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${RUN_ID_ENV}) is deleted")
+            raise ConfigError(f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${MLFLOW_RUN_ID_ENV}) is deleted")
         if run.info.status != "RUNNING":
             logger.warning("MLflow run %s is %s; logging to it anyway", run_id, run.info.status)
         self._run_id = run.info.run_id

@@ -25,14 +25,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import INFERENCE_ADDRESSES_ENV, RunPaths
 from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
 from areal_tasks.errors import ConfigError, EngineError
-from areal_tasks.trainer.rl_loop import RL_SUMMARY, rl_steps
-from areal_tasks.trainer.rl_worker import ADDRESSES_ENV
+from areal_tasks.trainer.rl_loop import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
-from areal_tasks.trainer.sft_loop import SFTPaths
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -48,13 +47,13 @@ def starting_policy(cfg: JobConfig, scheduler: Scheduler) -> tuple[str, dict[str
     """The model directory RL starts from (after the SFT warm start, if any) and SFT facts."""
     if cfg.train.sft_warmup_steps < 1:
         return resolve_model_dir(cfg), {}
-    paths = SFTPaths.of(cfg.experiment.run_dir or ".")
-    if cfg.recover.mode != "disabled" and (paths.model_dir / "config.json").is_file():
-        logger.info("reusing the SFT warm start in %s (recover.mode=%s)", paths.model_dir, cfg.recover.mode)
-        return str(paths.model_dir), {"sft_reused": True}
+    paths = RunPaths.of(cfg.experiment.run_dir)
+    if cfg.recover.mode != "disabled" and (paths.sft_model / "config.json").is_file():
+        logger.info("reusing the SFT warm start in %s (recover.mode=%s)", paths.sft_model, cfg.recover.mode)
+        return str(paths.sft_model), {"sft_reused": True}
     started = time.perf_counter()
     model_dir = run_sft(cfg, scheduler)
-    losses = [json.loads(line)["loss"] for line in paths.metrics.read_text(encoding="utf-8").splitlines() if line]
+    losses = [json.loads(line)["loss"] for line in paths.sft_metrics.read_text(encoding="utf-8").splitlines() if line]
     return str(model_dir), {
         "sft_steps": cfg.train.sft_warmup_steps,
         "sft_loss_first": losses[0],
@@ -103,7 +102,7 @@ def rl_worker_spec(
     return WorkerGroupSpec(
         name=RL_GROUP,
         command=[sys.executable, "-m", "areal_tasks.trainer.rl_worker", "--config", str(config_path)],
-        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", ADDRESSES_ENV: ",".join(addresses)},
+        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", INFERENCE_ADDRESSES_ENV: ",".join(addresses)},
         replicas=world,
         ports_per_worker=0,
         devices_per_worker=1 if on_gpus else 0,
@@ -118,7 +117,8 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     from areal_tasks.inference.launch import ServerFleet
 
     check_before_start(cfg)
-    run_dir = Path(cfg.experiment.run_dir or ".")
+    paths = RunPaths.of(cfg.experiment.run_dir)
+    run_dir = paths.root
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     owned = scheduler is None
@@ -129,7 +129,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     try:
         model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
-        config_path = run_dir / "rl_config.yaml"
+        config_path = paths.rl_config
         config_path.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
         fleet = ServerFleet.from_config(scheduler, cfg, model_dir)
         try:
@@ -142,7 +142,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     finally:
         if owned:
             scheduler.stop_all()
-    rl_summary_path = run_dir / RL_SUMMARY
+    rl_summary_path = paths.rl_summary
     if not rl_summary_path.is_file():
         raise EngineError(f"the RL workers exited cleanly but wrote no {rl_summary_path}")
     summary = {
@@ -155,7 +155,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
         "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
         "wall_seconds": time.perf_counter() - started,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+    paths.summary.write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return summary
 
 

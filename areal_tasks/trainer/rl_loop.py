@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError, RolloutError
 from areal_tasks.trainer.collectives import broadcast_object
 from areal_tasks.trainer.evaluate import samples_per_prompt
@@ -38,11 +39,6 @@ if TYPE_CHECKING:
     from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
-
-#: file rank 0 writes at the end (the controller merges it into summary.json).
-RL_SUMMARY = "rl_summary.json"
-#: per-step metrics of rank 0.
-RL_METRICS = "rl_metrics.jsonl"
 
 
 @dataclass
@@ -183,7 +179,7 @@ def run_rl_rank(
                 "last_step": last_metrics,
                 "executor": side.executor.stats(),
             }
-            (run_dir / RL_SUMMARY).write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+            RunPaths.of(run_dir).rl_summary.write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
             for cb in callbacks:
                 cb.on_end(summary)
         manager.close()

@@ -13,20 +13,22 @@ import logging
 import os
 import sys
 
+from areal_tasks.api.run_dir import INFERENCE_ADDRESSES_ENV
 from areal_tasks.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 #: environment variable carrying the servers' addresses.
-ADDRESSES_ENV = "AREAL_INFERENCE_ADDRESSES"
 
 
 def server_addresses() -> list[str]:
-    """The addresses the controller passed in :data:`ADDRESSES_ENV`."""
-    raw = os.environ.get(ADDRESSES_ENV, "")
+    """The addresses the controller passed in :data:`INFERENCE_ADDRESSES_ENV`."""
+    raw = os.environ.get(INFERENCE_ADDRESSES_ENV, "")
     addresses = [a.strip() for a in raw.split(",") if a.strip()]
     if not addresses:
-        raise ConfigError(f"{ADDRESSES_ENV} is empty: the RL worker needs the inference servers' host:port list")
+        raise ConfigError(
+            f"{INFERENCE_ADDRESSES_ENV} is empty: the RL worker needs the inference servers' host:port list"
+        )
     return addresses
 
 

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.models.tiny.spec import TINY_PREFIX
-from areal_tasks.trainer.sft_loop import SFTPaths
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -59,7 +59,7 @@ def actor_dp_size(cfg: JobConfig) -> int:
 def write_worker_config(cfg: JobConfig, model_dir: str) -> Path:
     """``<run_dir>/sft_config.yaml``: ``cfg`` with ``model.path`` set to the resolved ``model_dir``."""
     worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
-    target = Path(_run_dir(cfg)) / "sft_config.yaml"
+    target = RunPaths.of(_run_dir(cfg)).sft_config
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
     return target
@@ -115,7 +115,7 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
     finally:
         if owned:
             scheduler.stop_all()
-    model_dir = SFTPaths.of(run_dir).model_dir
+    model_dir = RunPaths.of(run_dir).sft_model
     if not (model_dir / "config.json").is_file():
         raise EngineError(f"SFT workers exited cleanly but wrote no HF model under {model_dir}")
     return model_dir

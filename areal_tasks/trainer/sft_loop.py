@@ -16,10 +16,10 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.datasets.prompts import render_prompt, render_transcript
 from areal_tasks.datasets.registry import load_split, wrong_fraction
 from areal_tasks.datasets.sft import build_demonstrations
@@ -32,20 +32,6 @@ if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SFTPaths:
-    """Where a run's SFT outputs go."""
-
-    model_dir: Path
-    metrics: Path
-
-    @classmethod
-    def of(cls, run_dir: str | Path) -> SFTPaths:
-        """``<run_dir>/sft/`` for the HF model, ``<run_dir>/sft_metrics.jsonl`` for the per-step log."""
-        root = Path(run_dir)
-        return cls(model_dir=root / "sft", metrics=root / "sft_metrics.jsonl")
 
 
 def build_transcripts(cfg: JobConfig, tokenizer: object) -> list[Transcript]:
@@ -98,7 +84,7 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     if steps < 1:
         raise ConfigError(f"train.sft_warmup_steps={steps} must be >= 1 to run SFT")
     seed = cfg.experiment.seed
-    paths = SFTPaths.of(cfg.experiment.run_dir or ".")
+    paths = RunPaths.of(cfg.experiment.run_dir)
     transcripts = build_transcripts(cfg, load_tokenizer(model_dir))
     engine = FSDPEngine(sft_engine_config(cfg), model_dir, total_steps=steps, seed=seed)
     engine.initialize()
@@ -106,8 +92,8 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     granularity = cfg.actor.micro_batch.granularity
     is_main = info.rank == 0
     if is_main:
-        paths.metrics.parent.mkdir(parents=True, exist_ok=True)
-        paths.metrics.write_text("", encoding="utf-8")
+        paths.sft_metrics.parent.mkdir(parents=True, exist_ok=True)
+        paths.sft_metrics.write_text("", encoding="utf-8")
     bar = tqdm(range(steps), desc="sft", disable=not is_main, dynamic_ncols=True)
 
     def record(step: int, submitted: SubmittedStep, started: float) -> None:
@@ -124,7 +110,7 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
                 "n_tokens": stats["n_tokens"],
                 "step_s": time.perf_counter() - started,
             }
-            with paths.metrics.open("a", encoding="utf-8") as handle:
+            with paths.sft_metrics.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
 
     # a step's stats are read after the next step is submitted: the host packs the next batch while
@@ -145,7 +131,7 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     if previous is not None:
         record(*previous)
     bar.close()
-    engine.save(str(paths.model_dir), format="hf")
+    engine.save(str(paths.sft_model), format="hf")
     engine.destroy()
-    logger.info("SFT done: %d steps, model at %s", steps, paths.model_dir)
-    return paths.model_dir
+    logger.info("SFT done: %d steps, model at %s", steps, paths.sft_model)
+    return paths.sft_model

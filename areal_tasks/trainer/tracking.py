@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.trainer.callbacks import ConsoleProgress, JsonlMetrics
 
 if TYPE_CHECKING:
@@ -30,13 +31,11 @@ def callbacks_from_config(cfg: JobConfig, run_dir: Path, *, console: bool = True
     ``experiment.trial``, every ``tracking.log_every`` steps; it
     attaches to the run in ``$AREAL_MLFLOW_RUN_ID`` when that is set.
     """
-    from areal_tasks.trainer.rl_loop import RL_METRICS
-
     callbacks: list[Any] = []
     if console:
         callbacks.append(ConsoleProgress())
     if cfg.tracking.jsonl:
-        callbacks.append(JsonlMetrics(Path(run_dir) / RL_METRICS))
+        callbacks.append(JsonlMetrics(RunPaths.of(run_dir).rl_metrics))
     if cfg.tracking.mlflow_uri:
         from areal_tasks.trainer.mlflow_callback import MLflowCallback
 

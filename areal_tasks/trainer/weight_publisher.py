@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.trainer.collectives import barrier, broadcast_int, rank
 
@@ -45,7 +46,7 @@ class WeightPublisher:
         self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | RolloutProcess | None, run_dir: Path
     ) -> None:
         self.cfg, self.actor, self.side = cfg, actor, side
-        self.root = run_dir / "weights"
+        self.root = RunPaths.of(run_dir).weights
         self._collective_port: int | None = None
         self._closed = False
 

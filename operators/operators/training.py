@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["AReaLTrainingOperator", "job_name_for", "resolve_config_path", "resolve_jobs_root"]
 
 #: environment variable the trainer's MLflow callback reads (areal_tasks.trainer.mlflow_callback.RUN_ID_ENV).
-MLFLOW_RUN_ID_ENV = "AREAL_MLFLOW_RUN_ID"
 JOBS_ROOT_ENV = "AREAL_JOBS_ROOT"
 RUNS_ROOT_ENV = "AREAL_RUNS_ROOT"
 DEFAULT_EXECUTION_TIMEOUT = timedelta(hours=24)
@@ -319,6 +318,8 @@ class AReaLTrainingOperator(BaseOperator):
         path, overrides, cfg = self._load_config(name, recover=recover)
         argv = [*self.train_command, "--config", str(path), *overrides]
         run_id = self._mlflow_run_id()
+        from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV
+
         env = {MLFLOW_RUN_ID_ENV: run_id} if run_id else {}
         status = hook.submit_job(name, argv, env, cfg.experiment.run_dir, cwd=os.getcwd())
         self.log.info(
@@ -360,7 +361,9 @@ class AReaLTrainingOperator(BaseOperator):
 
         _, _, cfg = self._load_config(name, recover=False)
         run_dir = run_dir or cfg.experiment.run_dir
-        summary_path = Path(run_dir) / "summary.json"
+        from areal_tasks.api.run_dir import RunPaths
+
+        summary_path = RunPaths.of(run_dir).summary
         if not summary_path.is_file():
             raise ArealAirflowError(
                 f"job {name} exited with code 0 but wrote no {summary_path}; see its log "

@@ -34,13 +34,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 __all__ = ["TrainingJobTrigger"]
 
-#: file in the run directory holding one JSON line of metrics per RL step (steps 1..N).
-METRICS_FILE = "rl_metrics.jsonl"
-#: file in the run directory holding one JSON line per SFT warm-start step (steps 0..N-1).
-SFT_METRICS_FILE = "sft_metrics.jsonl"
-#: the resolved config the whole job was started with (a fallback for the phases' own copies).
-RESOLVED_CONFIG_FILE = "config.yaml"
-
 
 class TrainingJobTrigger(BaseTrigger):
     """Poll job ``job_name`` (records under ``jobs_root``) on ``scheduler`` until it ends."""
@@ -128,32 +121,41 @@ class _Phase:
     shown: tuple[tuple[str, str, str], ...]
 
 
-SFT_PHASE = _Phase("sft", SFT_METRICS_FILE, "sft_config.yaml", 1, (("loss", "loss", "{:.3f}"),))
-RL_PHASE = _Phase(
-    "rl",
-    METRICS_FILE,
-    "rl_config.yaml",
-    0,
-    (
-        ("reward/mean", "reward", "{:.3f}"),
-        ("eval/reward", "eval", "{:.3f}"),
-        ("staleness/mean", "stale", "{:.2g}"),
-        ("perf/step_s", "", "{:.2f} s/step"),
-    ),
-)
+def _phases() -> tuple[_Phase, _Phase]:
+    """The SFT phase (its metrics count steps from 0) and the RL phase (from 1), named as the run
+    directory's contract (``areal_tasks.api.run_dir``) says."""
+    from areal_tasks.api import run_dir as contract
+
+    sft = _Phase("sft", contract.SFT_METRICS, contract.SFT_CONFIG, 1, (("loss", "loss", "{:.3f}"),))
+    rl = _Phase(
+        "rl",
+        contract.RL_METRICS,
+        contract.RL_CONFIG,
+        0,
+        (
+            ("reward/mean", "reward", "{:.3f}"),
+            ("eval/reward", "eval", "{:.3f}"),
+            ("staleness/mean", "stale", "{:.2g}"),
+            ("perf/step_s", "", "{:.2f} s/step"),
+        ),
+    )
+    return sft, rl
 
 
 def _phase_total(phase: _Phase, run_dir: Path) -> int | None:
     """Steps of ``phase`` from the config the job wrote (None when none is there yet or it is unreadable)."""
     import yaml
 
-    for name in (phase.config_file, RESOLVED_CONFIG_FILE):
+    from areal_tasks.api.run_dir import RESOLVED_CONFIG
+
+    # the phase's own config first, then the resolved config the whole job was started with
+    for name in (phase.config_file, RESOLVED_CONFIG):
         try:
             train = (yaml.safe_load((run_dir / name).read_text(encoding="utf-8")) or {}).get("train") or {}
             sft, total = int(train.get("sft_warmup_steps") or 0), int(train["total_steps"])
         except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
             continue  # progress lines are best effort: a missing total only shortens them
-        return sft if phase.name == SFT_PHASE.name else total - sft
+        return sft if phase.name == "sft" else total - sft
     return None
 
 
@@ -208,7 +210,7 @@ class _Progress:
     """Progress lines of both phases: at most one per phase per call."""
 
     def __init__(self) -> None:
-        self.tails = (_Tail(SFT_PHASE), _Tail(RL_PHASE))
+        self.tails = tuple(_Tail(phase) for phase in _phases())
 
     def read(self, run_dir: str | None) -> list[str]:
         """New progress lines (SFT first), empty when nothing new was written."""

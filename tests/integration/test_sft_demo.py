@@ -12,11 +12,11 @@ import math
 
 import pytest
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.config import load_config
 from areal_tasks.launch import LocalScheduler
 from areal_tasks.trainer.evaluate import evaluate
 from areal_tasks.trainer.sft import run_sft
-from areal_tasks.trainer.sft_loop import SFTPaths
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
 
@@ -44,7 +44,7 @@ def test_short_sft_then_evaluate(tmp_path) -> None:
         model_dir = run_sft(cfg, scheduler)
         result = evaluate(cfg, str(model_dir), 4, scheduler=scheduler)
 
-    losses = [json.loads(line)["loss"] for line in SFTPaths.of(tmp_path).metrics.read_text().splitlines()]
+    losses = [json.loads(line)["loss"] for line in RunPaths.of(tmp_path).sft_metrics.read_text().splitlines()]
     assert len(losses) == 6
     assert losses[-1] < losses[0]
     model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -18,13 +18,13 @@ import yaml
 
 mlflow = pytest.importorskip("mlflow")
 
+from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV  # noqa: E402
 from areal_tasks.config import load_config  # noqa: E402
 from areal_tasks.config.serialize import config_to_dict, dump_config_yaml  # noqa: E402
 from areal_tasks.errors import ConfigError  # noqa: E402
 from areal_tasks.trainer.callbacks import ConsoleProgress, JsonlMetrics  # noqa: E402
 from areal_tasks.trainer.mlflow_callback import (  # noqa: E402
     LATEST_CHECKPOINT_TAG,
-    RUN_ID_ENV,
     MLflowCallback,
     flatten_params,
     metric_key,
@@ -48,7 +48,7 @@ def store(template_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     db = tmp_path / "mlflow.db"
     shutil.copy(template_db, db)
     monkeypatch.chdir(tmp_path)  # MLflow's fallback artifact root is ./mlruns
-    monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    monkeypatch.delenv(MLFLOW_RUN_ID_ENV, raising=False)
     uri = f"sqlite:///{db}"
     return SimpleNamespace(
         uri=uri, artifacts=(tmp_path / "artifacts").as_uri(), client=mlflow.MlflowClient(uri), tmp=tmp_path
@@ -180,7 +180,7 @@ def test_attached_run_stays_running(store, cfg, monkeypatch, via: str) -> None:
     run_id = upstream.info.run_id
     store.client.log_param(run_id, "experiment.trial", "set-upstream")  # params are write-once
     if via == "environment":
-        monkeypatch.setenv(RUN_ID_ENV, run_id)
+        monkeypatch.setenv(MLFLOW_RUN_ID_ENV, run_id)
         cb = make(store, experiment="pipeline", config=cfg)
     else:
         cb = make(store, experiment="pipeline", config=cfg, run_id=run_id)
@@ -216,7 +216,7 @@ def test_fail_ends_a_created_run_failed(store) -> None:
 def test_unreachable_server_raises_config_error_quickly(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    monkeypatch.delenv(MLFLOW_RUN_ID_ENV, raising=False)
     cb = MLflowCallback("http://127.0.0.1:1", "exp")
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"tracking\.mlflow_uri.*127\.0\.0\.1:1"):
@@ -228,7 +228,7 @@ def test_unreachable_server_raises_config_error_quickly(monkeypatch) -> None:
 
 
 def test_unknown_run_id_raises_config_error(store) -> None:
-    with pytest.raises(ConfigError, match=RUN_ID_ENV):
+    with pytest.raises(ConfigError, match=MLFLOW_RUN_ID_ENV):
         make(store, run_id="0123456789abcdef").on_start(1)
 
 
