@@ -19,6 +19,7 @@ from areal_tasks.config.checks import (
     check_engine,
     check_experiment,
     check_rollout,
+    check_scheduler,
 )
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
@@ -208,6 +209,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
     p = Problems()
     check_experiment(p, cfg.experiment)
     check_cluster(p, cfg.cluster)
+    check_scheduler(p, cfg.cluster)
     p.non_empty("storage.url", cfg.storage.url, optional=True)
     p.non_empty("model.path", cfg.model.path)
     if cfg.model.path.startswith("tiny:") and not cfg.model.path[len("tiny:") :].strip():
