@@ -27,8 +27,15 @@ from areal_tasks.errors import AllocationError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: backends that cannot run without GPUs (``cluster.gpus_per_node: 0``).
-GPU_ONLY_BACKENDS: frozenset[str] = frozenset({"sglang", "megatron"})
+#: training backends that cannot run without GPUs (the inference ones come from their registry).
+_GPU_ONLY_TRAINING_BACKENDS: frozenset[str] = frozenset({"megatron"})
+
+
+def gpu_only_backends() -> frozenset[str]:
+    """Backends that cannot run without GPUs (``cluster.gpus_per_node: 0``)."""
+    from areal_tasks.inference.registry import gpu_only_inference_backends
+
+    return gpu_only_inference_backends() | _GPU_ONLY_TRAINING_BACKENDS
 
 
 def engines(cfg: JobConfig) -> list[tuple[str, EngineConfig]]:
@@ -195,8 +202,9 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
                 f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective",
             )
     if cluster.gpus_per_node == 0:
+        gpu_only = gpu_only_backends()
         for comp in alloc.components:
-            if comp.backend in GPU_ONLY_BACKENDS:
+            if comp.backend in gpu_only:
                 p.add(
                     "allocation",
                     f"backend {comp.backend!r} needs GPUs but cluster.gpus_per_node is 0 "
