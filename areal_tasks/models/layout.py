@@ -123,8 +123,8 @@ def _plan_inference(info: ModelInfo, n_infer: int, usable: float, reasons: list[
     budget = usable * mem.INFERENCE_WEIGHT_SHARE
     candidates = _tp_candidates(info, n_infer, need_kv=False) or [1]
     for tp in candidates:
-        if mem.inference_weight_bytes(info.num_parameters, tp) <= budget:
-            weights = mem.inference_weight_bytes(info.num_parameters, tp)
+        weights = mem.inference_weight_bytes(info.num_parameters, tp)
+        if weights <= budget:
             reasons.append(
                 f"inference: tp={tp} puts {weights / mem.GIB:.1f} GiB of bf16 weights on "
                 f"each GPU (<= {mem.INFERENCE_WEIGHT_SHARE:.0%} of usable memory, the rest for KV cache); "
@@ -133,9 +133,8 @@ def _plan_inference(info: ModelInfo, n_infer: int, usable: float, reasons: list[
             return tp, True
     tp = candidates[-1]
     reasons.append(
-        f"inference: even tp={tp} needs {mem.inference_weight_bytes(info.num_parameters, tp) / mem.GIB:.1f} GiB of "
-        "weights per GPU, "
-        f"over the {budget / mem.GIB:.1f} GiB budget; give inference more GPUs or larger ones"
+        f"inference: even tp={tp} needs {mem.inference_weight_bytes(info.num_parameters, tp) / mem.GIB:.1f} GiB "
+        f"of weights per GPU, over the {budget / mem.GIB:.1f} GiB budget; give inference more GPUs or larger ones"
     )
     return tp, False
 
