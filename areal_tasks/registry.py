@@ -19,7 +19,7 @@ from areal_tasks.errors import AReaLError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "load_target"]
 
 T = TypeVar("T")
 
@@ -70,7 +70,7 @@ class Registry(Generic[T]):
         self.check(name)
         target = self._entries[name]
         if isinstance(target, str):
-            target = _load(target, f"{self.kind} {name!r}", self._error)
+            target = load_target(target, f"{self.kind} {name!r}", self._error)
             self._entries[name] = target
         return target
 
@@ -82,7 +82,12 @@ class Registry(Generic[T]):
         return factory(*args, **kwargs)
 
 
-def _load(path: str, what: str, error: type[AReaLError]) -> Callable[..., object]:
+def load_target(path: str, what: str, error: type[AReaLError] = ConfigError) -> Callable[..., object]:
+    """Import ``"package.module:attr"`` and return the attribute; ``error`` (naming ``what``) if it cannot.
+
+    For registries whose entries describe more than one implementation (e.g. an inference backend's
+    client adapter and its server launcher), each held as such a path.
+    """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise error(f"{what}: {path!r} is not an import path of the form package.module:attr")

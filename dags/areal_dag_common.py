@@ -3,8 +3,9 @@
 Not a DAG file (``.airflowignore`` keeps the DAG processor from parsing it on its own); the DAG
 files import it by name, as Airflow puts the DAG folder (the bundle path) on ``sys.path``.
 
-Only the standard library and ``airflow.sdk`` at module level: DAG files parse in milliseconds and
-never import torch (``tests/unit/dags`` checks both).
+At module level only the standard library, ``airflow.sdk`` and the torch-free registries of
+``areal_tasks`` that the Params' choices are derived from (the algorithm configs, the scheduler
+registry): DAG files parse fast and never import torch (``tests/unit/dags`` checks it).
 
 Settings read from the environment when a DAG file is parsed:
 
@@ -30,6 +31,9 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from areal_tasks.config.algorithm import AlgorithmConfig
+from areal_tasks.launch.registry import scheduler_kinds
+
 logger = logging.getLogger("areal.dags")
 
 DAGS_DIR = Path(__file__).resolve().parent
@@ -39,8 +43,10 @@ OWNER = "areal"
 DEFAULT_MODEL_NAME = "areal-policy"
 #: the metric the registry gates the champion alias on.
 DEFAULT_GATE_METRIC = "eval/reward"
-ALGORITHMS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_plus_plus", "ppo"]
-SCHEDULERS = ["local", "ray", "slurm", "skypilot"]
+#: the ``algorithm`` Param's choices: every registered algorithm config.
+ALGORITHMS: list[str] = AlgorithmConfig.names()
+#: the ``scheduler`` Param's choices: the built scheduler kinds (planned ones are not offered).
+SCHEDULERS: list[str] = list(scheduler_kinds())
 
 
 def _env_number(name: str, default: float, *, minimum: float = 0) -> float:
@@ -355,7 +361,8 @@ def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, P
             type="string",
             enum=SCHEDULERS,
             title="Cluster scheduler",
-            description="Where the job runs; only 'local' (processes on the Airflow worker) is built-in today.",
+            description="Where the job runs: a built scheduler kind (areal_tasks/launch/registry.py); 'local' runs "
+            "the job's processes on the Airflow worker.",
             section="Storage and cluster",
         ),
         "n_gpus": Param(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -147,11 +145,9 @@ def checkpoints_to_evaluate(train_result: Mapping[str, Any]) -> list[str]:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(dict(data), handle, indent=2, default=str)
-    os.replace(tmp, path)
+    from storage.atomic import write_local_text
+
+    write_local_text(path, json.dumps(dict(data), indent=2, default=str))
 
 
 def format_pipeline_summary(summary: Mapping[str, Any]) -> str:

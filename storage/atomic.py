@@ -105,13 +105,17 @@ def _make_readable(root: Path) -> None:
 
 
 @contextmanager
-def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield an empty local staging directory; on success it replaces ``target`` in one rename.
+def atomic_directory(target: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
+    """Yield an empty local staging directory; on success it becomes ``target`` in one rename.
 
     The staging directory is a hidden sibling of ``target`` (same filesystem, so the rename is
-    atomic); its files are made world-readable and fsynced before the swap. An existing ``target``
-    is moved aside first and removed after the swap. On an exception the staging directory is
-    removed and ``target`` is left as it was.
+    atomic); its files are made world-readable and fsynced before the swap. On an exception the
+    staging directory is removed and ``target`` is left as it was.
+
+    ``replace=True``: an existing ``target`` is moved aside first and removed after the swap (the
+    new content wins). ``replace=False`` is for content-addressed entries, where any complete copy
+    is as good as another: if ``target`` exists when the staging directory is published (another
+    process finished first), the staging directory is discarded and the existing ``target`` kept.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +128,9 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if not replace:
+        _publish_unless_present(staging, target)
+        return
     old = None
     if target.exists():
         old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
@@ -132,6 +139,20 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
     _fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old)
+    logger.info("wrote %s", target)
+
+
+def _publish_unless_present(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``; if a non-empty ``target`` appeared meanwhile, keep it and drop ours."""
+    try:
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():
+            raise
+        logger.debug("another process published %s first; keeping theirs", target)
+        return
+    _fsync_dir(target.parent)
     logger.info("wrote %s", target)
 
 

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from areal_tasks.errors import ModelError
+from areal_tasks.models.layout import TRAIN_DTYPES
 from areal_tasks.models.tiny.spec import parse_value
 
 
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     detect.add_argument(
         "--gpu-memory-gb", type=float, default=80.0, metavar="G", help="memory per GPU in GB (default 80)"
     )
-    detect.add_argument("--train-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    detect.add_argument("--train-dtype", default="bfloat16", choices=TRAIN_DTYPES)
     detect.set_defaults(handler=run_detect)
 
     tiny = sub.add_parser("tiny", help="write a tiny random-weight model (with tokenizer) to a directory")

@@ -89,11 +89,23 @@ def check_cluster(p: Problems, cluster: ClusterConfig) -> None:
     p.number("cluster.cpus_per_node", cluster.cpus_per_node, low=1, optional=True)
     p.number("cluster.memory_gb_per_node", cluster.memory_gb_per_node, low=0, low_open=True, optional=True)
     if cluster.scheduler == "local" and cluster.nodes > 1:
+        from areal_tasks.launch.registry import PLANNED_SCHEDULERS
+
         p.add(
             "cluster.nodes",
-            f"the local scheduler runs on one node, got nodes={cluster.nodes}; "
-            "use cluster.scheduler=ray|slurm|skypilot for several nodes",
+            f"the local scheduler runs on one node, got nodes={cluster.nodes}; several nodes need a "
+            f"multi-node scheduler (planned: {', '.join(PLANNED_SCHEDULERS)})",
         )
+
+
+def check_scheduler(p: Problems, cluster: ClusterConfig) -> None:
+    """``cluster.scheduler`` must be a *built* kind (:mod:`areal_tasks.launch.registry`): the config
+    grammar also accepts the planned ones, which are refused here, before anything starts."""
+    from areal_tasks.launch.registry import unsupported_reason
+
+    reason = unsupported_reason(cluster.scheduler)
+    if reason is not None:
+        p.add("cluster.scheduler", reason)
 
 
 def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) -> None:

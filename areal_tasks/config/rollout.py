@@ -123,7 +123,8 @@ class RewardConfig:
 class RolloutConfig:
     """Asynchronous rollout: how trajectories are generated and how stale they may be."""
 
-    #: inference backend; must match the allocation's inference backend.
+    #: inference backend; must match the allocation's inference backend. The choices are those of
+    #: ``areal_tasks.inference.registry`` (a unit test keeps this list equal to it).
     backend: Literal["embedded", "sglang", "vllm"] = "embedded"
     #: samples generated per prompt (the group of GRPO-style algorithms).
     group_size: int = 4

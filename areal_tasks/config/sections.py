@@ -33,7 +33,8 @@ class ExperimentConfig:
 class ClusterConfig:
     """The machines the job runs on."""
 
-    #: who starts worker processes.
+    #: who starts worker processes. The grammar knows the planned kinds too; validation accepts only the
+    #: built ones (``areal_tasks.launch.registry``; a unit test keeps this list equal to built + planned).
     scheduler: Literal["local", "ray", "slurm", "skypilot"] = "local"
     #: number of nodes.
     nodes: int = 1

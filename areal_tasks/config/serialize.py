@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +53,15 @@ def write_resolved(cfg: JobConfig) -> Path:
             f"experiment.run_dir: must be an absolute path to write the resolved config, got {run_dir!r}; "
             "build the config with load_config(), which resolves it"
         )
+    from storage.atomic import write_local_text  # storage (fsspec) loads only when a config is written
+
     target = Path(run_dir) / RESOLVED_FILE
     text = f"# resolved configuration written by areal-tasks; config_hash: {config_hash(cfg)}\n" + dump_config_yaml(cfg)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_file() and target.read_text(encoding="utf-8") != text:
             logger.warning("replacing %s, which holds a different configuration", target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{RESOLVED_FILE}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_local_text(target, text)
     except OSError as exc:
         raise ConfigError(f"experiment.run_dir: cannot write {target}: {exc.strerror or exc}") from exc
     logger.info("wrote resolved config to %s", target)

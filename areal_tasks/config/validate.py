@@ -19,6 +19,7 @@ from areal_tasks.config.checks import (
     check_engine,
     check_experiment,
     check_rollout,
+    check_scheduler,
 )
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
@@ -26,8 +27,15 @@ from areal_tasks.errors import AllocationError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: backends that cannot run without GPUs (``cluster.gpus_per_node: 0``).
-GPU_ONLY_BACKENDS: frozenset[str] = frozenset({"sglang", "megatron"})
+#: training backends that cannot run without GPUs (the inference ones come from their registry).
+_GPU_ONLY_TRAINING_BACKENDS: frozenset[str] = frozenset({"megatron"})
+
+
+def gpu_only_backends() -> frozenset[str]:
+    """Backends that cannot run without GPUs (``cluster.gpus_per_node: 0``)."""
+    from areal_tasks.inference.registry import gpu_only_inference_backends
+
+    return gpu_only_inference_backends() | _GPU_ONLY_TRAINING_BACKENDS
 
 
 def engines(cfg: JobConfig) -> list[tuple[str, EngineConfig]]:
@@ -194,8 +202,9 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
                 f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective",
             )
     if cluster.gpus_per_node == 0:
+        gpu_only = gpu_only_backends()
         for comp in alloc.components:
-            if comp.backend in GPU_ONLY_BACKENDS:
+            if comp.backend in gpu_only:
                 p.add(
                     "allocation",
                     f"backend {comp.backend!r} needs GPUs but cluster.gpus_per_node is 0 "
@@ -208,6 +217,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
     p = Problems()
     check_experiment(p, cfg.experiment)
     check_cluster(p, cfg.cluster)
+    check_scheduler(p, cfg.cluster)
     p.non_empty("storage.url", cfg.storage.url, optional=True)
     p.non_empty("model.path", cfg.model.path)
     if cfg.model.path.startswith("tiny:") and not cfg.model.path[len("tiny:") :].strip():

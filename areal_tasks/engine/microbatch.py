@@ -27,7 +27,7 @@ split again with ``n_mbs_override`` when the local count is lower::
         plan = split_into_micro_batches(batch, spec, n_mbs_override=n)
 
 ``spec.memory_budget_gb`` is not read here: the engine turns it into ``max_tokens_per_mb`` with
-:func:`areal_tasks.engine.memory.resolve_max_tokens_per_mb` (it needs the model) before splitting.
+:func:`areal_tasks.models.memory.resolve_max_tokens_per_mb` (it needs the model) before splitting.
 """
 
 from __future__ import annotations

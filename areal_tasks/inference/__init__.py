@@ -5,7 +5,9 @@
   (``sglang``, ``embedded``, ``vllm``);
 * ``launch/``: command lines of each backend's server and the ``ServerFleet`` that starts,
   health-checks, restarts and stops them through the Scheduler;
-* ``server/``: the embedded SGLang-protocol server (``areal serve``; imports torch).
+* ``server/``: the embedded SGLang-protocol server (``areal serve``; imports torch);
+* ``registry.py``: the one list of inference backends (adapter, launcher, constraints of each).
 
-Nothing is imported here, so that ``import areal_tasks.inference.launch`` stays light.
+Nothing is imported here, so that ``import areal_tasks.inference.launch`` (or ``.registry``, which the
+config package reads) stays light.
 """

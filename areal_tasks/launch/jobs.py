@@ -394,9 +394,9 @@ def _attempt_number(folder: Path) -> int:
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    from storage.atomic import write_local_text
+
+    write_local_text(path, json.dumps(payload, indent=1))
 
 
 # ---------------------------------------------------------------------- the wrapper
@@ -417,9 +417,9 @@ def _wrap(exit_file: Path, argv: list[str]) -> int:
         code = 127
     if code < 0:
         code = 128 - code
-    tmp = exit_file.with_name(exit_file.name + ".tmp")
-    tmp.write_text(f"{code}\n", encoding="utf-8")
-    os.replace(tmp, exit_file)
+    from storage.atomic import write_local_text
+
+    write_local_text(exit_file, f"{code}\n")
     return code
 
 

@@ -30,6 +30,9 @@ class FamilyTraits:
     ``moe``: ``None`` for dense, else the MoE layout name (``"qwen"``, ``"mixtral"``, ``"deepseek"``).
     ``text_type``: for vision-language families, the text family their language model follows.
     ``vision_type``: for vision-language families, which vision tower counter applies.
+    ``plain_lm_head``: the causal-LM forward is ``logits = lm_head(hidden_states)`` with nothing
+    after (no soft-capping or scaling), so the FSDP engine can fuse the head with the log-probs in
+    chunks (its ``PLAIN_HEAD_FAMILIES``; a unit test keeps the two equal).
     """
 
     attention: str = "mha"
@@ -40,6 +43,7 @@ class FamilyTraits:
     moe: str | None = None
     text_type: str | None = None
     vision_type: str | None = None
+    plain_lm_head: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -51,15 +55,15 @@ class FamilyTraits:
 
 
 FAMILIES: dict[str, FamilyTraits] = {
-    "llama": FamilyTraits(),
-    "mistral": FamilyTraits(qkv_bias=False, o_bias=False),
-    "qwen2": FamilyTraits(qkv_bias=True, o_bias=False),
-    "qwen3": FamilyTraits(qk_norm=True),
+    "llama": FamilyTraits(plain_lm_head=True),
+    "mistral": FamilyTraits(qkv_bias=False, o_bias=False, plain_lm_head=True),
+    "qwen2": FamilyTraits(qkv_bias=True, o_bias=False, plain_lm_head=True),
+    "qwen3": FamilyTraits(qk_norm=True, plain_lm_head=True),
     "gemma": FamilyTraits(),
     "gemma2": FamilyTraits(norms_per_layer=4),
     "gemma3": FamilyTraits(qk_norm=True, norms_per_layer=4),
-    "qwen2_moe": FamilyTraits(qkv_bias=True, o_bias=False, moe="qwen"),
-    "qwen3_moe": FamilyTraits(qk_norm=True, moe="qwen"),
+    "qwen2_moe": FamilyTraits(qkv_bias=True, o_bias=False, moe="qwen", plain_lm_head=True),
+    "qwen3_moe": FamilyTraits(qk_norm=True, moe="qwen", plain_lm_head=True),
     "mixtral": FamilyTraits(qkv_bias=False, o_bias=False, moe="mixtral"),
     "deepseek_v2": FamilyTraits(attention="mla", moe="deepseek"),
     "deepseek_v3": FamilyTraits(attention="mla", moe="deepseek"),

@@ -1,15 +1,16 @@
 """``recommend_layout``: a first allocation spec for a model on a number of GPUs.
 
-Rules (deliberately simple; the numbers behind them are in ``layout_memory.py``):
+Rules (deliberately simple; the per-GPU memory figures come from the one estimator,
+:mod:`areal_tasks.models.memory`, the same the FSDP engine sizes its micro-batches with):
 
 1. GPUs are split between inference and training, half and half (training gets the odd one).
    One GPU cannot be split and colocating both on it is not supported, so with 0 or 1 GPUs the
    recommendation is the CPU layout ``embedded:d1+fsdp:d1`` (fine for tiny models and the demo).
 2. MoE models train with Megatron and expert parallelism: EP is the largest power of two that
    divides the expert count and the data-parallel size (Megatron shards experts over data ranks).
-3. Dense models train with FSDP over all training GPUs when the sharded states, the working set
-   and activations fit; otherwise the TP degree is raised (powers of two dividing the attention
-   and KV heads, at most 8) until they do.
+3. Dense models train with FSDP over all training GPUs when the engine's estimate (sharded states,
+   gathered layers, activations with checkpointing) fits; otherwise the TP degree is raised
+   (powers of two dividing the attention and KV heads, at most 8) until it does.
 4. Inference uses the smallest TP (power of two dividing the heads, at most 8) whose bf16 weights
    leave room for the KV cache; the remaining factor is data parallel.
 
@@ -25,12 +26,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from areal_tasks.errors import ModelError
-from areal_tasks.models import layout_memory as mem
+from areal_tasks.models import memory as mem
+from areal_tasks.models.families import traits
 from areal_tasks.models.info import ModelInfo
 
 logger = logging.getLogger(__name__)
 
 MAX_TP = 8
+#: the training dtypes a recommendation can plan for.
+TRAIN_DTYPES = ("bfloat16", "float16", "float32")
 #: parameters above which CPU training is impractically slow
 CPU_PRACTICAL_PARAMETERS = 1_000_000_000
 
@@ -69,7 +73,8 @@ def _tp_candidates(info: ModelInfo, n: int, need_kv: bool) -> list[int]:
     out = []
     tp = 1
     while tp <= min(MAX_TP, n):
-        if n % tp == 0 and info.num_attention_heads % tp == 0 and (not need_kv or info.num_kv_heads % tp == 0):
+        heads_ok = info.dims.num_attention_heads % tp == 0 and (not need_kv or info.dims.num_kv_heads % tp == 0)
+        if n % tp == 0 and heads_ok:
             out.append(tp)
         tp *= 2
     return out
@@ -118,37 +123,51 @@ def _plan_inference(info: ModelInfo, n_infer: int, usable: float, reasons: list[
     budget = usable * mem.INFERENCE_WEIGHT_SHARE
     candidates = _tp_candidates(info, n_infer, need_kv=False) or [1]
     for tp in candidates:
-        if mem.inference_weight_bytes(info, tp) <= budget:
+        weights = mem.inference_weight_bytes(info.num_parameters, tp)
+        if weights <= budget:
             reasons.append(
-                f"inference: tp={tp} puts {mem.inference_weight_bytes(info, tp) / mem.GIB:.1f} GiB of bf16 weights on "
+                f"inference: tp={tp} puts {weights / mem.GIB:.1f} GiB of bf16 weights on "
                 f"each GPU (<= {mem.INFERENCE_WEIGHT_SHARE:.0%} of usable memory, the rest for KV cache); "
                 f"dp={n_infer // tp}"
             )
             return tp, True
     tp = candidates[-1]
     reasons.append(
-        f"inference: even tp={tp} needs {mem.inference_weight_bytes(info, tp) / mem.GIB:.1f} GiB of weights per GPU, "
-        f"over the {budget / mem.GIB:.1f} GiB budget; give inference more GPUs or larger ones"
+        f"inference: even tp={tp} needs {mem.inference_weight_bytes(info.num_parameters, tp) / mem.GIB:.1f} GiB "
+        f"of weights per GPU, over the {budget / mem.GIB:.1f} GiB budget; give inference more GPUs or larger ones"
     )
     return tp, False
 
 
+def _fsdp_bytes(info: ModelInfo, n_train: int, tp: int, dtype: str, tokens: int) -> int:
+    return mem.fsdp_train_bytes(
+        info.dims,
+        dp=n_train // tp,
+        tp=tp,
+        dtype=dtype,
+        tokens_per_gpu=tokens,
+        chunked_ce=traits(info.family).plain_lm_head,
+        extra_params=info.num_vision_parameters,
+    )
+
+
 def _plan_dense(
-    info: ModelInfo, n_train: int, usable: float, dtype_bytes: int, tokens: int, reasons: list[str]
+    info: ModelInfo, n_train: int, usable: float, dtype: str, tokens: int, reasons: list[str]
 ) -> tuple[int, bool, float]:
     candidates = _tp_candidates(info, n_train, need_kv=True) or [1]
     for tp in candidates:
-        need = mem.fsdp_bytes_per_gpu(info, n_train, tp, dtype_bytes, tokens)
+        need = _fsdp_bytes(info, n_train, tp, dtype, tokens)
         if need <= usable:
             why = "fits with pure data parallelism" if tp == 1 else f"needs tp={tp} to fit (activations split by TP)"
             reasons.append(
-                f"train: dense model -> fsdp; ~{need / mem.GIB:.1f} GiB per GPU ({mem.FSDP_STATE_BYTES} B/param of "
-                f"sharded params, grads and AdamW states over {n_train} GPUs, plus working set and activations): {why}"
+                f"train: dense model -> fsdp; ~{need / mem.GIB:.1f} GiB per GPU ({mem.TRAIN_STATE_BYTES} B/param of "
+                f"sharded params, grads and AdamW states over {n_train} GPUs, plus gathered layers and activations "
+                f"with checkpointing): {why}"
             )
             return tp, True, need
     tp = candidates[-1]
-    need = mem.fsdp_bytes_per_gpu(info, n_train, tp, dtype_bytes, tokens)
-    min_gpus = math.ceil(info.num_parameters * mem.FSDP_STATE_BYTES / usable)
+    need = _fsdp_bytes(info, n_train, tp, dtype, tokens)
+    min_gpus = math.ceil(info.num_parameters * mem.TRAIN_STATE_BYTES / usable)
     reasons.append(
         f"train: does not fit: ~{need / mem.GIB:.1f} GiB per GPU at tp={tp} exceeds {usable / mem.GIB:.1f} GiB usable; "
         f"the optimizer states alone need more than {min_gpus} training GPUs of this size"
@@ -157,18 +176,22 @@ def _plan_dense(
 
 
 def _plan_moe(
-    info: ModelInfo, n_train: int, usable: float, dtype_bytes: int, tokens: int, reasons: list[str]
+    info: ModelInfo, n_train: int, usable: float, dtype: str, tokens: int, reasons: list[str]
 ) -> tuple[int, int, bool, float]:
     candidates = _tp_candidates(info, n_train, need_kv=True) or [1]
+    dims = info.dims
     plans = []
     for tp in candidates:
         dp = n_train // tp
-        ep = _largest_power_of_two_dividing(info.num_experts, dp)
-        plans.append((tp, ep, mem.megatron_bytes_per_gpu(info, dp, tp, ep, dtype_bytes, tokens)))
+        ep = _largest_power_of_two_dividing(dims.num_experts, dp)
+        need = mem.megatron_train_bytes(
+            dims, dp=dp, tp=tp, ep=ep, dtype=dtype, tokens_per_gpu=tokens, extra_params=info.num_vision_parameters
+        )
+        plans.append((tp, ep, need))
     for tp, ep, need in plans:
         if need <= usable:
             reasons.append(
-                f"train: MoE ({info.num_experts} experts, top-{info.experts_per_token}) -> megatron with expert "
+                f"train: MoE ({dims.num_experts} experts, top-{dims.experts_per_token}) -> megatron with expert "
                 f"parallelism ep={ep} (largest power of two dividing the experts and dp={n_train // tp}), tp={tp}: "
                 f"~{need / mem.GIB:.1f} GiB per GPU"
             )
@@ -198,22 +221,21 @@ def recommend_layout(
         raise ModelError(f"n_gpus={n_gpus} must be >= 0 (0 means CPU only)")
     if gpu_memory_gb <= 0:
         raise ModelError(f"gpu_memory_gb={gpu_memory_gb} must be positive (e.g. 80 for an 80 GB GPU)")
-    if train_dtype not in mem.DTYPE_BYTES:
-        raise ModelError(f"train_dtype={train_dtype!r} is not supported; use one of {', '.join(mem.DTYPE_BYTES)}")
+    if train_dtype not in TRAIN_DTYPES:
+        raise ModelError(f"train_dtype={train_dtype!r} is not supported; use one of {', '.join(TRAIN_DTYPES)}")
     if n_gpus <= 1:
         return _cpu_layout(info, n_gpus)
     n_infer = n_gpus // 2
     n_train = n_gpus - n_infer
     usable = gpu_memory_gb * 1e9 * mem.USABLE_FRACTION
-    dtype_bytes = mem.DTYPE_BYTES[train_dtype]
     reasons = [f"split {n_gpus} GPUs: {n_infer} for inference, {n_train} for training"]
     infer_tp, infer_fits = _plan_inference(info, n_infer, usable, reasons)
     infer_dims = _dims(n_infer // infer_tp, infer_tp)
     if info.is_moe:
-        tp, ep, train_fits, need = _plan_moe(info, n_train, usable, dtype_bytes, tokens_per_gpu, reasons)
+        tp, ep, train_fits, need = _plan_moe(info, n_train, usable, train_dtype, tokens_per_gpu, reasons)
         backend = "megatron"
     else:
-        tp, train_fits, need = _plan_dense(info, n_train, usable, dtype_bytes, tokens_per_gpu, reasons)
+        tp, train_fits, need = _plan_dense(info, n_train, usable, train_dtype, tokens_per_gpu, reasons)
         ep, backend = 1, "fsdp"
     dp = n_train // tp
     recommendation = LayoutRecommendation(
@@ -231,7 +253,7 @@ def recommend_layout(
         fits=infer_fits and train_fits,
         reasons=reasons,
         train_gib_per_gpu=round(need / mem.GIB, 2),
-        inference_weights_gib_per_gpu=round(mem.inference_weight_bytes(info, infer_tp) / mem.GIB, 2),
+        inference_weights_gib_per_gpu=round(mem.inference_weight_bytes(info.num_parameters, infer_tp) / mem.GIB, 2),
     )
     logger.debug("layout for %s on %d GPUs: %s", info.family, n_gpus, recommendation.allocation)
     return recommendation

@@ -1,9 +1,11 @@
 """Cluster hooks: submit, look up and cancel the RL job, and check the resources it needs.
 
-:class:`ClusterHook` is the interface (one implementation per scheduler kind); only ``local``
-exists (:class:`LocalClusterHook`, over :class:`areal_tasks.launch.jobs.LocalJobs`): the job runs
-detached on this machine and outlives the Airflow task that submitted it. ``ray``, ``slurm`` and
-``skypilot`` are planned; :func:`get_cluster_hook` refuses them with the list of supported kinds.
+:class:`ClusterHook` is the interface, one implementation per scheduler kind: :data:`CLUSTER_HOOKS`
+maps a kind to its hook class. Which kinds exist, and the refusal of those that are planned but not
+built (``ray``, ``slurm``, ``skypilot``), come from the one scheduler registry,
+:mod:`areal_tasks.launch.registry`, which :func:`get_cluster_hook` asks first. ``local``
+(:class:`LocalClusterHook`, over :class:`areal_tasks.launch.jobs.LocalJobs`) runs the job detached on
+this machine; it outlives the Airflow task that submitted it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,7 @@ from operators.exceptions import ArealAirflowError
 if TYPE_CHECKING:
     from areal_tasks.launch.jobs import JobStatus, LocalJobs
 
-__all__ = ["ClusterHook", "LocalClusterHook", "get_cluster_hook"]
-
-#: scheduler kinds that have a cluster hook.
-SUPPORTED_SCHEDULERS = ("local",)
-_PLANNED_SCHEDULERS = ("ray", "slurm", "skypilot")
+__all__ = ["CLUSTER_HOOKS", "ClusterHook", "LocalClusterHook", "get_cluster_hook"]
 
 
 class ClusterHook(BaseHook, abc.ABC):
@@ -193,14 +191,24 @@ class LocalClusterHook(ClusterHook):
         return report
 
 
+#: scheduler kind -> its hook class; every kind of the scheduler registry has one (a unit test checks).
+CLUSTER_HOOKS: dict[str, type[ClusterHook]] = {LocalClusterHook.scheduler: LocalClusterHook}
+
+
 def get_cluster_hook(scheduler: str, **kwargs: Any) -> ClusterHook:
-    """The cluster hook of ``scheduler`` (``local`` takes ``jobs_root=``); ArealAirflowError for other kinds."""
-    if scheduler == "local":
-        return LocalClusterHook(**kwargs)
-    planned = " is planned but not implemented yet" if scheduler in _PLANNED_SCHEDULERS else " is unknown"
-    raise ArealAirflowError(
-        f"scheduler {scheduler!r}{planned}; supported schedulers: {', '.join(SUPPORTED_SCHEDULERS)}"
-    )
+    """The cluster hook of ``scheduler`` (``local`` takes ``jobs_root=``); ArealAirflowError, naming the
+    supported kinds, for a kind the scheduler registry has not built."""
+    from areal_tasks.launch.registry import unsupported_reason
+
+    reason = unsupported_reason(scheduler)
+    if reason is not None:
+        raise ArealAirflowError(reason)
+    hook = CLUSTER_HOOKS.get(scheduler)
+    if hook is None:
+        raise ArealAirflowError(
+            f"scheduler {scheduler!r} is built but has no cluster hook; register one in operators.hooks.cluster"
+        )
+    return hook(**kwargs)
 
 
 def _available_memory_gb() -> float | None:

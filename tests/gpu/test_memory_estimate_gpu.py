@@ -20,8 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from areal_tasks.engine.memory import estimate_memory  # noqa: E402
 from areal_tasks.engine.microbatch import position_ids_from_cu_seqlens  # noqa: E402
+from areal_tasks.models.memory import estimate_memory  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

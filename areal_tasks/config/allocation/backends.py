@@ -1,6 +1,9 @@
 """What each backend accepts: its kind, its parallel dims, and the words used to refuse the rest.
 
-One table per fact, so adding a backend is one line here plus a row in ``docs/allocation.md``.
+One table per fact. The inference side is derived from the inference-backend registry
+(:mod:`areal_tasks.inference.registry`: names and dims), so adding an inference backend is one
+registration there; a training backend is one line in each table here, plus a row in
+``docs/allocation.md``.
 """
 
 from __future__ import annotations
@@ -8,8 +11,9 @@ from __future__ import annotations
 import difflib
 
 from areal_tasks.config.allocation.model import ComponentKind
+from areal_tasks.inference.registry import inference_backend, inference_backend_names
 
-INFERENCE_BACKENDS: tuple[str, ...] = ("sglang", "vllm", "embedded")
+INFERENCE_BACKENDS: tuple[str, ...] = inference_backend_names()
 TRAINING_BACKENDS: tuple[str, ...] = ("fsdp", "megatron", "archon")
 ALL_BACKENDS: tuple[str, ...] = INFERENCE_BACKENDS + TRAINING_BACKENDS
 
@@ -26,9 +30,7 @@ DIM_NAMES: dict[str, str] = {
 
 #: the dims each backend accepts.
 ALLOWED_DIMS: dict[str, str] = {
-    "sglang": "dtp",
-    "vllm": "dtp",
-    "embedded": "dtp",
+    **{name: inference_backend(name).dims for name in INFERENCE_BACKENDS},
     "fsdp": "dtc",
     "megatron": "dtpce",
     "archon": "dtpce",

@@ -530,7 +530,7 @@ def _micro_batch_spec(
 ) -> Any:
     """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget
     (less the shared weight-update buffer when the engine keeps one)."""
-    from areal_tasks.engine.memory import estimate_memory, resolve_max_tokens_per_mb
+    from areal_tasks.models.memory import estimate_memory, resolve_max_tokens_per_mb
 
     spec = config.micro_batch
     multiple = math.lcm(spec.pad_to_multiple_of, dims.sp)

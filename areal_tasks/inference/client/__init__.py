@@ -1,6 +1,7 @@
 """The inference client: one shared core (``core.py``) and a thin protocol adapter per backend.
 
-``make_adapter(backend)`` gives the adapter of ``sglang``, ``embedded`` or ``vllm``;
+``make_adapter(backend)`` gives the adapter of a backend of the inference registry
+(:mod:`areal_tasks.inference.registry`: ``sglang``, ``embedded``, ``vllm``);
 ``RemoteInferenceEngine(addresses, adapter, ClientConfig(...))`` (or
 ``RemoteInferenceEngine.from_rollout(cfg.rollout, addresses)``) is the engine rollout code uses.
 """
@@ -8,7 +9,7 @@
 from areal_tasks.inference.client.config import ClientConfig
 from areal_tasks.inference.client.core import InflightRequest, RemoteInferenceEngine
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter
-from areal_tasks.inference.client.registry import adapter_names, make_adapter, register_adapter
+from areal_tasks.inference.registry import make_adapter
 
 __all__ = [
     "ClientConfig",
@@ -18,7 +19,5 @@ __all__ = [
     "InflightRequest",
     "ProtocolAdapter",
     "RemoteInferenceEngine",
-    "adapter_names",
     "make_adapter",
-    "register_adapter",
 ]

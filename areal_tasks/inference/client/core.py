@@ -162,7 +162,7 @@ class RemoteInferenceEngine(InferenceEngine):
         cls, rollout: RolloutConfig, addresses: Sequence[str], *, ranks_per_server: int = 1, version: int = 0
     ) -> RemoteInferenceEngine:
         """The engine of a job's ``rollout`` section (backend, timeouts, retries, concurrency)."""
-        from areal_tasks.inference.client.registry import make_adapter
+        from areal_tasks.inference.registry import make_adapter
 
         config = ClientConfig.from_rollout(rollout, ranks_per_server=ranks_per_server)
         return cls(addresses, make_adapter(rollout.backend), config, version=version)

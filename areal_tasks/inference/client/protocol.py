@@ -15,7 +15,7 @@ its own, that
 * judges the answer of a control call (:meth:`ProtocolAdapter.control_error`).
 
 Adapters: ``sglang`` (:mod:`.sglang`), ``embedded`` (:mod:`.embedded`; speaks SGLang's protocol)
-and ``vllm`` (:mod:`.vllm`). They are looked up by name in :mod:`.registry`.
+and ``vllm`` (:mod:`.vllm`). They are looked up by name in :mod:`areal_tasks.inference.registry`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -222,20 +221,13 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
     return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
 
 
-_BUILDERS: dict[str, Callable[[ServerArgs], ServerCommand]] = {
-    "sglang": sglang_command,
-    "vllm": vllm_command,
-    "embedded": embedded_command,
-}
-
-
 def build_server_command(
     cfg: JobConfig, model_path: str, layout: ServerLayout | None = None, weight_version: int = 0
 ) -> ServerCommand:
     """The command of one ``cfg.rollout.backend`` server serving ``model_path`` (weights of
-    ``weight_version``: the server reports it, so tokens are tagged right until the first update)."""
+    ``weight_version``: the server reports it, so tokens are tagged right until the first update).
+    The backend's builder (one of the functions above) is found through the inference registry."""
+    from areal_tasks.inference.registry import server_command_builder
+
     args = server_args(cfg, model_path, layout, weight_version)
-    builder = _BUILDERS.get(args.backend)
-    if builder is None:
-        raise ConfigError(f"rollout.backend={args.backend!r} has no server launcher; known: {sorted(_BUILDERS)}")
-    return builder(args)
+    return server_command_builder(args.backend)(args)

@@ -1,9 +1,10 @@
 """A content-addressed on-disk cache of built artefacts (tiny models, the tiny tokenizer).
 
 An entry is a directory named by the caller (normally ``<what>-<hash of its inputs>``). It is built
-in a private temporary directory beside its final place and then renamed into place, which is
-atomic on one file system: a reader sees either no entry or a complete one, and when two test
-processes build the same entry at once, the first rename wins and the loser discards its copy.
+through :func:`storage.atomic.atomic_directory` without replacement: in a private staging directory
+beside its final place, then renamed into place, which is atomic on one file system. A reader sees
+either no entry or a complete one, and when two test processes build the same entry at once, the
+first rename wins and the loser discards its copy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,20 +45,10 @@ def get_or_build(root: Path, name: str, build: Callable[[Path], None]) -> Path:
     if final.is_dir():
         logger.debug("cache hit: %s", final)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=root))
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            logger.debug("another process built %s first; using theirs", final)
-            shutil.rmtree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    from storage.atomic import atomic_directory
+
+    with atomic_directory(final, replace=False) as staging:
+        build(staging)
     logger.info("built %s", final)
     return final
 

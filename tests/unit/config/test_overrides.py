@@ -28,7 +28,7 @@ def value_at(cfg: object, dotted: str) -> object:
         ("experiment.name='true'", "experiment.name", "true"),  # quoted text parses as YAML
         ("tracking.mlflow_uri=null", "tracking.mlflow_uri", None),  # null still means None for str | None
         ("experiment.name=no", "experiment.name", "no"),  # YAML 1.2: 'no' is a string
-        ("cluster.scheduler=slurm", "cluster.scheduler", "slurm"),  # Literal
+        ("actor.lr_schedule.type=cosine", "actor.lr_schedule.type", "cosine"),  # Literal
         ("evaluation.max_eval_prompts=5", "evaluation.max_eval_prompts", 5),  # int | None
         ("rollout.sampling.seed=null", "rollout.sampling.seed", None),
         ("rollout.sampling.stop=[</s>, '###']", "rollout.sampling.stop", ["</s>", "###"]),  # list[str]

@@ -164,6 +164,17 @@ def test_training_dags_expose_the_job_params(parsed: dict[str, Any]) -> None:
     assert params["max_steps"]["schema"]["minimum"] == 1
 
 
+def test_param_choices_are_the_registries(parsed: dict[str, Any]) -> None:
+    """The algorithm and scheduler choices are derived from the registries, never listed by hand."""
+    from areal_tasks.config.algorithm import AlgorithmConfig
+    from areal_tasks.launch.registry import scheduler_kinds
+
+    for dag_id in ("areal_rl_training", "areal_scheduled_retraining"):
+        params = parsed["dags"][dag_id]["params"]
+        assert params["algorithm"]["schema"]["enum"] == [None, *AlgorithmConfig.names()]
+        assert params["scheduler"]["schema"]["enum"] == list(scheduler_kinds()) == ["local"]
+
+
 def test_tasks_retry_with_backoff_time_out_and_report_failures(parsed: dict[str, Any]) -> None:
     for dag_id, dag in parsed["dags"].items():
         assert dag["has_failure_callback"], dag_id

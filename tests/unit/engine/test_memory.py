@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from areal_tasks.config.micro_batch import MicroBatchSpec
-from areal_tasks.engine.memory import (
+from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.models.dims import ModelDims
+from areal_tasks.models.memory import (
     GIB,
-    ModelDims,
     device_memory_budget,
     dtype_bytes,
     estimate_memory,
     max_tokens_for_budget,
     resolve_max_tokens_per_mb,
 )
-from areal_tasks.errors import ConfigError, EngineError
 
 # h=8, L=2, a=2 heads, g=1 kv head, d=4, I=16, V=32, untied, no biases.
 TINY = {

@@ -16,7 +16,7 @@ import pytest
 from areal_tasks.api.inference import ModelRequest, SamplingParams
 from areal_tasks.inference.client import RemoteInferenceEngine
 from areal_tasks.inference.client.config import ClientConfig
-from areal_tasks.inference.client.registry import make_adapter
+from areal_tasks.inference.registry import make_adapter
 
 ADDRESS = "http://127.0.0.1:1"
 

@@ -9,7 +9,7 @@ from areal_tasks.api.inference import ParamSpec, SamplingParams
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import ConfigError, InferenceRequestError
 from areal_tasks.inference.client import GenerateInput, make_adapter
-from areal_tasks.inference.client.registry import adapter_names
+from areal_tasks.inference.registry import inference_backend_names
 
 ADAPTER = make_adapter("sglang")
 INP = GenerateInput("abc-0000", [1, 2, 3], SamplingParams(max_new_tokens=4))
@@ -158,7 +158,7 @@ def test_control_error_judgement() -> None:
 
 
 def test_registry() -> None:
-    assert {"sglang", "embedded", "vllm"} <= set(adapter_names())
+    assert {"sglang", "embedded", "vllm"} <= set(inference_backend_names())
     assert make_adapter("embedded").name == "embedded"
-    with pytest.raises(ConfigError, match="no client adapter"):
+    with pytest.raises(ConfigError, match=r"unknown inference backend 'tgi'; known: embedded, sglang, vllm"):
         make_adapter("tgi")

@@ -91,22 +91,27 @@ def test_gemma_dense_tied() -> None:
         False,
         False,
     )
-    assert info.tie_word_embeddings  # gemma's class default, absent from this config
-    assert (info.num_kv_heads, info.head_dim, info.context_length, info.torch_dtype) == (1, 256, 8192, "bfloat16")
+    assert info.dims.tie_word_embeddings  # gemma's class default, absent from this config
+    assert (info.dims.num_kv_heads, info.dims.head_dim, info.dims.context_length, info.torch_dtype) == (
+        1,
+        256,
+        8192,
+        "bfloat16",
+    )
     assert info.num_parameters == info.num_active_parameters
     assert 2.4e9 < info.num_parameters < 2.6e9  # Gemma-2B: 2.51B
 
 
 def test_mixtral_moe_counts() -> None:
     info = model_info_from_config(MIXTRAL_8X7B)
-    assert (info.family, info.is_moe, info.num_experts, info.experts_per_token) == ("mixtral", True, 8, 2)
+    assert (info.family, info.is_moe, info.dims.num_experts, info.dims.experts_per_token) == ("mixtral", True, 8, 2)
     assert round(info.num_parameters / 1e9, 1) == 46.7  # Mixtral-8x7B: 46.7B total
     assert round(info.num_active_parameters / 1e9, 1) == 12.9  # 12.9B active
 
 
 def test_qwen3_moe_counts() -> None:
     info = model_info_from_config(QWEN3_30B_A3B)
-    assert (info.family, info.is_moe, info.num_experts, info.experts_per_token) == ("qwen3_moe", True, 128, 8)
+    assert (info.family, info.is_moe, info.dims.num_experts, info.dims.experts_per_token) == ("qwen3_moe", True, 128, 8)
     assert round(info.num_parameters / 1e9, 1) == 30.5  # "30B-A3B": 30.5B total
     assert 3.3e9 < info.num_active_parameters < 3.4e9  # "A3B": 3.3B active (3.35B with embeddings)
 
@@ -114,7 +119,7 @@ def test_qwen3_moe_counts() -> None:
 def test_vision_language_counts_text_and_tower() -> None:
     info = model_info_from_config(QWEN2_VL_2B)
     assert (info.family, info.is_vision_language, info.is_moe) == ("qwen2_vl", True, False)
-    assert info.hidden_size == 1536 and info.num_layers == 28
+    assert info.dims.hidden_size == 1536 and info.dims.num_layers == 28
     assert 0.6e9 < info.num_vision_parameters < 0.7e9  # the 675M ViT + merger
     assert round(info.num_parameters / 1e9, 2) == 2.21  # Qwen2-VL-2B: 2.21B
 
@@ -139,7 +144,7 @@ def test_unknown_family_is_reported_not_raised(caplog: pytest.LogCaptureFixture)
     assert info.family == "unknown" and info.architecture == "FancyNewForCausalLM"
     assert info.warnings and "fancy_new" in info.warnings[0]
     assert any("unknown model family" in record.message for record in caplog.records)
-    assert info.num_parameters > 0 and info.num_kv_heads == 4
+    assert info.num_parameters > 0 and info.dims.num_kv_heads == 4
 
 
 def test_missing_size_names_key_and_source() -> None:

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from areal_tasks.models import model_info_from_config
+from areal_tasks.models.dims import ModelDims
 from areal_tasks.models.families import TEXT_DEFAULTS, TEXT_MODEL_TYPE
 
 TEXT: dict[str, Any] = {
@@ -135,12 +136,16 @@ def test_text_count_is_exact(model_type: str, overrides: dict[str, Any]) -> None
         model = AutoModelForCausalLM.from_config(config)
     expected = _numel(model)
     experts = [p for name, p in model.named_parameters() if ".experts." in name]
+    dims = ModelDims.from_config(config)  # the engine's path: a transformers config object
+    assert dims.num_params == expected
+    assert dims.routed_expert_params == sum(p.numel() for p in experts)
     for saved in _saved_forms(config):
+        assert ModelDims.from_config(saved) == dims
         info = model_info_from_config(saved)
         assert info.num_parameters == expected
         if experts:  # routed experts are fused tensors with the expert index first
             num_experts = experts[0].shape[0]
-            inactive = sum(p.numel() for p in experts) * (num_experts - info.experts_per_token) // num_experts
+            inactive = sum(p.numel() for p in experts) * (num_experts - info.dims.experts_per_token) // num_experts
             assert info.is_moe and info.num_active_parameters == expected - inactive
         else:
             assert not info.is_moe and info.num_active_parameters == expected

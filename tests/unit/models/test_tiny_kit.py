@@ -40,10 +40,15 @@ def test_tiny_family_loads_runs_and_is_detected(family: str, tiny_dirs: dict[str
     info = detect_model(str(path))
     assert info.family == family and info.is_moe == (family in MOE_FAMILIES)
     assert info.num_parameters == sum(p.numel() for p in model.parameters())
-    assert info.vocab_size == len(tokenizer) == model.config.vocab_size
-    assert (info.hidden_size, info.num_layers, info.num_attention_heads, info.num_kv_heads) == (64, 2, 4, 2)
+    assert info.dims.vocab_size == len(tokenizer) == model.config.vocab_size
+    assert (info.dims.hidden_size, info.dims.num_layers, info.dims.num_attention_heads, info.dims.num_kv_heads) == (
+        64,
+        2,
+        4,
+        2,
+    )
     if info.is_moe:
-        assert (info.num_experts, info.experts_per_token) == (4, 2)
+        assert (info.dims.num_experts, info.dims.experts_per_token) == (4, 2)
         assert info.num_active_parameters < info.num_parameters
 
 
@@ -89,7 +94,7 @@ def test_out_dir_gets_an_independent_copy(tmp_path: Path, tiny_dirs: dict[str, P
 def test_overrides_and_private_cache_dir(tmp_path: Path) -> None:
     path = build_tiny_model("llama", cache_dir=tmp_path, num_hidden_layers=3)
     assert path.parent == tmp_path
-    assert detect_model(str(path)).num_layers == 3
+    assert detect_model(str(path)).dims.num_layers == 3
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left behind
 
 
@@ -101,7 +106,7 @@ def test_env_var_selects_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_tiny_prefix_detects_family() -> None:
     info = detect_model("tiny:qwen3_moe")
-    assert (info.family, info.is_moe, info.vocab_size) == ("qwen3_moe", True, 1024)
+    assert (info.family, info.is_moe, info.dims.vocab_size) == ("qwen3_moe", True, 1024)
 
 
 def test_bad_family_and_vocab_override_raise() -> None:

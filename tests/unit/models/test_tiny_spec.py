@@ -25,6 +25,6 @@ def test_detect_builds_the_named_shape() -> None:
     from areal_tasks.models import detect_model
 
     info = detect_model("tiny:qwen2?hidden_size=96&intermediate_size=192")
-    assert info.hidden_size == 96 and info.intermediate_size == 192
+    assert info.dims.hidden_size == 96 and info.dims.intermediate_size == 192
     with pytest.raises(ModelError, match="hiden_size"):
         detect_model("tiny:qwen2?hiden_size=96")

@@ -92,6 +92,15 @@ def test_other_schedulers_are_refused_with_the_supported_list(kind: str, match: 
         get_cluster_hook(kind, jobs_root="/tmp/x")
 
 
+def test_every_built_scheduler_kind_has_a_cluster_hook() -> None:
+    """The hooks are registered per kind here; which kinds exist comes from the launch registry."""
+    from areal_tasks.launch.registry import scheduler_kinds
+    from operators.hooks.cluster import CLUSTER_HOOKS
+
+    assert set(CLUSTER_HOOKS) == set(scheduler_kinds())
+    assert all(hook.scheduler == kind for kind, hook in CLUSTER_HOOKS.items())
+
+
 def test_local_hook_wraps_job_errors(tmp_path: Path) -> None:
     hook = get_cluster_hook("local", jobs_root=str(tmp_path / "jobs"))
     assert isinstance(hook, LocalClusterHook) and isinstance(hook.get_conn(), LocalJobs)

@@ -207,7 +207,7 @@ def test_bad_config_fails_before_submitting_and_without_retries(op_factory, jobs
 
 
 def test_unknown_scheduler_names_the_supported_ones(op_factory) -> None:
-    with pytest.raises(ArealAirflowError, match=r"'ray' is planned .* supported schedulers: local"):
+    with pytest.raises(ArealAirflowError, match=r"'ray' \(planned, not built yet\) .* supported schedulers: local"):
         op_factory(scheduler="ray").execute(make_context())
 
 

@@ -29,3 +29,26 @@ def test_failed_write_leaves_the_old_directory(tmp_path):
         raise RuntimeError("boom")
     assert (target / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
+
+
+def test_without_replace_the_first_published_copy_wins(tmp_path):
+    """``replace=False`` (content-addressed entries): a copy that another process published while
+    this one was writing is kept, and this one's staging directory is discarded."""
+    target = tmp_path / "entry"
+    with atomic_directory(target, replace=False) as staging:
+        (staging / "mine.txt").write_text("loser")
+        target.mkdir()  # another process finishes first
+        (target / "theirs.txt").write_text("winner")
+    assert sorted(p.name for p in target.iterdir()) == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+    with atomic_directory(tmp_path / "fresh", replace=False) as staging:
+        (staging / "a.txt").write_text("a")
+    assert (tmp_path / "fresh" / "a.txt").read_text() == "a"
+    assert (tmp_path / "fresh" / "a.txt").stat().st_mode & 0o044 == 0o044
+
+
+def test_without_replace_a_failed_write_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"), atomic_directory(tmp_path / "entry", replace=False) as staging:
+        (staging / "half.txt").write_text("x")
+        raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []

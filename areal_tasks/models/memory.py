@@ -1,6 +1,12 @@
-"""Memory estimate of one train-engine GPU, and the micro-batch token cap that fits a budget.
+"""Memory estimates: one train-engine GPU, the micro-batch token cap that fits a budget, and the
+per-GPU figures the layout recommendation plans with.
 
-Torch-free at import (torch is imported only to read the device). Everything is bytes per GPU.
+The one estimator. The FSDP engine sizes its micro-batches with :func:`estimate_memory` and
+:func:`resolve_max_tokens_per_mb`; :func:`~areal_tasks.models.layout.recommend_layout` plans with
+:func:`fsdp_train_bytes` (the same estimate), :func:`megatron_train_bytes` and
+:func:`inference_weight_bytes`. The model's sizes come from one
+:class:`~areal_tasks.models.dims.ModelDims`. Torch-free at import (torch is imported only to read
+the device). Everything is bytes per GPU.
 
 Notation. From the model config: ``h`` hidden size, ``L`` layers, ``a`` attention heads, ``g``
 key/value heads, ``d`` head dim, ``I`` MLP intermediate size, ``V`` vocabulary; for MoE ``E``
@@ -8,11 +14,9 @@ experts, ``k`` experts per token, ``I_e`` expert and ``I_s`` shared-expert inter
 Byte widths: ``p`` parameters, ``gr`` gradients, ``c`` compute/activations. Parallel degrees:
 ``tp``, ``sp`` (Ulysses), ``dp``; FSDP shards over ``S = dp * sp`` ranks (``S = 1`` unsharded).
 
-Parameters (``N``). A layer holds attention ``2 h a d + 2 h g d`` (+ ``a d + 2 g d`` q/k/v biases
-for Qwen2-style models, + ``2 d`` q/k norms for Qwen3-style ones), a SwiGLU MLP ``3 h I`` (MoE:
-``3 h I_e E + h E`` router, ``+ 3 h I_s + h`` shared expert) and two norms ``2 h``; the model adds
-``V h`` embedding, ``V h`` lm_head unless tied, and ``h`` final norm. LoRA of rank ``r`` on every
-linear ``(in, out)`` adds ``r (in + out)`` trainable parameters (``N_t``); without LoRA ``N_t = N``.
+Parameters (``N``) are counted exactly, per layer and for the root (embedding, lm_head unless tied,
+final norm), by :class:`ModelDims`. LoRA of rank ``r`` on every linear ``(in, out)`` adds
+``r (in + out)`` trainable parameters (``N_t``); without LoRA ``N_t = N``.
 
 Static bytes::
 
@@ -24,7 +28,7 @@ Static bytes::
                0                                                       "none" (frozen / ref model)
     publish    N * c   only with shared weight updates (``rollout.weight_update=shared``): the
                buffer the servers copy the weights from, every published tensor in c, kept for
-               the run (``engine/weights/shared.py``)
+               the run
 
 Activations, bytes per token of the micro-batch (the tokens one DP rank packs) per GPU, all divided
 by ``tp * sp`` (TP splits heads and MLP columns with sequence-parallel norms; Ulysses splits
@@ -52,13 +56,11 @@ The CE term assumes the engine computes log-probabilities (``log_softmax(logits.
 gather) and drops the logits before backward; an entropy with gradient adds about ``8 V`` more. A
 chunked/fused cross-entropy (``ce_chunk_tokens = C``) keeps nothing per token (``c V`` when it
 keeps the logits for the backward, ``ce_keep_logits``); its ``12 C V`` bytes go to the fixed
-overhead instead. With a 150K vocabulary the unchunked CE term is 1.7 MiB per
-token: with checkpointing it is 89-97% of the activations of Qwen2.5 0.5B-7B (bf16), and without
-it still over half for 0.5B.
+overhead instead. With a vocabulary of 150K tokens the unchunked CE term is the largest share of
+the activations of a small model, with checkpointing by far.
 
-Checked on an H200 (tests/gpu/test_memory_estimate_gpu.py; torch 2.11, transformers 5.17): the
-peak of a one-GPU Qwen2 training step (bf16 and fp32, with and without checkpointing, 32K and 152K
-vocabularies) was within 0.5% of the estimate. The FSDP/TP/SP terms are not yet checked on GPUs.
+``tests/gpu/test_memory_estimate_gpu.py`` compares the estimate with the measured peak of one-GPU
+training steps (figures in docs/benchmarks.md); the FSDP/TP/SP terms are not yet checked on GPUs.
 
 Fixed overhead: unsharded (``S = 1``) with a compute dtype narrower than the parameters, the
 compute-dtype copy of all parameters, ``N / tp * c`` (the engine wraps only the root then; without
@@ -76,18 +78,30 @@ tokens is::
 
     static + max(fixed + T * per_token, late transients)
 
-Not modelled: expert parallelism, MLA attention, vision towers, the ``T x T`` mask of SDPA
-fallbacks, allocator fragmentation (hence the 0.9 fraction of :func:`device_memory_budget`).
+Layout planning (rules of thumb for a first allocation, not a guarantee). FSDP training: the
+estimate above with activation checkpointing on, and the chunked cross-entropy of the engine's LM
+head where the family allows it (else the full-vocabulary term); a vision tower's parameters are
+sharded like the rest. Megatron (distributed optimizer):
+each GPU holds its parameter slice in the compute dtype and fp32 gradients (``c + 4``), and ``1/dp``
+of the fp32 master weights and moments (12 bytes; 8 when the parameters are fp32); dense weights
+are sliced by TP, routed experts by EP; activations as above, with checkpointing and a fused
+(chunked) cross-entropy. Inference: bf16
+weights (2 bytes a parameter) divided by TP, which must leave a share of the GPU for the KV cache.
+
+Not modelled: expert parallelism in the engine estimate, the activations of latent attention
+(estimated as multi-head attention of head dim ``d``), vision-tower activations, the ``T x T``
+mask of SDPA fallbacks, allocator fragmentation (hence the 0.9 fraction of
+:func:`device_memory_budget` and :data:`USABLE_FRACTION`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.errors import ConfigError, EngineError, ModelError
+from areal_tasks.models.dims import ModelDims
 
 if TYPE_CHECKING:
     from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -117,114 +131,6 @@ def dtype_bytes(dtype: Any) -> int:
     if name not in _DTYPE_BYTES:
         raise ConfigError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[name]
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """The sizes the estimate needs, read from an HF config object or a dict."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    num_dense_layers: int = 0
-
-    @classmethod
-    def from_config(cls, config: Any) -> ModelDims:
-        """Read an HF ``PretrainedConfig`` (its ``text_config`` for multimodal ones) or a dict."""
-        text = _get(config, "text_config")
-        if text is not None:
-            config = text
-        missing = [
-            k
-            for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-            if _get(config, k) is None
-        ]
-        if missing:
-            raise ConfigError(f"model config lacks {missing} needed for the memory estimate")
-        h, n_layers, heads = (
-            _get(config, "hidden_size"),
-            _get(config, "num_hidden_layers"),
-            _get(config, "num_attention_heads"),
-        )
-        model_type = str(_get(config, "model_type") or "")
-        experts = (
-            _get(config, "num_experts") or _get(config, "num_local_experts") or _get(config, "n_routed_experts") or 0
-        )
-        dense = 0
-        if experts:
-            only = set(_get(config, "mlp_only_layers") or [])
-            step = _get(config, "decoder_sparse_step") or 1
-            first = _get(config, "first_k_dense_replace") or 0
-            dense = sum(1 for i in range(n_layers) if i in only or i < first or (step > 1 and (i + 1) % step))
-        expert_size = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size")
-        shared = (
-            _get(config, "shared_expert_intermediate_size") or (_get(config, "n_shared_experts") or 0) * expert_size
-        )
-        return cls(
-            hidden_size=h,
-            num_layers=n_layers,
-            num_heads=heads,
-            num_kv_heads=_get(config, "num_key_value_heads") or heads,
-            head_dim=_get(config, "head_dim") or h // heads,
-            intermediate_size=_get(config, "intermediate_size"),
-            vocab_size=_get(config, "vocab_size"),
-            tie_word_embeddings=bool(_get(config, "tie_word_embeddings") or False),
-            qkv_bias=bool(_get(config, "attention_bias") or model_type.startswith("qwen2")),
-            qk_norm=model_type.startswith("qwen3"),
-            num_experts=int(experts),
-            experts_per_token=int(_get(config, "num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate_size=int(expert_size) if experts else 0,
-            shared_expert_intermediate_size=int(shared) if experts else 0,
-            num_dense_layers=dense,
-        )
-
-    def linears(self, moe: bool) -> list[tuple[int, int]]:
-        """``(in, out)`` of every linear layer of one decoder layer."""
-        h, a, g, d = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
-        attention = [(h, a * d), (h, g * d), (h, g * d), (a * d, h)]
-        if not moe:
-            return attention + _swiglu(h, self.intermediate_size)
-        mlp = _swiglu(h, self.moe_intermediate_size) * self.num_experts + [(h, self.num_experts)]
-        if self.shared_expert_intermediate_size:
-            mlp += [*_swiglu(h, self.shared_expert_intermediate_size), (h, 1)]
-        return attention + mlp
-
-    def layer_params(self, moe: bool) -> int:
-        """Parameters of one decoder layer (weights, q/k/v biases, norms)."""
-        bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
-        qk_norm = 2 * self.head_dim if self.qk_norm else 0
-        return sum(i * o for i, o in self.linears(moe)) + bias + qk_norm + 2 * self.hidden_size
-
-    @property
-    def num_moe_layers(self) -> int:
-        return self.num_layers - self.num_dense_layers if self.num_experts else 0
-
-    @property
-    def root_params(self) -> int:
-        """Embedding, lm_head (unless tied) and final norm."""
-        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2) + self.hidden_size
-
-    @property
-    def num_params(self) -> int:
-        moe, dense = self.num_moe_layers, self.num_layers - self.num_moe_layers
-        return dense * self.layer_params(False) + moe * (self.layer_params(True) if moe else 0) + self.root_params
-
-    def lora_params(self, rank: int) -> int:
-        """LoRA parameters of rank ``rank`` on every linear of every decoder layer."""
-        moe, dense = self.num_moe_layers, self.num_layers - self.num_moe_layers
-        per = {flag: rank * sum(i + o for i, o in self.linears(flag)) for flag in (False, True)}
-        return dense * per[False] + moe * (per[True] if moe else 0)
 
 
 @dataclass(frozen=True)
@@ -267,6 +173,17 @@ class MemoryEstimate:
         return self.static_bytes + max(during_backward, self.late_transient_bytes)
 
 
+def model_dims(model_config: Any) -> ModelDims:
+    """``model_config`` as :class:`ModelDims` (a ``ModelDims``, a config.json dict or an HF config);
+    ConfigError when it lacks what the estimate needs."""
+    if isinstance(model_config, ModelDims):
+        return model_config
+    try:
+        return ModelDims.from_config(model_config, source="model config")
+    except ModelError as exc:
+        raise ConfigError(f"{exc} (needed for the memory estimate)") from exc
+
+
 def estimate_memory(
     model_config: Any,
     *,
@@ -304,7 +221,7 @@ def estimate_memory(
         raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     if lora_rank is not None and lora_rank < 1:
         raise ConfigError(f"lora_rank must be None or >= 1, got {lora_rank!r}")
-    dims = model_config if isinstance(model_config, ModelDims) else ModelDims.from_config(model_config)
+    dims = model_dims(model_config)
     p = dtype_bytes(param_dtype)
     gr = dtype_bytes(grad_dtype if grad_dtype is not None else param_dtype)
     c = dtype_bytes(compute_dtype if compute_dtype is not None else param_dtype)
@@ -424,9 +341,86 @@ def resolve_max_tokens_per_mb(
     return fitted
 
 
+# ------------------------------------------------------------------------------ layout planning
+
+#: fraction of a GPU that allocations can use (the rest: CUDA context, allocator fragmentation).
+USABLE_FRACTION = 0.9
+#: at most this share of the usable memory may hold inference weights; the rest is KV cache.
+INFERENCE_WEIGHT_SHARE = 0.6
+#: training-state bytes per parameter with AdamW: bf16 params and grads + fp32 master and two
+#: moments (2 + 2 + 12), or fp32 params and grads + two moments (4 + 4 + 8).
+TRAIN_STATE_BYTES = 16
+#: logits one cross-entropy chunk holds (``chunk x vocabulary``): the FSDP engine's chunked LM head
+#: targets this many (``CHUNK_ELEMENTS`` in its module; a unit test keeps the two equal).
+CE_CHUNK_ELEMENTS = 2**27
+
+
+def planning_chunk_tokens(vocab_size: int, tokens_per_gpu: int | None = None) -> int:
+    """Tokens per cross-entropy chunk the layout plans with: the engine's chunk (a multiple of 64,
+    at least 64), or the whole micro-batch when that is smaller."""
+    chunk = max(64, CE_CHUNK_ELEMENTS // max(vocab_size, 1)) // 64 * 64
+    return chunk if tokens_per_gpu is None else max(1, min(chunk, tokens_per_gpu))
+
+
+def fsdp_train_bytes(
+    dims: ModelDims,
+    *,
+    dp: int,
+    tp: int,
+    dtype: str,
+    tokens_per_gpu: int,
+    chunked_ce: bool = True,
+    extra_params: int = 0,
+) -> int:
+    """Peak bytes of one FSDP training GPU for the layout recommendation: :func:`estimate_memory`
+    with activation checkpointing, for micro-batches of ``tokens_per_gpu`` tokens, in the unit
+    layout the engine picks (blocks when sharded; one rank: no FSDP without TP, the root unit with
+    it). ``chunked_ce``: the engine's chunked LM head computes the cross-entropy (the actor's, where
+    the family allows: ``FamilyTraits.plain_lm_head``), else the full-vocabulary term.
+    ``extra_params`` (a vision tower) add their training state, sharded like the rest."""
+    wrap = "block" if dp > 1 else ("none" if tp == 1 else "root")
+    estimate = estimate_memory(
+        dims,
+        param_dtype=dtype,
+        dp=dp,
+        tp=tp,
+        fsdp_wrap=wrap,
+        gradient_checkpointing=True,
+        ce_chunk_tokens=planning_chunk_tokens(dims.vocab_size, tokens_per_gpu) if chunked_ce else None,
+    )
+    return estimate.total_bytes(tokens_per_gpu) + -(-extra_params * TRAIN_STATE_BYTES // (dp * tp))
+
+
+def megatron_train_bytes(
+    dims: ModelDims, *, dp: int, tp: int, ep: int, dtype: str, tokens_per_gpu: int, extra_params: int = 0
+) -> int:
+    """Peak bytes of one Megatron training GPU (distributed optimizer; routed experts over EP, the
+    rest, ``extra_params`` included, over TP) with activation checkpointing and a chunked
+    cross-entropy."""
+    c = dtype_bytes(dtype)
+    experts = dims.routed_expert_params
+    local = (dims.num_params + extra_params - experts) / tp + experts / ep
+    optimizer = 12 if c < 4 else 8
+    states = local * (c + 4) + local * optimizer / dp
+    activations = estimate_memory(
+        dims,
+        param_dtype=dtype,
+        tp=tp,
+        fsdp_shard=False,
+        gradient_checkpointing=True,
+        ce_chunk_tokens=planning_chunk_tokens(dims.vocab_size, tokens_per_gpu),
+    )
+    return int(states) + activations.fixed_overhead_bytes + tokens_per_gpu * activations.activation_bytes_per_token_ckpt
+
+
+def inference_weight_bytes(num_params: int, tp: int) -> int:
+    """bf16 weights of one inference server rank."""
+    return -(-num_params * 2 // tp)
+
+
 def _layer_activation_bytes(dims: ModelDims, c: int) -> tuple[int, int]:
     """Bytes a decoder layer keeps for backward per token: the mean over layers and the largest."""
-    h, a, g, d = dims.hidden_size, dims.num_heads, dims.num_kv_heads, dims.head_dim
+    h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.num_kv_heads, dims.head_dim
     norm = h * (4 + c)
     attention = c * h + c * d * (a + 2 * g) + 2 * c * a * d + 4 * a
     if dims.qk_norm:
@@ -439,13 +433,3 @@ def _layer_activation_bytes(dims: ModelDims, c: int) -> tuple[int, int]:
     moe_mlp += 4 * c * (k * dims.moe_intermediate_size + dims.shared_expert_intermediate_size)
     mean_mlp = (dims.num_dense_layers * dense_mlp + dims.num_moe_layers * moe_mlp) // dims.num_layers
     return 2 * norm + attention + mean_mlp, 2 * norm + attention + max(dense_mlp, moe_mlp)
-
-
-def _swiglu(h: int, inner: int) -> list[tuple[int, int]]:
-    return [(h, inner), (h, inner), (inner, h)]
-
-
-def _get(config: Any, key: str) -> Any:
-    if isinstance(config, Mapping):
-        return config.get(key)
-    return getattr(config, key, None)

@@ -1,0 +1,64 @@
+"""The one scheduler registry: which kinds are built, how the others are refused, and that the
+config grammar, the factory and the refusal all read it."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from areal_tasks.api.scheduler import Scheduler
+from areal_tasks.config.sections import ClusterConfig
+from areal_tasks.errors import SchedulerError
+from areal_tasks.launch import LocalScheduler, make_scheduler
+from areal_tasks.launch.registry import (
+    PLANNED_SCHEDULERS,
+    SCHEDULERS,
+    check_scheduler,
+    scheduler_kinds,
+    unsupported_reason,
+)
+
+
+def test_local_is_the_only_built_kind() -> None:
+    assert scheduler_kinds() == ("local",)
+    assert SCHEDULERS.get("local") is LocalScheduler
+    assert unsupported_reason("local") is None
+    check_scheduler("local")
+
+
+def test_the_config_grammar_knows_the_built_and_the_planned_kinds() -> None:
+    """``cluster.scheduler`` accepts exactly the built kinds plus the planned ones (refused by validation)."""
+    hint = typing.get_type_hints(ClusterConfig)["scheduler"]
+    assert set(typing.get_args(hint)) == set(scheduler_kinds()) | set(PLANNED_SCHEDULERS)
+    assert not set(scheduler_kinds()) & set(PLANNED_SCHEDULERS)
+
+
+@pytest.mark.parametrize("kind", PLANNED_SCHEDULERS)
+def test_planned_kinds_are_refused_naming_the_supported_ones(kind: str) -> None:
+    with pytest.raises(
+        SchedulerError, match=rf"scheduler '{kind}' \(planned, not built yet\).*supported schedulers: local"
+    ):
+        check_scheduler(kind)
+
+
+def test_unknown_kinds_get_the_closest_built_name() -> None:
+    assert unsupported_reason("lokal") == (
+        "scheduler 'lokal' (unknown) is not supported; did you mean 'local'? supported schedulers: local"
+    )
+    assert "did you mean" not in str(unsupported_reason("kubernetes"))
+
+
+def test_a_registered_kind_is_built_by_make_scheduler(tmp_path) -> None:
+    class Fake(LocalScheduler):
+        """A second kind, registered for this test only."""
+
+    SCHEDULERS.register("fake", Fake)
+    try:
+        assert "fake" in scheduler_kinds()
+        sched = make_scheduler("fake", run_dir=tmp_path, devices=[], handle_signals=False)
+        assert isinstance(sched, Fake) and isinstance(sched, Scheduler)
+    finally:
+        SCHEDULERS.unregister("fake")
+    with pytest.raises(SchedulerError, match="unknown"):
+        make_scheduler("fake")
