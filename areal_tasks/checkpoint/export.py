@@ -78,7 +78,7 @@ def _engine_entry(checkpoints: Storage, step: int, engine: str) -> dict[str, Any
 
 def hf_tensors(checkpoints: Storage, step: int, engine: str = "actor") -> dict[str, torch.Tensor]:
     """Plain HF ``{name: tensor}`` of ``engine``: LoRA merged, tied LM head dropped."""
-    from areal_tasks.engine.fsdp.lora import LoraMerger
+    from areal_tasks.models.lora import LoraMerger
 
     entry = _engine_entry(checkpoints, step, engine)
     if entry.get("role", "actor") != "actor":

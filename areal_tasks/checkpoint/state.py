@@ -121,7 +121,7 @@ def apply_sharded_state_dict(engines: Mapping[str, CheckpointableEngine], state:
 
 
 def _lora_scalings(model: torch.nn.Module) -> dict[str, float]:
-    from areal_tasks.engine.fsdp.lora import lora_scalings
+    from areal_tasks.models.lora import lora_scalings
 
     return lora_scalings(model)
 

@@ -48,8 +48,8 @@ from areal_tasks.engine.fsdp.optim import (
     clip_grad_norm,
     global_grad_norm,
 )
-from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
 from areal_tasks.engine.fsdp.step_stats import PendingStats, QueuedStep, WeightedSums
+from areal_tasks.engine.parallel.mesh import EngineMesh, ParallelDims
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class FSDPEngine(TrainEngine):
         if self.role == "critic":
             head = "value head"
         elif self.lm_head is not None:
-            from areal_tasks.engine.fsdp.lm_head import chunk_kernels_kind
+            from areal_tasks.kernels.lm_head import chunk_kernels_kind
 
             kept = ", logits kept" if self.lm_head.keep_logits else ""
             head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels{kept})"
@@ -504,12 +504,12 @@ def _local_device() -> torch.device:
 def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.device, *, trainable: bool) -> None:
     """Whether the chunked LM head keeps the logits (``lm_head_keep_logits``): never without a
     backward; ``auto`` where micro-batches have an explicit token cap whose logits fit a share of
-    the GPU (:func:`~areal_tasks.engine.fsdp.lm_head.auto_keep_logits`; a cap sized from the memory
+    the GPU (:func:`~areal_tasks.kernels.lm_head.auto_keep_logits`; a cap sized from the memory
     budget would shrink to make room for them, so it keeps nothing)."""
     import torch
 
     from areal_tasks.engine.fsdp.build import gpu_memory_bytes
-    from areal_tasks.engine.fsdp.lm_head import auto_keep_logits
+    from areal_tasks.kernels.lm_head import auto_keep_logits
 
     head, setting = built.lm_head, config.lm_head_keep_logits
     if head is None:
