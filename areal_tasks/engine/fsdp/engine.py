@@ -38,6 +38,7 @@ from areal_tasks.api.train_engine import (
     TrainEngine,
     TrainStats,
 )
+from areal_tasks.engine import module_state
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
@@ -415,6 +416,31 @@ class FSDPEngine(TrainEngine):
     def _train_state(self) -> dict[str, Any]:
         sched = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
         return {"version": self._version, "lr_scheduler": sched}
+
+    # ------------------------------------------- checkpointable (checkpoint/)
+    def sharded_state(self) -> dict[str, Any]:
+        self._require_init()
+        return module_state.sharded_state(self.model, self.optimizer)
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        self._require_init()
+        module_state.load_sharded_state(self.model, self.optimizer, state)
+
+    def engine_state(self) -> dict[str, Any]:
+        self._require_init()
+        return module_state.engine_state(
+            self.model, self.optimizer, self.lr_scheduler, version=self._version, role=self.role
+        )
+
+    def load_engine_state(self, state: dict[str, Any]) -> None:
+        self._require_init()
+        self.set_version(module_state.load_engine_state(self.optimizer, self.lr_scheduler, state))
+
+    def hf_sidecar_files(self) -> dict[str, bytes]:
+        from areal_tasks.models.hf_dir import hf_config_of, hf_sidecar_files
+
+        self._require_init()
+        return hf_sidecar_files(hf_config_of(self.model), self.model_path)
 
     # -------------------------------------------------- weights / version
     def update_weights(self, meta: WeightUpdateMeta) -> None:
