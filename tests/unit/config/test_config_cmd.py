@@ -88,3 +88,21 @@ def test_write_flag_writes_run_dir_config(run, tmp_path: Path) -> None:
 def test_missing_action_is_a_usage_error(run) -> None:
     code, _, err = run("config")
     assert code == 2 and "usage:" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "actor.backend=megatron",
+            "actor.backend: training backend 'megatron' is not built; built training backends: fsdp",
+        ),
+        ("allocation=embedded:d1+archon:d2", "training backend 'archon' (component 'archon:d2') is not built"),
+        ("allocation=embedded:d1+fsdp:d2p2", "fsdp runs d (data), t (tensor) and c (context)"),
+        ("allocation=embedded:d1+fsdp:d2e2", "fsdp runs d (data), t (tensor) and c (context)"),
+    ],
+)
+def test_validate_refuses_what_is_not_built_with_exit_2(run, override: str, expected: str) -> None:
+    code, out, err = run("config", "validate", "configs/base.yaml", override)
+    assert code == 2 and out == ""
+    assert expected in err
