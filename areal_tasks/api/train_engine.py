@@ -13,10 +13,12 @@ about PPO or GRPO. Its consumers each see one narrow role:
 
 Publishing weights to inference servers is not an engine role here: the weight transports take what
 the engine offers them (``api/weights.py``). Engines are built by name through
-``areal_tasks.engine.registry``. An algorithm hands it a packed batch (:mod:`areal_tasks.api.batch`) and a loss
-function; the engine splits the batch into micro-batches, runs forward/backward, normalises the loss
-so that the result does not depend on how the batch was split, clips the global gradient norm and
-steps the optimizer.
+``areal_tasks.engine.registry``.
+
+An algorithm hands the engine a packed batch (:mod:`areal_tasks.api.batch`) and a loss function; the
+engine splits the batch into micro-batches, runs forward/backward, normalises the loss so that the
+result does not depend on how the batch was split, clips the global gradient norm and steps the
+optimizer.
 
 Loss contract::
 
