@@ -34,6 +34,7 @@ import torch
 from areal_tasks.checkpoint.manager import CheckpointManager
 from areal_tasks.checkpoint.state import TrainerState
 from areal_tasks.config.sections import SaverConfig
+from areal_tasks.engine.module_state import ModuleCheckpointing
 from storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ CHUNK = 8 * 2**20
 MiB = 2**20
 
 
-class BenchEngine:
+class BenchEngine(ModuleCheckpointing):
     """A stack of linear layers holding ``param_mb`` MiB of fp32 parameters, with AdamW state."""
 
     role = "bench"
@@ -69,7 +70,7 @@ class BenchEngine:
         self._version = version
 
 
-class LoraEngine:
+class LoraEngine(ModuleCheckpointing):
     """A single-process peft LoRA model over a tiny-kit Qwen2 (base frozen)."""
 
     role = "actor"

@@ -3,7 +3,7 @@
     python benchmarks/lm_head_chunks.py [--tokens 16384] [--hidden 896] [--vocab 151936] [--repeats 10]
         [--kernels inductor triton] [--powers 25 26 27 28 29]
 
-Runs :func:`areal_tasks.engine.fsdp.lm_head.chunked_next_token_stats` (the train engine's LM head)
+Runs :func:`areal_tasks.kernels.lm_head.chunked_next_token_stats` (the train engine's LM head)
 on ``--tokens`` positions of a bf16 ``--hidden`` x ``--vocab`` head (Qwen2.5-0.5B by default: one
 16K-token micro-batch), for chunks of 2**k logits (``--powers``), with and without the entropy, for
 each kind of chunk kernels (``--kernels``: ``inductor``, the pure functions through
@@ -35,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "lm_head_chunks.json"
 def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs, keep_logits: bool = False) -> dict:
     import torch
 
-    from areal_tasks.engine.fsdp.lm_head import chunked_next_token_stats, default_chunk_size
+    from areal_tasks.kernels.lm_head import chunked_next_token_stats, default_chunk_size
 
     hidden, weight, labels = inputs
     chunk = default_chunk_size(args.vocab, elements)
@@ -77,7 +77,7 @@ def measure(args: argparse.Namespace, elements: int, with_entropy: bool, inputs,
 
 def use_kernels(kind: str) -> None:
     """Make ``kind`` the chunk kernels of the LM head from now on."""
-    from areal_tasks.engine.fsdp import lm_head
+    from areal_tasks.kernels import lm_head
 
     lm_head._kernels.update(lm_head.eager_kernels())
     if lm_head.compile_chunk_kernels(triton=kind == "triton") != kind:
@@ -102,7 +102,7 @@ def time_kernels(kind: str, args: argparse.Namespace) -> list[dict]:
     the forward at each of :data:`FORWARD_CONFIGS`, the module's own first)."""
     import torch
 
-    from areal_tasks.engine.fsdp import lm_head, lm_head_kernels
+    from areal_tasks.kernels import lm_head, lm_head_kernels
 
     rows = lm_head.default_chunk_size(args.vocab, lm_head.COMPILED_CHUNK_ELEMENTS)
     g = torch.Generator(device="cuda").manual_seed(1)

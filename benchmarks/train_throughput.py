@@ -76,8 +76,8 @@ from profiling import (  # benchmarks/ is the script's directory, first on sys.p
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
-from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 from areal_tasks.engine.microbatch import select_sequences, split_into_micro_batches
+from areal_tasks.engine.parallel.mesh import ParallelDims
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ sum(L^2) / 2`` forward, 2.5 times that backward), and the largest difference of 
 fp32 per-sequence reference. Short sequences run far below the kernel's peak: the cost per token
 has a floor that long sequences amortise. Kernels: ``flash`` (the key/value heads repeated up to
 the query heads first), ``flash_gqa`` (the engine's path: on a torch without ``enable_gqa`` the
-grouped heads go to the flash kernels as they are, ``engine/fsdp/flash_gqa.py``) and ``flex``
+grouped heads go to the flash kernels as they are, ``kernels/flash_gqa.py``) and ``flex``
 (FlexAttention with a document-causal block mask; the time to build the mask is its own column).
 
 The eighth session also timed cuDNN's fused attention over ragged sequences here (commit
@@ -39,8 +39,8 @@ from profiling import cuda_median_ms
 from train_throughput import fill_micro_batches, long_tail_batch
 
 from areal_tasks.config.micro_batch import MicroBatchSpec
-from areal_tasks.engine.fsdp.attention import repeat_heads, varlen_packed
 from areal_tasks.engine.microbatch import split_into_micro_batches
+from areal_tasks.kernels.attention import repeat_heads, varlen_packed
 
 RESULTS = Path(__file__).resolve().parent / "results" / "varlen_attention.json"
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64

@@ -1,10 +1,24 @@
-"""The narrow interface every train engine (FSDP2, Megatron, Archon) implements.
+"""The train-engine protocols, split by role, and ``TrainEngine``, the full engine (FSDP2 today).
 
 The engine owns the model shards, the optimizer and the LR schedule on one rank; it knows nothing
-about PPO or GRPO. An algorithm hands it a packed batch (:mod:`areal_tasks.api.batch`) and a loss
-function; the engine splits the batch into micro-batches, runs forward/backward, normalises the loss
-so that the result does not depend on how the batch was split, clips the global gradient norm and
-steps the optimizer.
+about PPO or GRPO. Its consumers each see one narrow role:
+
+* :class:`EngineLifecycle`: ``initialize``/``destroy`` and the policy version (the loop);
+* :class:`ForwardEngine`: where the rank sits (``parallel``) and per-token outputs without
+  gradients (``forward_batch``: log-probs of an actor or a reference, values of a critic);
+* :class:`TrainableEngine`: optimizer steps on a packed batch and a loss, the LR schedule, the HF
+  save (the RL step, the SFT loop);
+* :class:`CheckpointableEngine`: what ``checkpoint/`` saves and restores, as methods (the sharded
+  state DCP writes, a small JSON of engine facts, the HF sidecar files).
+
+Publishing weights to inference servers is not an engine role here: the weight transports take what
+the engine offers them (``api/weights.py``). Engines are built by name through
+``areal_tasks.engine.registry``.
+
+An algorithm hands the engine a packed batch (:mod:`areal_tasks.api.batch`) and a loss function; the
+engine splits the batch into micro-batches, runs forward/backward, normalises the loss so that the
+result does not depend on how the batch was split, clips the global gradient norm and steps the
+optimizer.
 
 Loss contract::
 
@@ -30,13 +44,10 @@ import abc
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
-
-    from areal_tasks.api.inference import ParamSpec
-    from areal_tasks.api.weight_update import WeightUpdateMeta
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +66,13 @@ TrainStats = dict[str, float]
 
 
 class SubmittedStep(abc.ABC):
-    """An optimizer step that :meth:`TrainEngine.submit_train_batch` queued: its stats are read back
+    """An optimizer step that :meth:`TrainableEngine.submit_train_batch` queued: its stats are read back
     by :meth:`result`. Read the steps in the order they were submitted, on every rank (the read can
     be a data-parallel collective)."""
 
     @abc.abstractmethod
     def result(self) -> TrainStats:
-        """The step's stats, as :meth:`TrainEngine.train_batch` returns them (waits for the device;
+        """The step's stats, as :meth:`TrainableEngine.train_batch` returns them (waits for the device;
         later calls return the same values)."""
 
 
@@ -94,17 +105,48 @@ class ParallelInfo:
         return self.tp_rank == 0 and self.sp_rank == 0
 
 
-class TrainEngine(abc.ABC):
-    """One rank of a distributed train engine. Call :meth:`initialize` before anything else."""
+@runtime_checkable
+class EngineLifecycle(Protocol):
+    """Building and releasing an engine, and the policy version of its weights."""
 
     @abc.abstractmethod
     def initialize(self) -> None:
-        """Join the process group, build the device mesh, load and shard the model, build the optimizer."""
+        """Join the process group, build the device mesh, load (and shard) the model, build the optimizer."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Release the model, the optimizer and any group the engine joined."""
+
+    @abc.abstractmethod
+    def get_version(self) -> int:
+        """The policy version of the current weights."""
+
+    @abc.abstractmethod
+    def set_version(self, version: int) -> None:
+        """Set the policy version (the trainer bumps it after each published update)."""
+
+
+@runtime_checkable
+class ForwardEngine(Protocol):
+    """Per-token outputs of a packed batch without gradients: what a reference model or a critic's
+    value forward is used for. (``isinstance`` reads ``parallel``: check initialised engines.)"""
 
     @property
     @abc.abstractmethod
     def parallel(self) -> ParallelInfo:
         """This rank's coordinates in the device mesh."""
+
+    @abc.abstractmethod
+    def forward_batch(self, batch: Batch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """Per-token outputs ``[T]`` of ``batch`` in its original order, without gradients.
+
+        An actor returns ``logprobs`` (plus ``entropy`` when asked); a critic returns ``values``.
+        """
+
+
+@runtime_checkable
+class TrainableEngine(ForwardEngine, Protocol):
+    """Optimizer steps on packed batches with a loss function, the LR schedule and the HF save."""
 
     @abc.abstractmethod
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
@@ -127,64 +169,60 @@ class TrainEngine(abc.ABC):
         """The weighted loss and stats of ``batch`` without gradients or an optimizer step."""
 
     @abc.abstractmethod
-    def forward_batch(self, batch: Batch, *, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """Per-token outputs ``[T]`` of ``batch`` in its original order, without gradients.
-
-        An actor returns ``logprobs`` (plus ``entropy`` when asked); a critic returns ``values``.
-        """
-
-    @abc.abstractmethod
     def step_lr_scheduler(self) -> float:
         """Advance the LR schedule by one step; return the new learning rate."""
 
     @abc.abstractmethod
     def save(self, path: str, format: SaveFormat = "hf", *, with_optimizer: bool = True) -> None:
-        """Write the model (``hf``: full weights, rank 0 writes) or the full train state (``dcp``)."""
+        """Write the model (``hf``: full weights, an HF directory plain ``transformers`` loads; rank 0
+        writes) or the engine's own resumable state (``dcp``, optional: the checkpoint manager goes
+        through :class:`CheckpointableEngine` instead)."""
 
     @abc.abstractmethod
     def load(self, path: str, format: SaveFormat = "dcp", *, with_optimizer: bool = True) -> None:
-        """Read what :meth:`save` wrote (``hf``: weights only; ``dcp``: full train state)."""
+        """Read what :meth:`save` wrote (``hf``: weights only; ``dcp``: the engine's train state)."""
+
+
+@runtime_checkable
+class CheckpointableEngine(Protocol):
+    """What ``checkpoint/`` needs from an engine: its sharded state for DCP, a small JSON of engine
+    facts, and the HF sidecar files. Saves and loads are collective: every rank calls them.
+
+    The checkpoint manager saves ``sharded_state()`` with DCP; to load, it asks for
+    ``sharded_state()`` again as the template DCP reads into (in place), then hands the filled
+    template to :meth:`load_sharded_state`, then the JSON facts to :meth:`load_engine_state`.
+    """
 
     @abc.abstractmethod
-    def update_weights(self, meta: WeightUpdateMeta) -> None:
-        """Publish the current weights to the inference servers as ``meta`` says (disk, collective,
-        or shared: packed into this host's shared buffers, which the servers then copy from)."""
-
-    def shared_weight_buffers(self) -> tuple[dict[str, Any], ...]:
-        """The JSON descriptions of the buffers a shared update packed into (one per rank that holds
-        one), for :meth:`WeightUpdateMeta.with_buffers`. The default has none: an engine that
-        supports shared updates overrides it."""
-        from areal_tasks.errors import EngineError
-
-        raise EngineError(
-            f"{type(self).__name__} does not support shared weight updates; "
-            "use rollout.weight_update=disk or collective"
-        )
-
-    def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
-        """Optionally do the part of :meth:`update_weights` that needs no server (gather and pack
-        the weights) before the servers pause; returns the seconds it took. Every rank calls it
-        right before :meth:`update_weights` with the same ``meta``. The default does nothing."""
-        del meta
-        return 0.0
+    def sharded_state(self) -> dict[str, Any]:
+        """A nested dict of tensors DCP can save and load into (this rank's shards, no gather), e.g.
+        ``{"model": ..., "optim": ...}``: live references, so the caller copies what it must keep.
+        Taking it changes nothing (an optimizer that has not stepped yet stays that way)."""
 
     @abc.abstractmethod
-    def weight_specs(self) -> list[ParamSpec]:
-        """Name, dtype and full shape of every tensor :meth:`update_weights` publishes, in its order.
-
-        The controller plans a collective update's buckets from them
-        (``plan_weight_buckets(engine.weight_specs(), meta.bucket_bytes)``) for the inference
-        client, while the engine broadcasts the same buckets. Local: no collective.
-        """
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """Apply a :meth:`sharded_state` template that DCP filled from a checkpoint."""
 
     @abc.abstractmethod
-    def get_version(self) -> int:
-        """The policy version of the current weights."""
+    def engine_state(self) -> dict[str, Any]:
+        """JSON facts of the engine: at least ``version``, ``lr_scheduler`` (its ``state_dict`` or
+        None), ``role`` (``actor``/``critic``), ``lora`` and ``lora_scalings`` (module -> scaling),
+        ``tied_embeddings``, ``model_type``, ``has_optimizer`` and ``optimizer_started``. The HF
+        export reads ``role``, ``lora``, ``lora_scalings`` and ``tied_embeddings``."""
 
     @abc.abstractmethod
-    def set_version(self, version: int) -> None:
-        """Set the policy version (the trainer bumps it after each published update)."""
+    def load_engine_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`engine_state` returned (version, LR schedule, an optimizer saved
+        before its first step). Called after :meth:`load_sharded_state`."""
 
     @abc.abstractmethod
-    def destroy(self) -> None:
-        """Release the model, optimizer and the weight-update groups this engine joined."""
+    def hf_sidecar_files(self) -> dict[str, bytes]:
+        """``{file name: bytes}`` a checkpoint keeps to export the model to HF without the engine:
+        ``config.json`` and the tokenizer files of the model it was built from (empty: no export)."""
+
+
+class TrainEngine(EngineLifecycle, TrainableEngine, CheckpointableEngine):
+    """The full engine of one rank: every role above. Call :meth:`initialize` before anything else.
+
+    A backend subclasses it and registers in ``areal_tasks.engine.registry``; consumers type against
+    the narrowest role they use."""

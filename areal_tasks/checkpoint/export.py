@@ -1,13 +1,13 @@
 """HF export of a DCP checkpoint: a model directory that plain ``transformers`` loads.
 
 At save time every checkpoint gets a small HF sidecar per engine (``hf/<engine>/config.json`` and
-the tokenizer files of the model it was built from). Export then needs no engine and no process
-group: the engine's model tensors are read from the DCP data (shards reassembled into full
-tensors by DCP's resharding), LoRA adapters are merged into the base weights (``W0 + s * B @ A``,
-the same code the engine's own HF save uses), a tied LM head is dropped, and the directory is
-written atomically with the engine's HF writer (:func:`areal_tasks.models.hf_dir.write_hf_dir`,
-the one writer of HF directories; the sidecar uses its config clean-up and tokenizer file list) --
-so the export equals ``engine.save(path, "hf")``.
+the tokenizer files of the model it was built from: the engine's ``hf_sidecar_files()``). Export
+then needs no engine and no process group: the engine's model tensors are read from the DCP data
+(shards reassembled into full tensors by DCP's resharding), LoRA adapters are merged into the base
+weights (``W0 + s * B @ A``, the same code the engine's own HF save uses), a tied LM head is
+dropped, and the directory is written atomically with the engine's HF writer
+(:func:`areal_tasks.models.hf_dir.write_hf_dir`, the one writer of HF directories; the sidecar uses
+its config clean-up and tokenizer file list) -- so the export equals ``engine.save(path, "hf")``.
 """
 
 from __future__ import annotations
@@ -29,20 +29,6 @@ if TYPE_CHECKING:
     from storage import Storage
 
 logger = logging.getLogger(__name__)
-
-
-def hf_sidecar_files(engine: Any) -> dict[str, bytes]:
-    """``{file name: bytes}`` of the HF sidecar of ``engine``: its config and tokenizer files."""
-    from areal_tasks.models.hf_dir import export_config, hf_config_of, hf_side_file_paths
-
-    config = hf_config_of(engine.model)
-    if config is None or not hasattr(config, "to_json_string"):
-        return {}
-    out = {"config.json": export_config(config).to_json_string().encode("utf-8")}
-    source = getattr(engine, "model_path", None)
-    for path in hf_side_file_paths(source if isinstance(source, str) else None):
-        out[path.name] = path.read_bytes()
-    return out
 
 
 def read_engine_tensors(checkpoints: Storage, step: int, engine: str) -> dict[str, torch.Tensor]:
@@ -78,7 +64,7 @@ def _engine_entry(checkpoints: Storage, step: int, engine: str) -> dict[str, Any
 
 def hf_tensors(checkpoints: Storage, step: int, engine: str = "actor") -> dict[str, torch.Tensor]:
     """Plain HF ``{name: tensor}`` of ``engine``: LoRA merged, tied LM head dropped."""
-    from areal_tasks.engine.fsdp.lora import LoraMerger
+    from areal_tasks.models.lora import LoraMerger
 
     entry = _engine_entry(checkpoints, step, engine)
     if entry.get("role", "actor") != "actor":

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.train_engine import CheckpointableEngine
 from areal_tasks.checkpoint.async_save import AsyncSaver
 from areal_tasks.checkpoint.group import CheckpointGroup
 from areal_tasks.checkpoint.layout import (
@@ -41,7 +42,7 @@ from areal_tasks.checkpoint.layout import (
 )
 from areal_tasks.checkpoint.metadata import CheckpointMetadata, config_payload
 from areal_tasks.checkpoint.retention import PrunePlan, RetentionPolicy, apply_prune, plan_prune
-from areal_tasks.checkpoint.state import CheckpointableEngine, TrainerState
+from areal_tasks.checkpoint.state import TrainerState
 from areal_tasks.config.sections import SaverConfig
 from areal_tasks.errors import CheckpointError
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_tasks.api.train_engine import CheckpointableEngine
 from areal_tasks.checkpoint.async_save import stage_state_dict
 from areal_tasks.checkpoint.dcp_io import StorageDCPWriter
 from areal_tasks.checkpoint.group import CheckpointGroup
@@ -32,7 +33,7 @@ from areal_tasks.checkpoint.layout import (
 )
 from areal_tasks.checkpoint.metadata import ByteCounts, CheckpointMetadata, FileInfo, json_file, sha256_hex
 from areal_tasks.checkpoint.rng import capture_rng_state
-from areal_tasks.checkpoint.state import CheckpointableEngine, TrainerState, engine_side_state, sharded_state_dict
+from areal_tasks.checkpoint.state import TrainerState, engine_side_state, sharded_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +71,12 @@ def prepare_save(
     stage: bool,
 ) -> SaveRequest:
     """Phase 1 (blocking the trainer): capture the state; ``stage`` copies tensors to host memory."""
-    from areal_tasks.checkpoint.export import hf_sidecar_files
-
     start = time.perf_counter()
     created = utc_now()
     state = sharded_state_dict(engines)
     if stage:
         state = stage_state_dict(state)
-    sidecars = {name: hf_sidecar_files(engine) for name, engine in engines.items()} if group.is_coordinator else {}
+    sidecars = {name: engine.hf_sidecar_files() for name, engine in engines.items()} if group.is_coordinator else {}
     request = SaveRequest(
         step=step,
         state=state,

@@ -1,31 +1,30 @@
 """What a checkpoint holds: the engines' sharded state, their small JSON state, and the trainer state.
 
-* Sharded (through DCP): for each engine ``name``, ``engines.<name>.model.*`` and
-  ``engines.<name>.optim.*`` from ``torch.distributed.checkpoint.state_dict.get_state_dict`` (FSDP2
-  DTensor shards stay shards; no gather).
-* ``engines.json``: per engine its LR-scheduler ``state_dict`` and weight version, plus facts the HF
-  export needs (role, LoRA scalings, tied embeddings).
+* Sharded (through DCP): for each engine ``name``, ``engines.<name>.*`` from the engine's
+  ``sharded_state()`` (``engines.<name>.model.*`` and ``engines.<name>.optim.*`` for the engines
+  built today; FSDP2 DTensor shards stay shards; no gather).
+* ``engines.json``: per engine its ``engine_state()``: LR-scheduler ``state_dict`` and weight
+  version, plus facts the HF export needs (role, LoRA scalings, tied embeddings).
 * ``trainer_state.json``: :class:`TrainerState` -- step, epoch, policy version, dataloader position,
   executor counters (staleness) and any extra JSON the trainer adds.
 * ``rng/rank-<r>.json``: see :mod:`areal_tasks.checkpoint.rng`.
 
-Engines are used through their public attributes only (``model``, ``optimizer``,
-``lr_scheduler``, ``get_version``/``set_version``), so any engine shaped like the FSDP engine works.
+Engines are used through :class:`areal_tasks.api.train_engine.CheckpointableEngine` only: any
+engine that implements it is checkpointed, resumed and exported the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from areal_tasks.errors import CheckpointError
-
-if TYPE_CHECKING:
-    import torch
+from areal_tasks.api.train_engine import CheckpointableEngine
+from areal_tasks.errors import AReaLError, CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -64,89 +63,31 @@ class TrainerState:
             raise CheckpointError(f"trainer state has an unexpected layout: {exc}") from exc
 
 
-class CheckpointableEngine(Protocol):
-    """The engine surface a checkpoint needs (the FSDP engine has it)."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None
-    lr_scheduler: Any
-
-    def get_version(self) -> int: ...
-
-    def set_version(self, version: int) -> None: ...
-
-
 def _check_engines(engines: Mapping[str, CheckpointableEngine]) -> None:
     if not engines:
         raise CheckpointError("a checkpoint needs at least one engine, e.g. engines={'actor': engine}")
-    for name, engine in engines.items():
+    for name in engines:
         if not name or "." in name or "/" in name:
             raise CheckpointError(f"engine name {name!r} must be non-empty without '.' or '/'")
-        if getattr(engine, "model", None) is None:
-            raise CheckpointError(f"engine {name!r} has no model: initialize() it first")
 
 
 def sharded_state_dict(engines: Mapping[str, CheckpointableEngine]) -> dict[str, Any]:
-    """``{"engines": {name: {"model": ..., "optim": ...}}}``: live references to the engines' shards."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
+    """``{"engines": {name: engine.sharded_state()}}``: live references to the engines' shards."""
     _check_engines(engines)
-    out: dict[str, Any] = {}
-    for name, engine in engines.items():
-        if engine.optimizer is not None:
-            started = bool(engine.optimizer.state)
-            model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-            if not started:
-                # get_state_dict initialises an empty optimizer state with a zero-lr step (AdamW's step
-                # count becomes 1); drop it again so that saving before the first step changes nothing
-                engine.optimizer.state.clear()
-            out[name] = {"model": model_sd, "optim": optim_sd}
-        else:
-            out[name] = {"model": get_model_state_dict(engine.model)}
-    return {ENGINES_KEY: out}
+    return {ENGINES_KEY: {name: engine.sharded_state() for name, engine in engines.items()}}
 
 
 def apply_sharded_state_dict(engines: Mapping[str, CheckpointableEngine], state: Mapping[str, Any]) -> None:
     """Load what :func:`sharded_state_dict` produced (after DCP filled it) into the engines."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     for name, engine in engines.items():
-        part = state[ENGINES_KEY][name]
-        if engine.optimizer is not None:
-            set_state_dict(
-                engine.model, engine.optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"]
-            )
-        else:
-            set_model_state_dict(engine.model, part["model"])
-
-
-def _lora_scalings(model: torch.nn.Module) -> dict[str, float]:
-    from areal_tasks.engine.fsdp.lora import lora_scalings
-
-    return lora_scalings(model)
+        with _restoring(name):
+            engine.load_sharded_state(state[ENGINES_KEY][name])
 
 
 def engine_side_state(engines: Mapping[str, CheckpointableEngine]) -> dict[str, dict[str, Any]]:
-    """The JSON part of each engine: LR scheduler, version, whether the optimizer has stepped yet, and
-    what the HF export needs."""
-    from areal_tasks.models.hf_dir import hf_config_of
-
-    out = {}
-    for name, engine in engines.items():
-        scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
-        config = hf_config_of(engine.model)
-        scalings = _lora_scalings(engine.model)
-        out[name] = {
-            "version": int(engine.get_version()),
-            "lr_scheduler": scheduler,
-            "role": getattr(engine, "role", "actor"),
-            "lora": bool(scalings),
-            "lora_scalings": scalings,
-            "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
-            "model_type": getattr(config, "model_type", None),
-            "has_optimizer": engine.optimizer is not None,
-            "optimizer_started": engine.optimizer is not None and bool(engine.optimizer.state),
-        }
+    """The JSON part of each engine (``engine_state()``: LR scheduler, version, whether the optimizer
+    has stepped yet, and what the HF export needs)."""
+    out = {name: engine.engine_state() for name, engine in engines.items()}
     try:
         json.dumps(out, allow_nan=True)
     except TypeError as exc:
@@ -160,11 +101,16 @@ def restore_engine_side_state(engines: Mapping[str, CheckpointableEngine], side:
     if missing:
         raise CheckpointError(f"the checkpoint holds no engine named {missing}; it has {sorted(side)}")
     for name, engine in engines.items():
-        entry = side[name]
-        engine.set_version(int(entry["version"]))
-        if engine.lr_scheduler is not None:
-            if entry.get("lr_scheduler") is None:
-                raise CheckpointError(f"engine {name!r} has an LR scheduler but the checkpoint holds none for it")
-            engine.lr_scheduler.load_state_dict(entry["lr_scheduler"])
-        if engine.optimizer is not None and not entry.get("optimizer_started", True):
-            engine.optimizer.state.clear()  # saved before the first step: no state, as then
+        with _restoring(name):
+            engine.load_engine_state(dict(side[name]))
+
+
+@contextlib.contextmanager
+def _restoring(name: str) -> Iterator[None]:
+    """Turn an engine's refusal of a checkpoint's state into a CheckpointError naming the engine."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except AReaLError as exc:
+        raise CheckpointError(f"engine {name!r} cannot take the checkpoint's state: {exc}") from exc

@@ -2,7 +2,8 @@
 
 Every problem is collected (single-section ranges from :mod:`areal_tasks.config.checks`, then the
 rules that relate sections: batch vs group size, algorithm vs critic/ref, allocation vs cluster and
-backends, sequence length vs micro-batch token caps) and reported in one ConfigError, so a user
+backends -- training backends and dims must be built, per the engine registry --, sequence length
+vs micro-batch token caps) and reported in one ConfigError, so a user
 fixes a config in one pass.
 """
 
@@ -115,6 +116,50 @@ def _check_algorithm(p: Problems, cfg: JobConfig) -> None:
         )
 
 
+def _check_engine_backends(p: Problems, cfg: JobConfig) -> None:
+    """Every engine section names a built training backend (the engine registry's)."""
+    from areal_tasks.engine.registry import built_backends
+
+    built = built_backends()
+    for role, engine in engines(cfg):
+        if engine.backend not in built:
+            p.add(
+                f"{role}.backend",
+                f"training backend {engine.backend!r} is not built; built training backends: {', '.join(built)}",
+            )
+
+
+def _check_training_layout(p: Problems, cfg: JobConfig, alloc: Any) -> None:
+    """The allocation's training components name built backends with dims they run, and every one
+    runs on the actor's ranks (the trainer builds all engines there, SPMD)."""
+    from areal_tasks.engine.registry import built_backends, describe_dims, supported_dims, unsupported_dims
+
+    built = built_backends()
+    actor = alloc.actor()
+    for comp in alloc.training():
+        if comp.backend not in built:
+            p.add(
+                "allocation",
+                f"training backend {comp.backend!r} (component {comp.to_spec()!r}) is not built; "
+                f"built training backends: {', '.join(built)}",
+            )
+            continue
+        bad = unsupported_dims(comp.backend, comp.dims)
+        if bad:
+            p.add(
+                "allocation",
+                f"training backend {comp.backend!r} does not run {', '.join(bad)} (component {comp.to_spec()!r}); "
+                f"it runs {describe_dims(supported_dims(comp.backend))}",
+            )
+        if comp is not actor and comp.name in ("ref", "critic") and comp.dims.world_size != actor.dims.world_size:
+            p.add(
+                "allocation",
+                f"the {comp.name} component {comp.to_spec()!r} spans {comp.dims.world_size} ranks, but the trainer "
+                f"runs every engine on the actor's {actor.dims.world_size} ({actor.to_spec()!r}): colocate it with "
+                f"the actor ('|') at that size, or drop it (it then takes the actor's layout)",
+            )
+
+
 def _check_allocation(p: Problems, cfg: JobConfig) -> None:
     from areal_tasks.config.allocation import parse_allocation
 
@@ -152,6 +197,7 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
             f"e.g. '{cfg.rollout.backend}:d1+{cfg.actor.backend}:d1'",
         )
         return
+    _check_training_layout(p, cfg, alloc)
     roles = dict(engines(cfg))
     actor = alloc.actor()
     placed = [("actor", actor)] + [(c.name, c) for c in training if c.name in ("ref", "critic")]
@@ -230,6 +276,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
     _check_batching(p, cfg)
     _check_lengths(p, cfg)
     _check_algorithm(p, cfg)
+    _check_engine_backends(p, cfg)
     _check_allocation(p, cfg)
     return p.items
 

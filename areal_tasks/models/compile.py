@@ -112,7 +112,7 @@ def _compile_with_symbolic_module_ints(fn: Callable[..., Any]) -> Callable[..., 
     """``torch.compile(fn, dynamic=True)``, called with ``allow_unspec_int_on_nn_module`` (see
     :func:`compile_block_forward`) and the rotary tables' last dimension (the head dimension)
     static. The attention makes its module's ``head_dim`` static from inside the graph
-    (``engine/fsdp/attention.py``); symbolic, both turned every index of the rotary embedding into
+    (``kernels/attention.py``); symbolic, both turned every index of the rotary embedding into
     run-time 64-bit divisions."""
     import torch
 

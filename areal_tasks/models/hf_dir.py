@@ -4,7 +4,7 @@
 the checkpoint export): it writes the directory atomically, with the config cleaned of engine-only
 settings (:func:`export_config`) and the tokenizer and generation files copied from the model the
 weights came from (:func:`hf_side_file_paths`). :func:`hf_config_of` finds the HF config of a plain
-or peft-wrapped model.
+or peft-wrapped model; :func:`hf_sidecar_files` is what a checkpoint keeps to write one later.
 """
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ def hf_side_file_paths(source_dir: str | os.PathLike[str] | None) -> list[Path]:
     if source_dir is None or not Path(source_dir).is_dir():
         return []
     return [Path(source_dir) / fname for fname in HF_SIDE_FILES if (Path(source_dir) / fname).is_file()]
+
+
+def hf_sidecar_files(config: Any, source_dir: str | os.PathLike[str] | None) -> dict[str, bytes]:
+    """``{file name: bytes}`` that turn bare weights into an HF directory later: ``config.json``
+    (cleaned by :func:`export_config`) and the tokenizer files of ``source_dir``; empty without a
+    config that can be saved (a checkpoint keeps them next to its weights)."""
+    if config is None or not hasattr(config, "to_json_string"):
+        return {}
+    out = {"config.json": export_config(config).to_json_string().encode("utf-8")}
+    for path in hf_side_file_paths(source_dir):
+        out[path.name] = path.read_bytes()
+    return out
 
 
 def write_hf_dir(

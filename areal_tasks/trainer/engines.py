@@ -1,21 +1,24 @@
 """The engines of an RL job: the actor, and the reference and critic when the algorithm needs them.
 
-Every rank builds the same engines (SPMD) and initialises them before the first step. Log-probs are
-computed at the sampling temperature, so the trainer scores tokens under the distribution that
-generated them.
+Every rank builds the same engines (SPMD) through the engine registry (``actor.backend`` names the
+backend) and initialises them before the first step. The allocation is the layout: each engine's
+mesh comes from its training component's dims (``d`` -> dp, ``t`` -> tp, ``c`` -> Ulysses sp);
+``ref`` and ``critic`` use their own component when the allocation names one (colocated with the
+actor, on its ranks), else the actor's. Log-probs are computed at the sampling temperature, so the
+trainer scores tokens under the distribution that generated them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
+    from areal_tasks.api.train_engine import ForwardEngine, TrainEngine
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.engine.fsdp.engine import FSDPEngine
+    from areal_tasks.engine.parallel.mesh import ParallelDims
 
 logger = logging.getLogger(__name__)
 
@@ -26,33 +29,79 @@ def logprob_temperature(cfg: JobConfig) -> float:
     return t if t > 0 else 1.0
 
 
-def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, FSDPEngine]:
+def actor_layout(cfg: JobConfig) -> ParallelDims:
+    """The actor's rank layout: its allocation component's dims."""
+    from areal_tasks.config.allocation import parse_allocation
+    from areal_tasks.engine.registry import engine_dims
+
+    return engine_dims(cfg.actor.backend, parse_allocation(cfg.allocation).actor().dims)
+
+
+def engine_layouts(cfg: JobConfig) -> dict[str, ParallelDims]:
+    """Per role (``actor``, ``ref``, ``critic``) the rank layout the allocation gives it."""
+    from areal_tasks.config.allocation import parse_allocation
+    from areal_tasks.engine.registry import engine_dims
+
+    allocation = parse_allocation(cfg.allocation)
+    actor = allocation.actor()
+    named = {c.name: c for c in allocation.training() if c.name in ("ref", "critic")}
+    out = {"actor": actor_layout(cfg)}
+    for role, section in (("ref", cfg.ref or cfg.actor), ("critic", cfg.critic)):
+        component = named.get(role)
+        if section is None:
+            continue
+        if component is None:
+            out[role] = engine_dims(section.backend, actor.dims)
+            continue
+        if component.dims.world_size != actor.dims.world_size:
+            raise ConfigError(
+                f"allocation {cfg.allocation!r}: the {role} component {component.to_spec()} spans "
+                f"{component.dims.world_size} ranks, but every engine runs on the actor's {actor.dims.world_size}"
+            )
+        out[role] = engine_dims(section.backend, component.dims)
+    return out
+
+
+def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, TrainEngine]:
     """The actor, and the reference and critic engines when the algorithm needs them (initialised)."""
     from areal_tasks.algo import build_algorithm
-    from areal_tasks.engine.fsdp.engine import FSDPEngine
+    from areal_tasks.engine.registry import build_engine
 
     algorithm = build_algorithm(cfg.algorithm)
-    temperature, seed = logprob_temperature(cfg), cfg.experiment.seed
+    layouts = engine_layouts(cfg)
+    common: dict[str, Any] = {"total_steps": n_steps, "seed": cfg.experiment.seed}
+    temperature = logprob_temperature(cfg)
+    # the FSDP engine sizes its micro-batches leaving room for the shared publish buffer
+    actor_options = {"shared_weight_buffer": True} if cfg.rollout.weight_update == "shared" else {}
     engines = {
-        "actor": FSDPEngine(
+        "actor": build_engine(
+            "actor",
             cfg.actor,
             model_dir,
-            total_steps=n_steps,
+            parallel=layouts["actor"],
             temperature=temperature,
-            seed=seed,
-            shared_weight_buffer=cfg.rollout.weight_update == "shared",
+            **common,
+            **actor_options,
         )
     }
     if algorithm.needs_ref:
-        ref_cfg = cfg.ref or cfg.actor
-        engines["ref"] = FSDPEngine(
-            ref_cfg, model_dir, total_steps=n_steps, trainable=False, temperature=temperature, seed=seed
+        engines["ref"] = build_engine(
+            "ref", cfg.ref or cfg.actor, model_dir, parallel=layouts["ref"], temperature=temperature, **common
         )
     if algorithm.needs_critic:
         if cfg.critic is None:
             raise ConfigError(f"algorithm {cfg.algorithm.name!r} needs a critic: add a `critic:` engine section")
-        critic_cfg = replace(cfg.critic, value_head=True)
-        engines["critic"] = FSDPEngine(critic_cfg, model_dir, total_steps=n_steps, seed=seed)
+        engines["critic"] = build_engine("critic", cfg.critic, model_dir, parallel=layouts["critic"], **common)
     for engine in engines.values():
         engine.initialize()
     return engines
+
+
+def engine_layout(engines: dict[str, ForwardEngine]) -> dict[str, dict[str, int]]:
+    """What each engine actually runs, from its own ``parallel``: world size, dp, tp and sp (for the
+    run's summary: ``engine_layout`` in ``rl_summary.json`` and ``summary.json``)."""
+    out = {}
+    for name, engine in engines.items():
+        info = engine.parallel
+        out[name] = {"world_size": info.world_size, "dp": info.dp_size, "tp": info.tp_size, "sp": info.sp_size}
+    return out

@@ -67,7 +67,7 @@ def run_rl_rank(
     from areal_tasks.checkpoint.layout import step_dir
     from areal_tasks.checkpoint.manager import CheckpointManager
     from areal_tasks.checkpoint.state import TrainerState
-    from areal_tasks.trainer.engines import build_engines
+    from areal_tasks.trainer.engines import build_engines, engine_layout
     from areal_tasks.trainer.rl_batch import pack_trajectories
     from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rl_step import RLStep
@@ -178,6 +178,7 @@ def run_rl_rank(
                 "wall_seconds": time.perf_counter() - started,
                 "last_step": last_metrics,
                 "executor": side.executor.stats(),
+                "engine_layout": engine_layout(engines),
             }
             RunPaths.of(run_dir).rl_summary.write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
             for cb in callbacks:

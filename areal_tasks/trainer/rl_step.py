@@ -29,20 +29,21 @@ if TYPE_CHECKING:
     import torch
 
     from areal_tasks.algo.base import Algorithm
-    from areal_tasks.engine.fsdp.engine import FSDPEngine
+    from areal_tasks.api.train_engine import ForwardEngine, TrainableEngine
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RLStep:
-    """The engines of one rank and the algorithm that drives them."""
+    """The engines of one rank (any backend: typed by the role each plays) and the algorithm that
+    drives them."""
 
-    actor: FSDPEngine
+    actor: TrainableEngine
     algorithm: Algorithm
     group_size: int
-    ref: FSDPEngine | None = None
-    critic: FSDPEngine | None = None
+    ref: ForwardEngine | None = None
+    critic: TrainableEngine | None = None
     ppo_n_minibatches: int = 1
 
     def run(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -80,7 +81,7 @@ class RLStep:
         return out
 
     def _update(
-        self, engine: FSDPEngine, share: dict[str, torch.Tensor], loss_fn: Any, weight_fn: Any
+        self, engine: TrainableEngine, share: dict[str, torch.Tensor], loss_fn: Any, weight_fn: Any
     ) -> dict[str, float]:
         """``ppo_n_minibatches`` optimizer steps over consecutive slices of the share; averaged stats."""
         from areal_tasks.engine.microbatch import select_sequences, sequence_lengths

@@ -2,10 +2,11 @@
 
 It resolves the model (``tiny:<family>`` is built by the tiny-model kit), writes a worker config
 with that directory as ``model.path`` to ``<run_dir>/sft_config.yaml``, and starts one
-``areal_tasks.trainer.sft_worker`` per data-parallel rank of the allocation's actor through the
-Scheduler (``torch_distributed=True``; gloo on CPU with the accelerators hidden). It waits for the
-group, raises :class:`~areal_tasks.errors.WorkerFailedError` (exit codes, log tails) if a rank
-failed, and returns ``<run_dir>/sft``. The loop itself is in ``sft_loop.py``.
+``areal_tasks.trainer.sft_worker`` per rank of the allocation's actor (its whole layout: the engine
+runs the actor's dp x tp x sp, as in RL) through the Scheduler (``torch_distributed=True``; gloo on
+CPU with the accelerators hidden). It waits for the group, raises
+:class:`~areal_tasks.errors.WorkerFailedError` (exit codes, log tails) if a rank failed, and returns
+``<run_dir>/sft``. The loop itself is in ``sft_loop.py``.
 """
 
 from __future__ import annotations
@@ -45,15 +46,9 @@ def resolve_model_dir(cfg: JobConfig) -> str:
     return str(Path(path).expanduser().resolve())
 
 
-def actor_dp_size(cfg: JobConfig) -> int:
-    """The actor's data-parallel size from the allocation (SFT runs pure data parallel)."""
-    dims = parse_allocation(cfg.allocation).actor().dims
-    if dims.world_size != dims.d:
-        raise ConfigError(
-            f"allocation {cfg.allocation!r}: the SFT warm start runs data parallel only; the actor has "
-            f"dims {dims.to_spec()} (use fsdp:d<N>)"
-        )
-    return dims.d
+def actor_world_size(cfg: JobConfig) -> int:
+    """The actor's ranks in the allocation (d * t * c): one SFT worker each."""
+    return parse_allocation(cfg.allocation).actor().dims.world_size
 
 
 def write_worker_config(cfg: JobConfig, model_dir: str) -> Path:
@@ -72,7 +67,7 @@ def _run_dir(cfg: JobConfig) -> str:
 
 
 def sft_worker_spec(cfg: JobConfig, config_path: Path, replicas: int) -> WorkerGroupSpec:
-    """The worker group of the SFT ranks (one process per data-parallel rank)."""
+    """The worker group of the SFT ranks (one process per rank of the actor's layout)."""
     on_gpus = cfg.cluster.gpus_per_node > 0
     return WorkerGroupSpec(
         name=SFT_GROUP,
@@ -96,7 +91,7 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
         raise ConfigError(f"train.sft_warmup_steps={cfg.train.sft_warmup_steps} must be >= 1 to run SFT")
     run_dir = _run_dir(cfg)
     config_path = write_worker_config(cfg, resolve_model_dir(cfg))
-    replicas = actor_dp_size(cfg)
+    replicas = actor_world_size(cfg)
     owned = scheduler is None
     if scheduler is None:
         from areal_tasks.launch import LocalScheduler

@@ -1,7 +1,9 @@
-"""The SFT loop of one train rank: demonstrations -> packed batches -> FSDP engine steps -> HF model.
+"""The SFT loop of one train rank: demonstrations -> packed batches -> engine steps -> HF model.
 
-Every rank builds the same global batch for a step (the data order depends only on the seed), takes
-its data-parallel share (``dp_split``) and submits it with the SFT loss (``submit_train_batch``: a
+The engine is the actor's (``actor.backend`` through the engine registry) on the actor's layout
+from the allocation (dp x tp x sp). Every rank builds the same global batch for a step (the data
+order depends only on the seed), takes its data-parallel share (``dp_split``; ranks that differ
+only in their tp/sp coordinate take the same share) and submits it with the SFT loss (``submit_train_batch``: a
 step's stats are read after the next step is submitted); the engine weights micro-batches and ranks
 by loss tokens, so the logged loss is the token-mean negative log-likelihood of the whole global
 batch. Rank 0 shows a progress bar and appends one JSON line per
@@ -76,9 +78,10 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     import torch
     from tqdm import tqdm
 
-    from areal_tasks.engine.fsdp.engine import FSDPEngine
     from areal_tasks.engine.microbatch import dp_split
+    from areal_tasks.engine.registry import build_engine
     from areal_tasks.models.tokenizer import load_tokenizer
+    from areal_tasks.trainer.engines import actor_layout
 
     steps = cfg.train.sft_warmup_steps
     if steps < 1:
@@ -86,7 +89,9 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     seed = cfg.experiment.seed
     paths = RunPaths.of(cfg.experiment.run_dir)
     transcripts = build_transcripts(cfg, load_tokenizer(model_dir))
-    engine = FSDPEngine(sft_engine_config(cfg), model_dir, total_steps=steps, seed=seed)
+    engine = build_engine(
+        "actor", sft_engine_config(cfg), model_dir, parallel=actor_layout(cfg), total_steps=steps, seed=seed
+    )
     engine.initialize()
     info = engine.parallel
     granularity = cfg.actor.micro_batch.granularity

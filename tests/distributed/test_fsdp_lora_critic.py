@@ -26,7 +26,7 @@ def _peft_reference(model_dir):
     from workers_fsdp import LORA
 
     from areal_tasks.config.engine import LoRAConfig
-    from areal_tasks.engine.fsdp.lora import apply_lora
+    from areal_tasks.models.lora import apply_lora
 
     base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
     return apply_lora(base, LoRAConfig(**LORA), seed=1)
@@ -69,7 +69,7 @@ def test_lora_matches_plain_peft_and_exports(tiny_qwen2, tmp_path):
 
 
 def test_critic_matches_token_classification_reference(tiny_qwen2, tmp_path):
-    from areal_tasks.engine.fsdp.critic import load_critic
+    from areal_tasks.models.critic import load_critic
 
     run_workers("workers_fsdp:critic_run", 2, tmp_path, {"model_dir": str(tiny_qwen2)})
     res = torch.load(tmp_path / "result.pt", weights_only=False)

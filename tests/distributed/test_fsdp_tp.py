@@ -21,7 +21,7 @@ def test_tp2_matches_reference(tiny_model_factory, tmp_path):
 def test_unsupported_family_or_sizes_are_clear_errors():
     from types import SimpleNamespace
 
-    from areal_tasks.engine.fsdp.tensor_parallel import check_tp_compatible
+    from areal_tasks.engine.parallel.tensor_parallel import check_tp_compatible
     from areal_tasks.errors import EngineError
 
     with pytest.raises(EngineError, match="gemma"):

@@ -16,8 +16,8 @@ from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.optim import global_grad_norm
-from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
 from areal_tasks.engine.microbatch import dp_split
+from areal_tasks.engine.parallel.mesh import ParallelDims
 
 logger = logging.getLogger(__name__)
 

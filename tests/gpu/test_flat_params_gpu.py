@@ -23,7 +23,7 @@ def train(model_dir: str, wrap: str) -> tuple[list[float], dict[str, torch.Tenso
     from areal_tasks.config.micro_batch import MicroBatchSpec
     from areal_tasks.engine.fsdp.engine import FSDPEngine
     from areal_tasks.engine.fsdp.export import iter_full_tensors
-    from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+    from areal_tasks.engine.parallel.mesh import ParallelDims
 
     config = EngineConfig(
         optimizer=OptimizerConfig(lr=1e-3, grad_clip=1.0),

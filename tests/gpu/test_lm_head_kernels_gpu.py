@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.engine.fsdp import lm_head
-from areal_tasks.engine.fsdp.lm_head_kernels import GRAD_BLOCK, forward_stats, kernels_available, logit_grad
+from areal_tasks.kernels import lm_head
+from areal_tasks.kernels.lm_head_kernels import GRAD_BLOCK, forward_stats, kernels_available, logit_grad
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not kernels_available(), reason="needs CUDA and triton")]
 
@@ -91,8 +91,8 @@ def test_logit_grad_takes_an_expanded_upstream_gradient() -> None:
 
 def test_logit_grad_in_place_overwrites_the_logits_with_their_gradient() -> None:
     """The kept-logits backward writes the gradient over the logits: the same values as a new tensor."""
-    from areal_tasks.engine.fsdp.lm_head_kernels import logit_grad_in_place
     from areal_tasks.errors import EngineError
+    from areal_tasks.kernels.lm_head_kernels import logit_grad_in_place
 
     logits, labels = logits_and_labels(33, GRAD_BLOCK * 2 + 5, seed=11)
     log_z, _, entropy = lm_head.chunk_forward_stats(logits, labels, 0.8, True)
@@ -126,7 +126,7 @@ def test_kernels_refuse_strided_logits() -> None:
 def test_chunked_head_with_the_kernels_equals_full_logits(
     entropy_grad: bool, plain_sum: bool, keep_logits: bool, monkeypatch
 ) -> None:
-    from areal_tasks.engine.fsdp.logprobs import next_token_stats
+    from areal_tasks.kernels.logprobs import next_token_stats
 
     for name in ("forward", "grad", "grad_in_place", "kind"):  # compile_chunk_kernels swaps them process-wide
         monkeypatch.setitem(lm_head._kernels, name, lm_head._kernels[name])

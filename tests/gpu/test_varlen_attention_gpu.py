@@ -49,7 +49,7 @@ def _inputs(n_q: int, n_kv: int, head_dim: int = 64, seed: int = 0):
 
 def _block_mask_reference(q, k, v, cu, window, scaling):
     """fp32 SDPA with the block-diagonal causal mask (the CPU path), on upcast copies."""
-    from areal_tasks.engine.fsdp.attention import block_causal_mask, repeat_heads
+    from areal_tasks.kernels.attention import block_causal_mask, repeat_heads
 
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
@@ -64,7 +64,7 @@ def _block_mask_reference(q, k, v, cu, window, scaling):
 @pytest.mark.parametrize("window", [None, 256], ids=["causal", "window256"])
 @pytest.mark.parametrize("scaling", [None, 0.1], ids=["default-scale", "scale0.1"])
 def test_varlen_matches_block_mask_sdpa(heads, window, scaling):
-    from areal_tasks.engine.fsdp.attention import (
+    from areal_tasks.kernels.attention import (
         flash_attn_installed,
         packed_attention,
         packed_kernel,
@@ -95,7 +95,7 @@ def test_varlen_is_one_kernel_without_a_mask():
     1 GiB that the block-diagonal ``T x T`` bool mask alone would take (the masked SDPA's scores
     would add 2 GiB per head more). Measured on an H200 (torch 2.11): 570 MiB, which is the
     gradients, the output and its gradient, and the kernel's fp32 accumulators."""
-    from areal_tasks.engine.fsdp.attention import flash_attn_installed, packed_attention, packed_kernel
+    from areal_tasks.kernels.attention import flash_attn_installed, packed_attention, packed_kernel
 
     if flash_attn_installed():
         pytest.skip("flash-attn is installed: the engine uses it instead")
@@ -145,7 +145,7 @@ def engine_step_worker(rank: int, world: int, out_dir: Path, model_dir: str) -> 
 
 
 def test_engine_train_step_fast_paths_match_plain(tiny_qwen2, tmp_path, monkeypatch):
-    from areal_tasks.engine.fsdp.attention import flash_attn_installed
+    from areal_tasks.kernels.attention import flash_attn_installed
 
     here = str(Path(__file__).resolve().parent)  # this module is the worker, found by name there
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
@@ -182,7 +182,7 @@ def test_engine_train_step_fast_paths_match_plain(tiny_qwen2, tmp_path, monkeypa
 def test_weight_gradient_accumulates_in_fp32_on_cuda():
     """The chunked head's ``[V, H]`` weight gradient: bf16 chunk products summed in an fp32
     accumulator by one GEMM each (``addmm`` with ``out_dtype``) equal the fp32 sum of the products."""
-    from areal_tasks.engine.fsdp.lm_head import accumulate_matmul
+    from areal_tasks.kernels.lm_head import accumulate_matmul
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     acc = torch.zeros(4096, 896, device="cuda")

@@ -1,8 +1,12 @@
-"""Architecture guards: imports flow one way and the parse-time surface stays torch-free.
+"""Architecture guards: imports flow one way, engines are reached through their registry, and the
+parse-time surface stays torch-free.
 
 ``dags/ -> operators/ -> areal_tasks/ -> storage/``: storage knows nothing of RL, areal_tasks knows
 nothing of Airflow, operators reach areal_tasks only inside functions (never at module import), and
-the modules that Airflow or ``areal --help`` import at parse time never import torch.
+the modules that Airflow or ``areal --help`` import at parse time never import torch. Outside
+``engine/``, code reaches an engine implementation only through ``engine/registry.py`` (the shared
+helpers ``microbatch``, ``packing``, ``memory`` and ``parallel`` excepted), and ``inference/`` and
+``checkpoint/`` import nothing from ``engine/``; tests and benchmarks may import implementations.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ TORCH_FREE_MODULES = [
     "areal_tasks",
     "areal_tasks.errors",
     "areal_tasks.api.batch",
+    "areal_tasks.api.train_engine",
+    "areal_tasks.engine.registry",
+    "areal_tasks.engine.parallel.mesh",
     "areal_tasks.config",
     "areal_tasks.config.allocation",
     "areal_tasks.cli",
@@ -104,3 +111,81 @@ def test_every_python_file_has_a_module_docstring() -> None:
             if ast.get_docstring(ast.parse(path.read_text())) is None:
                 missing.append(str(path.relative_to(ROOT)))
     assert not missing, f"files without a module docstring: {missing}"
+
+
+# -- engines: reached through the registry; the server and checkpoints know no engine ----------------
+
+#: ``areal_tasks.engine.<name>`` modules that code outside ``engine/`` may import: the registry and
+#: the engine-neutral helpers every engine shares.
+ENGINE_PUBLIC = {"registry", "microbatch", "packing", "memory", "parallel"}
+#: packages that import nothing from ``areal_tasks.engine`` at all.
+ENGINE_FREE = ("areal_tasks/inference", "areal_tasks/checkpoint")
+#: files that still reach the weight senders under ``engine/`` until the weight transports move to
+#: ``areal_tasks/weights/`` (issue #25, work package B). An entry that no longer offends fails the
+#: test below: delete it then.
+PENDING_WEIGHT_TRANSPORT_MOVE = {
+    "areal_tasks/trainer/weight_publisher.py",
+    "areal_tasks/inference/server/weights.py",
+}
+
+
+def _engine_imports(tree: ast.AST) -> set[str]:
+    """``areal_tasks.engine.<name>`` first components imported anywhere in a module ("" for the bare
+    package)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "areal_tasks.engine":
+                modules = [f"areal_tasks.engine.{alias.name}" for alias in node.names]
+            else:
+                modules = [node.module]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[:2] == ["areal_tasks", "engine"]:
+                found.add(parts[2] if len(parts) > 2 else "")
+    return found
+
+
+def _engine_offenders() -> dict[str, str]:
+    """``{file: why}`` of every module outside ``engine/`` that breaks the engine import rules."""
+    offenders: dict[str, str] = {}
+    for package in ("areal_tasks", "operators", "dags"):
+        for path in _python_files(package):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("areal_tasks/engine/"):
+                continue
+            imported = _engine_imports(ast.parse(path.read_text()))
+            if rel.startswith(ENGINE_FREE) and imported:
+                offenders[rel] = f"imports areal_tasks.engine.{sorted(imported)} (it must import nothing from engine/)"
+            elif imported - ENGINE_PUBLIC:
+                offenders[rel] = (
+                    f"imports engine implementation(s) {sorted(imported - ENGINE_PUBLIC)}: build engines through "
+                    "areal_tasks.engine.registry and type them with areal_tasks.api.train_engine"
+                )
+    return offenders
+
+
+def test_engines_are_reached_only_through_the_registry() -> None:
+    offenders = _engine_offenders()
+    unexpected = {rel: why for rel, why in offenders.items() if rel not in PENDING_WEIGHT_TRANSPORT_MOVE}
+    assert not unexpected, "engine import rules broken:\n" + "\n".join(f"{k}: {v}" for k, v in unexpected.items())
+    fixed = sorted(PENDING_WEIGHT_TRANSPORT_MOVE - set(offenders))
+    assert not fixed, f"{fixed} no longer import engine internals: delete them from PENDING_WEIGHT_TRANSPORT_MOVE"
+
+
+def test_the_engine_import_rule_catches_every_spelling() -> None:
+    cases = {
+        "from areal_tasks.engine.fsdp.engine import FSDPEngine": {"fsdp"},
+        "import areal_tasks.engine.fsdp.checkpoint": {"fsdp"},
+        "from areal_tasks.engine import fsdp, registry": {"fsdp", "registry"},
+        "def f():\n    from areal_tasks.engine.weights.shared import x": {"weights"},
+        "from areal_tasks.engine.registry import build_engine": {"registry"},
+        "import areal_tasks.engine": {""},
+        "from areal_tasks.kernels.attention import register_attention": set(),
+    }
+    for code, expected in cases.items():
+        assert _engine_imports(ast.parse(code)) == expected, code

@@ -60,9 +60,16 @@ def backend_hint(word: str) -> str:
     return f"did you mean '{guess}'? ({listing})" if guess else f"valid backends are {listing}"
 
 
+_FSDP_RUNS = "fsdp runs d (data), t (tensor) and c (context)"
 _FSDP_REFUSALS: dict[str, tuple[str, str]] = {
-    "p": ("FSDP has no pipeline parallelism", "use megatron (or archon) for pipeline parallelism, or drop p"),
-    "e": ("FSDP has no expert parallelism", "use megatron or archon for MoE expert parallelism, or drop e"),
+    "p": (
+        "FSDP has no pipeline parallelism",
+        f"use megatron (or archon) for pipeline parallelism, or drop p; {_FSDP_RUNS}",
+    ),
+    "e": (
+        "FSDP has no expert parallelism",
+        f"use megatron or archon for MoE expert parallelism, or drop e; {_FSDP_RUNS}",
+    ),
 }
 
 _INFERENCE_REFUSALS: dict[str, tuple[str, str]] = {

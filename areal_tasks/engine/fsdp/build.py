@@ -20,29 +20,29 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.engine.fsdp.attention import (
-    VARLEN_ATTN,
-    flash_attn_installed,
-    register_varlen_attention,
-    varlen_api_available,
-)
 from areal_tasks.engine.fsdp.compile import (
     blocks_per_graph,
     compile_model,
     resolve_compile_scope,
     should_compile,
 )
-from areal_tasks.engine.fsdp.tensor_parallel import TensorParallel, find_decoder_blocks
-from areal_tasks.engine.fsdp.ulysses import register_ulysses_attention
+from areal_tasks.engine.parallel.tensor_parallel import TensorParallel, find_decoder_blocks
+from areal_tasks.engine.parallel.ulysses import register_ulysses_attention
 from areal_tasks.errors import EngineError
+from areal_tasks.kernels.attention import (
+    VARLEN_ATTN,
+    flash_attn_installed,
+    register_varlen_attention,
+    varlen_api_available,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.fsdp.flat_params import FlatParams
-    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
-    from areal_tasks.engine.fsdp.parallel_dims import EngineMesh
+    from areal_tasks.engine.parallel.mesh import EngineMesh
+    from areal_tasks.kernels.lm_head import ChunkedLMHead
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _load(path: str, role: str, attn: str) -> torch.nn.Module:
 
     kwargs = {"dtype": torch.float32, "attn_implementation": attn}
     if role == "critic":
-        from areal_tasks.engine.fsdp.critic import load_critic
+        from areal_tasks.models.critic import load_critic
 
         return load_critic(path, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -193,7 +193,7 @@ def build_model(
     """Load ``model_path`` and return it sharded over ``mesh`` (see the module docstring).
 
     ``chunked_lm_head``: for an actor, swap the LM head for the chunked fused one
-    (:mod:`areal_tasks.engine.fsdp.lm_head`) when the model qualifies.
+    (:mod:`areal_tasks.kernels.lm_head`) when the model qualifies.
     """
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -204,7 +204,7 @@ def build_model(
     hf_config = model.config
     lm_head = None
     if chunked_lm_head and role == "actor":
-        from areal_tasks.engine.fsdp.lm_head import install_chunked_head
+        from areal_tasks.kernels.lm_head import install_chunked_head
 
         lora_targets = config.lora.target_modules if config.lora.enabled else None
         # whether it keeps the logits is settled with the micro-batch token cap (``engine.py``)
@@ -214,7 +214,7 @@ def build_model(
     if config.lora.enabled:
         if dims.tp > 1:
             raise EngineError("LoRA with tensor parallelism (tp > 1) is not supported; use dp/sp with LoRA")
-        from areal_tasks.engine.fsdp.lora import apply_lora
+        from areal_tasks.models.lora import apply_lora
 
         model = apply_lora(model, config.lora, seed)
     if not trainable:

@@ -134,7 +134,7 @@ def save_hf(
 def _save_adapters(path: str | os.PathLike[str], model: torch.nn.Module, device: torch.device, is_rank0: bool) -> None:
     from safetensors.torch import save_file
 
-    from areal_tasks.engine.fsdp.lora import adapter_state_dict
+    from areal_tasks.models.lora import adapter_state_dict
 
     full = {}
     for name, tensor in iter_full_tensors(model, device):

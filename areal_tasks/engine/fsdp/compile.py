@@ -21,7 +21,7 @@ kernels. ``EngineConfig.compile_scope`` picks what is compiled:
   :func:`areal_tasks.models.compile.compile_pointwise_modules`), for attentions that cannot be
   traced (Ulysses' all-to-all, the CPU per-sequence path that reads the host bounds);
 * either way, the decoder's final norm and the chunked LM head's element-wise functions
-  (:func:`~areal_tasks.engine.fsdp.lm_head.compile_chunk_kernels`).
+  (:func:`~areal_tasks.kernels.lm_head.compile_chunk_kernels`).
 
 All with dynamic shapes: packed micro-batches change length every step. Two things keep one graph
 serving every length and its index arithmetic free of run-time divisions: the head dimension is
@@ -44,7 +44,7 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
-    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
+    from areal_tasks.kernels.lm_head import ChunkedLMHead
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def should_compile(setting: str, device: torch.device, *, tp: int, lora: bool) -
 
 def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, device_type: str) -> str:
     """``blocks`` or ``pointwise`` for ``EngineConfig.compile_scope`` (see the module docstring)."""
-    from areal_tasks.engine.fsdp.attention import VARLEN_ATTN
+    from areal_tasks.kernels.attention import VARLEN_ATTN
 
     if setting not in ("auto", "blocks", "pointwise"):
         raise EngineError(f"compile_scope must be auto, blocks or pointwise, got {setting!r}")
@@ -139,7 +139,7 @@ def compile_whole_blocks(model: torch.nn.Module, blocks: list[torch.nn.Module], 
     With ``per_graph > 1`` the first block of every ``per_graph`` consecutive ones runs them all as
     one graph and the others pass their input through. That needs the model as one FSDP unit:
     take ``per_graph`` from :func:`blocks_per_graph`, which refuses the cases that cannot work."""
-    from areal_tasks.engine.fsdp.attention import probe_kernels
+    from areal_tasks.kernels.attention import probe_kernels
     from areal_tasks.models.compile import (
         compile_block_forward,
         compile_block_group,
@@ -177,8 +177,8 @@ def compile_model(
 ) -> list[str]:
     """Compile ``blocks`` (whole, or their non-attention children: ``scope``), the final norm and
     the LM-head chunk kernels in place (the head then scores larger chunks:
-    :data:`~areal_tasks.engine.fsdp.lm_head.COMPILED_CHUNK_ELEMENTS`); returns what was compiled."""
-    from areal_tasks.engine.fsdp.lm_head import COMPILED_CHUNK_ELEMENTS, compile_chunk_kernels, default_chunk_size
+    :data:`~areal_tasks.kernels.lm_head.COMPILED_CHUNK_ELEMENTS`); returns what was compiled."""
+    from areal_tasks.kernels.lm_head import COMPILED_CHUNK_ELEMENTS, compile_chunk_kernels, default_chunk_size
     from areal_tasks.models.compile import compile_pointwise_modules
 
     if scope == "blocks":

@@ -38,6 +38,7 @@ from areal_tasks.api.train_engine import (
     TrainEngine,
     TrainStats,
 )
+from areal_tasks.engine import module_state
 from areal_tasks.engine.fsdp import checkpoint
 from areal_tasks.engine.fsdp.build import BuiltModel, build_model
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
@@ -48,8 +49,8 @@ from areal_tasks.engine.fsdp.optim import (
     clip_grad_norm,
     global_grad_norm,
 )
-from areal_tasks.engine.fsdp.parallel_dims import EngineMesh, ParallelDims
 from areal_tasks.engine.fsdp.step_stats import PendingStats, QueuedStep, WeightedSums
+from areal_tasks.engine.parallel.mesh import EngineMesh, ParallelDims
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ class FSDPEngine(TrainEngine):
         if self.role == "critic":
             head = "value head"
         elif self.lm_head is not None:
-            from areal_tasks.engine.fsdp.lm_head import chunk_kernels_kind
+            from areal_tasks.kernels.lm_head import chunk_kernels_kind
 
             kept = ", logits kept" if self.lm_head.keep_logits else ""
             head = f"chunked fused (chunk {self.lm_head.chunk}, {chunk_kernels_kind()} kernels{kept})"
@@ -416,6 +417,31 @@ class FSDPEngine(TrainEngine):
         sched = self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None
         return {"version": self._version, "lr_scheduler": sched}
 
+    # ------------------------------------------- checkpointable (checkpoint/)
+    def sharded_state(self) -> dict[str, Any]:
+        self._require_init()
+        return module_state.sharded_state(self.model, self.optimizer)
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        self._require_init()
+        module_state.load_sharded_state(self.model, self.optimizer, state)
+
+    def engine_state(self) -> dict[str, Any]:
+        self._require_init()
+        return module_state.engine_state(
+            self.model, self.optimizer, self.lr_scheduler, version=self._version, role=self.role
+        )
+
+    def load_engine_state(self, state: dict[str, Any]) -> None:
+        self._require_init()
+        self.set_version(module_state.load_engine_state(self.optimizer, self.lr_scheduler, state))
+
+    def hf_sidecar_files(self) -> dict[str, bytes]:
+        from areal_tasks.models.hf_dir import hf_config_of, hf_sidecar_files
+
+        self._require_init()
+        return hf_sidecar_files(hf_config_of(self.model), self.model_path)
+
     # -------------------------------------------------- weights / version
     def update_weights(self, meta: WeightUpdateMeta) -> None:
         from areal_tasks.engine.fsdp.weight_sender import send_weights
@@ -504,12 +530,12 @@ def _local_device() -> torch.device:
 def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.device, *, trainable: bool) -> None:
     """Whether the chunked LM head keeps the logits (``lm_head_keep_logits``): never without a
     backward; ``auto`` where micro-batches have an explicit token cap whose logits fit a share of
-    the GPU (:func:`~areal_tasks.engine.fsdp.lm_head.auto_keep_logits`; a cap sized from the memory
+    the GPU (:func:`~areal_tasks.kernels.lm_head.auto_keep_logits`; a cap sized from the memory
     budget would shrink to make room for them, so it keeps nothing)."""
     import torch
 
     from areal_tasks.engine.fsdp.build import gpu_memory_bytes
-    from areal_tasks.engine.fsdp.lm_head import auto_keep_logits
+    from areal_tasks.kernels.lm_head import auto_keep_logits
 
     head, setting = built.lm_head, config.lm_head_keep_logits
     if head is None:

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from areal_tasks.engine.fsdp.lora import LoraMerger, lora_scalings
 from areal_tasks.models.hf_dir import hf_config_of, is_peft_model
+from areal_tasks.models.lora import LoraMerger, lora_scalings
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ With Ulysses (``sp > 1``), each rank feeds its contiguous ``T/sp`` slice and pas
 before they are aligned to tokens.
 
 Actor scores come from the chunked fused LM head when the engine installed one
-(:mod:`areal_tasks.engine.fsdp.lm_head`: the model's forward returns per-position log-prob/entropy
+(:mod:`areal_tasks.kernels.lm_head`: the model's forward returns per-position log-prob/entropy
 instead of logits), else from the full logits (:func:`next_token_stats`). Nothing here reads a
 device value back to the host when the caller passes the host copy of the sequence bounds.
 """
@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS
-from areal_tasks.engine.fsdp.attention import BOUNDS_KWARG
-from areal_tasks.engine.fsdp.critic import values_per_position
-from areal_tasks.engine.fsdp.logprobs import align_to_tokens, next_token_labels, next_token_stats
-from areal_tasks.engine.fsdp.ulysses import SP_GROUP_KWARG, gather_sequence
+from areal_tasks.engine.parallel.ulysses import SP_GROUP_KWARG, gather_sequence
 from areal_tasks.errors import EngineError
+from areal_tasks.kernels.attention import BOUNDS_KWARG
+from areal_tasks.kernels.logprobs import align_to_tokens, next_token_labels, next_token_stats
+from areal_tasks.models.critic import values_per_position
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-    from areal_tasks.engine.fsdp.lm_head import ChunkedLMHead
+    from areal_tasks.kernels.lm_head import ChunkedLMHead
 
 logger = logging.getLogger(__name__)
 

@@ -121,6 +121,6 @@ def use_decode_kernel(model: torch.nn.Module) -> int:
 
 def register_serve_attention() -> str:
     """Register :func:`serve_attention_forward` with transformers (once); returns its name."""
-    from areal_tasks.engine.fsdp.attention import register_attention
+    from areal_tasks.kernels.attention import register_attention
 
     return register_attention(SERVE_ATTN, serve_attention_forward)

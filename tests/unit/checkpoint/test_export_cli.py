@@ -12,9 +12,10 @@ import torch
 
 from areal_tasks.checkpoint.state import TrainerState
 from areal_tasks.cli import main
+from areal_tasks.engine.module_state import ModuleCheckpointing
 
 
-class HFEngine:
+class HFEngine(ModuleCheckpointing):
     """A single-process engine over a transformers model (optionally LoRA-wrapped with peft)."""
 
     role = "actor"

@@ -1,6 +1,9 @@
-"""A toy engine for checkpoint tests in one process: the engine surface a checkpoint uses (``model``,
-``optimizer``, ``lr_scheduler``, version) over a plain module with a frozen embedding, whose training
-steps draw from the global torch, NumPy and Python RNGs."""
+"""A toy engine for checkpoint tests in one process: the checkpointable role
+(``api/train_engine.py: CheckpointableEngine``: sharded state, engine facts, HF sidecar) over a plain
+module with a frozen embedding, whose training steps draw from the global torch, NumPy and Python
+RNGs. The role comes from the mixin any one-process torch-module engine may use
+(``engine/module_state.py: ModuleCheckpointing``); the module has no HF config, so the sidecar is
+empty."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ import random
 import numpy as np
 import torch
 
+from areal_tasks.engine.module_state import ModuleCheckpointing
 
-class ToyEngine:
-    """The engine surface a checkpoint uses: ``model``, ``optimizer``, ``lr_scheduler``, version."""
+
+class ToyEngine(ModuleCheckpointing):
+    """A toy model (no HF config: an empty sidecar) whose steps draw from the global RNGs."""
 
     role = "actor"
 

@@ -98,3 +98,21 @@ def test_validate_refuses_a_scheduler_that_is_not_built(run, repo_root: Path, ki
     assert code == 2 and out == ""
     assert f"cluster.scheduler: scheduler '{kind}' (planned, not built yet) is not supported" in err
     assert "supported schedulers: local" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "actor.backend=megatron",
+            "actor.backend: training backend 'megatron' is not built; built training backends: fsdp",
+        ),
+        ("allocation=embedded:d1+archon:d2", "training backend 'archon' (component 'archon:d2') is not built"),
+        ("allocation=embedded:d1+fsdp:d2p2", "fsdp runs d (data), t (tensor) and c (context)"),
+        ("allocation=embedded:d1+fsdp:d2e2", "fsdp runs d (data), t (tensor) and c (context)"),
+    ],
+)
+def test_validate_refuses_what_is_not_built_with_exit_2(run, override: str, expected: str) -> None:
+    code, out, err = run("config", "validate", "configs/base.yaml", override)
+    assert code == 2 and out == ""
+    assert expected in err

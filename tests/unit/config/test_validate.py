@@ -36,6 +36,25 @@ CASES: list[tuple[list[str], str]] = [
     ),
     (["allocation=embedded:d1+fsdp:d3"], "allocation: the actor's data-parallel size d3 must divide"),
     (["allocation=fsdp:d1"], "allocation: 'fsdp:d1' has no inference component"),
+    # training backends and dims that are not built (the engine registry's)
+    (
+        ["actor.backend=megatron"],
+        "actor.backend: training backend 'megatron' is not built; built training backends: fsdp",
+    ),
+    (
+        ["algorithm.kl_coef=0.1", "ref.backend=archon"],
+        "ref.backend: training backend 'archon' is not built; built training backends: fsdp",
+    ),
+    (
+        ["allocation=embedded:d1+archon:d2"],
+        "allocation: training backend 'archon' (component 'archon:d2') is not built; built training backends: fsdp",
+    ),
+    (["allocation=embedded:d1+fsdp:d2p2"], "fsdp runs d (data), t (tensor) and c (context)"),
+    (["allocation=embedded:d1+fsdp:d2e2"], "fsdp runs d (data), t (tensor) and c (context)"),
+    (
+        ["allocation=embedded[rollout]:d1+fsdp[actor]:d2+fsdp[ref]:d1", "algorithm.kl_coef=0.1", "ref.backend=fsdp"],
+        "allocation: the ref component 'fsdp[ref]:d1' spans 1 ranks, but the trainer runs every engine on the actor's",
+    ),
     (["allocation=embedded:d1"], "allocation: 'embedded:d1' has no training component"),
     (
         [
@@ -255,3 +274,22 @@ def test_colocation_with_disk_updates_and_on_cpu_is_valid() -> None:
                 None, ["allocation=embedded[rollout]:d1|fsdp[actor]:d1", "rollout.weight_update=shared", *cpu_or_gpu]
             )
         )
+
+
+def test_dims_the_built_backend_does_not_run_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_tasks.engine import registry
+
+    monkeypatch.setitem(registry._DIMS, "fsdp", "d")  # as if fsdp ran data parallel only
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["allocation=embedded:d1+fsdp:d1t2c2"])
+    assert "allocation: training backend 'fsdp' does not run t2, c2 (component 'fsdp:t2c2'); it runs d (data)" in str(
+        info.value
+    )
+
+
+def test_a_backend_the_allocation_names_but_not_the_actor_is_refused_on_both() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["allocation=embedded:d1+megatron:d2", "cluster.gpus_per_node=4"])
+    message = str(info.value)
+    assert "allocation: training backend 'megatron' (component 'megatron:d2') is not built" in message
+    assert "actor.backend: must match the allocation's training backend 'megatron'" in message

@@ -143,7 +143,7 @@ def test_weight_specs_match_the_published_tensors(tiny_qwen2, lora: bool, tied: 
 
     from areal_tasks.config.engine import LoRAConfig
     from areal_tasks.engine.fsdp.export import iter_hf_meta, iter_hf_tensors
-    from areal_tasks.engine.fsdp.lora import apply_lora
+    from areal_tasks.models.lora import apply_lora
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32, tie_word_embeddings=tied)
     if lora:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.engine.fsdp.attention import VARLEN_ATTN, register_varlen_attention
 from areal_tasks.engine.fsdp.compile import (
     AUTO_BLOCKS_PER_GRAPH,
     blocks_per_graph,
@@ -15,6 +14,7 @@ from areal_tasks.engine.fsdp.compile import (
     resolve_compile_scope,
 )
 from areal_tasks.errors import EngineError
+from areal_tasks.kernels.attention import VARLEN_ATTN, register_varlen_attention
 from areal_tasks.models.compile import decoder_blocks
 
 
@@ -115,7 +115,7 @@ def _block_mask_varlen(
     num_splits=None,
 ):
     """A CPU stand-in with the signature of torch's ``varlen_attn`` (token-major ``[T, H, D]``)."""
-    from areal_tasks.engine.fsdp.attention import block_causal_mask, repeat_heads
+    from areal_tasks.kernels.attention import block_causal_mask, repeat_heads
 
     rep = query.shape[1] // key.shape[1]
     q, k, v = (t.transpose(0, 1)[None] for t in (query, key, value))  # [1, heads, T, D]
@@ -132,7 +132,7 @@ def test_the_varlen_route_traces_as_one_graph_per_block(tiny_qwen2, monkeypatch)
 
     from transformers import AutoModelForCausalLM
 
-    from areal_tasks.engine.fsdp import attention
+    from areal_tasks.kernels import attention
 
     monkeypatch.setattr(attention, "packed_kernel", lambda *args, **kwargs: "varlen")
     monkeypatch.setattr(
@@ -162,8 +162,8 @@ def test_compiling_the_chunk_kernels_gives_the_lm_head_larger_chunks(tiny_qwen2,
     smaller chunks that bound its fp32 temporaries."""
     from transformers import AutoModelForCausalLM
 
-    from areal_tasks.engine.fsdp import lm_head
     from areal_tasks.engine.fsdp.compile import compile_model
+    from areal_tasks.kernels import lm_head
 
     for name in ("forward", "grad", "kind"):  # compile_chunk_kernels swaps them process-wide: restore after
         monkeypatch.setitem(lm_head._kernels, name, lm_head._kernels[name])
@@ -255,7 +255,7 @@ class _Heads(torch.nn.Module):
         self.head_dim, self.static = head_dim, static
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from areal_tasks.engine.fsdp.attention import _static_head_dim
+        from areal_tasks.kernels.attention import _static_head_dim
 
         if self.static:
             _static_head_dim(self)

@@ -19,7 +19,7 @@ from areal_tasks.engine.fsdp.build import resolve_fsdp_wrap
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.export import iter_full_tensors
 from areal_tasks.engine.fsdp.flat_params import FlatParams
-from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+from areal_tasks.engine.parallel.mesh import ParallelDims
 from areal_tasks.errors import EngineError
 
 

@@ -10,7 +10,7 @@ import torch
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
-from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+from areal_tasks.engine.parallel.mesh import ParallelDims
 
 
 def policy_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
@@ -45,7 +45,7 @@ def test_kept_logits_train_like_recomputed_ones(tiny_qwen2, world_of_one, packed
 
 
 def test_auto_keeps_the_logits_of_a_capped_micro_batch_that_fits_the_gpu() -> None:
-    from areal_tasks.engine.fsdp.lm_head import AUTO_KEEP_LOGITS_MAX_FRACTION, auto_keep_logits
+    from areal_tasks.kernels.lm_head import AUTO_KEEP_LOGITS_MAX_FRACTION, auto_keep_logits
 
     h200, rtx = 143_771_000_000, 24_000_000_000
     qwen = {"vocab_size": 151_936, "itemsize": 2}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from areal_tasks.engine.fsdp.forward import ForwardSpec, MicroBatchForward
-from areal_tasks.engine.fsdp.logprobs import align_to_tokens, next_token_labels, next_token_stats
 from areal_tasks.engine.microbatch import position_ids_from_cu_seqlens
+from areal_tasks.kernels.logprobs import align_to_tokens, next_token_labels, next_token_stats
 
 
 def _packed(seed: int = 0, lengths=(5, 1, 9, 3, 12)) -> dict:
@@ -55,7 +55,7 @@ def test_alignment_zeroes_sequence_starts_and_shifts():
 
 
 def test_next_token_stats_chunks_agree_with_a_direct_log_softmax(monkeypatch):
-    import areal_tasks.engine.fsdp.logprobs as lp_mod
+    import areal_tasks.kernels.logprobs as lp_mod
 
     monkeypatch.setattr(lp_mod, "_CHUNK", 3)
     logits = torch.randn(10, 7, generator=torch.Generator().manual_seed(1))
@@ -72,7 +72,7 @@ def test_chunked_head_forward_equals_full_logits_forward(grad_entropy, tiny_mode
     parameter gradients as the full-logits path (temperature != 1, several chunks)."""
     from transformers import AutoModelForCausalLM
 
-    from areal_tasks.engine.fsdp.lm_head import install_chunked_head
+    from areal_tasks.kernels.lm_head import install_chunked_head
 
     path = str(tiny_model_factory("qwen2"))
     plain = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")

@@ -293,7 +293,7 @@ def test_the_engine_sizes_micro_batches_with_room_for_its_shared_weight_buffer()
 
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.fsdp.engine import _micro_batch_spec
-    from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+    from areal_tasks.engine.parallel.mesh import ParallelDims
 
     config = EngineConfig(micro_batch=MicroBatchSpec(memory_budget_gb=60))
     built = SimpleNamespace(hf_config=QWEN2_7B, param_dtype_name="bfloat16", fsdp_wrap="block", lm_head=None)
@@ -311,7 +311,7 @@ def test_kept_logits_cost_one_compute_dtype_row_of_the_vocabulary_a_token() -> N
 
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.fsdp.engine import _micro_batch_spec
-    from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+    from areal_tasks.engine.parallel.mesh import ParallelDims
 
     for ckpt in (False, True):
         plain = estimate_memory(QWEN2_7B, param_dtype="bf16", dp=8, ce_chunk_tokens=1024, gradient_checkpointing=ckpt)

@@ -21,7 +21,7 @@ from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.fsdp.export import iter_full_tensors
 from areal_tasks.engine.fsdp.optim import build_lr_scheduler, build_optimizer
-from areal_tasks.engine.fsdp.parallel_dims import ParallelDims
+from areal_tasks.engine.parallel.mesh import ParallelDims
 
 SEEDS = (1, 2, 3)
 

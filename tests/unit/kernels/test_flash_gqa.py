@@ -1,4 +1,4 @@
-"""The grouped-head flash attention ops (``engine/fsdp/flash_gqa.py``) and when ``varlen_packed``
+"""The grouped-head flash attention ops (``kernels/flash_gqa.py``) and when ``varlen_packed``
 uses them, without a GPU.
 
 On ``meta`` tensors the ops run torch's own flash kernels' shape functions, so the forward and
@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.engine.fsdp import attention
-from areal_tasks.engine.fsdp.flash_gqa import flash_varlen_gqa
 from areal_tasks.errors import EngineError
+from areal_tasks.kernels import attention
+from areal_tasks.kernels.flash_gqa import flash_varlen_gqa
 
 TOKENS, HEADS, KV_HEADS, DIM = 100, 14, 2, 64
 

@@ -10,8 +10,8 @@ from each token's own (per-sequence) position id, so it needs no communication.
 The attention is registered with transformers as ``attn_implementation="areal_ulysses"``; the model
 forward passes ``cu_seq_lens_q`` (global), ``areal_seq_bounds`` and ``areal_sp_group`` through its
 ``**kwargs`` to every attention call; the attention over the full stream is
-:func:`areal_tasks.engine.fsdp.attention.packed_attention`. The per-token scores of the local slice are gathered with
-:func:`gather_sequence`, whose backward keeps only the local slice of the gradient: every rank of
+:func:`areal_tasks.kernels.attention.packed_attention`. The per-token scores of the local slice are
+gathered with :func:`gather_sequence`, whose backward keeps only the local slice of the gradient: every rank of
 the group computes the same loss from the gathered scores, so each rank is responsible for exactly
 its own positions, and the FSDP reduction over ``dp x sp`` sums the partial gradients.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.engine.fsdp.attention import BOUNDS_KWARG, packed_attention, register_attention, repeat_heads
 from areal_tasks.errors import EngineError
+from areal_tasks.kernels.attention import BOUNDS_KWARG, packed_attention, register_attention, repeat_heads
 
 if TYPE_CHECKING:
     import torch

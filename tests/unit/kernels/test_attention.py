@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from areal_tasks.engine.fsdp.attention import packed_attention
+from areal_tasks.kernels.attention import packed_attention
 
 
 def _alone(q, k, v, bounds, window):
@@ -28,7 +28,7 @@ def _alone(q, k, v, bounds, window):
 @pytest.mark.parametrize("kernel", ["per_sequence", "block_mask"])  # CPU's path, CUDA fp32's path
 @pytest.mark.parametrize("window", [None, 3])
 def test_packed_attention_matches_each_sequence_alone(window, kernel, monkeypatch):
-    from areal_tasks.engine.fsdp import attention
+    from areal_tasks.kernels import attention
 
     monkeypatch.setattr(attention, "packed_kernel", lambda *args, **kwargs: kernel)
     gen = torch.Generator().manual_seed(0)
@@ -42,7 +42,7 @@ def test_packed_attention_matches_each_sequence_alone(window, kernel, monkeypatc
 # ------------------------------------------------------------------ the varlen adapter (CPU stand-ins)
 def _reference_varlen(q, k, v, cu, max_q, max_k, *, scale=None, window=(-1, 0), gqa=False):
     """What torch's varlen_attn computes, on ``[T, H, D]`` tensors, through the block mask."""
-    from areal_tasks.engine.fsdp.attention import block_causal_mask, repeat_heads
+    from areal_tasks.kernels.attention import block_causal_mask, repeat_heads
 
     if not gqa:
         assert k.shape[1] == q.shape[1], "the adapter must repeat kv heads when enable_gqa is absent"
@@ -94,7 +94,7 @@ def test_varlen_adapter_matches_each_sequence_alone(api, scaling, window, monkey
     (grouped heads on the old one go to the engine's own op, here a CPU stand-in)."""
     import inspect
 
-    import areal_tasks.engine.fsdp.attention as attn
+    import areal_tasks.kernels.attention as attn
 
     monkeypatch.setattr(attn, "_varlen_api", lambda: (api, frozenset(inspect.signature(api).parameters)))
     monkeypatch.setattr(attn, "_gqa_op", native_gqa)
@@ -127,7 +127,7 @@ def test_varlen_adapter_matches_each_sequence_alone(api, scaling, window, monkey
 
 
 def test_kernel_choice_on_cpu_is_per_sequence():
-    from areal_tasks.engine.fsdp.attention import packed_kernel, varlen_supported
+    from areal_tasks.kernels.attention import packed_kernel, varlen_supported
 
     q = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16)
     assert not varlen_supported(q) and packed_kernel(q) == "per_sequence"
@@ -139,8 +139,8 @@ def test_areal_varlen_model_equals_sdpa_on_packed_input(family, tiny_model_facto
     own packed-sdpa logits; a plain call without bounds is ordinary causal attention."""
     from transformers import AutoModelForCausalLM
 
-    from areal_tasks.engine.fsdp.attention import BOUNDS_KWARG, register_varlen_attention
     from areal_tasks.engine.microbatch import position_ids_from_cu_seqlens
+    from areal_tasks.kernels.attention import BOUNDS_KWARG, register_varlen_attention
 
     path = str(tiny_model_factory(family))
     ours = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register_varlen_attention())

@@ -7,7 +7,7 @@ rank. Classifier dropout is switched off: values must be deterministic.
 
 Alignment: the value at token ``t`` is the head applied to the hidden state at ``t - 1`` (the state
 from which token ``t`` is generated), exactly like log-probabilities; the first token of every
-sequence gets 0 (see :mod:`areal_tasks.engine.fsdp.logprobs`).
+sequence gets 0 (see :mod:`areal_tasks.kernels.logprobs`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """The chunked LM head's soft-max work as Triton kernels (CUDA) that read a chunk's logits once.
 
-:mod:`areal_tasks.engine.fsdp.lm_head` scores ``chunk`` positions at a time: a matmul writes the
-chunk's bf16 logits ``[n, V]`` (0.5 GiB at Qwen2.5's 151,936-token vocabulary and 2**28 logits), then
-element-wise work reduces them to three numbers a row (forward) or turns them into their gradient
-(backward). The work is memory-bound, so its floor is one read of the logits (and one write of the
-gradient). Compiled by Inductor with dynamic shapes, the forward reduction took 0.66 ms a chunk and
-the backward 0.84 ms on an H200 (0.8 and 1.2 TB/s): the reduction makes several passes over each
-row, and every index is computed from a symbolic vocabulary size.
+:mod:`areal_tasks.kernels.lm_head` scores ``chunk`` positions at a time: a matmul writes the
+chunk's bf16 logits ``[n, V]``, then element-wise work reduces them to three numbers a row
+(forward) or turns them into their gradient (backward). The work is memory-bound, so its floor is
+one read of the logits (and one write of the gradient). Compiled by Inductor with dynamic shapes,
+the reduction makes several passes over each row, and every index is computed from a symbolic
+vocabulary size (figures: ``docs/benchmarks.md``).
 
 - :func:`forward_stats`: programs over ``(row, 32K columns of it)`` stream their columns once with
   an *online* soft-max: a running maximum ``m``, ``s = sum exp(z - m)`` and
   ``w = sum exp(z - m) (z - m)``, rescaled once a block when the maximum grows; a second
   small kernel folds a row's parts into ``log Z = M + log S``, the entropy ``log S - W / S`` (every
   term taken about the maximum, so logits far from zero lose no precision) and the label's
-  log-prob from a single load of its logit. (One program a whole row kept too few loads in flight:
-  1.3 TB/s.)
+  log-prob from a single load of its logit. (One program a whole row kept too few loads in flight.)
 - :func:`logit_grad`: programs over ``(row, block of the vocabulary)`` write ``dL/dz`` in the
   logits' dtype: ``g_logprob (onehot - p) - g_entropy p (z - log Z + H)``, over the temperature.
 

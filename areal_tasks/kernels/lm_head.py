@@ -1,21 +1,22 @@
 """Chunked fused LM head: per-token log-probs (and entropies) without the logits of a micro-batch.
 
-The plain path computes ``logits = hidden @ W^T`` for the whole micro-batch (bf16 ``[16384, 151936]``
-is 5 GB for Qwen2.5) and then scores it; autograd keeps the logits and fp32 chunks of them for the
-backward. :func:`chunked_next_token_stats` instead runs, for ``chunk`` positions at a time, the
-matmul, the fp32 log-sum-exp, the gather of the label's logit and the entropy, and keeps only
-``[N]`` vectors (log-sum-exp, entropy) for the backward, which recomputes each chunk's logits
-(:class:`_ChunkedStats`, a custom autograd function). The element-wise work on a chunk's logits
-lives in two pure functions (:func:`chunk_forward_stats`, :func:`chunk_logit_grad`); on CUDA the
-engine swaps in faster versions (:func:`compile_chunk_kernels`): two Triton kernels that read each
-chunk's bf16 logits once (``lm_head_kernels.py``), or the pure functions fused by ``torch.compile``,
-instead of writing and re-reading fp32 copies per operation, which profiling showed to cost more
-than the matmuls at Qwen's 151,936-token vocabulary. Eager, a chunk's peak extra memory is
-a few fp32 ``chunk x vocab`` temporaries (``CHUNK_ELEMENTS`` bounds one to 512 MiB). The weight
-gradient is accumulated in fp32 and rounded once, like the single matmul of the plain path.
+The plain path computes ``logits = hidden @ W^T`` for the whole micro-batch (``tokens x vocabulary``
+in the compute dtype: gigabytes at a 150K-token vocabulary) and then scores it; autograd keeps the
+logits and fp32 chunks of them for the backward. :func:`chunked_next_token_stats` instead runs, for
+``chunk`` positions at a time, the matmul, the fp32 log-sum-exp, the gather of the label's logit and
+the entropy, and keeps only ``[N]`` vectors (log-sum-exp, entropy) for the backward, which
+recomputes each chunk's logits (:class:`_ChunkedStats`, a custom autograd function). The
+element-wise work on a chunk's logits lives in two pure functions (:func:`chunk_forward_stats`,
+:func:`chunk_logit_grad`); on CUDA the engine swaps in faster versions
+(:func:`compile_chunk_kernels`): two Triton kernels that read each chunk's bf16 logits once
+(``lm_head_kernels.py``), or the pure functions fused by ``torch.compile``, instead of writing and
+re-reading fp32 copies per operation, which profiling showed to cost more than the matmuls at large
+vocabularies. Eager, a chunk's peak extra memory is a few fp32 ``chunk x vocab`` temporaries
+(``CHUNK_ELEMENTS`` bounds one to 512 MiB). The weight gradient is accumulated in fp32 and rounded
+once, like the single matmul of the plain path.
 
 FSDP2: the head's weight is a parameter of the root FSDP module (with the embeddings and the final
-norm; tied to the input embeddings for Qwen2.5-0.5B), which is unsharded only inside the root's
+norm; tied to the input embeddings in some models), which is unsharded only inside the root's
 forward. So the scoring happens *inside* the model's forward: :func:`install_chunked_head`
 replaces the model's ``lm_head`` ``nn.Linear`` by :class:`ChunkedLMHead`, which holds the very same
 parameter objects (ties, state-dict keys, checkpoints and weight export are unchanged) and behaves
@@ -24,7 +25,7 @@ as the plain linear layer unless :meth:`ChunkedLMHead.scoring` is active; then t
 
 Where it applies: the causal LMs whose forward is exactly ``logits = lm_head(hidden)`` (the families
 in :data:`PLAIN_HEAD_FAMILIES`; others may scale or soft-cap logits after the head, and keep the
-plain path). Tensor parallelism keeps the LM head replicated (``tensor_parallel.py``), so the
+plain path). Tensor parallelism keeps the LM head replicated (``engine/parallel/tensor_parallel.py``), so the
 chunked head works with ``tp > 1`` unchanged. Not for the critic (its head has one output), nor
 when LoRA targets the LM head (peft would have to wrap it).
 """
@@ -156,12 +157,12 @@ def compile_chunk_kernels(triton: bool | None = None) -> str:
     """Use fast chunk kernels from now on (once per process; idempotent); returns which.
 
     ``triton`` (default: where Triton imports and CUDA is present): the hand-written kernels of
-    :mod:`~areal_tasks.engine.fsdp.lm_head_kernels` for CUDA logits, each reading a chunk once.
+    :mod:`~areal_tasks.kernels.lm_head_kernels` for CUDA logits, each reading a chunk once.
     Otherwise, or for logits on another device, the pure functions above through ``torch.compile``,
     with dynamic shapes (the last chunk of a micro-batch is shorter, and one compiled kernel serves
     both).
     """
-    from areal_tasks.engine.fsdp import lm_head_kernels
+    from areal_tasks.kernels import lm_head_kernels
 
     use_triton = lm_head_kernels.kernels_available() if triton is None else triton
     if use_triton and not lm_head_kernels.kernels_available():
@@ -372,7 +373,7 @@ def chunked_next_token_stats(
     """``log p(labels[t] | hidden[t] @ W^T / temperature)`` and optionally the entropy at each position.
 
     ``hidden`` ``[N, H]``, ``weight`` ``[V, H]`` (the LM head), ``labels`` ``[N]``; results are fp32
-    ``[N]``. Equal to :func:`areal_tasks.engine.fsdp.logprobs.next_token_stats` of the full logits,
+    ``[N]``. Equal to :func:`areal_tasks.kernels.logprobs.next_token_stats` of the full logits,
     gradients included (the entropy's only with ``entropy_grad``; it is detached otherwise), with
     ``chunk`` positions' logits alive at a time (default :func:`default_chunk_size`).
     ``keep_logits``: with gradients enabled, compute the logits (``N x V`` in the compute dtype) with

@@ -3,11 +3,10 @@ flash kernels (``aten::_flash_attention_forward`` / ``_backward``).
 
 torch's flash kernels map each group of query heads onto its key/value head themselves, but
 ``torch.nn.attention.varlen.varlen_attn`` takes no ``enable_gqa`` before torch 2.12, so the engine
-used to repeat the key/value heads up to the query heads first. On one H200 (Qwen2.5-0.5B shape:
-14 query and 2 key/value heads, head dimension 64, the train benchmark's long-tail micro-batch of
-16K tokens, bf16, torch 2.11; ``benchmarks/varlen_attention.py``) handing the kernels the grouped
-heads as they are took forward + backward from 0.945 to 0.678 ms: no repeated copies forward, no
-sum over the copies backward, and seven times less key/value memory for the kernels to read.
+used to repeat the key/value heads up to the query heads first. Handing the kernels the grouped
+heads as they are saves the repeated copies forward, the sum over the copies backward, and most of
+the key/value memory the kernels read (``benchmarks/varlen_attention.py``; figures in
+``docs/benchmarks.md``).
 
 The ops are opaque to ``torch.compile`` (a fake implementation gives their output shapes), so a
 compiled decoder block calls the kernels directly. Dropout and sliding windows are not handled

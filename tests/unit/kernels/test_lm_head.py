@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.engine.fsdp.lm_head import (
+from areal_tasks.errors import EngineError
+from areal_tasks.kernels.lm_head import (
     ChunkedLMHead,
     chunked_next_token_stats,
     default_chunk_size,
     install_chunked_head,
 )
-from areal_tasks.engine.fsdp.logprobs import next_token_stats
-from areal_tasks.errors import EngineError
+from areal_tasks.kernels.logprobs import next_token_stats
 
 N, H, V = 23, 8, 37
 
@@ -158,7 +158,7 @@ def test_installed_head_in_a_model(family, tiny_model_factory):
 def test_unsupported_models_keep_the_plain_head(tiny_model_factory):
     from transformers import AutoModelForCausalLM
 
-    from areal_tasks.engine.fsdp.lm_head import chunked_head_unsupported_reason
+    from areal_tasks.kernels.lm_head import chunked_head_unsupported_reason
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_factory("qwen2")))
     assert "LoRA" in chunked_head_unsupported_reason(model, ["q_proj", "lm_head"])

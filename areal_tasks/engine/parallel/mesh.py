@@ -1,4 +1,4 @@
-"""The dp x sp x tp device mesh of the FSDP2 engine.
+"""The dp x sp x tp device mesh of a train engine (the FSDP2 engine builds its shards on it).
 
 Ranks are laid out row-major over ``(dp, sp, tp)``: tensor-parallel peers are adjacent (on one node,
 over NVLink), sequence-parallel peers next, data-parallel replicas outermost. Parameters are sharded

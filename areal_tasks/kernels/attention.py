@@ -17,17 +17,17 @@ Without sequence parallelism the engine registers :func:`varlen_attention_forwar
 as ``attn_implementation="areal_varlen"`` (the default on CPU, and on CUDA when flash-attn is absent,
 see ``build.py``): it reads the sequence bounds that ``forward.py`` passes through the model kwargs
 (``cu_seq_lens_q``, ``max_length_q``, ``areal_seq_bounds``) and calls ``packed_attention``.
-transformers' own ``sdpa`` would build the same ``T x T`` mask from the position ids; measured on one
-H200 (Qwen2.5-0.5B shape, 16K-token micro-batches, long-tail lengths, torch 2.11) the block-mask
-SDPA step took 2.0 s and dominated the step. The engine's attentions register no mask builder, so
+transformers' own ``sdpa`` would build the same ``T x T`` mask from the position ids, whose
+block-mask SDPA dominated a training step on long micro-batches (figures: ``docs/benchmarks.md``).
+The engine's attentions register no mask builder, so
 transformers skips its mask preparation (and the packed-sequence check that reads a device value
 back to the host) entirely.
 
 The varlen API changed between torch releases (2.10: ``is_causal``; later: ``window_size``,
 ``scale``, ``enable_gqa``), so :func:`varlen_packed` inspects the signature once and adapts:
 without ``scale`` the query is pre-scaled, without ``enable_gqa`` grouped key/value heads go to
-torch's flash kernels through the engine's own custom op (``flash_gqa.py``; 28% faster forward +
-backward than repeating the heads on one H200; a sliding window still repeats them), and without
+torch's flash kernels through the engine's own custom op (``flash_gqa.py``: no repeated copies
+of the key/value heads; a sliding window still repeats them), and without
 ``window_size`` sliding-window layers use the block mask.
 """
 
@@ -119,7 +119,7 @@ def _native_gqa() -> Callable[..., Any]:
     """:func:`flash_gqa.flash_varlen_gqa` (imported once: importing it registers its custom ops)."""
     global _gqa_op
     if _gqa_op is _UNPROBED:
-        from areal_tasks.engine.fsdp.flash_gqa import flash_varlen_gqa
+        from areal_tasks.kernels.flash_gqa import flash_varlen_gqa
 
         _gqa_op = flash_varlen_gqa
     return _gqa_op
