@@ -41,21 +41,22 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import EngineError
+from areal_tasks.models.families import FAMILIES
+from areal_tasks.models.memory import CE_CHUNK_ELEMENTS, chunk_rows
 
 logger = logging.getLogger(__name__)
 
-#: model types whose causal-LM forward is ``logits = self.lm_head(hidden_states)`` with nothing after.
-PLAIN_HEAD_FAMILIES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+#: model types whose causal-LM forward is ``logits = self.lm_head(hidden_states)`` with nothing after
+#: (the model kit's ``FamilyTraits.plain_lm_head``).
+PLAIN_HEAD_FAMILIES = tuple(name for name, family in FAMILIES.items() if family.plain_lm_head)
 
-#: target size of one chunk's ``[chunk, vocab]`` score matrix (elements); 2**27 fp32 is 512 MiB.
-CHUNK_ELEMENTS = 2**27
+#: target size of one chunk's ``[chunk, vocab]`` score matrix (elements): the memory estimate's.
+CHUNK_ELEMENTS = CE_CHUNK_ELEMENTS
 #: the same with the chunk kernels compiled (no fp32 copies of a chunk: its bf16 logits and their
 #: gradient, 0.5 GiB each at 2**28). Measured on an H200 at Qwen2.5's vocabulary, 16K positions
 #: (``benchmarks/lm_head_chunks.py``): forward+backward 53.3 ms at 2**27, 44.7 ms at 2**28 (+0.8 GiB
 #: peak), 42.9 ms at 2**29 (+2.3 GiB): more rows per chunk keep more SMs busy in the row reductions.
 COMPILED_CHUNK_ELEMENTS = 2**28
-#: chunk sizes are rounded down to a multiple of this (and never below it).
-_CHUNK_ALIGN = 64
 
 
 #: ``EngineConfig.lm_head_keep_logits=auto`` keeps a micro-batch's logits when, at the token cap,
@@ -75,8 +76,7 @@ def auto_keep_logits(*, token_cap: int | None, vocab_size: int, itemsize: int, d
 
 def default_chunk_size(vocab_size: int, total_elements: int = CHUNK_ELEMENTS) -> int:
     """Positions per chunk so that ``chunk x vocab`` stays near ``total_elements``."""
-    rows = max(_CHUNK_ALIGN, total_elements // max(vocab_size, 1))
-    return rows // _CHUNK_ALIGN * _CHUNK_ALIGN
+    return chunk_rows(vocab_size, total_elements)
 
 
 def chunk_forward_stats(

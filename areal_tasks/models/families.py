@@ -32,7 +32,7 @@ class FamilyTraits:
     ``vision_type``: for vision-language families, which vision tower counter applies.
     ``plain_lm_head``: the causal-LM forward is ``logits = lm_head(hidden_states)`` with nothing
     after (no soft-capping or scaling), so the FSDP engine can fuse the head with the log-probs in
-    chunks (its ``PLAIN_HEAD_FAMILIES``; a unit test keeps the two equal).
+    chunks (its ``PLAIN_HEAD_FAMILIES`` is read from this flag).
     """
 
     attention: str = "mha"

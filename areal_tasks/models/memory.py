@@ -350,15 +350,24 @@ INFERENCE_WEIGHT_SHARE = 0.6
 #: training-state bytes per parameter with AdamW: bf16 params and grads + fp32 master and two
 #: moments (2 + 2 + 12), or fp32 params and grads + two moments (4 + 4 + 8).
 TRAIN_STATE_BYTES = 16
-#: logits one cross-entropy chunk holds (``chunk x vocabulary``): the FSDP engine's chunked LM head
-#: targets this many (``CHUNK_ELEMENTS`` in its module; a unit test keeps the two equal).
+#: logits one cross-entropy chunk holds (``chunk x vocabulary``): the chunked LM head
+#: (``kernels/lm_head.py``) and this estimate both size their chunks from it; 2**27 fp32 is 512 MiB.
 CE_CHUNK_ELEMENTS = 2**27
+#: chunk sizes are rounded down to a multiple of this (and never below it).
+CE_CHUNK_ALIGN = 64
+
+
+def chunk_rows(vocab_size: int, total_elements: int = CE_CHUNK_ELEMENTS) -> int:
+    """Positions per cross-entropy chunk so that ``chunk x vocab`` stays near ``total_elements``
+    (a multiple of :data:`CE_CHUNK_ALIGN`, at least one)."""
+    rows = max(CE_CHUNK_ALIGN, total_elements // max(vocab_size, 1))
+    return rows // CE_CHUNK_ALIGN * CE_CHUNK_ALIGN
 
 
 def planning_chunk_tokens(vocab_size: int, tokens_per_gpu: int | None = None) -> int:
-    """Tokens per cross-entropy chunk the layout plans with: the engine's chunk (a multiple of 64,
-    at least 64), or the whole micro-batch when that is smaller."""
-    chunk = max(64, CE_CHUNK_ELEMENTS // max(vocab_size, 1)) // 64 * 64
+    """Tokens per cross-entropy chunk the layout plans with: the engine's chunk, or the whole
+    micro-batch when that is smaller."""
+    chunk = chunk_rows(vocab_size)
     return chunk if tokens_per_gpu is None else max(1, min(chunk, tokens_per_gpu))
 
 

@@ -94,7 +94,8 @@ def test_inference_weights_are_bf16_over_tp() -> None:
 def test_the_chunked_head_facts_equal_the_engines() -> None:
     """The layout plans the chunked cross-entropy for the families whose head the engine chunks,
     with the engine's chunk size."""
-    lm_head = pytest.importorskip("areal_tasks.engine.fsdp.lm_head")
+    from areal_tasks.kernels import lm_head
+
     assert mem.CE_CHUNK_ELEMENTS == lm_head.CHUNK_ELEMENTS
     assert {family for family in FAMILIES if traits(family).plain_lm_head} == set(lm_head.PLAIN_HEAD_FAMILIES)
     for vocab in (32, 32000, 151936, 256000):
