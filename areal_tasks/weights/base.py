@@ -142,6 +142,11 @@ class ServedWeights:
 class WeightReceiver(ABC):
     """A server's end of one transport (see the module doc); one per server process."""
 
+    def open(self, meta: WeightUpdateMeta, rank: int) -> None:  # noqa: B027 - optional hook
+        """Get ready to receive ``meta``'s updates as server rank ``rank`` (``1 + i * ranks per
+        server`` for the client's server ``i``): the collective transport joins the group, once.
+        Default: nothing (a disk or shared load needs no setup)."""
+
     @abstractmethod
     def receive(self, load: WeightLoad, served: ServedWeights | None = None) -> dict[str, torch.Tensor]:
         """The tensors of ``load`` on this receiver's device, staged; checked against ``served``

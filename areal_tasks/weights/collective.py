@@ -284,6 +284,16 @@ class CollectiveReceiver(WeightReceiver):
         self.groups[group_name] = group
         return group
 
+    def open(self, meta: WeightUpdateMeta, rank: int) -> None:
+        """Join ``meta``'s group as ``rank`` unless joined already (what the client's
+        ``/init_weights_update_group`` makes a server do)."""
+        if meta.group_name not in self.groups:
+            if meta.master_addr is None or meta.master_port is None or meta.world_size is None:
+                raise WeightTransportError(f"a {meta.type!r} update names no weight-update group to join")
+            self.join(
+                meta.master_addr, meta.master_port, rank, meta.world_size, meta.group_name, meta.backend, meta.timeout_s
+            )
+
     def leave(self, group_name: str, timeout_s: float | None = None) -> bool | None:
         """Leave ``group_name`` (bounded; see :meth:`WeightGroup.destroy`): True when destroyed
         cleanly, False when aborted after the bound, None when no such group was joined."""
