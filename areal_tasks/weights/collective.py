@@ -29,12 +29,13 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import WeightTransportError
 from areal_tasks.weights.base import (
+    PublishContext,
     ServedWeights,
     WeightLoad,
     WeightReceiver,
@@ -49,6 +50,7 @@ from areal_tasks.weights.group import WeightGroup, join_as_server, join_as_train
 if TYPE_CHECKING:
     import torch
 
+    from areal_tasks.api.weights import WeightSource
     from areal_tasks.config.allocation import AllocationMode
     from areal_tasks.config.job import JobConfig
 
@@ -147,8 +149,8 @@ class CollectiveTransport(WeightTransport):
     name: ClassVar[str] = "collective"
     sends_while_paused: ClassVar[bool] = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, source: WeightSource, context: PublishContext) -> None:
+        super().__init__(source, context)
         #: the run's group rendezvous port and server count, agreed by every rank at the first plan
         self._port: int | None = None
         self._n_servers = 0

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import WeightTransportError
 from areal_tasks.weights.base import (
+    PublishContext,
     ServedWeights,
     WeightLoad,
     WeightReceiver,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from areal_tasks.api.inference import ParamSpec
+    from areal_tasks.api.weights import WeightSource
     from areal_tasks.config.allocation import AllocationMode
     from areal_tasks.config.job import JobConfig
 
@@ -57,8 +59,8 @@ class SharedTransport(WeightTransport):
     name: ClassVar[str] = "shared"
     keeps_publish_buffer: ClassVar[bool] = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, source: WeightSource, context: PublishContext) -> None:
+        super().__init__(source, context)
         #: this rank's buffer (None on a CPU rank other than 0), and every rank's description of theirs
         self._buffer: SharedWeightBuffer | None = None
         self._descriptions: tuple[dict[str, Any], ...] = ()
