@@ -22,9 +22,10 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from areal_tasks.api.run_dir import RunPaths
+from areal_tasks.api.weights import WeightSource
 from areal_tasks.trainer.collectives import barrier
 from areal_tasks.weights.base import PublishContext
 from areal_tasks.weights.registry import build_transport
@@ -32,7 +33,6 @@ from areal_tasks.weights.registry import build_transport
 if TYPE_CHECKING:
     from areal_tasks.api.inference import ParamSpec
     from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.api.weights import WeightSource
     from areal_tasks.config.job import JobConfig
     from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rollout_process import RolloutProcess
@@ -40,11 +40,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class PublishedActor(WeightSource, Protocol):
+    """The actor as the publisher uses it: a weight source whose policy version it sets."""
+
+    def set_version(self, version: int) -> None:
+        """Set the policy version of the current weights."""
+        ...
+
+
 class WeightPublisher:
     """Step 3 of the loop: new weights from the actor to the servers, through the configured transport."""
 
     def __init__(
-        self, cfg: JobConfig, actor: WeightSource, side: RolloutSide | RolloutProcess | None, run_dir: Path
+        self, cfg: JobConfig, actor: PublishedActor, side: RolloutSide | RolloutProcess | None, run_dir: Path
     ) -> None:
         self.cfg, self.actor, self.side = cfg, actor, side
         context = PublishContext(
