@@ -61,6 +61,11 @@ class EngineError(AReaLError):
     """A train engine cannot be built, cannot run a batch, or cannot save/load/export weights."""
 
 
+class WeightTransportError(AReaLError):
+    """A weight update cannot be planned, sent or received: a tensor stream, bucket or shared buffer
+    that does not match its plan or the served model, or a weight-update group that cannot be used."""
+
+
 class InferenceError(AReaLError):
     """An inference server or the client that talks to it failed."""
 

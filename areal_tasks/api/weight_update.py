@@ -11,7 +11,7 @@ A :class:`WeightUpdateMeta` says which policy version is being published and how
 * ``shared``: trainer and servers on one host (colocated): every trainer rank packs the weights
   into a buffer it keeps for the run (on its GPU, opened by the servers through CUDA IPC; on CPU a
   shared-memory file) and a server copies from the buffer on its own device. ``shared_buffers``
-  describes them (:mod:`areal_tasks.engine.weights.shared`); the trainer fills it in once the
+  describes them (:mod:`areal_tasks.weights.shared_buffer`); the trainer fills it in once the
   buffers exist, so a record without it is valid only on the trainer's side.
 
 The same type is built by the trainer and consumed by the inference side, so it is torch-free and
@@ -60,7 +60,7 @@ class WeightUpdateMeta:
     bucket_bytes: int = _DEFAULT_BUCKET_BYTES
     #: seconds a member waits for the others (rendezvous and each collective).
     timeout_s: float = 300.0
-    #: shared: one JSON description per trainer rank's buffer (``engine/weights/shared.py``).
+    #: shared: one JSON description per trainer rank's buffer (``weights/shared_buffer.py``).
     shared_buffers: tuple[dict[str, Any], ...] = ()
     #: format version of this record.
     wire_version: int = WEIGHT_UPDATE_WIRE_VERSION

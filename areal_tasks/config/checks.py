@@ -21,6 +21,7 @@ from areal_tasks.config.sections import (
     TrackingConfig,
     TrainConfig,
 )
+from areal_tasks.weights.registry import WEIGHT_TRANSPORTS
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,11 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
             p.add(f"rollout.sampling.stop[{i}]", "stop strings must be non-empty")
     for i, token in enumerate(s.stop_token_ids):
         p.number(f"rollout.sampling.stop_token_ids[{i}]", token, low=0)
+    if rollout.weight_update not in WEIGHT_TRANSPORTS:
+        p.add(
+            "rollout.weight_update",
+            f"unknown mode {rollout.weight_update!r}; {WEIGHT_TRANSPORTS.hint(rollout.weight_update)}",
+        )
     srv = rollout.server
     p.non_empty("rollout.server.python", srv.python, optional=True)
     p.number("rollout.server.mem_fraction", srv.mem_fraction, low=0, high=1, low_open=True)

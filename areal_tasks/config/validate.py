@@ -25,6 +25,7 @@ from areal_tasks.config.checks import (
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
 from areal_tasks.errors import AllocationError, ConfigError
+from areal_tasks.weights.registry import WEIGHT_TRANSPORTS, transport_class
 
 logger = logging.getLogger(__name__)
 
@@ -219,34 +220,9 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
                 f"the {role}'s data-parallel size d{dp} must divide train.batch_size / "
                 f"{role}.ppo_n_minibatches = {batch // n_mini}",
             )
-    if alloc.actor_shares_inference_gpus() and cluster.gpus_per_node > 0 and cfg.rollout.weight_update == "collective":
-        p.add(
-            "rollout.weight_update",
-            f"'collective' cannot reach servers on the trainer's own GPUs: in "
-            f"{cfg.allocation!r} the actor shares them with the inference servers ('|'), and NCCL does not "
-            "connect two processes on one GPU; set rollout.weight_update=shared (or disk), or give each its "
-            "own GPUs with '+'",
-        )
-    if cfg.rollout.weight_update == "shared":
-        if cfg.rollout.backend != "embedded":
-            p.add(
-                "rollout.weight_update",
-                f"'shared' needs the embedded inference server; {cfg.rollout.backend!r} "
-                "servers cannot read the trainer's buffers: use disk or collective",
-            )
-        elif cluster.gpus_per_node > 0 and not alloc.actor_shares_inference_gpus():
-            p.add(
-                "rollout.weight_update",
-                f"'shared' reads the trainer's buffers on its own GPUs, but in "
-                f"{cfg.allocation!r} the servers have GPUs of their own ('+'); colocate them with '|', or set "
-                "rollout.weight_update=collective",
-            )
-        elif cluster.gpus_per_node == 0 and cluster.nodes > 1:
-            p.add(
-                "rollout.weight_update",
-                f"'shared' on CPU reads one file on the trainer's host, but "
-                f"cluster.nodes is {cluster.nodes}; set rollout.weight_update=disk or collective",
-            )
+    if cfg.rollout.weight_update in WEIGHT_TRANSPORTS:  # an unknown mode is check_rollout's problem
+        for field, problem in transport_class(cfg.rollout.weight_update).placement_problems(cfg, alloc):
+            p.add(field, problem)
     if cluster.gpus_per_node == 0:
         gpu_only = gpu_only_backends()
         for comp in alloc.components:

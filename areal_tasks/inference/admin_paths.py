@@ -28,7 +28,7 @@ SGLANG_ADMIN_PATHS: frozenset[str] = frozenset(
 
 #: the embedded server's extensions of the protocol: pause, load and resume in one request ...
 SWAP_WEIGHTS_PATH = "/areal/swap_weights"
-#: ... and a load from the trainer's shared-memory buffers (``engine/weights/shared.py``).
+#: ... and a load from the trainer's shared-memory buffers (``areal_tasks/weights/shared.py``).
 SHARED_WEIGHTS_PATH = "/areal/update_weights_from_shared"
 
 #: what the embedded server guards: SGLang's admin endpoints plus its own extensions.

@@ -66,13 +66,17 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, Tra
     """The actor, and the reference and critic engines when the algorithm needs them (initialised)."""
     from areal_tasks.algo import build_algorithm
     from areal_tasks.engine.registry import build_engine
+    from areal_tasks.weights.registry import transport_class
 
     algorithm = build_algorithm(cfg.algorithm)
     layouts = engine_layouts(cfg)
     common: dict[str, Any] = {"total_steps": n_steps, "seed": cfg.experiment.seed}
     temperature = logprob_temperature(cfg)
-    # the FSDP engine sizes its micro-batches leaving room for the shared publish buffer
-    actor_options = {"shared_weight_buffer": True} if cfg.rollout.weight_update == "shared" else {}
+    # a transport that keeps a copy of the published weights on the trainer's device (shared
+    # memory): the engine sizes its micro-batches leaving room for it
+    actor_options = (
+        {"shared_weight_buffer": True} if transport_class(cfg.rollout.weight_update).keeps_publish_buffer else {}
+    )
     engines = {
         "actor": build_engine(
             "actor",

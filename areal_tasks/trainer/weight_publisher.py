@@ -1,53 +1,65 @@
-"""Step 3 of the RL loop: the actor's new weights to the inference servers, as ``rollout.weight_update`` says.
+"""Step 3 of the RL loop: the actor's new weights to the inference servers, through one transport.
 
-``disk`` writes sharded safetensors (rank 0) *before* pausing, then rank 0 pauses the servers,
-loads, bumps the version and resumes: the servers stop only for the load. ``collective`` pauses,
-broadcasts the buckets from rank 0 while the client has every server receive them, and resumes.
-``shared`` packs the weights into the trainer's shared buffers *before* pausing; paused, each server
-copies them from the buffer on its device. With ``rollout.pause_mode=abort`` (the default)
-in-flight requests are aborted by the pause and resubmitted with their partial output (partial
-rollout); ``in_place`` keeps them, with their KV cache, on the servers.
+The transport is chosen once, from ``rollout.weight_update`` (``areal_tasks.weights.registry``),
+and owns what the mode keeps between updates; this module runs the sequence every mode shares:
+the work that needs no server first (the servers still generate), then rank 0 pauses the servers,
+has them load, sets the version and resumes, in one executor call; a transport whose servers
+receive while the trainer sends (``collective``: the broadcast) sends meanwhile. ``disk`` writes
+sharded safetensors before the pause and prunes old directories after it; ``shared`` packs the
+trainer's buffers before the pause; ``collective`` packs ahead where the weights fit one bucket.
+With ``rollout.pause_mode=abort`` (the default) in-flight requests are aborted by the pause and
+resubmitted with their partial output (partial rollout); ``in_place`` keeps them, with their KV
+cache, on the servers.
 
-:meth:`WeightPublisher.close` tears the collective group down before the engines are destroyed:
-the servers leave it (``/destroy_weights_update_group``) while rank 0 destroys its side, both
-bounded, so neither waits forever for a peer that never leaves.
+:meth:`WeightPublisher.close` tears the transport down before the engines are destroyed: where
+the servers joined a group, they leave it (``/destroy_weights_update_group``) while the trainer
+ranks destroy their side, both bounded, so neither waits forever for a peer that never leaves.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from areal_tasks.api.run_dir import RunPaths
-from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.trainer.collectives import barrier, broadcast_int, rank
+from areal_tasks.api.weights import WeightSource
+from areal_tasks.trainer.collectives import barrier
+from areal_tasks.weights.base import PublishContext
+from areal_tasks.weights.registry import build_transport
 
 if TYPE_CHECKING:
+    from areal_tasks.api.inference import ParamSpec
+    from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.engine.fsdp.engine import FSDPEngine
     from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
 
-#: weight-update directories kept on disk (the newest ones).
-KEEP_WEIGHT_DIRS = 2
+
+class PublishedActor(WeightSource, Protocol):
+    """The actor as the publisher uses it: a weight source whose policy version it sets."""
+
+    def set_version(self, version: int) -> None:
+        """Set the policy version of the current weights."""
+        ...
 
 
 class WeightPublisher:
-    """Step 3 of the loop: new weights from the actor to the servers, as ``rollout.weight_update`` says."""
+    """Step 3 of the loop: new weights from the actor to the servers, through the configured transport."""
 
     def __init__(
-        self, cfg: JobConfig, actor: FSDPEngine, side: RolloutSide | RolloutProcess | None, run_dir: Path
+        self, cfg: JobConfig, actor: PublishedActor, side: RolloutSide | RolloutProcess | None, run_dir: Path
     ) -> None:
         self.cfg, self.actor, self.side = cfg, actor, side
-        self.root = RunPaths.of(run_dir).weights
-        self._collective_port: int | None = None
+        context = PublishContext(
+            weights_dir=RunPaths.of(run_dir).weights, n_servers=side.n_servers if side is not None else 0
+        )
+        self.transport = build_transport(cfg.rollout.weight_update, actor, context)
+        self._pause_mode = cfg.rollout.pause_mode
         self._closed = False
 
     def publish(self, version: int) -> dict[str, float]:
@@ -60,125 +72,79 @@ class WeightPublisher:
         the servers' pause proper, made of ``perf/weight_pause_s`` (the pause: in-flight requests
         aborted or held), ``perf/weight_transfer_s`` (write or broadcast, and the servers' load)
         and ``perf/weight_resume_s``. For disk updates the write happens before the pause, and the
-        removal of old weight directories after the resume: both count in the whole only. A
-        collective update gathers and packs the weights before the pause where they fit in one
-        bucket (``perf/weight_pack_s``; see ``TrainEngine.prepare_weight_update``).
+        removal of old weight directories after the resume: both count in the whole only. Shared
+        updates, and collective ones where the weights fit in one bucket, gather and pack before
+        the pause (``perf/weight_pack_s``).
         """
         import torch.distributed as dist
 
+        transport = self.transport
         started = time.perf_counter()
-        parts: dict[str, float] = {}
-        if self.cfg.rollout.weight_update == "disk":
-            meta = WeightUpdateMeta.disk(str(self.root / f"v{version}"), version)
-            self.actor.update_weights(meta)
-            barrier()
-            paused_at = time.perf_counter()
-            if self.side is not None:
-                parts = self._swap_on_paused_servers(version, meta)
-        elif self.cfg.rollout.weight_update == "shared":
-            meta = WeightUpdateMeta.shared(version)
-            parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
-            self.actor.update_weights(meta)  # packed already: only the ranks' barrier
-            paused_at = time.perf_counter()
-            if self.side is not None:
-                parts.update(
-                    self._swap_on_paused_servers(version, meta.with_buffers(self.actor.shared_weight_buffers()))
-                )
-        else:
-            meta = self._collective_meta(version)
-            parts["perf/weight_pack_s"] = self.actor.prepare_weight_update(meta)  # servers still generate
-            paused_at = time.perf_counter()
-            if self.side is not None:  # the servers receive while this rank sends
-                parts.update(self._swap_on_paused_servers(version, meta, lambda: self.actor.update_weights(meta)))
-            else:
-                self.actor.update_weights(meta)
+        meta = transport.plan(version)
+        parts = transport.prepare(meta)  # the servers still generate
+        if not transport.sends_while_paused:
+            transport.send(meta)
+        paused_at = time.perf_counter()
+        if self.side is not None:
+            server_meta, buckets = transport.server_update(meta)
+            send = (lambda: transport.send(meta)) if transport.sends_while_paused else None
+            parts.update(self._swap_on_paused_servers(version, server_meta, buckets, send))
+        elif transport.sends_while_paused:
+            transport.send(meta)
         paused_s = time.perf_counter() - paused_at
-        if self.side is not None and self.cfg.rollout.weight_update == "disk":
-            self._prune(version)
+        if self.side is not None:
+            transport.retire(meta)
         if dist.is_initialized():
             barrier()
         self.actor.set_version(version)
         return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s, **parts}
 
-    def _swap_on_paused_servers(self, version: int, meta: WeightUpdateMeta, send: Any = None) -> dict[str, float]:
+    def _swap_on_paused_servers(
+        self,
+        version: int,
+        meta: WeightUpdateMeta,
+        buckets: list[list[ParamSpec]] | None,
+        send: Any = None,
+    ) -> dict[str, float]:
         """Rank 0: pause the servers, load ``meta``, set ``version``, resume (one executor call,
         ``swap_weights``); returns the three parts' times. ``send``, when given, runs here meanwhile
         (a collective update's broadcast: the servers receive once paused)."""
         ex = self.side.executor
-        buckets = self._buckets(meta) if meta.type != "disk" else None
-        mode = self.cfg.rollout.pause_mode
         if send is None:
-            parts = ex.swap_weights(meta, buckets, version, mode)
+            parts = ex.swap_weights(meta, buckets, version, self._pause_mode)
         else:
             result: dict[str, dict[str, float]] = {}
-            swap = _Background(lambda: result.update(parts=ex.swap_weights(meta, buckets, version, mode)))
+            swap = _Background(lambda: result.update(parts=ex.swap_weights(meta, buckets, version, self._pause_mode)))
             send()
             swap.join()
             parts = result["parts"]
         return {f"perf/weight_{part}_s": seconds for part, seconds in parts.items()}
 
     def close(self) -> None:
-        """Tear the collective weight-update group down (every rank calls it; idempotent; never raises).
+        """Tear the transport down (every rank calls it; idempotent; never raises).
 
-        Rank 0 runs the servers' leave (``side.executor.destroy_weight_groups()``, in a helper
-        thread) concurrently with its own destroy of the group (``close_weight_groups``): as with
-        the join, both sides must enter the teardown together, or with NCCL the first one waits
-        for the other. Both are bounded: a server that cannot be reached is logged, and a local
-        destroy that does not return in time is aborted (``engine/weights/collective.py``). Call
-        it before ``engine.destroy()``. Nothing to do for disk updates or before the first join.
+        Where the servers joined a group (``transport.servers_must_leave``), rank 0 runs their
+        leave (``side.executor.destroy_weight_groups()``, in a helper thread) concurrently with the
+        transport's own teardown: as with the join, both sides must enter it together, or with
+        NCCL the first one waits for the other. Both are bounded: a server that cannot be reached
+        is logged, and a local destroy that does not return in time is aborted
+        (``areal_tasks/weights/group.py``). Call it before ``engine.destroy()``.
         """
         if self._closed:
             return
         self._closed = True
-        if self._collective_port is None:
-            return
-        from areal_tasks.engine.fsdp.weight_sender import close_weight_groups
-
         leave = None
-        if self.side is not None:
+        if self.side is not None and self.transport.servers_must_leave:
             leave = _Background(self.side.executor.destroy_weight_groups, name="weight-group-leave")
         try:
-            close_weight_groups(self.actor)
+            self.transport.close()
         except Exception as exc:  # noqa: BLE001 - teardown goes on; the bounded destroy logs its own failures
-            logger.warning("destroying the trainer's side of the weight-update group failed: %r", exc)
+            logger.warning("closing the trainer's side of the %s weight transport failed: %r", self.transport.name, exc)
         if leave is not None:
             try:
                 leave.join()
             except Exception as exc:  # noqa: BLE001 - a server that cannot be reached must not fail the run's end
                 logger.warning("the inference servers did not all leave the weight-update group: %s", exc)
-
-    def _collective_meta(self, version: int) -> WeightUpdateMeta:
-        import torch
-
-        from areal_tasks.launch.ports import PortAllocator
-
-        if self._collective_port is None:  # one group for the whole run (the servers keep it)
-            self._collective_port = broadcast_int(PortAllocator().allocate(1)[0] if rank() == 0 else 0)
-        n_servers = self.side.n_servers if self.side is not None else 0
-        n_servers = broadcast_int(n_servers)
-        return WeightUpdateMeta.collective(
-            version,
-            os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            self._collective_port,
-            1 + n_servers,
-            backend="nccl" if torch.cuda.is_available() else "gloo",
-        )
-
-    def _buckets(self, meta: WeightUpdateMeta) -> Any:
-        """The collective update's bucket plan; a shared update's one "bucket": the buffers' layout."""
-        from areal_tasks.api.inference import plan_weight_buckets
-        from areal_tasks.engine.weights.shared import shared_layout
-
-        if meta.type == "shared":
-            return [shared_layout(self.actor.weight_specs())]
-        return plan_weight_buckets(self.actor.weight_specs(), meta.bucket_bytes)
-
-    def _prune(self, version: int) -> None:
-        for old in range(version - KEEP_WEIGHT_DIRS, 0, -1):
-            path = self.root / f"v{old}"
-            if not path.exists():
-                break
-            shutil.rmtree(path, ignore_errors=False)
 
 
 class _Background:

@@ -6,8 +6,9 @@ reads from it is exactly the engine's weights of each version, staged or not.
 Collective: a collective weight update from a dp=2 engine, SGLang's protocol end to end: trainer rank 0 joins
 the group and broadcasts one flattened bucket per planned bucket, twice over the same group; the
 receiver (this test process, standing in for an inference server) joins and receives with the
-embedded server's own code, planning the buckets from the engine's weight specs as the client
-does, and gets exactly the engine's weights of each version."""
+collective transport's receiving side (the embedded server's and the vLLM plugin's), planning the
+buckets from the engine's weight specs as the client does, and gets exactly the engine's weights
+of each version."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ BUCKET_BYTES = 64 * 1024
 
 def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
     from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
-    from areal_tasks.inference.server.weights import init_weights_update_group, receive_weights
+    from areal_tasks.weights.base import WeightLoad
+    from areal_tasks.weights.collective import CollectiveReceiver
 
     port, group_name = free_port(), "engine_dp2_update"
     received: list[dict] = []
@@ -34,24 +36,17 @@ def test_collective_update_delivers_each_version(tiny_qwen2, tmp_path):
 
     def server() -> None:
         try:
-            group = init_weights_update_group("127.0.0.1", port, 1, 2, group_name, "gloo", torch.device("cpu"), 120)
+            receiver = CollectiveReceiver(torch.device("cpu"))
+            receiver.join("127.0.0.1", port, 1, 2, group_name, "gloo", 120)
             specs = [ParamSpec(**s) for s in json.loads((tmp_path / "specs.json").read_text())]
             buckets = plan_weight_buckets(specs, BUCKET_BYTES)
             n_buckets.append(len(buckets))
             for _ in (1, 2):
                 update: dict[str, torch.Tensor] = {}
                 for b in buckets:
-                    update.update(
-                        receive_weights(
-                            group,
-                            [s.name for s in b],
-                            [s.dtype for s in b],
-                            [list(s.shape) for s in b],
-                            "flattened_bucket",
-                        )
-                    )
+                    update.update(receiver.receive(WeightLoad.for_specs(b, group_name=group_name)))
                 received.append(update)
-            group.destroy()
+            receiver.close()
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
             raise

@@ -37,6 +37,15 @@ def build_engine(model_dir: str, cfg: EngineConfig, *, sp: int = 1, tp: int = 1,
     return engine
 
 
+def publish_to_disk(engine: FSDPEngine, path: Path, version: int) -> None:
+    """A disk weight update of ``engine`` to ``path`` (every rank; rank 0 writes), as the trainer's does."""
+    from areal_tasks.api.weight_update import WeightUpdateMeta
+    from areal_tasks.weights.base import PublishContext
+    from areal_tasks.weights.disk import DiskTransport
+
+    DiskTransport(engine, PublishContext(path.parent)).send(WeightUpdateMeta.disk(str(path), version))
+
+
 def local_share(engine: FSDPEngine, batch: dict) -> dict:
     info = engine.parallel
     return dp_split(batch, info.dp_size)[info.dp_rank] if info.dp_size > 1 else batch
@@ -108,7 +117,6 @@ def _train_steps(engine: FSDPEngine, batches: list[dict]) -> list[float]:
 def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     """Train 2 steps, save DCP + HF + a disk weight update, train 2 more; a fresh engine loads the
     DCP checkpoint and trains the same 2 steps; another loads the HF export."""
-    from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.engine import LRScheduleConfig
 
     batches = [make_batch(seed=s) for s in range(4)]
@@ -118,7 +126,7 @@ def checkpoint_roundtrip(rank: int, world: int, out_dir: Path, model_dir: str) -
     first.set_version(2)
     first.save(str(out_dir / "dcp"), "dcp")
     first.save(str(out_dir / "hf"), "hf")
-    first.update_weights(WeightUpdateMeta.disk(str(out_dir / "disk_update"), version=2))
+    publish_to_disk(first, out_dir / "disk_update", version=2)
     at_save = full_params(first)
     forward = first.forward_batch(batches[0])
     lrs_first = _train_steps(first, batches[2:])
@@ -226,47 +234,57 @@ def collective_run(
             version, "127.0.0.1", port, 2, group_name=group, bucket_bytes=bucket_bytes, timeout_s=120
         )
 
+    from areal_tasks.weights.base import PublishContext
+    from areal_tasks.weights.collective import CollectiveTransport
+
     engine = build_engine(model_dir, engine_config(1))
+    transport = CollectiveTransport(engine, PublishContext(out_dir))
     if rank == 0:  # written before the group exists, so the receiver reads it once it has joined
         (out_dir / "specs.json").write_text(json.dumps([dataclasses.asdict(s) for s in engine.weight_specs()]))
-    engine.update_weights(meta(1))
+    transport.send(meta(1))
     first = full_params(engine)
     engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
-    engine.update_weights(meta(2))
+    transport.send(meta(2))
     second = full_params(engine)
     if rank == 0:
         torch.save({"first": first, "second": second}, out_dir / "result.pt")
+    transport.close()
     engine.destroy()
 
 
 def shared_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     """Publish weights into the shared buffer twice (dp=2): staged before a pause, then directly
     after a train step; rank 0 reads the buffer as a server would and saves both reads, the
-    engine's own weights, the descriptions and whether the buffer's file is gone after destroy."""
+    engine's own weights, the descriptions and whether the buffer's file is gone after the
+    transport is closed."""
     from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.engine.weights.shared import open_shared_buffer, shared_layout
-    from areal_tasks.inference.server.weights import split_flat
+    from areal_tasks.weights.base import PublishContext
+    from areal_tasks.weights.buckets import split_flat
+    from areal_tasks.weights.shared import SharedTransport
+    from areal_tasks.weights.shared_buffer import open_shared_buffer
 
     engine = build_engine(model_dir, engine_config(1))
-    layout = shared_layout(engine.weight_specs())
+    transport = SharedTransport(engine, PublishContext(out_dir))
+    layout = transport.layout
 
     def read() -> dict[str, torch.Tensor]:
-        flat = open_shared_buffer(engine.shared_weight_buffers()[0])
+        flat = open_shared_buffer(transport.descriptions[0])
         views = split_flat(
             flat, [s.name for s in layout], [getattr(torch, s.dtype) for s in layout], [list(s.shape) for s in layout]
         )
         return {name: view.clone() for name, view in views.items()}
 
     first_meta = WeightUpdateMeta.shared(1)
-    engine.prepare_weight_update(first_meta)
-    engine.update_weights(first_meta)  # staged: no second gather
+    transport.prepare(first_meta)
+    transport.send(first_meta)  # packed by prepare: no second gather
     first = read() if rank == 0 else None
     expected_first = full_params(engine)
     engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
-    engine.update_weights(WeightUpdateMeta.shared(2))
+    transport.send(WeightUpdateMeta.shared(2))
     second = read() if rank == 0 else None
     expected_second = full_params(engine)
-    descriptions = engine.shared_weight_buffers()
+    descriptions = transport.descriptions
+    transport.close()
     engine.destroy()
     if rank == 0:
         gone = not Path(descriptions[0]["path"]).exists()
@@ -286,11 +304,9 @@ def shared_run(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
 def tp_publish(rank: int, world: int, out_dir: Path, model_dir: str) -> None:
     """tp=2: publish the weights to disk as a weight update (tensor-parallel shards are gathered
     after their FSDP unit's unshard); rank 0 saves the engine's own full parameters to compare."""
-    from areal_tasks.api.weight_update import WeightUpdateMeta
-
     engine = build_engine(model_dir, engine_config(1), tp=2)
     engine.train_batch(local_share(engine, make_batch(seed=0)), token_mean_loss, token_weight)
-    engine.update_weights(WeightUpdateMeta.disk(str(out_dir / "published"), version=1))
+    publish_to_disk(engine, out_dir / "published", version=1)
     params = full_params(engine)
     engine.train_batch(local_share(engine, make_batch(seed=1)), token_mean_loss, token_weight)  # still trains
     if rank == 0:

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.gpu
 def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
     from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
     from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.inference.server.weights import init_weights_update_group, receive_weights
+    from areal_tasks.weights.base import WeightLoad
+    from areal_tasks.weights.collective import CollectiveReceiver
 
     n_gpus = torch.cuda.device_count()
     world = min(2, n_gpus)
@@ -38,19 +39,16 @@ def test_fsdp_engine_on_gpus(tiny_qwen2, tmp_path, monkeypatch):
         try:
             torch.cuda.set_device(1)
             meta = WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120)
-            group = init_weights_update_group(
-                meta.master_addr, port, 1, 2, meta.group_name, "nccl", torch.device("cuda", 1), meta.timeout_s
-            )
+            server = CollectiveReceiver(torch.device("cuda", 1))
+            server.join(meta.master_addr, port, 1, 2, meta.group_name, "nccl", meta.timeout_s)
             specs = [ParamSpec(**s) for s in json.loads((tmp_path / "specs.json").read_text())]
             update = {}
             for b in plan_weight_buckets(specs, meta.bucket_bytes):  # as the client plans them
-                got = receive_weights(
-                    group, [s.name for s in b], [s.dtype for s in b], [list(s.shape) for s in b], "flattened_bucket"
-                )
+                got = server.receive(WeightLoad.for_specs(b, group_name=meta.group_name))
                 update.update({n: t.cpu() for n, t in got.items()})
             received.append(update)
-            # leave the group as a server does, so the engine's own teardown (a bounded destroy) completes
-            group.destroy(timeout_s=120)
+            # leave the group as a server does, so the trainer's own teardown (a bounded destroy) completes
+            server.leave(meta.group_name, timeout_s=120)
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
             raise

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from areal_tasks.engine.weights.collective import spec_of
-from areal_tasks.engine.weights.shared import SharedWeightBuffer, pick_buffer, shared_layout
+from areal_tasks.weights.buckets import spec_of
+from areal_tasks.weights.shared_buffer import SharedWeightBuffer, pick_buffer, shared_layout
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 # into "weights" of its own (as the embedded server's load does) and print their checksums.
 SERVER = """
 import json, sys, torch
-from areal_tasks.engine.weights.shared import open_shared_buffer, pick_buffer
-from areal_tasks.inference.server.weights import split_flat
+from areal_tasks.weights.buckets import split_flat
+from areal_tasks.weights.shared_buffer import open_shared_buffer, pick_buffer
 descriptions, layout = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 device = torch.device("cuda", 0)
 flat = open_shared_buffer(pick_buffer(descriptions, device))

@@ -33,7 +33,12 @@ def gpu_run(rank: int, world: int, out_dir: Path, model_dir: str, port: int | No
         if rank == 0:
             specs = [dataclasses.asdict(s) for s in engine.weight_specs()]
             (out_dir / "specs.json").write_text(json.dumps(specs))
-        engine.update_weights(WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120))
+        from areal_tasks.weights.base import PublishContext
+        from areal_tasks.weights.collective import CollectiveTransport
+
+        transport = CollectiveTransport(engine, PublishContext(out_dir))
+        transport.send(WeightUpdateMeta.collective(1, "127.0.0.1", port, 2, backend="nccl", timeout_s=120))
+        transport.close()
     params = {n: p.cpu() for n, p in full_params(engine).items()}
     peak = torch.cuda.max_memory_allocated() / 2**20
     if rank == 0:

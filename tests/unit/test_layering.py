@@ -117,16 +117,10 @@ def test_every_python_file_has_a_module_docstring() -> None:
 
 #: ``areal_tasks.engine.<name>`` modules that code outside ``engine/`` may import: the registry and
 #: the engine-neutral helpers every engine shares.
-ENGINE_PUBLIC = {"registry", "microbatch", "packing", "memory", "parallel"}
-#: packages that import nothing from ``areal_tasks.engine`` at all.
-ENGINE_FREE = ("areal_tasks/inference", "areal_tasks/checkpoint")
-#: files that still reach the weight senders under ``engine/`` until the weight transports move to
-#: ``areal_tasks/weights/`` (issue #25, work package B). An entry that no longer offends fails the
-#: test below: delete it then.
-PENDING_WEIGHT_TRANSPORT_MOVE = {
-    "areal_tasks/trainer/weight_publisher.py",
-    "areal_tasks/inference/server/weights.py",
-}
+ENGINE_PUBLIC = {"registry", "microbatch", "packing", "parallel"}
+#: packages that import nothing from ``areal_tasks.engine`` at all: the servers and the client meet
+#: the trainer only through ``areal_tasks.api`` and the weight transports, which belong to neither.
+ENGINE_FREE = ("areal_tasks/inference", "areal_tasks/checkpoint", "areal_tasks/weights")
 
 
 def _engine_imports(tree: ast.AST) -> set[str]:
@@ -171,10 +165,23 @@ def _engine_offenders() -> dict[str, str]:
 
 def test_engines_are_reached_only_through_the_registry() -> None:
     offenders = _engine_offenders()
-    unexpected = {rel: why for rel, why in offenders.items() if rel not in PENDING_WEIGHT_TRANSPORT_MOVE}
-    assert not unexpected, "engine import rules broken:\n" + "\n".join(f"{k}: {v}" for k, v in unexpected.items())
-    fixed = sorted(PENDING_WEIGHT_TRANSPORT_MOVE - set(offenders))
-    assert not fixed, f"{fixed} no longer import engine internals: delete them from PENDING_WEIGHT_TRANSPORT_MOVE"
+    assert not offenders, "engine import rules broken:\n" + "\n".join(f"{k}: {v}" for k, v in offenders.items())
+
+
+def test_weight_transports_belong_to_neither_side() -> None:
+    """``areal_tasks/weights`` is imported by the trainer and by every server; it imports neither."""
+    offenders = []
+    for path in _python_files("areal_tasks/weights"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            module = None
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                module = node.module
+            elif isinstance(node, ast.Import):
+                module = next((a.name for a in node.names if a.name.startswith("areal_tasks.")), None)
+            if module and module.startswith(("areal_tasks.engine", "areal_tasks.inference", "areal_tasks.trainer")):
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not offenders, "weights/ must import neither an engine, the server nor the trainer:\n" + "\n".join(offenders)
 
 
 def test_the_engine_import_rule_catches_every_spelling() -> None:

@@ -54,10 +54,11 @@ from areal_tasks.engine.parallel.mesh import EngineMesh, ParallelDims
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
     from areal_tasks.api.inference import ParamSpec
-    from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.microbatch import MicroBatchPlan
 
@@ -102,13 +103,7 @@ class FSDPEngine(TrainEngine):
         self._shared_weight_buffer = shared_weight_buffer
         self.seed = seed
         self._version = 0
-        self.weight_groups: dict[tuple[str, int, str], Any] = {}
         self._weight_specs: list[ParamSpec] | None = None
-        #: a collective update packed ahead of the servers' pause (weight_sender.stage_weights)
-        self.staged_weights: Any = None
-        #: this rank's buffer for shared weight updates, and every rank's description of theirs
-        self.shared_buffer: Any = None
-        self.shared_descriptions: tuple[dict[str, Any], ...] = ()
         self._initialized = False
 
     # ------------------------------------------------------------------ setup
@@ -443,30 +438,27 @@ class FSDPEngine(TrainEngine):
         return hf_sidecar_files(hf_config_of(self.model), self.model_path)
 
     # -------------------------------------------------- weights / version
-    def update_weights(self, meta: WeightUpdateMeta) -> None:
-        from areal_tasks.engine.fsdp.weight_sender import send_weights
-
-        self._require_init()
-        send_weights(self, meta)
-
-    def prepare_weight_update(self, meta: WeightUpdateMeta) -> float:
-        from areal_tasks.engine.fsdp.weight_sender import stage_weights
-
-        self._require_init()
-        return stage_weights(self, meta)
-
-    def shared_weight_buffers(self) -> tuple[dict[str, Any], ...]:
-        from areal_tasks.engine.fsdp.weight_sender import shared_buffers
-
-        return shared_buffers(self)
-
+    # The engine is a WeightSource (api/weights.py): the transports in areal_tasks.weights publish
+    # what it offers here; the state of an update (groups, buffers, packed bytes) is theirs.
     def weight_specs(self) -> list[ParamSpec]:
-        from areal_tasks.engine.fsdp.weight_sender import weight_specs
+        from areal_tasks.engine.fsdp.weight_source import weight_specs
 
         self._require_init()
         if self._weight_specs is None:  # names, dtypes and shapes are fixed once the model is built
             self._weight_specs = weight_specs(self)
         return list(self._weight_specs)
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full HF-named tensors, gathered (a collective: every rank iterates to the end)."""
+        from areal_tasks.engine.fsdp.weight_source import iter_weights
+
+        self._require_init()
+        return iter_weights(self)
+
+    def hf_config(self) -> Any:
+        """The model's ``transformers`` config (what a disk update writes as ``config.json``)."""
+        self._require_init()
+        return _hf_config_of(self.model)
 
     def get_version(self) -> int:
         return self._version
@@ -477,12 +469,8 @@ class FSDPEngine(TrainEngine):
         self._version = int(version)
 
     def destroy(self) -> None:
-        from areal_tasks.engine.fsdp.weight_sender import close_shared_buffer, close_weight_groups
-
-        close_weight_groups(self)
-        close_shared_buffer(self)
         self.model = self.optimizer = self.lr_scheduler = None
-        self._weight_specs = self.staged_weights = None
+        self._weight_specs = None
         self._initialized = False
 
 

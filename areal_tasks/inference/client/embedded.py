@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
-from areal_tasks.inference.client.protocol import HttpCall
+from areal_tasks.inference.client.protocol import HttpCall, described
 from areal_tasks.inference.client.sglang import SGLangAdapter
 
 if TYPE_CHECKING:
@@ -22,27 +22,27 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["EmbeddedAdapter"]
 
+#: the loads ``/areal/swap_weights`` can stand for (one flattened bucket for a distributed one) ...
+_SWAPPABLE_LOADS = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", SHARED_WEIGHTS_PATH})
+#: ... and the fields of their bodies it takes (abort_all_requests and load_format are its own).
+_SWAP_LOAD_FIELDS = frozenset(
+    {"model_path", "group_name", "shared_buffers", "names", "dtypes", "shapes", "weight_version", "flush_cache"}
+)
+
 
 class EmbeddedAdapter(SGLangAdapter):
     """``areal serve`` (``areal_tasks.inference.server``): SGLang's protocol, field for field."""
 
     name = "embedded"
 
-    def swap_weights(
-        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec] | None, mode: PauseMode, *, flush_cache: bool
-    ) -> HttpCall | None:
-        body: dict = {"mode": mode, "weight_version": str(meta.version), "flush_cache": flush_cache}
-        if meta.type == "disk":
-            body["model_path"] = meta.path
-        else:
-            if bucket is None:
-                return None
-            body.update(_described(bucket))
-            if meta.type == "shared":
-                body["shared_buffers"] = [dict(b) for b in meta.shared_buffers]
-            else:
-                body["group_name"] = meta.group_name
-        return HttpCall("POST", SWAP_WEIGHTS_PATH, json=body)
+    def swap_weights(self, meta: WeightUpdateMeta, load: HttpCall, mode: PauseMode) -> HttpCall | None:
+        """``/areal/swap_weights``: the pause ``mode`` and the fields of the ``load`` it stands for
+        (its disk, distributed or shared body: the server tells the kind by them)."""
+        del meta
+        if load.path not in _SWAPPABLE_LOADS or load.json is None:
+            return None
+        fields = {k: v for k, v in load.json.items() if k in _SWAP_LOAD_FIELDS}
+        return HttpCall("POST", SWAP_WEIGHTS_PATH, json={"mode": mode, **fields})
 
     def update_weights_from_shared(
         self, meta: WeightUpdateMeta, layout: Sequence[ParamSpec], *, flush_cache: bool = True
@@ -52,15 +52,6 @@ class EmbeddedAdapter(SGLangAdapter):
             "weight_version": str(meta.version),
             "flush_cache": flush_cache,
             "abort_all_requests": False,
-            **_described(layout),
+            **described(layout),
         }
         return HttpCall("POST", SHARED_WEIGHTS_PATH, json=body)
-
-
-def _described(specs: Sequence[ParamSpec]) -> dict[str, list]:
-    """``names``, ``dtypes`` and ``shapes`` of ``specs``, in order (how the server reads a flat buffer)."""
-    return {
-        "names": [p.name for p in specs],
-        "dtypes": [p.dtype for p in specs],
-        "shapes": [list(p.shape) for p in specs],
-    }

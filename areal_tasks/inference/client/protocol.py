@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GenerateInput", "GenerateOutput", "HttpCall", "ProtocolAdapter"]
+__all__ = ["GenerateInput", "GenerateOutput", "HttpCall", "ProtocolAdapter", "described"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,16 @@ class GenerateOutput:
     error: str | None = None
     #: server-measured seconds from arrival to the first output token, when reported.
     first_token_latency_s: float | None = None
+
+
+def described(specs: Sequence[ParamSpec]) -> dict[str, list]:
+    """``names``, ``dtypes`` and ``shapes`` of ``specs``, in order: how SGLang's protocol (and the
+    embedded server's extensions) describe tensors lying back to back in one flat buffer."""
+    return {
+        "names": [p.name for p in specs],
+        "dtypes": [p.dtype for p in specs],
+        "shapes": [list(p.shape) for p in specs],
+    }
 
 
 class ProtocolAdapter(ABC):
@@ -179,15 +189,13 @@ class ProtocolAdapter(ABC):
         None; vLLM applies the update and records ``meta.version`` here."""
         return None
 
-    def swap_weights(
-        self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec] | None, mode: PauseMode, *, flush_cache: bool
-    ) -> HttpCall | None:
-        """One call that pauses in ``mode``, loads ``meta`` (a disk update, a collective one of
-        the single ``bucket``, or a shared one laid out as ``bucket``) and resumes, answering
-        ``{"timings": {"pause_s", "transfer_s", "resume_s"}}``; or None (the default): the client
-        then sends pause, the update's calls and resume one by one. The embedded server has one
-        (``/areal/swap_weights``)."""
-        del meta, bucket, mode, flush_cache
+    def swap_weights(self, meta: WeightUpdateMeta, load: HttpCall, mode: PauseMode) -> HttpCall | None:
+        """One call that pauses in ``mode``, makes the update's one ``load`` (the call this adapter
+        builds for a disk update, a collective one of a single bucket, or a shared one) and
+        resumes, answering ``{"timings": {"pause_s", "transfer_s", "resume_s"}}``; or None (the
+        default): the client then sends pause, the update's calls and resume one by one. The
+        embedded server has one (``/areal/swap_weights``)."""
+        del meta, load, mode
         return None
 
     # -- answers of control calls ------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import ParamSpec, PauseMode, SamplingParams
 from areal_tasks.errors import InferenceError, InferenceRequestError
-from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter
+from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, HttpCall, ProtocolAdapter, described
 
 if TYPE_CHECKING:
     from areal_tasks.api.weight_update import WeightUpdateMeta
@@ -179,9 +179,7 @@ class SGLangAdapter(ProtocolAdapter):
         self, meta: WeightUpdateMeta, bucket: Sequence[ParamSpec], *, flush_cache: bool = True
     ) -> HttpCall:
         body = {
-            "names": [p.name for p in bucket],
-            "dtypes": [p.dtype for p in bucket],
-            "shapes": [list(p.shape) for p in bucket],
+            **described(bucket),
             "group_name": meta.group_name,
             "load_format": "flattened_bucket",
             "flush_cache": flush_cache,

@@ -96,7 +96,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "decode_attention": server.runner.decode_attention,
             "overlap_schedule": server.engine.overlap,
             "paused": stats.paused,
-            "weight_update_groups": sorted(server.weights.groups),
+            "weight_update_groups": server.weights.groups,
             "version": "areal-embedded",
         }
 

@@ -127,7 +127,7 @@ class ContinueGenerationReqInput(_Body):
 class UpdateWeightsFromSharedReqInput(_Body):
     """``/areal/update_weights_from_shared`` (this server's extension): copy the weights from the
     trainer's shared buffer on this server's device; ``names``, ``dtypes`` and ``shapes`` list the
-    tensors back to back in it (``engine/weights/shared.py``)."""
+    tensors back to back in it (``areal_tasks/weights/shared.py``)."""
 
     shared_buffers: list[dict[str, Any]]
     names: list[str]

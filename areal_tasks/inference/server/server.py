@@ -112,8 +112,7 @@ def build_app(cfg: ServerConfig) -> Any:
             yield
         finally:
             engine.shutdown()
-            server.weights.destroy_all_groups()
-            server.weights.shared.close()
+            server.weights.close()
 
     app.router.lifespan_context = lifespan
     return app

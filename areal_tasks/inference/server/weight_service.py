@@ -9,9 +9,14 @@
   The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
 * **Sessions.** ``/update_weights_from_distributed`` runs only inside
   ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
-* **Shared.** ``/areal/update_weights_from_shared`` copies from the trainer's buffer on this
-  server's device (opened once, :class:`~areal_tasks.inference.server.weights.SharedBufferReader`)
-  and waits for the copy before answering, so the trainer may pack the next update at once.
+* **Receivers.** What each kind of load reads and checks is the transport's receiving side
+  (``areal_tasks.weights``): :class:`~areal_tasks.weights.disk.DiskReceiver` (a safetensors
+  directory), :class:`~areal_tasks.weights.collective.CollectiveReceiver` (the groups this server
+  joined, and the buckets received over them), :class:`~areal_tasks.weights.shared.SharedReceiver`
+  (the trainer's buffer on this server's device, opened once). Each stages the complete new
+  tensors, checked against the served model; this module applies them between two decode steps.
+* **Shared.** ``/areal/update_weights_from_shared`` waits for the copy out of the buffer before
+  answering, so the trainer may pack the next update at once.
 * **Groups.** ``/destroy_weights_update_group`` leaves a group; the client sends it while the
   trainer destroys its side. The destroy is bounded (then the group is aborted locally), so a
   trainer that is already gone cannot hang the server.
@@ -31,10 +36,13 @@ from dataclasses import dataclass
 
 import torch
 
-from areal_tasks.errors import InferenceError
-from areal_tasks.inference.server import weights as weight_io
+from areal_tasks.errors import InferenceError, WeightTransportError
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.protocol import SwapWeightsReqInput
+from areal_tasks.weights.base import ServedWeights, WeightLoad
+from areal_tasks.weights.collective import CollectiveReceiver
+from areal_tasks.weights.disk import DiskReceiver
+from areal_tasks.weights.shared import SharedReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +62,26 @@ class _Session:
 
 
 class WeightService:
-    """Disk and collective weight updates of one engine (see the module doc)."""
+    """Disk, collective and shared-memory weight updates of one engine (see the module doc)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.runner = engine.runner
-        self.groups: dict[str, weight_io.WeightUpdateGroup] = {}
-        self.shared = weight_io.SharedBufferReader(self.runner.device)
+        self.disk = DiskReceiver(self.runner.device)
+        self.collective = CollectiveReceiver(self.runner.device)
+        self.shared = SharedReceiver(self.runner.device)
         self.session: _Session | None = None
         self.updates = 0
         self._lock = asyncio.Lock()
+
+    @property
+    def groups(self) -> list[str]:
+        """Names of the weight-update groups this server joined."""
+        return sorted(self.collective.groups)
+
+    def served(self) -> ServedWeights:
+        """The served model, as the receivers check an update against it."""
+        return ServedWeights(self.runner.weight_specs(), self.runner.required_weight_names())
 
     def _next_version(self) -> str:
         current = self.engine.weight_version
@@ -120,20 +138,14 @@ class WeightService:
             return False, f"load_format {load_format!r} is not supported (use auto or safetensors)"
 
         async def stage() -> dict[str, torch.Tensor]:
-            return await asyncio.to_thread(
-                weight_io.load_safetensors_dir,
-                model_path,
-                self.runner.weight_specs(),
-                self.runner.required_weight_names(),
-                self.runner.device,
-            )
+            return await asyncio.to_thread(self.disk.receive, WeightLoad(path=model_path), self.served())
 
         failed, busy, version = await self._versioned_update(
             stage,
             weight_version,
             abort_all,
             "update_weights_from_disk",
-            (InferenceError, OSError, ValueError),
+            (WeightTransportError, InferenceError, OSError, ValueError),
             detail=f"({model_path})",
         )
         if failed is not None:
@@ -179,22 +191,17 @@ class WeightService:
         abort_all: bool,
         flush_cache: bool,
     ) -> tuple[bool, str]:
+        load = WeightLoad(shared_buffers=tuple(descriptions), names=names, dtypes=dtypes, shapes=shapes)
+
         async def stage() -> dict[str, torch.Tensor]:
-            named, fresh = self.shared.read(descriptions, names, dtypes, shapes)
-            if fresh:  # the same buffer and layout as the last update: checked then
-                try:
-                    weight_io.check_tensors(named, self.runner.weight_specs(), self.runner.required_weight_names())
-                except InferenceError:
-                    self.shared.forget_layout()
-                    raise
-            return named
+            return self.shared.receive(load, self.served())
 
         failed, busy, version = await self._versioned_update(
             stage,
             weight_version,
             abort_all,
             "update_weights_from_shared",
-            (InferenceError, RuntimeError, ValueError),
+            (WeightTransportError, InferenceError, RuntimeError, ValueError),
             wait=True,
         )
         if failed is not None:
@@ -206,38 +213,30 @@ class WeightService:
     async def init_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
     ) -> tuple[bool, str]:
-        if group_name in self.groups:
+        if group_name in self.collective.groups:
             return False, f"Failed to initialize custom process group: group {group_name!r} exists."
         try:
-            group = await asyncio.to_thread(
-                weight_io.init_weights_update_group,
-                master_address,
-                master_port,
-                rank_offset,
-                world_size,
-                group_name,
-                backend,
-                self.runner.device,
+            await asyncio.to_thread(
+                self.collective.join, master_address, master_port, rank_offset, world_size, group_name, backend
             )
-        except (InferenceError, RuntimeError, ValueError) as exc:
+        except (WeightTransportError, RuntimeError, ValueError) as exc:
             logger.error("init_weights_update_group(%s) failed: %s", group_name, exc)
             return False, f"Failed to initialize custom process group: {exc}."
-        self.groups[group_name] = group
         return True, "Succeeded to initialize custom process group."
 
     async def destroy_group(self, group_name: str) -> tuple[bool, str]:
-        group = self.groups.pop(group_name, None)
-        if group is None:
+        if group_name not in self.collective.groups:
             return False, "The group to be destroyed does not exist."
-        clean = await asyncio.to_thread(group.destroy)
+        clean = await asyncio.to_thread(self.collective.leave, group_name)
         if not clean:  # the group is gone either way: aborted locally after the bound (logged)
             return True, "Destroyed custom process group (aborted: the destroy did not complete in time)."
         return True, "Succeeded to destroy custom process group."
 
-    def destroy_all_groups(self) -> None:
-        """Leave every group (server shutdown); each leave is bounded, so a gone trainer cannot hang it."""
-        for name in list(self.groups):
-            self.groups.pop(name).destroy()
+    def close(self) -> None:
+        """Server shutdown: leave every group (each leave is bounded, so a gone trainer cannot hang
+        it) and drop the mapping of the trainer's shared buffer."""
+        self.collective.close()
+        self.shared.close()
 
     def begin(self) -> tuple[bool, str]:
         if self.session is not None:
@@ -272,21 +271,19 @@ class WeightService:
                 False,
                 "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()",
             )
-        group = self.groups.get(group_name)
-        if group is None:
+        if group_name not in self.collective.groups:
             return False, f"Failed to receive weights: group {group_name!r} is not initialized"
+        load = WeightLoad(group_name=group_name, names=names, dtypes=dtypes, shapes=shapes, load_format=load_format)
 
         async def stage() -> dict[str, torch.Tensor]:
-            named = await asyncio.to_thread(weight_io.receive_weights, group, names, dtypes, shapes, load_format)
-            weight_io.check_tensors(named, self.runner.weight_specs(), None)
-            return named
+            return await asyncio.to_thread(self.collective.receive, load, self.served())
 
         async with self._lock:
             if abort_all:
                 await self.abort_all("aborted by update_weights_from_distributed")
             try:
                 busy = await self._locked_update(stage, weight_version)
-            except (InferenceError, RuntimeError, ValueError) as exc:
+            except (WeightTransportError, InferenceError, RuntimeError, ValueError) as exc:
                 logger.error("update_weights_from_distributed failed: %s", exc)
                 return False, f"Failed to receive weights: {exc}"
             session.loaded = True

@@ -3,12 +3,14 @@
 vLLM fixes one weight-transfer backend per server at start-up, so one engine takes both kinds of
 update our trainer publishes; each ``/update_weights`` call says which by its fields:
 
-* ``{"path": "<dir>"}``: load the HF safetensors of a directory (:mod:`.disk`); needs no init call;
+* ``{"path": "<dir>"}``: load the HF safetensors of a directory (the disk transport's receiving
+  side, :mod:`areal_tasks.weights.disk`, streamed file by file); needs no init call;
 * ``{"names", "dtype_names", "shapes"}``: receive one bucket, a single ``uint8`` broadcast from
   rank 0 of the weight-update group holding the tensors back to back (the collective protocol of
   docs/inference.md). The group is joined once with ``/init_weight_transfer_engine`` (``init_info``:
   ``master_address, master_port, rank_offset, world_size, group_name, backend, timeout_s``); the join
-  and the receive are the embedded server's (``areal_tasks.inference.server.weights``), so both
+  and the receive are the collective transport's receiving side
+  (:class:`areal_tasks.weights.collective.CollectiveReceiver`), as in the embedded server, so both
   servers meet the same trainer-side sender.
 
 One update is ``/start_weight_update`` -> ``/update_weights`` (one or more) ->
@@ -42,8 +44,9 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
 from areal_tasks.errors import InferenceError
-from areal_tasks.inference.server.weights import WeightUpdateGroup, init_weights_update_group, receive_weights
-from areal_tasks.inference.vllm_plugin.disk import iter_safetensors, safetensors_files
+from areal_tasks.weights.base import WeightLoad
+from areal_tasks.weights.collective import CollectiveReceiver
+from areal_tasks.weights.disk import iter_safetensors, safetensors_files
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +97,10 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.group: WeightUpdateGroup | None = None
+        #: the collective receiving end, made by the init call (on the worker's device)
+        self.collective: CollectiveReceiver | None = None
+        #: the group joined by the last init call (one per engine), or None
+        self.group: str | None = None
         self._loaded: set[str] = set()
 
     # -- connection ----------------------------------------------------------------------------
@@ -105,22 +111,24 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
             self.shutdown()
         parallel = self.parallel_config
         worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self.group = init_weights_update_group(
+        self.collective = CollectiveReceiver(self.device)
+        self.collective.join(
             init_info.master_address,
             init_info.master_port,
             init_info.rank_offset + worker_rank,
             init_info.world_size,
             init_info.group_name,
             init_info.backend,
-            self.device,
             init_info.timeout_s,
         )
+        self.group = init_info.group_name
 
     def shutdown(self) -> None:
         """Leave the weight-update group, if joined."""
-        if self.group is not None:
-            self.group.destroy()
-            self.group = None
+        if self.collective is not None:
+            self.collective.close()
+        self.collective = None
+        self.group = None
 
     # -- one update ----------------------------------------------------------------------------
 
@@ -149,17 +157,21 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
     def receive_weights(self, update_info: DiskUpdateInfo | BucketUpdateInfo) -> None:
         """Read the directory or receive the bucket, and load the tensors into the model."""
         if isinstance(update_info, DiskUpdateInfo):
-            files = safetensors_files(Path(update_info.path).expanduser())
+            files = safetensors_files(Path(update_info.path))
             count = self._load(iter_safetensors(files))
             logger.info("loaded %d tensors from %d files under %s", count, len(files), update_info.path)
             return
-        if self.group is None:
+        if self.collective is None or self.group is None:
             raise InferenceError("a bucket update needs /init_weight_transfer_engine (the group) first")
-        received = receive_weights(
-            self.group, update_info.names, update_info.dtype_names, update_info.shapes, "flattened_bucket"
+        load = WeightLoad(
+            group_name=self.group,
+            names=update_info.names,
+            dtypes=update_info.dtype_names,
+            shapes=update_info.shapes,
+            load_format="flattened_bucket",
         )
-        count = self._load(received.items())
-        logger.info("received a bucket of %d tensors over group %s", count, self.group.name)
+        count = self._load(self.collective.receive(load).items())
+        logger.info("received a bucket of %d tensors over group %s", count, self.group)
 
     def finish_weight_update(self) -> None:
         """Process the remaining layers; raise if a parameter received no tensor."""

@@ -1,5 +1,5 @@
 """The trainer side of a collective weight update for the inference tests: the product sender
-(:mod:`areal_tasks.engine.weights.collective`, SGLang's protocol) publishing a fixed set of tensors.
+(:mod:`areal_tasks.weights.collective`, SGLang's protocol) publishing a fixed set of tensors.
 
 Rank 0 joins the group as SGLang's ``init_custom_process_group`` does and broadcasts one ``uint8``
 tensor per bucket of :func:`plan_weight_buckets`, tensors back to back in the bucket's order, no
@@ -18,9 +18,11 @@ import torch
 
 from areal_tasks.api.inference import plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.collective import BucketedBroadcastSender, join_weight_group, spec_of
 from areal_tasks.launch.ports import PortAllocator
 from areal_tasks.models.safetensors_dir import read_safetensors_dir
+from areal_tasks.weights.buckets import spec_of
+from areal_tasks.weights.collective import BucketedBroadcastSender
+from areal_tasks.weights.group import join_as_trainer
 
 
 class CollectiveTrainer:
@@ -54,7 +56,7 @@ class CollectiveTrainer:
 
     def send(self, meta: WeightUpdateMeta) -> None:
         """Join the group of ``meta`` as rank 0, broadcast every bucket once, leave the group."""
-        group = join_weight_group(meta)
+        group = join_as_trainer(meta, torch.device("cpu"))
         try:
             BucketedBroadcastSender(group, meta.bucket_bytes).send(self.tensors.items(), self.specs)
         finally:

@@ -248,9 +248,9 @@ def shared_buffer_of(control: ServerControl, scale: float):
     """The model's weights times ``scale`` packed into a trainer-side shared buffer (CPU: a /dev/shm file)."""
     import torch
 
-    from areal_tasks.engine.weights.collective import spec_of
-    from areal_tasks.engine.weights.shared import SharedWeightBuffer, shared_layout
     from areal_tasks.models.safetensors_dir import read_safetensors_dir
+    from areal_tasks.weights.buckets import spec_of
+    from areal_tasks.weights.shared_buffer import SharedWeightBuffer, shared_layout
 
     state = read_safetensors_dir(control.model_path)
     scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}

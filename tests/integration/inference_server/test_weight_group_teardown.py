@@ -1,7 +1,7 @@
 """The collective group's whole life between the trainer code and the embedded server, on gloo.
 
 The client (``RemoteInferenceEngine``, embedded adapter) and this process as trainer rank 0
-(``join_weight_group`` + ``BucketedBroadcastSender``) run a weight update the way
+(``join_as_trainer`` + ``BucketedBroadcastSender``) run a weight update the way
 ``WeightPublisher.publish`` does; then both sides leave together (the client's
 ``destroy_weight_groups`` while the trainer's ``WeightGroup.destroy`` runs), and the server reports
 no group. A new group of the same name joins, updates and leaves again. Finally the trainer leaves
@@ -19,12 +19,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from embedded_server import ADMIN_KEY, free_port
 from sglang_trainer import ordered_state
 
 from areal_tasks.api.inference import plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.collective import BucketedBroadcastSender, WeightGroup, join_weight_group, spec_of
+from areal_tasks.weights.buckets import spec_of
+from areal_tasks.weights.collective import BucketedBroadcastSender
+from areal_tasks.weights.group import WeightGroup, join_as_trainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed]
 
@@ -80,7 +83,7 @@ def _update(engine, loop: _Loop, meta: WeightUpdateMeta, group: WeightGroup | No
     specs = [spec_of(n, t) for n, t in tensors]
     receiving = loop.submit(engine.update_weights(meta, plan_weight_buckets(specs, meta.bucket_bytes)))
     if group is None:
-        group = join_weight_group(meta)
+        group = join_as_trainer(meta, torch.device("cpu"))
     BucketedBroadcastSender(group, meta.bucket_bytes).send(iter(tensors), specs)
     receiving.result(60)
     return group

@@ -2,10 +2,12 @@
 
 FSDP keeps fp32 master weights and computes in ``compute_dtype_name(config.dtype, device)`` (bf16
 on GPU by default). ``weight_specs`` (the bucket plan the client posts to the servers) and the
-tensors ``send_weights`` broadcasts or writes must both use that dtype, so plan and bytes agree and
-a bf16 server receives half the bytes of fp32. Integer tensors are never cast; on CPU with
-``dtype: auto`` nothing changes. The engine here is a stand-in with the attributes the sender reads
-(a plain HF model, its config and device), so no process group or FSDP wrap is needed.
+tensors a transport broadcasts or writes from ``iter_weights`` must both use that dtype, so plan
+and bytes agree and a bf16 server receives half the bytes of fp32. Integer tensors are never cast;
+on CPU with ``dtype: auto`` nothing changes. The source here is a stand-in with what
+``engine/fsdp/weight_source.py`` reads of an engine (a plain HF model, its config and device), so
+no process group or FSDP wrap is needed; the transports are the real ones. Also: the specs (from
+meta tensors) match the tensors published for plain, tied and LoRA models.
 """
 
 from __future__ import annotations
@@ -16,24 +18,52 @@ import pytest
 import torch
 
 from areal_tasks.api.inference import plan_weight_buckets
+from areal_tasks.api.train_engine import ParallelInfo
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.fsdp import weight_sender
-from areal_tasks.engine.fsdp.weight_sender import cast_floating, publish_dtype, send_weights, weight_specs
-from areal_tasks.engine.weights.collective import WeightGroup
+from areal_tasks.api.weights import WeightSource
+from areal_tasks.engine.fsdp import weight_source
+from areal_tasks.engine.fsdp.weight_source import cast_floating, publish_dtype, weight_specs
+from areal_tasks.weights import collective
+from areal_tasks.weights.base import PublishContext
+from areal_tasks.weights.buckets import spec_of
+from areal_tasks.weights.collective import CollectiveTransport
+from areal_tasks.weights.disk import DiskTransport
+from areal_tasks.weights.group import WeightGroup
 
 
-def _engine(model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None):
-    engine = SimpleNamespace(
-        model=model,
-        config=SimpleNamespace(dtype=dtype),
-        device=torch.device(device),
-        role="actor",
-        model_path=model_path,
-        weight_groups={},
-        staged_weights=None,
+class HFSource:
+    """What ``FSDPEngine`` offers a transport, over a plain HF model on one rank."""
+
+    def __init__(self, model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None):
+        self.model = model
+        self.config = SimpleNamespace(dtype=dtype)
+        self.device = torch.device(device)
+        self.role = "actor"
+        self.model_path = model_path
+        self.parallel = ParallelInfo(world_size=1, rank=0, dp_size=1, dp_rank=0)
+
+    def weight_specs(self):  # FSDPEngine keeps this list; here it is recomputed
+        return weight_specs(self)
+
+    def iter_weights(self):
+        return weight_source.iter_weights(self)
+
+    def hf_config(self):
+        return self.model.config
+
+
+def _engine(model: torch.nn.Module | None, dtype: str, device: str = "cpu", model_path: str | None = None) -> HFSource:
+    source = HFSource(model, dtype, device, model_path)
+    assert isinstance(source, WeightSource)
+    return source
+
+
+@pytest.fixture
+def joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collective transport's group join, without a rendezvous (broadcasts are captured)."""
+    monkeypatch.setattr(
+        collective, "join_as_trainer", lambda meta, device: WeightGroup("g", 0, 2, "gloo", torch.device("cpu"), None)
     )
-    engine.weight_specs = lambda: weight_specs(engine)  # FSDPEngine keeps this list; here it is recomputed
-    return engine
 
 
 @pytest.fixture
@@ -41,12 +71,6 @@ def fp32_model(tiny_qwen2):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32)
-
-
-@pytest.fixture
-def single_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(torch.distributed, "barrier", lambda group=None: None)
 
 
 @pytest.mark.parametrize(
@@ -84,13 +108,12 @@ def test_specs_follow_the_compute_dtype(fp32_model) -> None:
     assert sum(s.nbytes for s in bf16) * 2 == sum(s.nbytes for s in fp32)
 
 
-def test_collective_sends_the_planned_compute_dtype_bytes(fp32_model, single_rank, monkeypatch) -> None:
+def test_collective_sends_the_planned_compute_dtype_bytes(fp32_model, joined, monkeypatch, tmp_path) -> None:
     engine = _engine(fp32_model, "bfloat16")
     sent: list[torch.Tensor] = []
     monkeypatch.setattr(torch.distributed, "broadcast", lambda t, src, group=None: sent.append(t.clone()))
-    monkeypatch.setattr(weight_sender, "_group", lambda e, m: WeightGroup("g", 2, "gloo", torch.device("cpu"), None))
     meta = WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, bucket_bytes=4096)
-    send_weights(engine, meta)
+    CollectiveTransport(engine, PublishContext(tmp_path)).send(meta)
     specs = weight_specs(engine)
     buckets = plan_weight_buckets(specs, meta.bucket_bytes)  # what the client posts to the servers
     assert [t.numel() for t in sent] == [sum(s.nbytes for s in b) for b in buckets]
@@ -103,25 +126,25 @@ def test_collective_sends_the_planned_compute_dtype_bytes(fp32_model, single_ran
 
 @pytest.mark.parametrize("staged_version", [1, 7])
 def test_weights_staged_before_the_pause_are_the_bytes_sent(
-    fp32_model, single_rank, monkeypatch, staged_version: int
+    fp32_model, joined, monkeypatch, tmp_path, staged_version: int
 ) -> None:
-    """``stage_weights`` packs a one-bucket update ahead; ``send_weights`` then only broadcasts it.
-    A stage for another version is dropped and the weights are gathered afresh (same bytes)."""
+    """``prepare`` packs a one-bucket update ahead; ``send`` then only broadcasts it. A stage for
+    another version is dropped and the weights are gathered afresh (same bytes)."""
     from areal_tasks.engine.fsdp import export
-    from areal_tasks.engine.fsdp.weight_sender import stage_weights
 
     engine = _engine(fp32_model, "bfloat16")
+    transport = CollectiveTransport(engine, PublishContext(tmp_path))
     sent: list[torch.Tensor] = []
     monkeypatch.setattr(torch.distributed, "broadcast", lambda t, src, group=None: sent.append(t.clone()))
-    monkeypatch.setattr(weight_sender, "_group", lambda e, m: WeightGroup("g", 2, "gloo", torch.device("cpu"), None))
     meta = WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, backend="gloo")
-    stage_weights(engine, WeightUpdateMeta.collective(staged_version, "127.0.0.1", 29999, 2, backend="gloo"))
-    assert engine.staged_weights is not None and engine.staged_weights.flat is not None
+    parts = transport.prepare(WeightUpdateMeta.collective(staged_version, "127.0.0.1", 29999, 2, backend="gloo"))
+    assert set(parts) == {"perf/weight_pack_s"} and parts["perf/weight_pack_s"] > 0
+    assert transport._staged is not None and transport._staged.flat is not None
     gathers: list[int] = []
     real_iter = export.iter_hf_tensors
     monkeypatch.setattr(export, "iter_hf_tensors", lambda *a, **kw: gathers.append(1) or real_iter(*a, **kw))
-    send_weights(engine, meta)
-    assert engine.staged_weights is None
+    transport.send(meta)
+    assert transport._staged is None
     assert gathers == ([] if staged_version == 1 else [1])
     names = {s.name for s in weight_specs(engine)}
     expected = torch.cat(
@@ -130,20 +153,18 @@ def test_weights_staged_before_the_pause_are_the_bytes_sent(
     assert len(sent) == 1 and torch.equal(sent[0], expected)
 
 
-def test_nothing_is_staged_when_the_weights_need_several_buckets(fp32_model, single_rank) -> None:
-    from areal_tasks.engine.fsdp.weight_sender import stage_weights
+def test_nothing_is_staged_when_the_weights_need_several_buckets(fp32_model, tmp_path) -> None:
+    transport = CollectiveTransport(_engine(fp32_model, "bfloat16"), PublishContext(tmp_path))
+    meta = WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, backend="gloo", bucket_bytes=4096)
+    assert transport.prepare(meta) == {"perf/weight_pack_s": 0.0}
+    assert transport._staged is None
 
-    engine = _engine(fp32_model, "bfloat16")
-    stage_weights(engine, WeightUpdateMeta.collective(1, "127.0.0.1", 29999, 2, backend="gloo", bucket_bytes=4096))
-    assert engine.staged_weights is None
 
-
-def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, single_rank, tmp_path) -> None:
+def test_disk_writes_the_compute_dtype(fp32_model, tiny_qwen2, tmp_path) -> None:
     from areal_tasks.models.safetensors_dir import read_safetensors_dir
 
-    send_weights(
-        _engine(fp32_model, "bfloat16", model_path=str(tiny_qwen2)), WeightUpdateMeta.disk(str(tmp_path / "v1"), 1)
-    )
+    transport = DiskTransport(_engine(fp32_model, "bfloat16", model_path=str(tiny_qwen2)), PublishContext(tmp_path))
+    transport.send(WeightUpdateMeta.disk(str(tmp_path / "v1"), 1))
     written = read_safetensors_dir(tmp_path / "v1")
     assert written and {t.dtype for t in written.values()} == {torch.bfloat16}
     assert (tmp_path / "v1" / "config.json").is_file()
@@ -185,3 +206,22 @@ def test_a_one_device_mesh_publishes_its_local_tensors_without_a_gather(tiny_qwe
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_weight_specs_match_the_published_tensors(tiny_qwen2, lora: bool, tied: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.config.engine import LoRAConfig
+    from areal_tasks.engine.fsdp.export import iter_hf_meta, iter_hf_tensors
+    from areal_tasks.models.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32, tie_word_embeddings=tied)
+    if lora:
+        model = apply_lora(model, LoRAConfig(enabled=True, rank=4, alpha=8, target_modules=["q_proj", "up_proj"]), 1)
+    published = [spec_of(n, t) for n, t in iter_hf_tensors(model, torch.device("cpu"))]
+    assert [spec_of(n, t) for n, t in iter_hf_meta(model)] == published
+    names = [s.name for s in published]
+    assert ("lm_head.weight" in names) is not tied
+    assert not any("lora" in n or "base_layer" in n for n in names)

@@ -8,8 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
-from areal_tasks.inference.server.weights import load_safetensors_dir
 from areal_tasks.models import build_tiny_model
+from areal_tasks.weights.base import ServedWeights
+from areal_tasks.weights.disk import load_safetensors_dir
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [100, 200, 300, 400, 500, 600, 700]]
 STEPS = 8
@@ -62,7 +63,7 @@ def test_tied_embeddings_load_under_either_name(one_thread: None) -> None:
     specs = runner.weight_specs()
     assert "lm_head.weight" in specs and "model.embed_tokens.weight" in specs
     assert "lm_head.weight" not in runner.required_weight_names()
-    named = load_safetensors_dir(str(path), specs, runner.required_weight_names(), runner.device)
+    named = load_safetensors_dir(str(path), ServedWeights(specs, runner.required_weight_names()), runner.device)
     assert runner.load_weights(named.items()) == len(named)
     head = runner.model.get_output_embeddings().weight
     runner.load_weights([("lm_head.weight", torch.zeros_like(head))])

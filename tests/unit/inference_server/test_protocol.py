@@ -1,12 +1,12 @@
 """Pure pieces of the HTTP layer: SGLang request splitting, version spans, API-key rules, metrics
-text, tool-call parsing and the disk-weight checks."""
+text, tool-call parsing and the checks of received weights against the served model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from areal_tasks.errors import InferenceError, InferenceRequestError
+from areal_tasks.errors import InferenceRequestError, WeightTransportError
 from areal_tasks.inference.server.auth import request_allowed
 from areal_tasks.inference.server.metrics import render_metrics
 from areal_tasks.inference.server.openai_routes import parse_tool_calls
@@ -14,7 +14,7 @@ from areal_tasks.inference.server.protocol import GenerateReqInput, split_genera
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
 from areal_tasks.inference.server.stats import EngineStats
-from areal_tasks.inference.server.weights import check_tensors
+from areal_tasks.weights.base import check_tensors
 
 
 def _split(**body):
@@ -123,9 +123,9 @@ def test_parse_tool_calls() -> None:
 def test_check_tensors() -> None:
     specs = {"a": ((2, 2), torch.float32), "b": ((3,), torch.float32)}
     check_tensors({"a": torch.zeros(2, 2)}, specs, None)
-    with pytest.raises(InferenceError, match="not in the served model"):
+    with pytest.raises(WeightTransportError, match="not in the served model"):
         check_tensors({"c": torch.zeros(1)}, specs, None)
-    with pytest.raises(InferenceError, match="shape mismatch"):
+    with pytest.raises(WeightTransportError, match="shape mismatch"):
         check_tensors({"a": torch.zeros(4)}, specs, None)
-    with pytest.raises(InferenceError, match="lacks 1 weights"):
+    with pytest.raises(WeightTransportError, match="lacks 1 weights"):
         check_tensors({"a": torch.zeros(2, 2)}, specs, {"a", "b"})

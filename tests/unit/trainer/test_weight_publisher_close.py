@@ -2,8 +2,9 @@
 
 Both sides must be in the teardown at the same time (NCCL's destroy waits for the peers), so the
 fakes here each wait for the other to have started: run one after the other, the test would time
-out. A server that cannot be reached is logged, not raised; nothing happens for disk updates or
-before the group was ever joined; close is idempotent.
+out. The publisher's transport is the real collective one, holding a fake joined group. A server
+that cannot be reached is logged, not raised; nothing happens for disk updates or before the group
+was ever joined; close is idempotent.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 from areal_tasks.errors import InferenceControlError
 from areal_tasks.trainer.weight_publisher import WeightPublisher
+from areal_tasks.weights.collective import CollectiveTransport
 
 WAIT_S = 10.0
 
@@ -54,15 +56,22 @@ class FakeExecutor:
 
 
 def _publisher(
-    meet: Rendezvous, *, fail: bool = False, joined: bool = True
+    meet: Rendezvous, *, fail: bool = False, joined: bool = True, mode: str = "collective"
 ) -> tuple[WeightPublisher, FakeGroup, FakeExecutor]:
     group, executor = FakeGroup(meet), FakeExecutor(meet, fail)
-    actor = SimpleNamespace(weight_groups={("127.0.0.1", 1, "g"): group})
-    cfg = SimpleNamespace(rollout=SimpleNamespace(weight_update="collective"))
-    publisher = WeightPublisher(cfg, actor, SimpleNamespace(executor=executor), Path("."))  # type: ignore[arg-type]
-    if joined:
-        publisher._collective_port = 1
+    cfg = SimpleNamespace(rollout=SimpleNamespace(weight_update=mode, pause_mode="abort"))
+    side = SimpleNamespace(executor=executor, n_servers=1)
+    publisher = WeightPublisher(cfg, SimpleNamespace(), side, Path("."))  # type: ignore[arg-type]
+    if joined:  # as after the first collective update: the group's port agreed, the group joined
+        transport = publisher.transport
+        assert isinstance(transport, CollectiveTransport)
+        transport._port = 1
+        transport._groups[("127.0.0.1", 1, "g")] = group  # type: ignore[assignment]
     return publisher, group, executor
+
+
+def _groups(publisher: WeightPublisher) -> dict:
+    return publisher.transport._groups  # type: ignore[attr-defined]
 
 
 def test_close_runs_the_servers_leave_concurrently_with_the_trainer_destroy() -> None:
@@ -70,7 +79,7 @@ def test_close_runs_the_servers_leave_concurrently_with_the_trainer_destroy() ->
     publisher, group, executor = _publisher(meet)
     publisher.close()
     assert group.met is True and executor.met is True, "each side must see the other enter the teardown"
-    assert publisher.actor.weight_groups == {}
+    assert _groups(publisher) == {}
     publisher.close()  # idempotent
     assert executor.calls == 1
 
@@ -79,11 +88,17 @@ def test_a_server_that_fails_to_leave_is_logged_not_raised(caplog) -> None:
     publisher, group, _executor = _publisher(Rendezvous(), fail=True)
     with caplog.at_level(logging.WARNING):
         publisher.close()
-    assert group.met is True and publisher.actor.weight_groups == {}
+    assert group.met is True and _groups(publisher) == {}
     assert "did not all leave the weight-update group" in caplog.text and "refused" in caplog.text
 
 
 def test_nothing_to_tear_down_before_the_first_join() -> None:
     publisher, group, executor = _publisher(Rendezvous(), joined=False)
+    publisher.close()
+    assert executor.calls == 0 and group.met is None
+
+
+def test_nothing_for_the_servers_to_leave_after_disk_updates() -> None:
+    publisher, group, executor = _publisher(Rendezvous(), joined=False, mode="disk")
     publisher.close()
     assert executor.calls == 0 and group.met is None

@@ -1,12 +1,11 @@
-"""The trainer's collective sender against the embedded server's receive code (SGLang's protocol).
+"""The collective transport's sender against its receiving side (SGLang's protocol).
 
-The sender and the server's ``receive_weights`` meet over a loopback stand-in for
-``torch.distributed.broadcast`` (the real gloo group, which needs one process per member, is
-exercised by ``tests/distributed/test_fsdp_weight_update.py`` and the inference protocol suite):
-each bucket of the shared plan is exactly one ``uint8`` broadcast, with no header and no end
-marker, and the server rebuilds every tensor from the plan's names, dtypes and shapes. Also: the
-sender refuses a stream that differs from the plan, and the engine's weight specs (meta tensors)
-match the tensors it publishes for plain, tied and LoRA models.
+The trainer's ``BucketedBroadcastSender`` and a server's ``CollectiveReceiver`` meet over a
+loopback stand-in for ``torch.distributed.broadcast`` (the real gloo group, which needs one process
+per member, is exercised by ``tests/distributed/test_fsdp_weight_update.py``, the transport contract
+test and the inference protocol suite): each bucket of the shared plan is exactly one ``uint8``
+broadcast, with no header and no end marker, and the server rebuilds every tensor from the plan's
+names, dtypes and shapes. Also: the sender refuses a stream that differs from the plan.
 """
 
 from __future__ import annotations
@@ -16,15 +15,11 @@ import torch
 
 from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.collective import (
-    BucketedBroadcastSender,
-    WeightGroup,
-    flatten_bucket,
-    join_weight_group,
-    spec_of,
-)
-from areal_tasks.errors import EngineError
-from areal_tasks.inference.server.weights import WeightUpdateGroup, receive_weights
+from areal_tasks.errors import WeightTransportError
+from areal_tasks.weights.base import WeightLoad
+from areal_tasks.weights.buckets import flatten_bucket, spec_of
+from areal_tasks.weights.collective import BucketedBroadcastSender, CollectiveReceiver
+from areal_tasks.weights.group import WeightGroup, join_as_trainer
 
 BUCKET_BYTES = 256
 
@@ -54,7 +49,7 @@ def loopback(monkeypatch: pytest.MonkeyPatch) -> Loopback:
 
 
 def _trainer_group() -> WeightGroup:
-    return WeightGroup("g", 2, "gloo", torch.device("cpu"), "trainer")
+    return WeightGroup("g", 0, 2, "gloo", torch.device("cpu"), "trainer")
 
 
 def _tensors(version: int) -> dict[str, torch.Tensor]:
@@ -72,7 +67,8 @@ def _tensors(version: int) -> dict[str, torch.Tensor]:
 
 def test_each_planned_bucket_is_one_broadcast_the_server_receives(loopback: Loopback) -> None:
     sender = BucketedBroadcastSender(_trainer_group(), BUCKET_BYTES)
-    server = WeightUpdateGroup("g", 1, 2, "gloo", torch.device("cpu"), "server")
+    server = CollectiveReceiver(torch.device("cpu"))
+    server.groups["g"] = WeightGroup("g", 1, 2, "gloo", torch.device("cpu"), "server")
     for version in (1, 2):
         tensors = _tensors(version)
         specs = [spec_of(n, t) for n, t in tensors.items()]
@@ -84,15 +80,7 @@ def test_each_planned_bucket_is_one_broadcast_the_server_receives(loopback: Loop
         assert sent == sum(t.numel() * t.element_size() for t in tensors.values())
         received: dict[str, torch.Tensor] = {}
         for bucket in buckets:
-            received.update(
-                receive_weights(
-                    server,
-                    [s.name for s in bucket],
-                    [s.dtype for s in bucket],
-                    [list(s.shape) for s in bucket],
-                    "flattened_bucket",
-                )
-            )
+            received.update(server.receive(WeightLoad.for_specs(bucket, group_name="g")))
         assert loopback.read == len(loopback.sent)
         assert set(received) == set(tensors)
         for name, tensor in tensors.items():
@@ -125,31 +113,12 @@ def test_a_floating_point_tensor_is_cast_to_its_planned_dtype_in_the_bucket() ->
 )
 def test_a_stream_that_differs_from_the_plan_is_refused(loopback: Loopback, stream: dict, match: str) -> None:
     specs = [spec_of("a", torch.zeros(4)), spec_of("b", torch.zeros(4))]
-    with pytest.raises(EngineError, match=match):
+    with pytest.raises(WeightTransportError, match=match):
         BucketedBroadcastSender(_trainer_group(), 16).send(stream.items(), specs)
 
 
 def test_join_needs_a_collective_meta_and_the_sender_a_bucket_size() -> None:
-    with pytest.raises(EngineError, match="collective"):
-        join_weight_group(WeightUpdateMeta.disk("/tmp/x", 1))
-    with pytest.raises(EngineError, match="bucket_bytes"):
+    with pytest.raises(WeightTransportError, match="collective"):
+        join_as_trainer(WeightUpdateMeta.disk("/tmp/x", 1), torch.device("cpu"))
+    with pytest.raises(WeightTransportError, match="bucket_bytes"):
         BucketedBroadcastSender(_trainer_group(), 0)
-
-
-@pytest.mark.parametrize("lora", [False, True])
-@pytest.mark.parametrize("tied", [False, True])
-def test_weight_specs_match_the_published_tensors(tiny_qwen2, lora: bool, tied: bool) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from areal_tasks.config.engine import LoRAConfig
-    from areal_tasks.engine.fsdp.export import iter_hf_meta, iter_hf_tensors
-    from areal_tasks.models.lora import apply_lora
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32, tie_word_embeddings=tied)
-    if lora:
-        model = apply_lora(model, LoRAConfig(enabled=True, rank=4, alpha=8, target_modules=["q_proj", "up_proj"]), 1)
-    published = [spec_of(n, t) for n, t in iter_hf_tensors(model, torch.device("cpu"))]
-    assert [spec_of(n, t) for n, t in iter_hf_meta(model)] == published
-    names = [s.name for s in published]
-    assert ("lm_head.weight" in names) is not tied
-    assert not any("lora" in n or "base_layer" in n for n in names)

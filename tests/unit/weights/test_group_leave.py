@@ -3,7 +3,7 @@ and aborts the group locally when a member never leaves (NCCL's destroy waits fo
 
 A real one-member gloo group is destroyed cleanly; a destroy that blocks (a stand-in for NCCL
 waiting on a server that is gone) is given up after the bound, the group aborted, and a warning
-names it. The server's ``WeightUpdateGroup.destroy`` goes through the same bounded path.
+names it. A server's leave (``CollectiveReceiver.leave``) goes through the same bounded path.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from areal_tasks.engine.weights import collective
-from areal_tasks.engine.weights.collective import WeightGroup, init_custom_process_group, leave_process_group
+from areal_tasks.weights import group
+from areal_tasks.weights.group import WeightGroup, init_custom_process_group, leave_process_group
 
 
 def _free_port() -> int:
@@ -36,8 +36,8 @@ def test_a_clean_destroy_returns_true_and_unregisters_the_group() -> None:
     from torch.distributed import distributed_c10d
 
     pg = _one_member_group("leave_clean")
-    group = WeightGroup("leave_clean", 1, "gloo", torch.device("cpu"), pg)
-    assert group.destroy(timeout_s=10.0) is True
+    member = WeightGroup("leave_clean", 0, 1, "gloo", torch.device("cpu"), pg)
+    assert member.destroy(timeout_s=10.0) is True
     assert pg not in distributed_c10d._world.pg_map
 
 
@@ -45,19 +45,19 @@ def test_a_real_abort_unregisters_the_group() -> None:
     from torch.distributed import distributed_c10d
 
     pg = _one_member_group("leave_abort")
-    collective.abort_process_group(pg)
+    group.abort_process_group(pg)
     assert pg not in distributed_c10d._world.pg_map
     with pytest.raises(ValueError):
-        collective.abort_process_group(pg)  # gone already
+        group.abort_process_group(pg)  # gone already
 
 
 def test_a_destroy_that_never_returns_is_aborted_after_the_bound(monkeypatch, caplog) -> None:
     release = threading.Event()
     aborted: list[object] = []
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda pg: release.wait(30))
-    monkeypatch.setattr(collective, "abort_process_group", aborted.append)
+    monkeypatch.setattr(group, "abort_process_group", aborted.append)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger=collective.__name__):
+    with caplog.at_level(logging.WARNING, logger=group.__name__):
         assert leave_process_group("PG", "stuck_group", timeout_s=0.2) is False
     release.set()
     assert time.monotonic() - started < 5.0
@@ -73,20 +73,22 @@ def test_a_failed_destroy_is_aborted_and_never_raises(monkeypatch, caplog) -> No
         raise RuntimeError("abort failed too")
 
     monkeypatch.setattr(torch.distributed, "destroy_process_group", fail)
-    monkeypatch.setattr(collective, "abort_process_group", abort_fails)
-    with caplog.at_level(logging.WARNING, logger=collective.__name__):
+    monkeypatch.setattr(group, "abort_process_group", abort_fails)
+    with caplog.at_level(logging.WARNING, logger=group.__name__):
         assert leave_process_group("PG", "broken_group", timeout_s=5.0) is False
     assert "peer reset" in caplog.text and "abort failed too" in caplog.text
 
 
 def test_the_server_side_destroy_is_bounded_too(monkeypatch) -> None:
-    from areal_tasks.inference.server.weights import WeightUpdateGroup
+    from areal_tasks.weights.collective import CollectiveReceiver
 
     release = threading.Event()
     aborted: list[object] = []
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda pg: release.wait(30))
-    monkeypatch.setattr(collective, "abort_process_group", aborted.append)
-    group = WeightUpdateGroup("server_group", 1, 2, "gloo", torch.device("cpu"), "PG")
-    assert group.destroy(timeout_s=0.2) is False
+    monkeypatch.setattr(group, "abort_process_group", aborted.append)
+    receiver = CollectiveReceiver(torch.device("cpu"))
+    receiver.groups["server_group"] = WeightGroup("server_group", 1, 2, "gloo", torch.device("cpu"), "PG")
+    assert receiver.leave("server_group", timeout_s=0.2) is False
+    assert receiver.leave("server_group") is None  # gone either way
     release.set()
     assert aborted == ["PG"]

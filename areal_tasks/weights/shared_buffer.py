@@ -1,10 +1,10 @@
-"""Weight updates through memory that the trainer and the servers share on one host.
+"""The buffers of shared-memory weight updates: memory the trainer and the servers on its host share.
 
-When the inference servers run on the trainer's own GPUs (colocated) NCCL cannot connect them, and
-a disk update costs a write and a read of the whole model. Here every trainer rank keeps one buffer
-for the run, the size of the published weights, and packs each update into it (the same bytes as
-one flattened collective bucket: ``flatten_bucket`` over all specs). A server opens a buffer once
-and copies from it into its own weights while paused: one device-to-device copy.
+Every trainer rank that holds one keeps a :class:`SharedWeightBuffer` for the run, the size of
+the published weights, laid out as one flattened bucket (:func:`shared_layout`: the bytes of
+``flatten_bucket`` over all specs). A server opens it once from its JSON description
+(:func:`pick_buffer`, :func:`open_shared_buffer`) and copies out of it while paused: one
+device-to-device copy. The transport that uses them is :mod:`areal_tasks.weights.shared`.
 
 * **CUDA**: the buffer is a ``uint8`` tensor on the rank's GPU, shared by CUDA IPC. Its
   description carries torch's IPC handle of the allocation (``UntypedStorage._share_cuda_``, the
@@ -17,10 +17,9 @@ and copies from it into its own weights while paused: one device-to-device copy.
   of trainers of the same namespace that are gone (killed before they could delete theirs), so a
   crash does not keep host memory.
 
-No pickle crosses the wire: a description is a dict of strings and integers that only the two
-functions here read and write. The bytes are those of one flattened collective bucket
-(``flatten_bucket`` over the same layout). Ordering: :meth:`SharedWeightBuffer.pack` waits for its
-copies to finish before it returns, and a server waits for its copy out of the buffer before it answers, so
+No pickle crosses the wire: a description is a dict of strings and integers that only the
+functions here read and write. Ordering: :meth:`SharedWeightBuffer.pack` waits for its copies to
+finish before it returns, and a server waits for its copy out of the buffer before it answers, so
 neither side needs the other's stream.
 """
 
@@ -35,8 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.engine.weights.collective import bucket_views, check_bucket_tensor
-from areal_tasks.errors import EngineError
+from areal_tasks.errors import WeightTransportError
+from areal_tasks.weights.buckets import bucket_views, check_bucket_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +60,7 @@ def shared_layout(specs: Sequence[ParamSpec]) -> list[ParamSpec]:
     from areal_tasks.api.inference import plan_weight_buckets
 
     if not specs:
-        raise EngineError("a shared weight buffer needs at least one tensor")
+        raise WeightTransportError("a shared weight buffer needs at least one tensor")
     return plan_weight_buckets(specs, max(1, sum(spec.nbytes for spec in specs)))[0]
 
 
@@ -129,7 +128,7 @@ class SharedWeightBuffer:
         import torch
 
         if nbytes < 1:
-            raise EngineError(f"a shared weight buffer needs at least one byte, got {nbytes}")
+            raise WeightTransportError(f"a shared weight buffer needs at least one byte, got {nbytes}")
         self.nbytes = nbytes
         self.device = device
         self.buffer_id = uuid.uuid4().hex
@@ -145,7 +144,7 @@ class SharedWeightBuffer:
             self.flat = torch.from_file(str(self._path), shared=True, size=nbytes, dtype=torch.uint8)
             self._description = {"kind": FILE, "id": self.buffer_id, "nbytes": nbytes, "path": str(self._path)}
         else:
-            raise EngineError(f"shared weight updates run on cuda or cpu, not on {device.type!r}")
+            raise WeightTransportError(f"shared weight updates run on cuda or cpu, not on {device.type!r}")
         logger.info("shared weight buffer %s: %.1f MiB on %s", self.buffer_id[:8], nbytes / 2**20, device)
 
     def _describe_cuda(self) -> dict[str, Any]:
@@ -179,7 +178,7 @@ class SharedWeightBuffer:
         in groups of up to :data:`PACK_GROUP_BYTES`: a 0.5B model is 291 tensors, and slicing and
         copying each one by one cost more host time than the copies themselves, while a stream
         gathered from shards holds at most one group of full tensors at a time. Raises
-        :class:`EngineError` when a tensor is not in the layout, does not match its spec, or is
+        :class:`WeightTransportError` when a tensor is not in the layout, does not match its spec, or is
         missing (the buffer then holds a partial update: no server reads it)."""
         import torch
 
@@ -191,7 +190,7 @@ class SharedWeightBuffer:
         for name, tensor in named:
             spec = by_name.get(name)
             if spec is None:
-                raise EngineError(f"{name!r} is not in the shared buffer's layout ({len(views)} tensors)")
+                raise WeightTransportError(f"{name!r} is not in the shared buffer's layout ({len(views)} tensors)")
             check_bucket_tensor(spec, tensor)
             seen.add(name)
             targets.append(views[name])
@@ -203,7 +202,9 @@ class SharedWeightBuffer:
         _copy_group(targets, sources)
         missing = [name for name in views if name not in seen]
         if missing:
-            raise EngineError(f"the weights to pack lack {len(missing)} tensors of the layout, e.g. {missing[:3]}")
+            raise WeightTransportError(
+                f"the weights to pack lack {len(missing)} tensors of the layout, e.g. {missing[:3]}"
+            )
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
@@ -213,7 +214,7 @@ class SharedWeightBuffer:
         if self._views is None or self._views[0] != key:
             nbytes = sum(spec.nbytes for spec in specs)
             if nbytes != self.nbytes:
-                raise EngineError(f"the layout holds {nbytes} bytes, the shared buffer {self.nbytes}")
+                raise WeightTransportError(f"the layout holds {nbytes} bytes, the shared buffer {self.nbytes}")
             self._views = (key, bucket_views(self.flat, specs))
         return self._views[1]
 
@@ -229,14 +230,14 @@ class SharedWeightBuffer:
 def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device) -> Mapping[str, Any]:
     """The description a server on ``device`` reads: the buffer on its own GPU, or on CPU the first.
 
-    Raises :class:`EngineError` naming the GPUs the buffers are on when none is on ``device``'s.
+    Raises :class:`WeightTransportError` naming the GPUs the buffers are on when none is on ``device``'s.
     """
     if not descriptions:
-        raise EngineError("a shared weight update names no buffer; the trainer packs one before the update")
+        raise WeightTransportError("a shared weight update names no buffer; the trainer packs one before the update")
     if device.type != "cuda":
         files = [d for d in descriptions if d.get("kind") == FILE]
         if not files:
-            raise EngineError("the trainer's shared weight buffers are on GPUs; a CPU server cannot read them")
+            raise WeightTransportError("the trainer's shared weight buffers are on GPUs; a CPU server cannot read them")
         return files[0]
     import torch
 
@@ -246,7 +247,7 @@ def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device)
         if description.get("kind") == CUDA_IPC and description.get("gpu_uuid") == mine:
             return description
     where = sorted({str(d.get("gpu_uuid", d.get("kind"))) for d in descriptions})
-    raise EngineError(
+    raise WeightTransportError(
         f"no shared weight buffer is on this server's GPU ({mine}); the trainer's are on {where}. "
         "Shared updates need each server on a GPU of a trainer rank (colocated); "
         "otherwise use rollout.weight_update=disk or collective"
@@ -256,19 +257,19 @@ def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device)
 def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
     """The ``uint8`` tensor a description names (a server's view of a trainer's buffer).
 
-    Raises :class:`EngineError` when the description is malformed or the memory cannot be opened
+    Raises :class:`WeightTransportError` when the description is malformed or the memory cannot be opened
     (another host, a buffer that is gone).
     """
     import torch
 
     kind, nbytes = description.get("kind"), description.get("nbytes")
     if not isinstance(nbytes, int) or nbytes < 1:
-        raise EngineError(f"shared weight buffer: 'nbytes' must be a positive int, got {nbytes!r}")
+        raise WeightTransportError(f"shared weight buffer: 'nbytes' must be a positive int, got {nbytes!r}")
     try:
         if kind == FILE:
             path = Path(str(description.get("path", "")))
             if not path.is_file() or path.stat().st_size < nbytes:
-                raise EngineError(
+                raise WeightTransportError(
                     f"shared weight buffer {path} is missing or shorter than {nbytes} bytes: "
                     "the trainer must run on this host and keep the buffer open"
                 )
@@ -276,8 +277,10 @@ def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
         if kind == CUDA_IPC:
             return _open_cuda(description, nbytes)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise EngineError(f"cannot open shared weight buffer {description.get('id')!r} ({kind}): {exc}") from exc
-    raise EngineError(f"shared weight buffer: unknown kind {kind!r} (known: {CUDA_IPC!r}, {FILE!r})")
+        raise WeightTransportError(
+            f"cannot open shared weight buffer {description.get('id')!r} ({kind}): {exc}"
+        ) from exc
+    raise WeightTransportError(f"shared weight buffer: unknown kind {kind!r} (known: {CUDA_IPC!r}, {FILE!r})")
 
 
 def _open_cuda(description: Mapping[str, Any], nbytes: int) -> torch.Tensor:
@@ -286,7 +289,7 @@ def _open_cuda(description: Mapping[str, Any], nbytes: int) -> torch.Tensor:
     target = str(description["gpu_uuid"])
     local = [i for i in range(torch.cuda.device_count()) if _gpu_uuid(i) == target]
     if not local:
-        raise EngineError(f"GPU {target} holding the shared weight buffer is not visible to this process")
+        raise WeightTransportError(f"GPU {target} holding the shared weight buffer is not visible to this process")
     torch.cuda._lazy_init()
     storage = torch.UntypedStorage._new_shared_cuda(
         local[0],

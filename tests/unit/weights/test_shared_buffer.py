@@ -1,4 +1,4 @@
-"""Shared-memory weight buffers (``engine/weights/shared.py``) on CPU: what the trainer packs,
+"""Shared-memory weight buffers (``weights/shared_buffer.py``) on CPU: what the trainer packs,
 another process reads through the JSON description alone; every malformed or unreachable
 description fails with an error that names what is wrong; the wire record round-trips."""
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from areal_tasks.api.weight_update import WeightUpdateMeta
-from areal_tasks.engine.weights.collective import flatten_bucket, spec_of
-from areal_tasks.engine.weights.shared import SharedWeightBuffer, open_shared_buffer, pick_buffer, shared_layout
-from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.errors import ConfigError, WeightTransportError
+from areal_tasks.weights.buckets import flatten_bucket, spec_of
+from areal_tasks.weights.shared_buffer import SharedWeightBuffer, open_shared_buffer, pick_buffer, shared_layout
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -36,13 +36,13 @@ def test_layout_aligns_every_tensor_to_its_element_size() -> None:
         assert offset % spec.itemsize == 0, spec
         offset += spec.nbytes
     assert [s.itemsize for s in layout] == sorted((s.itemsize for s in layout), reverse=True)
-    with pytest.raises(EngineError, match="at least one tensor"):
+    with pytest.raises(WeightTransportError, match="at least one tensor"):
         shared_layout([])
 
 
 READER = """
 import json, sys, torch
-from areal_tasks.engine.weights.shared import open_shared_buffer
+from areal_tasks.weights.shared_buffer import open_shared_buffer
 description, layout = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 flat, offset, out = open_shared_buffer(description), 0, {}
 for name, dtype, shape, nbytes in layout:
@@ -81,14 +81,14 @@ def test_another_process_reads_what_was_packed_and_each_repack() -> None:
     finally:
         path = buffer.describe()["path"]
         buffer.close()
-    with pytest.raises(EngineError, match="missing or shorter"):
+    with pytest.raises(WeightTransportError, match="missing or shorter"):
         open_shared_buffer({"kind": "file", "id": "x", "nbytes": 8, "path": path})
 
 
 def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, monkeypatch) -> None:
     """Only files of this PID namespace whose pid no process has: a live trainer's file, and one
     of another namespace (a container sharing /dev/shm, where the pid means another process), stay."""
-    import areal_tasks.engine.weights.shared as shared
+    import areal_tasks.weights.shared_buffer as shared
 
     monkeypatch.setattr(shared, "_shm_dir", lambda: tmp_path)
     dead = subprocess.run(
@@ -110,7 +110,7 @@ def test_a_dead_trainers_buffer_file_is_removed_by_the_next_buffer(tmp_path, mon
 
 
 def test_packing_in_small_groups_gives_the_same_bytes(monkeypatch) -> None:
-    import areal_tasks.engine.weights.shared as shared
+    import areal_tasks.weights.shared_buffer as shared
 
     named = tensors()
     layout = shared_layout([spec_of(n, t) for n, t in named.items()])
@@ -128,13 +128,13 @@ def test_pack_refuses_tensors_that_do_not_match_the_layout() -> None:
     layout = shared_layout([spec_of(n, t) for n, t in named.items()])
     buffer = SharedWeightBuffer(sum(s.nbytes for s in layout), torch.device("cpu"))
     try:
-        with pytest.raises(EngineError, match=r"lack 1 tensors of the layout, e.g. \['steps'\]"):
+        with pytest.raises(WeightTransportError, match=r"lack 1 tensors of the layout, e.g. \['steps'\]"):
             buffer.pack(layout, ((k, v) for k, v in named.items() if k != "steps"))
-        with pytest.raises(EngineError, match="the bucket plan says"):
+        with pytest.raises(WeightTransportError, match="the bucket plan says"):
             buffer.pack(layout, {**named, "head.weight": torch.zeros(4, 5)}.items())
-        with pytest.raises(EngineError, match="'extra' is not in the shared buffer's layout"):
+        with pytest.raises(WeightTransportError, match="'extra' is not in the shared buffer's layout"):
             buffer.pack(layout, [*named.items(), ("extra", torch.zeros(1))])
-        with pytest.raises(EngineError, match="the layout holds .* bytes, the shared buffer"):
+        with pytest.raises(WeightTransportError, match="the layout holds .* bytes, the shared buffer"):
             buffer.pack(layout[1:], named.items())
     finally:
         buffer.close()
@@ -150,7 +150,7 @@ def test_pack_refuses_tensors_that_do_not_match_the_layout() -> None:
     ],
 )
 def test_bad_descriptions_are_refused_by_name(description: dict, message: str) -> None:
-    with pytest.raises(EngineError, match=message):
+    with pytest.raises(WeightTransportError, match=message):
         open_shared_buffer(description)
 
 
@@ -158,9 +158,9 @@ def test_pick_buffer_on_cpu() -> None:
     file = {"kind": "file", "id": "a", "nbytes": 8, "path": "/dev/shm/a"}
     gpu = {"kind": "cuda_ipc", "id": "b", "nbytes": 8, "gpu_uuid": "GPU-1"}
     assert pick_buffer([gpu, file], torch.device("cpu")) == file
-    with pytest.raises(EngineError, match="names no buffer"):
+    with pytest.raises(WeightTransportError, match="names no buffer"):
         pick_buffer([], torch.device("cpu"))
-    with pytest.raises(EngineError, match="a CPU server cannot read them"):
+    with pytest.raises(WeightTransportError, match="a CPU server cannot read them"):
         pick_buffer([gpu], torch.device("cpu"))
 
 
