@@ -2,7 +2,7 @@
 
 ``evaluate(cfg, model_dir, n_prompts)`` starts a server for ``model_dir`` (the job's
 ``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler) and measures exactly
-what the RL loop's own evaluation (:meth:`areal_tasks.trainer.rl_rollout.RolloutSide.evaluate`,
+what the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
 ``reward_before`` / ``reward_after``) measures, so that a checkpoint's number here can be compared
 with -- and gated against -- the trainer's:
 
@@ -90,7 +90,7 @@ def evaluate(
     from areal_tasks.inference.launch import ServerFleet, build_server_command
     from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.rollout.rewards import RewardRunner
-    from areal_tasks.trainer.rl_rollout import workflow_of
+    from areal_tasks.rollout.side import workflow_of
 
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts

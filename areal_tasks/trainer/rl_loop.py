@@ -35,8 +35,8 @@ from areal_tasks.trainer.evaluate import samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.trainer.rl_rollout import RolloutSide
-    from areal_tasks.trainer.rollout_process import RolloutProcess
+    from areal_tasks.rollout.process import RolloutProcess
+    from areal_tasks.rollout.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,9 @@ def run_rl_rank(
     from areal_tasks.checkpoint.layout import step_dir
     from areal_tasks.checkpoint.manager import CheckpointManager
     from areal_tasks.checkpoint.state import TrainerState
+    from areal_tasks.rollout.side import RolloutSide
     from areal_tasks.trainer.engines import build_engines
     from areal_tasks.trainer.rl_batch import pack_trajectories
-    from areal_tasks.trainer.rl_rollout import RolloutSide
     from areal_tasks.trainer.rl_step import RLStep
     from areal_tasks.trainer.tracking import callbacks_from_config
     from areal_tasks.trainer.weight_publisher import WeightPublisher

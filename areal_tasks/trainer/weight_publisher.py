@@ -30,8 +30,8 @@ from areal_tasks.trainer.collectives import barrier, broadcast_int, rank
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
     from areal_tasks.engine.fsdp.engine import FSDPEngine
-    from areal_tasks.trainer.rl_rollout import RolloutSide
-    from areal_tasks.trainer.rollout_process import RolloutProcess
+    from areal_tasks.rollout.process import RolloutProcess
+    from areal_tasks.rollout.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 executor, and evaluation through the same servers.
 
 ``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: built in a child
-process (:mod:`areal_tasks.trainer.rollout_process`) when ``rollout.own_process`` says so (``auto``:
+process (:mod:`areal_tasks.rollout.process`) when ``rollout.own_process`` says so (``auto``:
 when training runs on GPUs), else in rank 0's own.
 ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the config:
 
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.rollout.executor import RolloutExecutor
+    from areal_tasks.rollout.process import RolloutProcess
     from areal_tasks.rollout.rewards import RewardRunner
-    from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class RolloutSide:
     def open(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int) -> RolloutSide | RolloutProcess:
         """The side as ``rollout.own_process`` says: in a child process (``auto``: on GPUs) or in this one."""
         if own_process(cfg.rollout.own_process):
-            from areal_tasks.trainer.rollout_process import RolloutProcess
+            from areal_tasks.rollout.process import RolloutProcess
 
             return RolloutProcess.start(cfg, addresses, model_dir, version)
         from areal_tasks.models.tokenizer import load_tokenizer

@@ -1,6 +1,6 @@
 """Train rank 0's rollout side in a child process, so generation does not share the trainer's interpreter.
 
-The rollout side (:class:`~areal_tasks.trainer.rl_rollout.RolloutSide`: inference client, reward
+The rollout side (:class:`~areal_tasks.rollout.side.RolloutSide`: inference client, reward
 pool, workflows, the executor's event loop with up to ``rollout.max_concurrent_rollouts`` episodes
 in flight, evaluation) is Python work that never stops while the run is asynchronous. In rank 0's
 own process it competes with the training step for one interpreter lock: on two H200s, with the
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.api.workflow import Trajectory
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.trainer.rl_rollout import RolloutSide
+    from areal_tasks.rollout.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ def _child_main(
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from areal_tasks.models.tokenizer import load_tokenizer
-    from areal_tasks.trainer.rl_rollout import RolloutSide
+    from areal_tasks.rollout.side import RolloutSide
 
     try:
         side = RolloutSide.build(cfg, addresses, load_tokenizer(model_dir), version)
