@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
 from areal_tasks.errors import ConfigError
-from areal_tasks.trainer.evaluate import eval_sampling, samples_per_prompt
+from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
@@ -156,23 +156,21 @@ class RolloutSide:
             n_samples = 1
             workflow, prefix = self.greedy_workflow, "eval_greedy"
         started = time.perf_counter()
-        rewards = asyncio.run(self._episodes(workflow, [r for r in records for _ in range(n_samples)]))
+        trajectories = asyncio.run(
+            run_episodes(
+                self.client,
+                workflow,
+                [r for r in records for _ in range(n_samples)],
+                self.cfg.rollout.max_concurrent_rollouts,
+            )
+        )
+        rewards = [0.0 if traj is None else float(traj.reward) for traj in trajectories]
         return {
             f"{prefix}/reward": sum(rewards) / len(rewards),
             f"{prefix}/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             f"{prefix}/n": float(len(rewards)),
             f"{prefix}/wall_s": time.perf_counter() - started,
         }
-
-    async def _episodes(self, workflow: RolloutWorkflow, records: list[Any]) -> list[float]:
-        limit = asyncio.Semaphore(max(1, self.cfg.rollout.max_concurrent_rollouts))
-
-        async def one(record: Any) -> float:
-            async with limit:
-                traj = await workflow.arun_episode(self.client, record)
-            return 0.0 if traj is None else float(traj.reward)
-
-        return list(await asyncio.gather(*(one(r) for r in records)))
 
     def close(self) -> None:
         """Stop the executor and the reward pool (idempotent)."""

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError, RolloutError
+from areal_tasks.rollout.evaluation import samples_per_prompt
 from areal_tasks.trainer.collectives import broadcast_object
-from areal_tasks.trainer.evaluate import samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
