@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroupFilter", "RolloutExecutor"]
+__all__ = ["RolloutExecutor"]
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ when training runs on GPUs), else in rank 0's own.
 - the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling`` (leave
   ``rollout.sampling.seed`` unset: one seed shared by every request makes the samples of a group
   identical, which leaves GRPO nothing to compare);
-- the executor (``RolloutExecutor``) over the train split, with DAPO's dynamic filter when the
-  algorithm asks for it.
+- the executor (``RolloutExecutor``) over the train split, with the algorithm's group filter
+  (``Algorithm.group_filter``: DAPO's dynamic sampling; None for most).
 
 :meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
 (``evaluation.temperature``, 0 = greedy; ``evaluation.n_samples`` per prompt) over the eval split and
@@ -33,7 +33,7 @@ from areal_tasks.errors import ConfigError
 from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
 
 if TYPE_CHECKING:
-    from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
+    from areal_tasks.api.workflow import RolloutWorkflow
     from areal_tasks.config.job import JobConfig
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.rollout.executor import RolloutExecutor
@@ -65,17 +65,6 @@ def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward
     return make_workflow(wf.name, tokenizer, sampling, reward, **options)
 
 
-def group_filter_of(cfg: JobConfig) -> Any:
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
-    if not getattr(cfg.algorithm, "dynamic_sampling", False):
-        return None
-
-    def informative(group: list[Trajectory]) -> bool:
-        return len({t.reward for t in group}) > 1
-
-    return informative
-
-
 @dataclass
 class RolloutSide:
     """What rank 0 holds to produce batches and to evaluate."""
@@ -100,6 +89,7 @@ class RolloutSide:
 
     @classmethod
     def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
+        from areal_tasks.algo import build_algorithm
         from areal_tasks.datasets.registry import load_split
         from areal_tasks.inference.client import RemoteInferenceEngine
         from areal_tasks.rollout.executor import RolloutExecutor
@@ -119,7 +109,7 @@ class RolloutSide:
             batch_size=cfg.train.batch_size,
             seed=cfg.experiment.seed,
             shuffle=cfg.dataset.shuffle,
-            group_filter=group_filter_of(cfg),
+            group_filter=build_algorithm(cfg.algorithm).group_filter,
             version=version,
         )
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
