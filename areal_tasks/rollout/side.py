@@ -8,7 +8,8 @@ when training runs on GPUs), else in rank 0's own.
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
 - the reward (``rollout.reward``) in a process pool with a timeout per call;
-- the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling`` (leave
+- the workflow (``rollout.workflow``: a registered name or an import path, its options and the
+  system prompt) with ``rollout.sampling`` (leave
   ``rollout.sampling.seed`` unset: one seed shared by every request makes the samples of a group
   identical, which leaves GRPO nothing to compare);
 - the executor (``RolloutExecutor``) over the train split, with the algorithm's group filter
@@ -55,14 +56,10 @@ def own_process(setting: str) -> bool:
 
 
 def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward: Any) -> RolloutWorkflow:
-    """The workflow ``rollout.workflow.name`` with ``sampling`` and the ``reward`` coroutine."""
-    from areal_tasks.rollout.workflows import make_workflow
+    """The job's workflow (``rollout.workflow``) with ``sampling`` and the ``reward`` coroutine."""
+    from areal_tasks.rollout.workflows import build_workflow
 
-    wf = cfg.rollout.workflow
-    options: dict[str, Any] = {"max_prompt_len": cfg.dataset.max_prompt_len}
-    if wf.name == "multi_turn":
-        options.update(max_turns=wf.max_turns, turn_discount=wf.turn_discount, feedback=wf.feedback)
-    return make_workflow(wf.name, tokenizer, sampling, reward, **options)
+    return build_workflow(cfg.rollout.workflow, tokenizer, sampling, reward, max_prompt_len=cfg.dataset.max_prompt_len)
 
 
 @dataclass
