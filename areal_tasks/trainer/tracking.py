@@ -2,7 +2,7 @@
 
 :func:`callbacks_from_config` builds the rank-0 callback list of the RL loop: the console progress
 bar, the per-step JSONL file ``<run_dir>/rl_metrics.jsonl`` (``tracking.jsonl``) and, when
-``tracking.mlflow_uri`` is set, an :class:`~areal_tasks.trainer.mlflow_callback.MLflowCallback`.
+``tracking.mlflow_uri`` is set, an :class:`~areal_tasks.trainer.callbacks.mlflow.MLflowCallback`.
 
 Importing this module does not import mlflow: the MLflow callback is imported only when a config
 asks for it.
@@ -37,7 +37,7 @@ def callbacks_from_config(cfg: JobConfig, run_dir: Path, *, console: bool = True
     if cfg.tracking.jsonl:
         callbacks.append(JsonlMetrics(RunPaths.of(run_dir).rl_metrics))
     if cfg.tracking.mlflow_uri:
-        from areal_tasks.trainer.mlflow_callback import MLflowCallback
+        from areal_tasks.trainer.callbacks.mlflow import MLflowCallback
 
         callbacks.append(
             MLflowCallback(
