@@ -30,7 +30,7 @@ from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
 from areal_tasks.errors import ConfigError, EngineError
-from areal_tasks.trainer.rl_loop import rl_steps
+from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
 
 if TYPE_CHECKING:
