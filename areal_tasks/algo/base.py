@@ -2,9 +2,10 @@
 
 An algorithm turns a packed batch into advantages (``compute_advantages``), supplies the loss the
 train engine minimises (``actor_loss_fn`` with ``actor_loss_weight_fn``; critic ones when it has a
-critic), and may filter groups (DAPO). Algorithms are chosen by ``config.name`` through
-:func:`build_algorithm`. The engine contract: ``loss, stats = loss_fn(outputs, mb)`` returns a mean
-over the micro-batch's units; the engine scales it by ``loss_weight_fn(mb) / total weight``.
+critic), and may give the rollout side a group filter (``group_filter``: DAPO's dynamic sampling).
+Algorithms are chosen by ``config.name`` through :func:`build_algorithm`. The engine contract:
+``loss, stats = loss_fn(outputs, mb)`` returns a mean over the micro-batch's units; the engine
+scales it by ``loss_weight_fn(mb) / total weight``.
 
 The shared actor loss is decoupled PPO (``actor.py``) plus an optional entropy bonus and an optional
 KL-to-reference loss term, aggregated the same way. Departures from the papers are documented in
@@ -14,7 +15,7 @@ the algorithm modules and in docs/algorithms.md.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
 import torch
@@ -26,6 +27,7 @@ from areal_tasks.algo.aggregate import aggregate_loss, loss_weight
 from areal_tasks.algo.kl import kl_estimate
 from areal_tasks.algo.layout import last_masked_index, masked_segment_sum
 from areal_tasks.algo.shaping import shape_rewards
+from areal_tasks.api.rollout import GroupFilter
 from areal_tasks.config.algorithm import AlgorithmConfig, PolicyGradientConfig
 from areal_tasks.errors import AlgorithmError
 
@@ -102,11 +104,12 @@ class Algorithm(ABC):
     def compute_advantages(self, batch: Batch) -> Batch:
         """A new batch dict: ``batch`` plus ``advantages`` [T] (and ``returns`` [T] with a critic)."""
 
-    def filter_groups(self, groups: Batch | Sequence[Tensor]) -> Tensor:
-        """Keep mask: ``[B]`` per sequence for a batch dict, ``[n]`` for a list of group rewards."""
-        if isinstance(groups, dict):
-            return torch.ones_like(groups[keys.REWARDS], dtype=torch.bool)
-        return torch.ones(len(groups), dtype=torch.bool)
+    @property
+    def group_filter(self) -> GroupFilter | None:
+        """The filter the rollout side applies to each finished group (False drops the group and a
+        new prompt takes its place), or None to keep every group (the default; DAPO's dynamic
+        sampling has one)."""
+        return None
 
     def actor_loss_fn(self, outputs: Batch, mb: Batch) -> LossOutput:
         """Decoupled PPO + entropy bonus + optional KL loss, a mean over this micro-batch's units."""

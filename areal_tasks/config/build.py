@@ -190,3 +190,13 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any], origins: Mapping[str,
     if builder.problems:
         raise ConfigError(format_problems(builder.problems))
     return typing.cast(T, result)
+
+
+def dataclass_problems(cls: type, data: Any, *, path: str, origins: Mapping[str, str] | None = None) -> list[str]:
+    """What :func:`build_dataclass` would report for ``data``, built as ``cls`` at ``path`` of a
+    configuration (a section checked by its own plug-in: ``rollout.workflow.options``); empty when it builds."""
+    builder = _Builder(origins or {})
+    if not isinstance(data, Mapping):
+        return [f"{path}: expected a mapping, got {data!r} ({type(data).__name__})"]
+    builder.dataclass(cls, data, path)
+    return builder.problems

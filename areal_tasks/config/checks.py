@@ -202,15 +202,9 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
             "vLLM has no admin key (its --api-key guards only the /v1 "
             "routes); leave it null and use rollout.server.api_key_env",
         )
-    wf = rollout.workflow
-    if wf.name not in ("rlvr", "multi_turn") and ":" not in wf.name:
-        p.add(
-            "rollout.workflow.name",
-            f"must be rlvr, multi_turn or an import path package.module:factory, got {wf.name!r}",
-        )
-    p.number("rollout.workflow.max_turns", wf.max_turns, low=1)
-    p.number("rollout.workflow.turn_discount", wf.turn_discount, low=0, high=1, low_open=True)
-    p.non_empty("rollout.workflow.feedback", wf.feedback)
+    from areal_tasks.rollout.workflows.registry import workflow_problems
+
+    p.items.extend(workflow_problems(rollout.workflow))  # the workflow's registry knows its names and options
     p.non_empty("rollout.reward.fn", rollout.reward.fn)
     p.number("rollout.reward.workers", rollout.reward.workers, low=0)
     p.number("rollout.reward.timeout_s", rollout.reward.timeout_s, low=0, low_open=True)

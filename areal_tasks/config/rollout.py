@@ -9,7 +9,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from areal_tasks.config.sections import DType
 from areal_tasks.errors import ConfigError
@@ -95,15 +95,15 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class WorkflowConfig:
     """The rollout workflow that turns one prompt into one trajectory."""
 
-    #: ``rlvr``: one turn scored by a verifiable reward; ``multi_turn``: the model gets feedback
-    #: after a wrong answer and retries; or ``package.module:factory`` of your own workflow.
+    #: a registered workflow (``rlvr``, ``multi_turn``: docs/workflows.md lists them and their
+    #: options) or an import path ``package.module:factory`` of your own.
     name: str = "rlvr"
-    #: multi_turn: most assistant turns per episode.
-    max_turns: int = 2
-    #: multi_turn: the reward of turn k is multiplied by ``turn_discount ** (k - 1)``.
-    turn_discount: float = 0.9
-    #: multi_turn: the user message after a wrong answer.
-    feedback: str = "Your answer is wrong. Try again."
+    #: the system turn of every prompt (training, evaluation, the SFT warm start); null = the task's
+    #: default, an empty string = no system turn.
+    system_prompt: str | None = None
+    #: the workflow's own options (keyword arguments of its factory), checked against the ones it
+    #: takes before the job starts; e.g. ``multi_turn``: ``max_turns``, ``turn_discount``, ``feedback``.
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,22 +2,18 @@
 
 ``evaluate(cfg, model_dir, n_prompts)`` starts a server for ``model_dir`` (the job's
 ``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler) and measures exactly
-what the RL loop's own evaluation (:meth:`areal_tasks.trainer.rl_rollout.RolloutSide.evaluate`,
+what the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
 ``reward_before`` / ``reward_after``) measures, so that a checkpoint's number here can be compared
 with -- and gated against -- the trainer's:
 
 - the same episodes: the job's ``rollout.workflow`` (chat template with the system prompt,
   ``dataset.max_prompt_len``; a rejected prompt or an empty output scores 0) scored by the job's
   ``rollout.reward.fn`` in a :class:`~areal_tasks.rollout.rewards.RewardRunner`;
-- the same sampling (:func:`eval_sampling`): ``rollout.sampling`` (``max_new_tokens``, ``top_p``,
-  ``top_k``, stops) at ``evaluation.temperature`` (0 = greedy), and **no shared seed**. Giving every
-  request ``seed=experiment.seed`` (what this module did before) makes the server draw the same
-  uniform numbers for every prompt: the 100 prompts then share one random draw, and the score is a
-  single sample of a very wide distribution (on the demo's final checkpoint: 0.15 to 0.78 across
-  seeds, 0.43 for seed 1, against 0.61-0.66 with independent draws and the trainer's 0.60);
+- the same sampling and samples per prompt (:mod:`areal_tasks.rollout.evaluation`: ``rollout.sampling``
+  at ``evaluation.temperature``, no shared seed, ``evaluation.n_samples`` samples of each prompt
+  when sampling, one when greedy);
 - the same prompts and count: the first ``n_prompts`` eval prompts (None: ``evaluation.max_eval_prompts``,
-  else all of them, as the trainer), each sampled ``evaluation.n_samples`` times when sampling, once
-  when greedy (:func:`samples_per_prompt`).
+  else all of them, as the trainer).
 
 It returns the mean reward, the accuracy (share of episodes with reward >= 1), the share of
 completions that state an ``Answer: N`` at all, and a few sample completions.
@@ -28,13 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.inference import SamplingParams
 from areal_tasks.datasets.answers import extract_answer
 from areal_tasks.datasets.registry import load_split
 from areal_tasks.errors import ConfigError
+from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.api.scheduler import Scheduler
@@ -48,27 +43,11 @@ logger = logging.getLogger(__name__)
 N_SAMPLES = 4
 
 
-def eval_sampling(cfg: JobConfig) -> SamplingParams:
-    """``rollout.sampling`` at ``evaluation.temperature`` with no seed: every request draws independently."""
-    return replace(SamplingParams.from_config(cfg.rollout.sampling), temperature=cfg.evaluation.temperature, seed=None)
-
-
-def samples_per_prompt(cfg: JobConfig) -> int:
-    """``evaluation.n_samples`` (at least 1) when sampling; 1 for greedy decoding (temperature 0)."""
-    return max(1, cfg.evaluation.n_samples) if cfg.evaluation.temperature > 0 else 1
-
-
 async def _episodes(
     engine: RemoteInferenceEngine, workflow: RolloutWorkflow, records: list[Any], concurrency: int
 ) -> list[Trajectory | None]:
-    limit = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(record: Any) -> Trajectory | None:
-        async with limit:
-            return await workflow.arun_episode(engine, record)
-
     try:
-        return list(await asyncio.gather(*(one(r) for r in records)))
+        return await run_episodes(engine, workflow, records, concurrency)
     finally:
         await engine.aclose()
 
@@ -90,7 +69,7 @@ def evaluate(
     from areal_tasks.inference.launch import ServerFleet, build_server_command
     from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.rollout.rewards import RewardRunner
-    from areal_tasks.trainer.rl_rollout import workflow_of
+    from areal_tasks.rollout.side import workflow_of
 
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts

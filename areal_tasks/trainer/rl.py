@@ -30,7 +30,7 @@ from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_config_yaml
 from areal_tasks.errors import ConfigError, EngineError
-from areal_tasks.trainer.rl_loop import rl_steps
+from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
 
 if TYPE_CHECKING:
@@ -67,11 +67,11 @@ def check_before_start(cfg: JobConfig) -> None:
     servers' API keys (each variable ``rollout.server.*_key_env`` names must be set: the servers and
     the train workers inherit this environment)."""
     from areal_tasks.rollout.rewards import resolve_reward
-    from areal_tasks.rollout.workflows import resolve_workflow
+    from areal_tasks.rollout.workflows import check_workflow
 
     rl_steps(cfg)
     resolve_reward(cfg.rollout.reward.fn)
-    resolve_workflow(cfg.rollout.workflow.name)
+    check_workflow(cfg.rollout.workflow)
     cfg.rollout.server.read_keys(os.environ)
 
 

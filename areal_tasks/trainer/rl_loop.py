@@ -1,42 +1,43 @@
 """The RL loop of one train rank (SPMD: every rank runs this; rank 0 also owns the rollout side).
 
-Per step ``k`` (policy version ``k - 1`` before it, ``k`` after it):
+Before the first step the run (:class:`~areal_tasks.trainer.rl_run.RLRun`) recovers from the latest
+checkpoint (``recover.mode``) and, when it did, restores the rollout executor's state and pushes the
+recovered weights to the servers. Per step ``k`` (policy version ``k - 1`` before it, ``k`` after):
 
-1. rank 0 takes a batch from the :class:`~areal_tasks.rollout.executor.RolloutExecutor` (which
-   kept generating while the previous step trained, up to ``rollout.max_head_offpolicyness``
-   versions ahead) and broadcasts it; a rollout failure is broadcast too, so every rank stops;
+1. rank 0 takes a batch from the rollout executor (which kept generating while the previous step
+   trained, up to ``rollout.max_head_offpolicyness`` versions ahead) and broadcasts it; a rollout
+   failure is broadcast too, so every rank stops;
 2. every rank packs it and runs :class:`~areal_tasks.trainer.rl_step.RLStep` (ref/critic/prox
    forwards, advantages, PPO mini-batches, critic);
-3. the weight update (:class:`~areal_tasks.trainer.weight_publisher.WeightPublisher`): the
-   actor's new weights to the servers, as ``rollout.weight_update`` says;
-4. evaluation every ``evaluation.freq_steps``, a checkpoint every ``saver.freq_steps`` (engines +
-   the executor's position and counters), metrics to the callbacks (rank 0).
+3. the weight update (:class:`~areal_tasks.trainer.weight_publisher.WeightPublisher`): the actor's
+   new weights to the servers, as ``rollout.weight_update`` says;
+4. the step's metrics go through the callbacks (``trainer/callbacks/``): the evaluation every
+   ``evaluation.freq_steps`` joins them, the loggers log them, then a checkpoint every
+   ``saver.freq_steps`` is saved.
 
-At the end (and on a failure) the publisher is closed before the engines are destroyed.
-
-Before the first step it recovers from the latest checkpoint (``recover.mode``) and, when it did,
-pushes the recovered weights to the servers. It evaluates the starting policy (``reward_before``)
-and the final one (``reward_after``) and writes ``<run_dir>/rl_summary.json``.
+The side effects are callbacks (:mod:`areal_tasks.trainer.callbacks.base` has the hooks' order):
+the starting and final evaluations, checkpoints, ``<run_dir>/rl_summary.json``, the loggers. A
+failure is reported to the callbacks (``fail``) and re-raised. At the end (and on a failure) the
+publisher is closed before the rollout side and the engines.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.run_dir import RunPaths
-from areal_tasks.errors import ConfigError, RolloutError
+from areal_tasks.errors import RolloutError
+from areal_tasks.trainer.callbacks.base import Callback, CallbackList
 from areal_tasks.trainer.collectives import broadcast_object
-from areal_tasks.trainer.evaluate import samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.trainer.rl_rollout import RolloutSide
-    from areal_tasks.trainer.rollout_process import RolloutProcess
+    from areal_tasks.rollout.process import RolloutProcess
+    from areal_tasks.rollout.side import RolloutSide
+    from areal_tasks.trainer.rl_run import RLRun
+    from areal_tasks.trainer.weight_publisher import WeightPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -48,162 +49,92 @@ class _Failure:
     message: str
 
 
-def rl_steps(cfg: JobConfig) -> int:
-    """RL steps of the run: ``train.total_steps`` minus the SFT warm-start steps."""
-    n = cfg.train.total_steps - cfg.train.sft_warmup_steps
-    if n < 1:
-        raise ConfigError(
-            f"train.total_steps={cfg.train.total_steps} leaves no RL step after "
-            f"train.sft_warmup_steps={cfg.train.sft_warmup_steps}; raise total_steps"
-        )
-    return n
-
-
 def run_rl_rank(
-    cfg: JobConfig, model_dir: str, addresses: list[str], callbacks: list[Any] | None = None
+    cfg: JobConfig, model_dir: str, addresses: list[str], callbacks: list[Callback] | None = None
 ) -> dict[str, Any]:
-    """Run this rank's RL loop (see the module docstring); rank 0 returns the summary."""
+    """Run this rank's RL loop (see the module docstring); rank 0 returns the summary.
+
+    ``callbacks``: the loggers to use on rank 0 instead of those of the ``tracking`` section (the
+    run's evaluation, checkpoints and summary are callbacks too, always there).
+    """
     from areal_tasks.algo import build_algorithm
-    from areal_tasks.checkpoint.layout import step_dir
-    from areal_tasks.checkpoint.manager import CheckpointManager
-    from areal_tasks.checkpoint.state import TrainerState
-    from areal_tasks.trainer.engines import build_engines, engine_layout
     from areal_tasks.trainer.rl_batch import pack_trajectories
-    from areal_tasks.trainer.rl_rollout import RolloutSide
+    from areal_tasks.trainer.rl_run import RLRun
     from areal_tasks.trainer.rl_step import RLStep
     from areal_tasks.trainer.tracking import callbacks_from_config
     from areal_tasks.trainer.weight_publisher import WeightPublisher
 
-    started = time.perf_counter()
-    run_dir = Path(cfg.experiment.run_dir or ".")
-    n_steps = rl_steps(cfg)
-    engines = build_engines(cfg, model_dir, n_steps)
-    actor = engines["actor"]
-    is_main = actor.parallel.rank == 0
-    manager = CheckpointManager.from_config(cfg)
-    state = manager.recover(cfg.recover.mode, engines)
-    version = state.version if state is not None else 0
-    first_step = state.step + 1 if state is not None else 1
-    side = RolloutSide.open(cfg, addresses, model_dir, version) if is_main else None
-    publisher = WeightPublisher(cfg, actor, side, run_dir)
+    run = RLRun.open(cfg, model_dir, addresses)
+    publisher = WeightPublisher(cfg, run.actor, run.side, run.run_dir)
     step_runner = RLStep(
-        actor,
+        run.actor,
         build_algorithm(cfg.algorithm),
         cfg.rollout.group_size,
-        ref=engines.get("ref"),
-        critic=engines.get("critic"),
+        ref=run.engines.get("ref"),
+        critic=run.engines.get("critic"),
         ppo_n_minibatches=cfg.actor.ppo_n_minibatches,
     )
-    if callbacks is None:
-        callbacks = callbacks_from_config(cfg, run_dir) if is_main else []
+    run.callbacks = CallbackList(callbacks_from_config(cfg, run.run_dir, run=run, loggers=callbacks))
     summary: dict[str, Any] = {}
     try:
-        if state is not None:
-            logger.info("recovered step %d (version %d): pushing its weights to the servers", state.step, version)
-            if side is not None and state.executor:
-                side.executor.load_state_dict(state.executor)
-            publisher.publish(version)
-        before = {**side.evaluate(), **side.evaluate(greedy=True)} if side is not None else {}
-        if side is not None:
-            side.executor.start()
-            logger.info(
-                "starting policy: eval reward %.3f, accuracy %.3f", before["eval/reward"], before["eval/accuracy"]
-            )
-        for cb in callbacks:
-            cb.on_start(n_steps - first_step + 1)
-        last_metrics: dict[str, float] = {}
-        for step in range(first_step, n_steps + 1):
+        _recover(run, publisher)
+        run.callbacks.on_start(run.n_steps - run.first_step + 1)
+        if run.side is not None:
+            run.side.executor.start()
+        for step in range(run.first_step, run.n_steps + 1):
             step_started = time.perf_counter()
-            payload = _next_batch(side, cfg)
+            payload = _next_batch(run.side, cfg)
             if isinstance(payload, _Failure):
                 raise RolloutError(f"rollout failed before step {step}: {payload.message}")
             waited = time.perf_counter() - step_started
-            batch = pack_trajectories(payload, cfg.rollout.group_size, version)
+            batch = pack_trajectories(payload, cfg.rollout.group_size, run.version)
             train_started = time.perf_counter()
             metrics = step_runner.run(batch)
             metrics["perf/train_s"] = time.perf_counter() - train_started
-            metrics.update(publisher.publish(version + 1))
-            version += 1
-            metrics["perf/rollout_wait_s"] = waited
-            metrics["perf/step_s"] = time.perf_counter() - step_started
-            metrics["perf/tokens_per_s"] = metrics["n_tokens"] / max(metrics["perf/step_s"], 1e-9)
-            metrics["version"] = float(version)
-            if side is not None:
-                metrics.update(
-                    {
-                        f"rollout/{k}": float(v)
-                        for k, v in side.executor.last_batch_stats().items()
-                        if isinstance(v, (int, float))
-                    }
-                )
-            freq = cfg.evaluation.freq_steps
-            if side is not None and freq and step % freq == 0 and step != n_steps:
-                evaluated = side.evaluate()
-                metrics.update(evaluated)
-                _notify(callbacks, "on_eval", step, evaluated, None)
-            # metrics first: a job killed after the save would resume past this step and never
-            # log it (killed before the save, it redoes the step and logs it again)
-            for cb in callbacks:
-                cb.on_step(step, metrics)
-            last_metrics = metrics
-            if manager.should_save(step, last=step == n_steps):
-                executor_state = side.executor.state_dict() if side is not None else {}
-                ticket = manager.save(
-                    step,
-                    engines,
-                    TrainerState(step=step, version=version, executor=executor_state),
-                    {k: v for k, v in metrics.items() if k.startswith(("reward/", "eval/"))},
-                    config=cfg,
-                )
-                if ticket.done():
-                    url = manager.layout.url(step_dir(step))
-                    _notify(callbacks, "on_checkpoint", step, url, ticket.wait().to_dict())
-        if side is not None:
-            side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
-            after = {**side.evaluate(), **side.evaluate(greedy=True)}
-            _notify(callbacks, "on_eval", n_steps, after, None)
-            summary = {
-                "reward_before": before["eval/reward"],
-                "reward_after": after["eval/reward"],
-                "accuracy_before": before["eval/accuracy"],
-                "accuracy_after": after["eval/accuracy"],
-                "greedy_accuracy_before": before["eval_greedy/accuracy"],
-                "greedy_accuracy_after": after["eval_greedy/accuracy"],
-                "eval_temperature": cfg.evaluation.temperature,
-                "eval_samples_per_prompt": samples_per_prompt(cfg),
-                "eval_prompts": int(after["eval_greedy/n"]),
-                "steps": n_steps,
-                "first_step": first_step,
-                "final_version": version,
-                "wall_seconds": time.perf_counter() - started,
-                "last_step": last_metrics,
-                "executor": side.executor.stats(),
-                "engine_layout": engine_layout(engines),
-            }
-            RunPaths.of(run_dir).rl_summary.write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
-            for cb in callbacks:
-                cb.on_end(summary)
-        manager.close()
+            metrics.update(publisher.publish(run.version + 1))
+            run.version += 1
+            metrics.update(_step_figures(run, waited, time.perf_counter() - step_started, metrics["n_tokens"]))
+            run.callbacks.on_step_metrics(step, metrics)  # the evaluation's join the step's
+            run.callbacks.on_step(step, metrics)  # logged before the save: a job killed after it skips no step
+            run.callbacks.on_step_end(step, metrics)  # the checkpoint
+        if run.side is not None:
+            run.side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
+        run.callbacks.on_train_end(summary)  # the final evaluation, the run's facts
+        run.callbacks.on_end(summary)  # rl_summary.json, the loggers; the checkpoint manager closes
     except BaseException as exc:
-        _notify(callbacks, "fail", f"{type(exc).__name__}: {exc}")
+        run.callbacks.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         try:
             publisher.close()  # the servers leave the weight-update group while rank 0 destroys it
         finally:
-            if side is not None:
-                side.close()
-            for engine in engines.values():
-                engine.destroy()
+            run.close()
     return summary
 
 
-def _notify(callbacks: list[Any], hook: str, *args: Any) -> None:
-    """Call an optional hook (``on_eval``, ``on_checkpoint``) on the callbacks that have it."""
-    for cb in callbacks:
-        method = getattr(cb, hook, None)
-        if method is not None:
-            method(*args)
+def _recover(run: RLRun, publisher: WeightPublisher) -> None:
+    """After a recovery: the rollout executor's state back, the recovered weights to the servers."""
+    state = run.recovered
+    if state is None:
+        return
+    logger.info("recovered step %d (version %d): pushing its weights to the servers", state.step, run.version)
+    if run.side is not None and state.executor:
+        run.side.executor.load_state_dict(state.executor)
+    publisher.publish(run.version)
+
+
+def _step_figures(run: RLRun, waited: float, step_s: float, n_tokens: float) -> dict[str, float]:
+    """The step's timings, throughput and version, and (rank 0) the batch's rollout statistics."""
+    figures = {
+        "perf/rollout_wait_s": waited,
+        "perf/step_s": step_s,
+        "perf/tokens_per_s": n_tokens / max(step_s, 1e-9),
+        "version": float(run.version),
+    }
+    if run.side is not None:
+        stats = run.side.executor.last_batch_stats()
+        figures.update({f"rollout/{k}": float(v) for k, v in stats.items() if isinstance(v, (int, float))})
+    return figures
 
 
 def _next_batch(side: RolloutSide | RolloutProcess | None, cfg: JobConfig) -> Any:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_tasks.api.run_dir import RunPaths
-from areal_tasks.datasets.prompts import render_prompt, render_transcript
+from areal_tasks.datasets.prompts import SYSTEM_PROMPT, render_prompt, render_transcript
 from areal_tasks.datasets.registry import load_split, wrong_fraction
 from areal_tasks.datasets.sft import build_demonstrations
 from areal_tasks.errors import ConfigError, EngineError
@@ -40,11 +40,13 @@ def build_transcripts(cfg: JobConfig, tokenizer: object) -> list[Transcript]:
     """The tokenized SFT transcripts of the train split (prompts over ``max_prompt_len`` dropped)."""
     records = load_split(cfg.dataset, "train")
     demos = build_demonstrations(records, wrong_fraction(cfg.dataset.path), seed=cfg.experiment.seed)
+    configured = cfg.rollout.workflow.system_prompt  # the prompt RL and evaluation render too
+    system = SYSTEM_PROMPT if configured is None else configured
     transcripts = []
     for demo in demos:
-        if len(render_prompt(tokenizer, demo.prompt)) > cfg.dataset.max_prompt_len:
+        if len(render_prompt(tokenizer, demo.prompt, system)) > cfg.dataset.max_prompt_len:
             continue
-        transcripts.append(render_transcript(tokenizer, demo.prompt, demo.response))
+        transcripts.append(render_transcript(tokenizer, demo.prompt, demo.response, system))
     if not transcripts:
         raise ConfigError(f"dataset.max_prompt_len={cfg.dataset.max_prompt_len} drops every training prompt")
     logger.info("SFT: %d transcripts (%d dropped as too long)", len(transcripts), len(demos) - len(transcripts))

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from areal_tasks.api.inference import ParamSpec
     from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.trainer.rl_rollout import RolloutSide
-    from areal_tasks.trainer.rollout_process import RolloutProcess
+    from areal_tasks.rollout.process import RolloutProcess
+    from areal_tasks.rollout.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AReaLTrainingOperator", "job_name_for", "resolve_config_path", "resolve_jobs_root"]
 
-#: environment variable the trainer's MLflow callback reads (areal_tasks.trainer.mlflow_callback.RUN_ID_ENV).
+#: environment variable the trainer's MLflow callback reads (areal_tasks.trainer.callbacks.mlflow.RUN_ID_ENV).
 JOBS_ROOT_ENV = "AREAL_JOBS_ROOT"
 RUNS_ROOT_ENV = "AREAL_RUNS_ROOT"
 DEFAULT_EXECUTION_TIMEOUT = timedelta(hours=24)

@@ -1,8 +1,9 @@
 """DAPO (Yu et al. 2025): clip-higher, dynamic sampling, overlong reward shaping, token-level loss.
 
 * Clip-higher: ratio clipped to ``[1 - 0.2, 1 + 0.28]`` (``eps_clip``, ``eps_clip_high``).
-* Dynamic sampling: :meth:`DAPO.filter_groups` drops groups whose rewards are all equal; the
-  rollout side keeps sampling until the batch is full of informative groups.
+* Dynamic sampling: :attr:`DAPO.group_filter` drops groups whose rewards are all equal; the
+  rollout side applies it as each group finishes and keeps sampling until the batch is full of
+  informative groups.
 * Overlong shaping: the soft length penalty of ``shaping.overlong_penalty`` is added to the reward.
 * Token-level loss: ``token_mean`` aggregation over all trained tokens of the batch.
 * Advantages: GRPO's group normalisation; no KL term.
@@ -14,17 +15,14 @@ rewards; the behaviour weight of decoupled PPO is on (the paper trains synchrono
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from torch import Tensor
-
 from areal_tasks.algo import keys
 from areal_tasks.algo.algorithms.group import group_relative_advantages
 from areal_tasks.algo.algorithms.grpo import GRPO
-from areal_tasks.algo.base import Batch, register_algorithm, require
-from areal_tasks.algo.filters import informative_groups, informative_sequences
+from areal_tasks.algo.base import Batch, register_algorithm
+from areal_tasks.algo.filters import informative_group
 from areal_tasks.algo.layout import segment_sum
 from areal_tasks.algo.shaping import overlong_penalty
+from areal_tasks.api.rollout import GroupFilter
 from areal_tasks.config.algorithm import DAPOConfig
 
 
@@ -45,10 +43,7 @@ class DAPO(GRPO):
             rewards = rewards + penalty.to(rewards.dtype)
         return group_relative_advantages(self, batch, rewards, c.adv_norm_mean, c.adv_norm_std)
 
-    def filter_groups(self, groups: Batch | Sequence[Tensor]) -> Tensor:
-        if not self.config.dynamic_sampling:
-            return super().filter_groups(groups)
-        if isinstance(groups, dict):
-            require(groups, keys.REWARDS, keys.GROUP_IDS, why="DAPO filter_groups")
-            return informative_sequences(groups[keys.REWARDS], groups[keys.GROUP_IDS])
-        return informative_groups(groups)
+    @property
+    def group_filter(self) -> GroupFilter | None:
+        """Dynamic sampling: drop groups whose rewards are all equal (None when it is off)."""
+        return informative_group if self.config.dynamic_sampling else None

@@ -5,13 +5,15 @@ turn's reward is below 1 and turns remain, it appends a user turn saying ``feedb
 tokens from :func:`~.tokens.feedback_segment`, never trained) and generates again from the whole
 sequence so far. The episode's reward is the last turn's reward times
 ``turn_discount ** (turns_used - 1)``, so an answer right at the first try is worth the most.
-``max_total_tokens`` bounds the sequence: a turn that could overrun it is not started.
+``max_total_tokens`` bounds the sequence: a turn that could overrun it is not started. The options
+(``rollout.workflow.options``) are :class:`MultiTurnOptions`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from areal_tasks.api.inference import InferenceEngine, ModelRequest, SamplingParams
 from areal_tasks.api.workflow import Trajectory
@@ -22,13 +24,45 @@ from areal_tasks.rollout.workflows.tokens import FeedbackSegment, TrajectoryBuil
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_FEEDBACK", "MultiTurnWorkflow"]
+__all__ = ["DEFAULT_FEEDBACK", "MultiTurnOptions", "MultiTurnWorkflow"]
 
 DEFAULT_FEEDBACK = "Your answer is wrong. Try again."
 
 
+@dataclass(frozen=True)
+class MultiTurnOptions:
+    """The options of ``multi_turn`` (``rollout.workflow.options``), checked when built."""
+
+    #: most assistant turns per episode.
+    max_turns: int = 2
+    #: the reward of turn k is multiplied by ``turn_discount ** (k - 1)``; in (0, 1].
+    turn_discount: float = 0.9
+    #: the user message after a wrong answer.
+    feedback: str = DEFAULT_FEEDBACK
+    #: most tokens of a whole episode (prompt, turns, feedback); a turn that could overrun it is not
+    #: started. None = no bound.
+    max_total_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("max_turns", "max_total_tokens"):
+            try:
+                check_positive(name, getattr(self, name))
+            except ConfigError as exc:
+                problems.append(str(exc))
+        discount = self.turn_discount
+        if isinstance(discount, bool) or not isinstance(discount, (int, float)) or not 0 < discount <= 1:
+            problems.append(f"turn_discount={discount!r} must be in (0, 1]")
+        if not isinstance(self.feedback, str) or not self.feedback.strip():
+            problems.append("feedback must be a non-empty message")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
 class MultiTurnWorkflow(RLVRWorkflow):
     """Up to ``max_turns`` answers to one prompt, with a feedback turn after each wrong one."""
+
+    options_class: ClassVar[type] = MultiTurnOptions
 
     def __init__(
         self,
@@ -36,24 +70,19 @@ class MultiTurnWorkflow(RLVRWorkflow):
         sampling: SamplingParams,
         reward: RewardFn,
         *,
-        max_turns: int = 2,
-        turn_discount: float = 0.9,
-        feedback: str = DEFAULT_FEEDBACK,
+        max_turns: int = MultiTurnOptions.max_turns,
+        turn_discount: float = MultiTurnOptions.turn_discount,
+        feedback: str = MultiTurnOptions.feedback,
         system_prompt: str | None = SYSTEM_PROMPT,
         max_prompt_len: int | None = None,
-        max_total_tokens: int | None = None,
+        max_total_tokens: int | None = MultiTurnOptions.max_total_tokens,
     ) -> None:
         super().__init__(tokenizer, sampling, reward, system_prompt=system_prompt, max_prompt_len=max_prompt_len)
-        check_positive("max_turns", max_turns)
-        check_positive("max_total_tokens", max_total_tokens)
-        if not 0 <= turn_discount <= 1:
-            raise ConfigError(f"turn_discount={turn_discount!r} must be in [0, 1]")
-        if not feedback:
-            raise ConfigError("feedback must be a non-empty message")
-        self.max_turns = max_turns
-        self.turn_discount = float(turn_discount)
-        self.feedback = feedback
-        self.max_total_tokens = max_total_tokens
+        options = MultiTurnOptions(max_turns, turn_discount, feedback, max_total_tokens)
+        self.max_turns = options.max_turns
+        self.turn_discount = float(options.turn_discount)
+        self.feedback = options.feedback
+        self.max_total_tokens = options.max_total_tokens
         #: the feedback turn's template tokens (derived once, so a template unfit for multi-turn
         #: episodes fails here rather than in every episode).
         self.segment: FeedbackSegment = feedback_segment(tokenizer, feedback, system_prompt)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from areal_tasks.api.inference import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
@@ -21,7 +22,7 @@ from areal_tasks.rollout.workflows.tokens import TrajectoryBuilder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLVRWorkflow", "RewardFn", "item_fields"]
+__all__ = ["RLVROptions", "RLVRWorkflow", "RewardFn", "item_fields"]
 
 #: an async reward: ``await reward(completion, answer) -> float``; raising fails the episode.
 RewardFn = Callable[[str, str], Awaitable[float]]
@@ -58,8 +59,17 @@ def response_metadata(response: ModelResponse, completion: str) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class RLVROptions:
+    """``rlvr`` takes no options of its own: ``rollout.workflow.options`` stays empty (the system
+    prompt and ``max_prompt_len`` come from the job)."""
+
+
 class RLVRWorkflow(RolloutWorkflow):
     """Single-turn generation scored by a verifiable reward (one trajectory per call)."""
+
+    #: the workflow's options (``rollout.workflow.options``): a dataclass, checked before the job starts.
+    options_class: ClassVar[type] = RLVROptions
 
     def __init__(
         self,

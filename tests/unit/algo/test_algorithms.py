@@ -11,6 +11,7 @@ import torch
 
 from areal_tasks.algo import build_algorithm
 from areal_tasks.algo.layout import broadcast_to_tokens
+from areal_tasks.api.workflow import Trajectory
 from areal_tasks.config.algorithm import (
     AlgorithmConfig,
     DAPOConfig,
@@ -24,6 +25,11 @@ from areal_tasks.config.algorithm import (
 from areal_tasks.errors import AlgorithmError
 
 REWARDS = (1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # group 0 mixed, group 1 all equal
+
+
+def _group(rewards: list[float]) -> list[Trajectory]:
+    """A finished group of one-token trajectories with these rewards (what a group filter gets)."""
+    return [Trajectory([1, 2], [0, 1], [0.0, -0.5], [-1, 0], reward=r, prompt_len=1) for r in rewards]
 
 
 def _seq_adv(batch: dict, adv: torch.Tensor) -> list[float]:
@@ -77,16 +83,17 @@ def test_dapo_overlong_penalty_and_dynamic_sampling(make_batch: Callable) -> Non
     for shaped in (torch.tensor([0.5, 1.0, 0.0, 1.0]), torch.tensor([-0.5, 0.0, 0.0, 0.0])):
         expected += ((shaped - shaped.mean()) / (shaped.std() + 1e-6)).tolist()
     assert adv == pytest.approx(expected, abs=1e-5)
-    assert algo.filter_groups(batch).tolist() == [False] * 8
-    assert algo.filter_groups([torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0])]).tolist() == [False, True]
+    keep = algo.group_filter
+    assert keep is not None
+    assert [keep(_group(batch["rewards"][i : i + 4].tolist())) for i in (0, 4)] == [False, False]
+    assert [keep(_group([1.0, 1.0])), keep(_group([0.0, 1.0]))] == [False, True]
     keep_all = build_algorithm(DAPOConfig(dynamic_sampling=False))
-    assert keep_all.filter_groups([torch.tensor([1.0, 1.0])]).tolist() == [True]
+    assert keep_all.group_filter is None  # the rollout side keeps every group
     assert DAPOConfig().eps_clip_high == 0.28 and DAPOConfig().loss_agg_mode == "token_mean"
 
 
-def test_default_filter_keeps_everything(make_batch: Callable) -> None:
-    batch = make_batch(rewards=REWARDS)
-    assert build_algorithm(GRPOConfig()).filter_groups(batch).all()
+def test_default_filter_keeps_everything() -> None:
+    assert build_algorithm(GRPOConfig()).group_filter is None
 
 
 def test_reinforce_pp_global_normalisation_and_token_kl(make_batch: Callable) -> None:

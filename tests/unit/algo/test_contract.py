@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from areal_tasks.algo import Algorithm, algorithm_names, build_algorithm
+from areal_tasks.api.workflow import Trajectory
 from areal_tasks.config.algorithm import AlgorithmConfig
 
 ALL = algorithm_names()
@@ -114,10 +115,15 @@ def test_fully_masked_group_and_zero_std_rewards_stay_finite(name: str, make_bat
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_filter_groups_shapes(name: str, make_batch: Callable) -> None:
+def test_group_filter_is_none_or_keeps_an_informative_group(name: str, make_batch: Callable) -> None:
     algo = build_algorithm(AlgorithmConfig.variant_class(name)())
     batch = make_batch(rewards=(1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0))
-    keep = algo.filter_groups(batch)
-    assert keep.dtype == torch.bool and keep.shape == (8,) and keep[:4].all()
-    groups = algo.filter_groups([batch["rewards"][:4], batch["rewards"][4:]])
-    assert groups.dtype == torch.bool and groups.shape == (2,) and groups[0]
+    keep = algo.group_filter
+    if keep is None:  # every group is kept
+        return
+    groups = [
+        [Trajectory([1, 2], [0, 1], [0.0, -0.5], [-1, 0], reward=float(r), prompt_len=1) for r in rewards]
+        for rewards in (batch["rewards"][:4].tolist(), batch["rewards"][4:].tolist())
+    ]
+    kept = [keep(group) for group in groups]
+    assert all(isinstance(k, bool) for k in kept) and kept[0]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_tasks.algo.filters import informative_groups, informative_sequences
+from areal_tasks.algo.filters import informative_group
 from areal_tasks.algo.shaping import overlong_penalty, shape_rewards
+from areal_tasks.api.workflow import Trajectory
 from areal_tasks.errors import AlgorithmError
 
 
@@ -29,17 +30,10 @@ def test_overlong_penalty_is_dapo_piecewise_ramp() -> None:
 
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal() -> None:
-    groups = [
-        torch.tensor([1.0, 1.0, 1.0]),
-        torch.tensor([0.0, 1.0, 0.0]),
-        torch.tensor([0.0, 0.0]),
-        torch.tensor([0.7]),
-        torch.tensor([0.2, 0.3]),
-    ]
-    assert informative_groups(groups).tolist() == [False, True, False, False, True]
+    groups = [[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0], [0.7], [0.2, 0.3]]
+    kept = [informative_group([_traj(r) for r in rewards]) for rewards in groups]
+    assert kept == [False, True, False, False, True]
 
 
-def test_per_sequence_filter_matches_per_group_filter() -> None:
-    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5])
-    group_ids = torch.tensor([4, 4, 9, 9, 2, 2, 8])
-    assert informative_sequences(rewards, group_ids).tolist() == [False, False, True, True, False, False, False]
+def _traj(reward: float) -> Trajectory:
+    return Trajectory([1, 2], [0, 1], [0.0, -0.5], [-1, 0], reward=reward, prompt_len=1)

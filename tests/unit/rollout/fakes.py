@@ -9,6 +9,8 @@ items and can reject (return None), raise, or return an invalid trajectory by a 
 records call order, the peak number of episodes running, and cancellations. ``GatedWorkflow`` holds
 the episodes of chosen items after they generated, until the test calls ``release()``: a long-tail
 group whose tokens carry its admission version, finishing exactly when the test says.
+``FakeSide`` (built by :func:`build_fake_side`) is a rollout side over these fakes, for the
+executor contract test to run in this process and in a rollout process.
 """
 
 from __future__ import annotations
@@ -200,3 +202,25 @@ class GatedWorkflow(FakeWorkflow):
                 finally:
                     self.held -= 1
         return traj
+
+
+class FakeSide:
+    """A rollout side whose executor runs over the fakes (what ``RolloutProcess`` serves)."""
+
+    n_servers = 1
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        from areal_tasks.rollout.executor import RolloutExecutor
+
+        self.executor = RolloutExecutor(engine=TimedEngine(seed=1), workflow=FakeWorkflow(), **settings)
+
+    def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
+        return {"eval/reward": 0.0, "eval/n": float(n_prompts or 0)}
+
+    def close(self) -> None:
+        self.executor.stop()
+
+
+def build_fake_side(settings: dict[str, Any]) -> FakeSide:
+    """A :class:`FakeSide` with executor ``settings`` (module level: a spawned child can import it)."""
+    return FakeSide(settings)

@@ -1,4 +1,4 @@
-"""The contract every workflow in ``areal_tasks.rollout.workflows.WORKFLOWS`` must keep.
+"""The contract every workflow registered in ``areal_tasks.rollout.workflows.WORKFLOWS`` must keep.
 
 Each registered workflow (so a new one is covered by registering it) runs scripted episodes against
 a fake InferenceEngine, with a character-level fake tokenizer and the tiny kit's real one, and must:
@@ -6,12 +6,16 @@ return a valid Trajectory (None only when nothing was generated); train exactly 
 tokens, with the engine's logprobs and versions (mixed versions included); start from the rendered
 prompt and extend every request's sequence by its output; keep the built-in reward in [0, 1]; never
 ask for more than ``sampling.max_new_tokens`` per turn; and let cancellation and reward errors
-propagate. The example workflow of ``docs/workflows.md`` is run through the same checks.
+propagate; declare its options (``options_class``: a dataclass whose fields are keyword parameters
+of the factory, with the same defaults) so the config check knows them. The example workflow of
+``docs/workflows.md`` is run through the same checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ from areal_tasks.api.inference import SamplingParams
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.datasets.prompts import render_prompt
 from areal_tasks.datasets.registry import Record
+from areal_tasks.registry import Registry
 from areal_tasks.rollout.workflows import WORKFLOWS, WorkflowFactory
 from tests.unit.rollout.workflow_fakes import FakeEngine, Reply, arith_reward, generated, tokenizer_by_name
 
@@ -38,14 +43,30 @@ SCENARIOS: dict[str, list[Reply]] = {
 TOKENIZERS = ["fake", "tiny"]
 
 
+NAMES = list(WORKFLOWS.names())
+
+
 def build(name: str, tokenizer_name: str) -> RolloutWorkflow:
-    return WORKFLOWS[name](tokenizer_by_name(tokenizer_name), SAMPLING, arith_reward)
+    return WORKFLOWS.get(name)(tokenizer_by_name(tokenizer_name), SAMPLING, arith_reward)
 
 
 def test_the_registry_lists_workflows() -> None:
-    assert {"rlvr", "multi_turn"} <= set(WORKFLOWS)
-    for name in WORKFLOWS:
+    assert {"rlvr", "multi_turn"} <= set(NAMES)
+    for name in NAMES:
         assert isinstance(build(name, "fake"), RolloutWorkflow)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_options_are_declared_as_keyword_parameters_with_the_same_defaults(name: str) -> None:
+    factory = WORKFLOWS.get(name)
+    schema = factory.options_class
+    assert dataclasses.is_dataclass(schema)
+    parameters = inspect.signature(factory).parameters
+    for option in dataclasses.fields(schema):
+        assert parameters[option.name].kind is inspect.Parameter.KEYWORD_ONLY, option.name
+        assert parameters[option.name].default == option.default, option.name
+    # the job's options reach every workflow
+    assert {"system_prompt", "max_prompt_len"} <= set(parameters)
 
 
 def check_episode(factory: WorkflowFactory, scenario: str, tokenizer_name: str) -> None:
@@ -79,9 +100,9 @@ def check_episode(factory: WorkflowFactory, scenario: str, tokenizer_name: str) 
 
 @pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+@pytest.mark.parametrize("name", NAMES)
 def test_episode_contract(name: str, scenario: str, tokenizer_name: str) -> None:
-    check_episode(WORKFLOWS[name], scenario, tokenizer_name)
+    check_episode(WORKFLOWS.get(name), scenario, tokenizer_name)
 
 
 def test_the_docs_example_workflow_keeps_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,21 +111,21 @@ def test_the_docs_example_workflow_keeps_the_contract(monkeypatch: pytest.Monkey
     code = section[
         section.index("```python\n") + len("```python\n") : section.index("```\n", section.index("```python"))
     ]
-    registry = dict(WORKFLOWS)
+    registry = Registry("workflow", {name: WORKFLOWS.get(name) for name in NAMES})
     monkeypatch.setattr(workflows_pkg, "WORKFLOWS", registry)  # the example registers into a copy
     exec(compile(code, "docs/workflows.md", "exec"), {"__name__": "docs_example"})
-    (added,) = set(registry) - set(WORKFLOWS)
+    (added,) = set(registry.names()) - set(NAMES)
     for scenario in SCENARIOS:
-        check_episode(registry[added], scenario, "fake")
+        check_episode(registry.get(added), scenario, "fake")
 
 
-@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+@pytest.mark.parametrize("name", NAMES)
 def test_an_empty_generation_is_rejected(name: str) -> None:
     engine = FakeEngine(tokenizer_by_name("fake"), [Reply("", eos=False)])
     assert asyncio.run(build(name, "fake").arun_episode(engine, RECORD)) is None
 
 
-@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("gate_call", [0, 1])
 def test_cancellation_mid_generation_propagates(name: str, gate_call: int) -> None:
     async def scenario() -> None:
@@ -125,7 +146,7 @@ def test_cancellation_mid_generation_propagates(name: str, gate_call: int) -> No
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+@pytest.mark.parametrize("name", NAMES)
 def test_cancellation_while_scoring_propagates(name: str) -> None:
     async def scenario() -> None:
         scoring = asyncio.Event()
@@ -135,7 +156,7 @@ def test_cancellation_while_scoring_propagates(name: str) -> None:
             await asyncio.Event().wait()
             return 0.0
 
-        workflow = WORKFLOWS[name](tokenizer_by_name("fake"), SAMPLING, slow_reward)
+        workflow = WORKFLOWS.get(name)(tokenizer_by_name("fake"), SAMPLING, slow_reward)
         task = asyncio.create_task(
             workflow.arun_episode(FakeEngine(tokenizer_by_name("fake"), [Reply("Answer: 5")]), RECORD)
         )
@@ -147,11 +168,11 @@ def test_cancellation_while_scoring_propagates(name: str) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+@pytest.mark.parametrize("name", NAMES)
 def test_reward_errors_propagate(name: str) -> None:
     async def broken(completion: str, answer: str) -> float:
         raise RuntimeError("reward crashed")
 
-    workflow = WORKFLOWS[name](tokenizer_by_name("fake"), SAMPLING, broken)
+    workflow = WORKFLOWS.get(name)(tokenizer_by_name("fake"), SAMPLING, broken)
     with pytest.raises(RuntimeError, match="reward crashed"):
         asyncio.run(workflow.arun_episode(FakeEngine(tokenizer_by_name("fake"), [Reply("Answer: 5")]), RECORD))

@@ -23,7 +23,7 @@ from areal_tasks.config import load_config  # noqa: E402
 from areal_tasks.config.serialize import config_to_dict, dump_config_yaml  # noqa: E402
 from areal_tasks.errors import ConfigError  # noqa: E402
 from areal_tasks.trainer.callbacks import ConsoleProgress, JsonlMetrics  # noqa: E402
-from areal_tasks.trainer.mlflow_callback import (  # noqa: E402
+from areal_tasks.trainer.callbacks.mlflow import (  # noqa: E402
     LATEST_CHECKPOINT_TAG,
     MLflowCallback,
     flatten_params,

@@ -19,8 +19,8 @@ import pytest
 
 from areal_tasks.config import load_config
 from areal_tasks.errors import ConfigError, RolloutError
-from areal_tasks.trainer.rl_rollout import RolloutSide, own_process
-from areal_tasks.trainer.rollout_process import RolloutProcess
+from areal_tasks.rollout.process import RolloutProcess
+from areal_tasks.rollout.side import RolloutSide, own_process
 
 pytestmark = [pytest.mark.integration]
 

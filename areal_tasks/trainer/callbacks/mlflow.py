@@ -1,7 +1,7 @@
 """The MLflow tracking callback: one RL job's config, metrics, checkpoints and eval models in an MLflow run.
 
-:class:`MLflowCallback` implements the trainer callback protocol
-(:mod:`areal_tasks.trainer.callbacks`) plus ``on_checkpoint`` and ``on_eval``. It talks to MLflow
+:class:`MLflowCallback` is a trainer callback (:mod:`areal_tasks.trainer.callbacks.base`):
+``on_start``, ``on_step``, ``on_checkpoint``, ``on_eval``, ``on_end`` and ``fail``. It talks to MLflow
 through its own :class:`mlflow.MlflowClient`, never the fluent API, so it sets no process-wide
 tracking URI or active run and two callbacks in one process do not interfere.
 
@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV
 from areal_tasks.errors import ConfigError
+from areal_tasks.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -79,7 +80,7 @@ MAX_METRICS_PER_BATCH = 1000
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
 
-class MLflowCallback:
+class MLflowCallback(Callback):
     """Logs an RL job to one MLflow run (see the module docstring for what goes where).
 
     ``tracking_uri`` is any MLflow tracking URI (``http://host:5000``, ``sqlite:///path.db``, ...).

@@ -1,21 +1,21 @@
 """Train rank 0's rollout side in a child process, so generation does not share the trainer's interpreter.
 
-The rollout side (:class:`~areal_tasks.trainer.rl_rollout.RolloutSide`: inference client, reward
-pool, workflows, the executor's event loop with up to ``rollout.max_concurrent_rollouts`` episodes
-in flight, evaluation) is Python work that never stops while the run is asynchronous. In rank 0's
-own process it competes with the training step for one interpreter lock: on two H200s, with the
-server on one GPU and the trainer on the other, an eta=2 run's training took 2.6 times as long as
-a synchronous run's (12.0 s against 4.6 s for the same ten steps), although it had a GPU to itself.
-``rollout.own_process: on`` (``auto``, the default, is on when training runs on GPUs) runs the side
-in a child process instead:
+The rollout side (:class:`~areal_tasks.rollout.side.RolloutSide`: inference client, reward pool,
+workflows, the executor's event loop with up to ``rollout.max_concurrent_rollouts`` episodes in
+flight, evaluation) is Python work that never stops while the run is asynchronous. In rank 0's own
+process it competes with the training step for one interpreter lock, so an asynchronous run's
+training steps take longer than a synchronous run's although the trainer has its GPU to itself
+(docs/benchmarks.md has the figures). ``rollout.own_process: on`` (``auto``, the default, is on
+when training runs on GPUs) runs the side in a child process instead:
 
 - :meth:`RolloutProcess.start` spawns it (``spawn``: rank 0 may hold CUDA state, which a fork must
   not inherit), the child loads the tokenizer and builds the side, then answers commands over a
   pipe: one at a time, in the order sent. A command is a name from :data:`COMMANDS`; its reply is
   the result or the exception it raised, re-raised here with the child's traceback as a note.
-- :class:`RemoteExecutor` has the executor methods the RL loop calls, with the same signatures, so
-  the loop does not know which side it holds. Batches come back as pickled trajectories (lists of
-  ints and floats: a 64-sample batch is well under a megabyte).
+- :class:`RemoteExecutor` implements :class:`~areal_tasks.api.rollout.RolloutExecutorProtocol`:
+  each protocol method is a command (the command table and the proxy are both derived from
+  :data:`~areal_tasks.api.rollout.EXECUTOR_METHODS`), so the loop does not know which side it
+  holds. Batches come back as pickled trajectories (lists of ints and floats).
 - A child that dies is noticed by the next command (or the one waiting), which raises
   :class:`RolloutError` with its exit code; a parent that dies is noticed by the child, which
   closes its side (servers' connections, reward workers) and exits.
@@ -25,6 +25,7 @@ in a child process instead:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import multiprocessing
 import os
@@ -33,40 +34,27 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.rollout import EXECUTOR_METHODS, Returns, RolloutExecutorProtocol
 from areal_tasks.errors import RolloutError
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from areal_tasks.api.inference import ParamSpec
-    from areal_tasks.api.weight_update import WeightUpdateMeta
-    from areal_tasks.api.workflow import Trajectory
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.trainer.rl_rollout import RolloutSide
+    from areal_tasks.rollout.side import RolloutSide
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["COMMANDS", "RemoteExecutor", "RolloutProcess"]
 
-#: what the parent may ask for: a dotted name on the child's RolloutSide -> whether its result is sent back.
+#: what the parent may ask for: a dotted name on the child's side -> whether its result is sent back
+#: (every executor protocol method is one; ``start`` returns the executor, which stays in the child).
 COMMANDS: dict[str, bool] = {
     "evaluate": True,
-    "executor.start": False,  # returns the executor itself, which stays in the child
-    "executor.stop": False,
-    "executor.prepare_batch": True,
-    "executor.last_batch_stats": True,
-    "executor.pause": False,
-    "executor.resume": False,
-    "executor.update_weights": False,
-    "executor.swap_weights": True,
-    "executor.destroy_weight_groups": True,
-    "executor.set_version": False,
-    "executor.stats": True,
-    "executor.state_dict": True,
-    "executor.load_state_dict": False,
+    **{f"executor.{name}": returns == "value" for name, returns in EXECUTOR_METHODS.items()},
 }
 #: seconds the child may take to import, load the tokenizer and build the side.
 START_TIMEOUT_S = 300.0
@@ -77,66 +65,30 @@ _POLL_S = 0.5
 
 
 class RemoteExecutor:
-    """The :class:`~areal_tasks.rollout.executor.RolloutExecutor` methods the RL loop uses, run in the child."""
+    """The executor protocol over the pipe: every method of
+    :class:`~areal_tasks.api.rollout.RolloutExecutorProtocol` runs as a command in the child
+    (the methods are made from the protocol's, below)."""
 
     def __init__(self, process: RolloutProcess) -> None:
         self._process = process
 
-    def start(self) -> None:
-        """Start generating (idempotent)."""
-        self._process.call("executor.start")
 
-    def stop(self) -> None:
-        """Cancel in-flight episodes and stop the executor's loop (idempotent)."""
-        self._process.call("executor.stop")
+def _forward(name: str, returns: Returns) -> Callable[..., Any]:
+    """A :class:`RemoteExecutor` method that runs ``executor.<name>`` in the child."""
+    declared = getattr(RolloutExecutorProtocol, name)
 
-    def prepare_batch(self, timeout_s: float | None = None) -> list[Trajectory]:
-        """Block until ``batch_size`` samples are ready and return them."""
-        return self._process.call("executor.prepare_batch", timeout_s)
+    def method(self: RemoteExecutor, *args: Any, **kwargs: Any) -> Any:
+        result = self._process.call(f"executor.{name}", *args, **kwargs)
+        return self if returns == "self" else result
 
-    def last_batch_stats(self) -> dict[str, float]:
-        """Numbers about the last batch."""
-        return self._process.call("executor.last_batch_stats")
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = declared.__doc__
+    method.__signature__ = inspect.signature(declared)  # type: ignore[attr-defined]
+    return method
 
-    def pause(self, mode: str = "abort") -> None:
-        """Stop admitting groups and pause the servers."""
-        self._process.call("executor.pause", mode)
 
-    def resume(self) -> None:
-        """Resume the servers and admit groups again."""
-        self._process.call("executor.resume")
-
-    def update_weights(self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None = None) -> None:
-        """Have the servers load ``meta``'s weights (for a collective update, while the trainer broadcasts)."""
-        self._process.call("executor.update_weights", meta, [list(b) for b in buckets] if buckets is not None else None)
-
-    def swap_weights(
-        self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, version: int, mode: str = "abort"
-    ) -> dict[str, float]:
-        """Pause, load ``meta``'s weights, set ``version`` and resume, in one command; the parts' seconds."""
-        return self._process.call(
-            "executor.swap_weights", meta, [list(b) for b in buckets] if buckets is not None else None, version, mode
-        )
-
-    def destroy_weight_groups(self) -> list[str]:
-        """Make the servers leave the collective weight-update groups; returns their names."""
-        return self._process.call("executor.destroy_weight_groups")
-
-    def set_version(self, version: int) -> None:
-        """Record the trainer's new version."""
-        self._process.call("executor.set_version", version)
-
-    def stats(self) -> dict[str, Any]:
-        """Counters, rates and the staleness histogram."""
-        return self._process.call("executor.stats")
-
-    def state_dict(self) -> dict[str, Any]:
-        """The executor's checkpointable state (JSON-safe)."""
-        return self._process.call("executor.state_dict")
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict`."""
-        self._process.call("executor.load_state_dict", state)
+for _name, _returns in EXECUTOR_METHODS.items():
+    setattr(RemoteExecutor, _name, _forward(_name, _returns))
 
 
 class RolloutProcess:
@@ -148,13 +100,21 @@ class RolloutProcess:
         self._closed = False
         #: number of inference servers the side's client talks to.
         self.n_servers = n_servers
-        self.executor = RemoteExecutor(self)
+        self.executor: RolloutExecutorProtocol = RemoteExecutor(self)  # type: ignore[assignment]
 
     @classmethod
     def start(
         cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int, timeout_s: float = START_TIMEOUT_S
     ) -> RolloutProcess:
-        """Spawn the child and build its side there.
+        """Spawn the child and build the job's rollout side there (see :meth:`spawn`)."""
+        return cls.spawn(_build_side, (cfg, list(addresses), model_dir, version), timeout_s=timeout_s)
+
+    @classmethod
+    def spawn(
+        cls, build: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float = START_TIMEOUT_S
+    ) -> RolloutProcess:
+        """Spawn the child and run ``build(*args)`` there: the side it serves (an object with
+        ``executor``, ``n_servers``, ``evaluate`` and ``close``; ``build`` and ``args`` must pickle).
 
         A build that fails raises its own exception here (the child's traceback as a note); a child
         that dies, or takes longer than ``timeout_s``, raises :class:`RolloutError`.
@@ -163,7 +123,7 @@ class RolloutProcess:
         parent_conn, child_conn = ctx.Pipe()
         process = ctx.Process(
             target=_child_main,
-            args=(child_conn, cfg, list(addresses), model_dir, version, os.getpid()),
+            args=(child_conn, build, args, os.getpid()),
             name="areal-rollout",
             daemon=False,
         )  # a daemon may not start reward workers
@@ -307,9 +267,15 @@ def _watch_parent(parent_pid: int, side: RolloutSide) -> None:
     os._exit(1)
 
 
-def _child_main(
-    conn: Connection, cfg: JobConfig, addresses: list[str], model_dir: str, version: int, parent_pid: int
-) -> None:
+def _build_side(cfg: JobConfig, addresses: list[str], model_dir: str, version: int) -> RolloutSide:
+    """The job's rollout side (the child's default build)."""
+    from areal_tasks.models.tokenizer import load_tokenizer
+    from areal_tasks.rollout.side import RolloutSide
+
+    return RolloutSide.build(cfg, addresses, load_tokenizer(model_dir), version)
+
+
+def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ...], parent_pid: int) -> None:
     """The child: build the side, say ready, serve commands until told to close or the pipe ends."""
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
@@ -319,11 +285,8 @@ def _child_main(
         format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from areal_tasks.models.tokenizer import load_tokenizer
-    from areal_tasks.trainer.rl_rollout import RolloutSide
-
     try:
-        side = RolloutSide.build(cfg, addresses, load_tokenizer(model_dir), version)
+        side = build(*args)
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
         conn.send(("error", _portable(exc)))
         return
@@ -338,9 +301,9 @@ def _child_main(
                 break
             if message is None:
                 break
-            name, args, kwargs = message
+            name, call_args, call_kwargs = message
             try:
-                result = _resolve(side, name)(*args, **kwargs)
+                result = _resolve(side, name)(*call_args, **call_kwargs)
                 conn.send(("ok", result if COMMANDS[name] else None))
             except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
                 conn.send(("error", _portable(exc)))

@@ -2,17 +2,18 @@
 executor, and evaluation through the same servers.
 
 ``RolloutSide.open(cfg, addresses, model_dir, version)`` gives rank 0 its side: built in a child
-process (:mod:`areal_tasks.trainer.rollout_process`) when ``rollout.own_process`` says so (``auto``:
+process (:mod:`areal_tasks.rollout.process`) when ``rollout.own_process`` says so (``auto``:
 when training runs on GPUs), else in rank 0's own.
 ``RolloutSide.build(cfg, addresses, tokenizer, version)`` wires it from the config:
 
 - the client (``RemoteInferenceEngine``) over the servers the controller started;
 - the reward (``rollout.reward``) in a process pool with a timeout per call;
-- the workflow (``rollout.workflow``: ``rlvr`` or ``multi_turn``) with ``rollout.sampling`` (leave
+- the workflow (``rollout.workflow``: a registered name or an import path, its options and the
+  system prompt) with ``rollout.sampling`` (leave
   ``rollout.sampling.seed`` unset: one seed shared by every request makes the samples of a group
   identical, which leaves GRPO nothing to compare);
-- the executor (``RolloutExecutor``) over the train split, with DAPO's dynamic filter when the
-  algorithm asks for it.
+- the executor (``RolloutExecutor``) over the train split, with the algorithm's group filter
+  (``Algorithm.group_filter``: DAPO's dynamic sampling; None for most).
 
 :meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
 (``evaluation.temperature``, 0 = greedy; ``evaluation.n_samples`` per prompt) over the eval split and
@@ -30,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
 from areal_tasks.errors import ConfigError
-from areal_tasks.trainer.evaluate import eval_sampling, samples_per_prompt
+from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
 
 if TYPE_CHECKING:
-    from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
+    from areal_tasks.api.workflow import RolloutWorkflow
     from areal_tasks.config.job import JobConfig
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.rollout.executor import RolloutExecutor
+    from areal_tasks.rollout.process import RolloutProcess
     from areal_tasks.rollout.rewards import RewardRunner
-    from areal_tasks.trainer.rollout_process import RolloutProcess
 
 logger = logging.getLogger(__name__)
 
@@ -55,25 +56,10 @@ def own_process(setting: str) -> bool:
 
 
 def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward: Any) -> RolloutWorkflow:
-    """The workflow ``rollout.workflow.name`` with ``sampling`` and the ``reward`` coroutine."""
-    from areal_tasks.rollout.workflows import make_workflow
+    """The job's workflow (``rollout.workflow``) with ``sampling`` and the ``reward`` coroutine."""
+    from areal_tasks.rollout.workflows import build_workflow
 
-    wf = cfg.rollout.workflow
-    options: dict[str, Any] = {"max_prompt_len": cfg.dataset.max_prompt_len}
-    if wf.name == "multi_turn":
-        options.update(max_turns=wf.max_turns, turn_discount=wf.turn_discount, feedback=wf.feedback)
-    return make_workflow(wf.name, tokenizer, sampling, reward, **options)
-
-
-def group_filter_of(cfg: JobConfig) -> Any:
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
-    if not getattr(cfg.algorithm, "dynamic_sampling", False):
-        return None
-
-    def informative(group: list[Trajectory]) -> bool:
-        return len({t.reward for t in group}) > 1
-
-    return informative
+    return build_workflow(cfg.rollout.workflow, tokenizer, sampling, reward, max_prompt_len=cfg.dataset.max_prompt_len)
 
 
 @dataclass
@@ -91,7 +77,7 @@ class RolloutSide:
     def open(cls, cfg: JobConfig, addresses: list[str], model_dir: str, version: int) -> RolloutSide | RolloutProcess:
         """The side as ``rollout.own_process`` says: in a child process (``auto``: on GPUs) or in this one."""
         if own_process(cfg.rollout.own_process):
-            from areal_tasks.trainer.rollout_process import RolloutProcess
+            from areal_tasks.rollout.process import RolloutProcess
 
             return RolloutProcess.start(cfg, addresses, model_dir, version)
         from areal_tasks.models.tokenizer import load_tokenizer
@@ -100,6 +86,7 @@ class RolloutSide:
 
     @classmethod
     def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
+        from areal_tasks.algo import build_algorithm
         from areal_tasks.datasets.registry import load_split
         from areal_tasks.inference.client import RemoteInferenceEngine
         from areal_tasks.rollout.executor import RolloutExecutor
@@ -119,7 +106,7 @@ class RolloutSide:
             batch_size=cfg.train.batch_size,
             seed=cfg.experiment.seed,
             shuffle=cfg.dataset.shuffle,
-            group_filter=group_filter_of(cfg),
+            group_filter=build_algorithm(cfg.algorithm).group_filter,
             version=version,
         )
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
@@ -156,23 +143,21 @@ class RolloutSide:
             n_samples = 1
             workflow, prefix = self.greedy_workflow, "eval_greedy"
         started = time.perf_counter()
-        rewards = asyncio.run(self._episodes(workflow, [r for r in records for _ in range(n_samples)]))
+        trajectories = asyncio.run(
+            run_episodes(
+                self.client,
+                workflow,
+                [r for r in records for _ in range(n_samples)],
+                self.cfg.rollout.max_concurrent_rollouts,
+            )
+        )
+        rewards = [0.0 if traj is None else float(traj.reward) for traj in trajectories]
         return {
             f"{prefix}/reward": sum(rewards) / len(rewards),
             f"{prefix}/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             f"{prefix}/n": float(len(rewards)),
             f"{prefix}/wall_s": time.perf_counter() - started,
         }
-
-    async def _episodes(self, workflow: RolloutWorkflow, records: list[Any]) -> list[float]:
-        limit = asyncio.Semaphore(max(1, self.cfg.rollout.max_concurrent_rollouts))
-
-        async def one(record: Any) -> float:
-            async with limit:
-                traj = await workflow.arun_episode(self.client, record)
-            return 0.0 if traj is None else float(traj.reward)
-
-        return list(await asyncio.gather(*(one(r) for r in records)))
 
     def close(self) -> None:
         """Stop the executor and the reward pool (idempotent)."""
