@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from areal_tasks.api.train_engine import ParallelInfo
 from areal_tasks.checkpoint.state import TrainerState
 from areal_tasks.config import load_config
 from areal_tasks.trainer.callbacks import HOOKS, Callback, CallbackList
@@ -104,7 +105,7 @@ class FakeManager:
 class FakeEngine:
     def __init__(self, log: Log, rank: int = 0) -> None:
         self.log = log
-        self.parallel = SimpleNamespace(rank=rank)
+        self.parallel = ParallelInfo(world_size=2, rank=rank, dp_size=2, dp_rank=rank)
 
     def destroy(self) -> None:
         self.log.append(("engine.destroy",))

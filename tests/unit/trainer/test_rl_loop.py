@@ -126,6 +126,7 @@ def test_a_run_in_the_order_of_its_side_effects(loop: Any, tmp_path: Path) -> No
     assert [e[1] for e in log if e[0] == "publish"] == [1, 2, 3, 4]
     assert [e[1] for e in log if e[0] == "save"] == [2, 4]
     assert summary["steps"] == 4 and summary["first_step"] == 1 and summary["final_version"] == 4
+    assert summary["engine_layout"] == {"actor": {"world_size": 2, "dp": 2, "tp": 1, "sp": 1}}
     assert summary["last_step"]["rollout/reward_mean"] == 0.5 and summary["last_step"]["version"] == 4.0
     assert json.loads((tmp_path / "rl_summary.json").read_text())["final_version"] == 4
     assert next(e for e in log if e[0] == "logger.on_end")[1] == summary
@@ -156,7 +157,15 @@ def test_the_step_metrics_keep_their_keys(loop: Any) -> None:
         "eval_samples_per_prompt",
         "eval_prompts",
     ]
-    assert list(summary)[9:] == ["steps", "first_step", "final_version", "wall_seconds", "last_step", "executor"]
+    assert list(summary)[9:] == [
+        "steps",
+        "first_step",
+        "final_version",
+        "wall_seconds",
+        "last_step",
+        "executor",
+        "engine_layout",
+    ]
 
 
 def test_recovery_comes_before_the_first_step(loop: Any) -> None:

@@ -116,8 +116,10 @@ def test_the_summary_holds_the_runs_facts_and_is_written(tmp_path: Path) -> None
         "wall_seconds",
         "last_step",
         "executor",
+        "engine_layout",
     ]
     assert (summary["steps"], summary["first_step"], summary["final_version"]) == (3, 1, 3)
+    assert summary["engine_layout"] == {"actor": {"world_size": 2, "dp": 2, "tp": 1, "sp": 1}}
     assert summary["last_step"] == {"reward/mean": pytest.approx(0.3)} and summary["executor"] == {"accepted": 16}
     assert summary["wall_seconds"] > 0
     summary_cb.on_end(summary)
