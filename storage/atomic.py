@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     from storage.storage import Storage
 
-__all__ = ["TEMP_PREFIX", "UPLOAD_PART_BYTES", "atomic_directory", "atomic_writer", "write_local", "write_local_text"]
+__all__ = [
+    "TEMP_PREFIX",
+    "UPLOAD_PART_BYTES",
+    "atomic_directory",
+    "atomic_writer",
+    "publish_directory",
+    "staging_directory",
+    "write_local",
+    "write_local_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +126,33 @@ def atomic_directory(target: str | os.PathLike[str], *, replace: bool = True) ->
     is as good as another: if ``target`` exists when the staging directory is published (another
     process finished first), the staging directory is discarded and the existing ``target`` kept.
     """
+    staging = staging_directory(target)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish_directory(staging, target, replace=replace)
+
+
+def staging_directory(target: str | os.PathLike[str]) -> Path:
+    """A new empty hidden sibling of ``target`` to build its content in (same filesystem as
+    ``target``, so :func:`publish_directory` can rename it into place). For writers that span
+    processes (each rank of a sharded checkpoint writes its part): one process makes it, all write,
+    one publishes; :func:`atomic_directory` is the one-process form."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
+    return staging
+
+
+def publish_directory(staging: str | os.PathLike[str], target: str | os.PathLike[str], *, replace: bool = True) -> None:
+    """Make the complete ``staging`` directory ``target`` in one rename (files made world-readable
+    and fsynced first); ``replace`` as in :func:`atomic_directory`. On a failure before the rename
+    the staging directory is removed and ``target`` is left as it was."""
+    staging, target = Path(staging), Path(target)
     try:
-        yield staging
         _make_readable(staging)
         _fsync_tree(staging)
     except BaseException:

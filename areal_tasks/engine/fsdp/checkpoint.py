@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +45,18 @@ def save_dcp(
     optimizer: torch.optim.Optimizer | None,
     train_state: dict[str, Any],
 ) -> None:
-    """Write model (+ optimizer) shards and ``train_state`` (JSON-able) as one complete directory."""
+    """Write model (+ optimizer) shards and ``train_state`` (JSON-able) as one complete directory:
+    rank 0 makes a staging directory, every rank writes its shards into it, rank 0 adds the train
+    state and publishes it (:mod:`storage.atomic`), so ``path`` is never half written."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    target = Path(path)
-    staging = target.parent / f".{target.name}.dcp-staging"
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    _barrier()
+    from storage.atomic import publish_directory, staging_directory
+
+    staging_box = [str(staging_directory(path)) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(staging_box, src=0)
+    staging = Path(staging_box[0])
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
@@ -66,13 +66,8 @@ def save_dcp(
     _barrier()
     if dist.get_rank() == 0:
         (staging / TRAIN_STATE).write_text(json.dumps(train_state, indent=2, sort_keys=True))
-        old = target.parent / f".{target.name}.dcp-old"
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-        os.rename(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
-        logger.info("saved DCP checkpoint %s", target)
+        publish_directory(staging, path)
+        logger.info("saved DCP checkpoint %s", path)
     _barrier()
 
 

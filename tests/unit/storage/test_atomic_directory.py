@@ -52,3 +52,19 @@ def test_without_replace_a_failed_write_leaves_nothing(tmp_path):
         (staging / "half.txt").write_text("x")
         raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staging_directory_written_elsewhere_is_published_in_one_rename(tmp_path):
+    """The multi-process form (one process stages, several write, one publishes)."""
+    from storage.atomic import publish_directory, staging_directory
+
+    target = tmp_path / "ckpt"
+    with atomic_directory(target) as staging:
+        (staging / "old.bin").write_bytes(b"0")
+    staging = staging_directory(target)
+    assert staging.parent == tmp_path and staging.name.startswith(".ckpt.tmp-") and not any(staging.iterdir())
+    (staging / "rank0.bin").write_bytes(b"a")
+    (staging / "rank1.bin").write_bytes(b"b")
+    publish_directory(staging, target)
+    assert sorted(p.name for p in target.iterdir()) == ["rank0.bin", "rank1.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
