@@ -6,8 +6,8 @@ on batches of long-tailed sequence lengths (lognormal, clipped to ``[32, tokens_
 rollouts produce) packed into micro-batches of at most ``--tokens-per-mb`` tokens. A batch holds
 ``--mbs-per-step`` micro-batches' worth of tokens; the sequences that the engine's packing would put
 in a further, nearly empty micro-batch (a long-tail mix never packs exactly) are left out, so a step
-runs exactly ``--mbs-per-step`` micro-batches (``--spill`` keeps them: a sliver micro-batch of
-38-188 tokens a step, as every run before the eighth session had). After
+runs exactly ``--mbs-per-step`` micro-batches (``--spill`` keeps them: a nearly empty micro-batch
+a step, as every run before the eighth session had). After
 ``--warmup`` steps, ``--steps`` timed ``train_batch`` calls (forward, backward, clipping, AdamW)
 are measured, back to back as a training loop runs them: each step is submitted
 (``engine.submit_train_batch``) before the previous step's stats are read, and a step's time runs
@@ -30,10 +30,10 @@ costliest operators by device and by host time, and the GPU-busy fraction (union
 kernels' intervals over the profiled span; the rest is the device waiting for the host).
 
 ``--compile off`` runs the element-wise work eagerly (``EngineConfig.compile``; ``auto`` compiles
-on CUDA). Measured figures, one H200 and two, with what each change bought: ``docs/benchmarks.md``
-("Train throughput (H200)"); one GPU now runs 122,005 tokens/s, 50.7% MFU on the 5-step batches
-with the engine's defaults (no FSDP, eight blocks a compiled graph and the LM head's logits kept,
-all by ``auto``; ``bash benchmarks/gpu_suite.sh train``) and 116,320, 48.4% over 10 steps. With
+on CUDA). The current figures, one H200 and two, with their commands: ``docs/benchmarks.md``
+("Train throughput and MFU (H200)"; ``bash benchmarks/gpu_suite.sh train`` runs the engine's
+defaults: no FSDP, eight blocks a compiled graph and the LM head's logits kept, all by ``auto``);
+what each change bought: ``docs/benchmarks_history.md``. With
 ``--profile`` the JSON also records where the device waited (``profile.idle``: before the first
 kernel, after the last, by gap length and by tenth of the step).
 

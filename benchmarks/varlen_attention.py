@@ -14,9 +14,10 @@ grouped heads go to the flash kernels as they are, ``kernels/flash_gqa.py``) and
 
 The eighth session also timed cuDNN's fused attention over ragged sequences here (commit
 ``f531263``, ``benchmarks/results/varlen_attention_cudnn.json``): torch 2.11's
-``_cudnn_attention_forward`` with ``cum_seq_q`` gave the right output but took 67-80 ms a call
-(the flash kernel: 0.2-0.75 ms), and its backward returned wrong gradients (NaN and 1e18 values),
-so it was dropped; torch's own ``varlen_attn`` keeps its cuDNN branch switched off too.
+``_cudnn_attention_forward`` with ``cum_seq_q`` gave the right output but ran orders of magnitude
+slower than the flash kernel, and its backward returned wrong gradients (NaN and 1e18 values), so
+it was dropped (docs/benchmarks_history.md, "Train throughput", eighth session); torch's own
+``varlen_attn`` keeps its cuDNN branch switched off too.
 
 Prints a table and writes ``benchmarks/results/varlen_attention.json``. Needs CUDA.
 

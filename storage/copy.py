@@ -71,7 +71,7 @@ def copy_tree(
     a terminal). A source commit marker is not copied; pass ``commit=True`` to commit the
     destination after all files arrived. Raises StorageNotFoundError if the source has no files.
     """
-    from tqdm import tqdm  # imported here: it costs ~0.1 s, and probe processes never copy
+    from tqdm import tqdm  # imported here: its import is slow, and probe processes never copy
 
     src_base, dst_base = normalize_key(src_key), normalize_key(dst_key)
     files = {rel: size for rel, size in src.walk_files(src_base).items() if rel != COMMIT_MARKER}

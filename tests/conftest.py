@@ -30,7 +30,7 @@ LIVE_SERVERS = "live_servers"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The live servers stay up from their first test to the end of the session, and their
     # scheduler, DAG processor and triggerer keep polling: on a 2-core machine that slowed every
-    # later test (the RL warm start by a third). Their tests go last, in their own order.
+    # later test, the RL warm start most. Their tests go last, in their own order.
     items.sort(key=lambda item: LIVE_SERVERS in getattr(item, "fixturenames", ()))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():

@@ -86,44 +86,43 @@ class EngineConfig:
     compile: Literal["auto", "on", "off"] = "auto"
     #: what ``compile`` covers: ``blocks`` compiles each whole decoder block (attention call, rotary
     #: embedding, residuals, norms and MLP as one graph a block: fewer kernels and far less host
-    #: work; 66,100 against 62,100 tokens/s for the 0.5B shape on an H200); ``pointwise`` only each
-    #: block's norms and MLP, the attention eager; ``auto`` = ``blocks`` where the attention runs
-    #: inside a compiled graph (the engine's varlen attention on CUDA, no sequence parallelism), else
-    #: ``pointwise``.
+    #: work, so faster than ``pointwise`` on the 0.5B shape: docs/benchmarks_history.md, "Train
+    #: throughput"); ``pointwise`` only each block's norms and MLP, the attention eager; ``auto`` =
+    #: ``blocks`` where the attention runs inside a compiled graph (the engine's varlen attention on
+    #: CUDA, no sequence parallelism), else ``pointwise``.
     compile_scope: Literal["auto", "blocks", "pointwise"] = "auto"
     #: with whole blocks compiled, this many consecutive blocks run as one compiled graph: each
     #: compiled call costs host time of its own (guards, the autograd function, the kernel-launching
-    #: wrapper), so fewer calls leave the GPU less idle (0.5B shape on an H200: 70,663 tokens/s at
-    #: 1, 72,829 at 2, 76,999 at 4; later, with no FSDP and the logits kept, 111,917 at 4 and
-    #: 115,559 at 8). Every group shares one graph, but it takes about this many times as long to
-    #: compile (8 blocks of the 0.5B shape: about 100 s). More than 1 needs the model as one FSDP
-    #: unit or none (``fsdp_wrap`` resolving to ``root`` or ``none``) and one layer type. ``auto`` =
-    #: the largest divisor of the number of blocks up to 8 where that holds (every group the same
-    #: size: one graph to compile), else 1.
+    #: wrapper), so fewer calls leave the GPU less idle (on the 0.5B shape throughput rose with the
+    #: group up to 8 blocks: docs/benchmarks_history.md, "Train throughput"). Every group shares one
+    #: graph, but it takes about this many times as long to compile, which is what bounds the group.
+    #: More than 1 needs the model as one FSDP unit or none (``fsdp_wrap`` resolving to ``root`` or
+    #: ``none``) and one layer type. ``auto`` = the largest divisor of the number of blocks up to 8
+    #: where that holds (every group the same size: one graph to compile), else 1.
     compile_blocks_per_graph: int | Literal["auto"] = "auto"
     #: the actor's chunked LM head keeps each micro-batch's logits (``tokens x vocabulary`` in the
     #: compute dtype: 5 GB for 16K tokens of Qwen2.5's 151,936-token vocabulary in bf16) from the
     #: forward, which computes them with one matmul, to the backward, which overwrites them with
-    #: their gradient instead of recomputing them (one matmul of ``2 x tokens x vocabulary x hidden``
-    #: FLOPs less a micro-batch; 0.5B shape on an H200: matmul time 151 -> 140 ms a step, 69,843 ->
-    #: 72,995 tokens/s, peak memory +4.1 GiB). The memory budget's micro-batch sizing counts them.
-    #: ``auto`` = keep them on a GPU when micro-batches have an explicit token cap
-    #: (``micro_batch.max_tokens_per_mb``) whose logits take at most 5% of its memory; without a
-    #: cap (micro-batches of any length) or with one sized from ``memory_budget_gb``, recompute.
+    #: their gradient instead of recomputing them (one matmul of
+    #: ``2 x tokens x vocabulary x hidden`` FLOPs less a micro-batch, traded for the memory of the
+    #: kept logits; what it bought on the 0.5B shape: docs/benchmarks_history.md, "Train
+    #: throughput"). The memory budget's micro-batch sizing counts them. ``auto`` = keep them on a
+    #: GPU when micro-batches have an explicit token cap (``micro_batch.max_tokens_per_mb``) whose
+    #: logits take at most 5% of its memory; without a cap (micro-batches of any length) or with one
+    #: sized from ``memory_budget_gb``, recompute.
     lm_head_keep_logits: bool | Literal["auto"] = "auto"
     #: FSDP2 units: ``block`` wraps every decoder block and then the root (one all-gather per block,
     #: parameters resharded after the forward); ``root`` wraps the whole model as one unit, kept
-    #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter
-    #: a step, no per-block hooks; for small models, at the memory of every parameter and gradient
+    #: gathered from the forward to the end of the backward (one all-gather and one reduce-scatter a
+    #: step, no per-block hooks; for small models, at the memory of every parameter and gradient
     #: unsharded); ``none`` (one rank, no tensor parallelism, LoRA or offload): no FSDP at all; the
     #: engine keeps flat fp32 master weights and gradients and a compute-dtype copy of the weights
     #: itself, without FSDP's per-parameter host work each step (``engine/fsdp/flat_params.py``;
-    #: 0.5B shape on an H200: 107,399 tokens/s against 97,346 as one unit on the same code; 113,660
-    #: since the ninth session's changes). ``auto`` = ``none`` on
-    #: one GPU where it applies, ``root`` on one rank otherwise (the CPU included), and with several
-    #: ranks ``root`` on GPUs when the whole model gathered (parameters and gradients,
-    #: ``N (2c + 4) / tp`` bytes) takes at most 5% of the GPU's memory (about 0.8B parameters in
-    #: bf16 on an H200), else ``block`` (also with ``cpu_offload``, and on CPU).
+    #: faster than one FSDP unit on one GPU: docs/benchmarks_history.md, "Train throughput").
+    #: ``auto`` = ``none`` on one GPU where it applies, ``root`` on one rank otherwise (the CPU
+    #: included), and with several ranks ``root`` on GPUs when the whole model gathered (parameters
+    #: and gradients, ``N (2c + 4) / tp`` bytes) takes at most 5% of the GPU's memory (about 0.8B
+    #: parameters in bf16 on an H200), else ``block`` (also with ``cpu_offload``, and on CPU).
     fsdp_wrap: Literal["auto", "block", "root", "none"] = "auto"
     #: keep parameters and optimizer state in CPU memory between uses.
     cpu_offload: bool = False

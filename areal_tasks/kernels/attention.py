@@ -388,13 +388,14 @@ def _static_head_dim(module: torch.nn.Module) -> None:
     """Inside a compiled graph, make the attention module's ``head_dim`` a constant (a no-op in
     eager code, or for a module without one).
 
-    Whole blocks compile with their modules' integer attributes symbolic (``models/compile.py``:
-    one graph for every block, whatever its ``layer_idx``), which makes ``head_dim`` symbolic too,
-    and with it every index of the rotary embedding and of the head reshapes around the attention:
-    Inductor then divides by run-time 64-bit values in each element's index. On the H200 those
-    kernels took 13 ms of a 309 ms step, three to ten times their memory-bound time. Forcing the
-    symbol static guards on its value, and the guard replaces the symbol in the whole graph (not
-    so a guard on a derived size such as ``query.shape[-1]``, which is ``896 // (896 // s)``)."""
+    Whole blocks compile with their modules' integer attributes symbolic (``models/compile.py``: one
+    graph for every block, whatever its ``layer_idx``), which makes ``head_dim`` symbolic too, and
+    with it every index of the rotary embedding and of the head reshapes around the attention:
+    Inductor then divides by run-time 64-bit values in each element's index, which made those
+    kernels several times slower than their memory traffic allows (docs/benchmarks_history.md,
+    "Train throughput", ninth session). Forcing the symbol static guards on its value, and the guard
+    replaces the symbol in the whole graph (not so a guard on a derived size such as
+    ``query.shape[-1]``, which is ``896 // (896 // s)``)."""
     import torch
 
     head_dim = getattr(module, "head_dim", None)

@@ -53,9 +53,9 @@ PLAIN_HEAD_FAMILIES = tuple(name for name, family in FAMILIES.items() if family.
 #: target size of one chunk's ``[chunk, vocab]`` score matrix (elements): the memory estimate's.
 CHUNK_ELEMENTS = CE_CHUNK_ELEMENTS
 #: the same with the chunk kernels compiled (no fp32 copies of a chunk: its bf16 logits and their
-#: gradient, 0.5 GiB each at 2**28). Measured on an H200 at Qwen2.5's vocabulary, 16K positions
-#: (``benchmarks/lm_head_chunks.py``): forward+backward 53.3 ms at 2**27, 44.7 ms at 2**28 (+0.8 GiB
-#: peak), 42.9 ms at 2**29 (+2.3 GiB): more rows per chunk keep more SMs busy in the row reductions.
+#: gradient, 0.5 GiB each at 2**28). Larger chunks run faster, since more rows per chunk keep more
+#: SMs busy in the row reductions; past 2**28 the gain at Qwen2.5's vocabulary no longer pays for
+#: the extra peak memory (``benchmarks/lm_head_chunks.py``; docs/benchmarks.md, "LM head").
 COMPILED_CHUNK_ELEMENTS = 2**28
 
 

@@ -35,8 +35,8 @@ from areal_tasks.models.compile import triton_on_cuda as kernels_available
 __all__ = ["FORWARD_BLOCK", "GRAD_BLOCK", "forward_stats", "kernels_available", "logit_grad", "logit_grad_in_place"]
 
 #: vocabulary entries per program of the forward (a row is split over several: one program a row
-#: streamed at 1.3 TB/s on an H200), per loop iteration, and its warps. The fastest of the
-#: configurations ``benchmarks/lm_head_chunks.py`` tries: 0.25 ms a chunk of 2**28 bf16 logits.
+#: left much of the memory bandwidth unused), per loop iteration, and its warps. The fastest of the
+#: configurations ``benchmarks/lm_head_chunks.py`` tries (docs/benchmarks.md, "LM head").
 FORWARD_SPLIT = 32768
 FORWARD_BLOCK = 2048
 FORWARD_WARPS = 4

@@ -97,10 +97,10 @@ def compile_block_forward(block: torch.nn.Module) -> Callable[..., Any]:
 def length_agnostic_options() -> dict[str, Any]:
     """Inductor options for graphs whose token count changes every call: mix-order reduction
     fusion (RMSNorm's backward reduces rows for the input gradient and columns for the weight
-    gradient in one kernel) without its size check. That check guards the graph on the
-    micro-batch's length (``T x hidden >= 5 Mi`` elements), so a short micro-batch after long ones
-    recompiled the graphs: measured on the H200, 20 s in the middle of a training run. Empty where
-    this torch lacks the option."""
+    gradient in one kernel) without its size check. That check guards the graph on the micro-batch's
+    length (``T x hidden >= 5 Mi`` elements), so a short micro-batch after long ones recompiled the
+    graphs, a step of many seconds in the middle of a training run (docs/benchmarks_history.md,
+    "Train throughput", ninth session). Empty where this torch lacks the option."""
     import torch._inductor.config as inductor_config
 
     if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):

@@ -219,7 +219,7 @@ class SeaweedS3Server:
         data = self.work_dir / "data"
         data.mkdir(exist_ok=True)
         # weed reads master.toml from its working directory. Every bucket is a collection whose
-        # first write grows volumes: one volume instead of the default seven makes that ~10x faster.
+        # first write grows volumes: one volume instead of the default seven makes that much faster.
         (self.work_dir / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\ncopy_other = 1\n")
         p = self.ports
         argv = [

@@ -93,8 +93,8 @@ def test_varlen_matches_block_mask_sdpa(heads, window, scaling):
 def test_varlen_is_one_kernel_without_a_mask():
     """No ``T x T`` buffer: the varlen forward+backward of a 32K-token micro-batch stays below the
     1 GiB that the block-diagonal ``T x T`` bool mask alone would take (the masked SDPA's scores
-    would add 2 GiB per head more). Measured on an H200 (torch 2.11): 570 MiB, which is the
-    gradients, the output and its gradient, and the kernel's fp32 accumulators."""
+    would add 2 GiB per head more). What it does take is the gradients, the output and its
+    gradient, and the kernel's fp32 accumulators."""
     from areal_tasks.kernels.attention import flash_attn_installed, packed_attention, packed_kernel
 
     if flash_attn_installed():

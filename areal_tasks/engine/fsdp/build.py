@@ -99,14 +99,14 @@ def resolve_fsdp_wrap(
     """``block``, ``root`` or ``none`` for ``EngineConfig.fsdp_wrap`` over a shard group of ``shard_ranks``.
 
     ``auto`` with one rank is ``none`` where the flat buffers can hold the model (``flat_capable``:
-    a GPU, no tensor parallelism, LoRA or offload; measured on an H200 for the 0.5B shape: 107,399
-    tokens/s against 97,346 as one FSDP unit), else ``root``: nothing is sharded with one rank, so
-    per-block units would only add hooks, casts and a reshard that the backward undoes again. With
-    more ranks it is ``root`` when the model is small for the GPU: ``unsharded_bytes`` (what one
-    unit holds gathered: parameters in the compute dtype and gradients with their fp32 reduce
-    copies) at most :data:`ROOT_WRAP_MAX_FRACTION` of ``device_bytes`` (measured on two H200s for
-    the 0.5B shape: 99,800 tokens/s as one unit against 70,100 per block). Otherwise, and without a
-    GPU's size (CPU), it is ``block``, which keeps one block unsharded at a time."""
+    a GPU, no tensor parallelism, LoRA or offload; faster than one FSDP unit on the 0.5B shape),
+    else ``root``: nothing is sharded with one rank, so per-block units would only add hooks, casts
+    and a reshard that the backward undoes again. With more ranks it is ``root`` when the model is
+    small for the GPU: ``unsharded_bytes`` (what one unit holds gathered: parameters in the compute
+    dtype and gradients with their fp32 reduce copies) at most :data:`ROOT_WRAP_MAX_FRACTION` of
+    ``device_bytes`` (with dp=2 on the 0.5B shape, one unit ran much faster than per-block units).
+    Otherwise, and without a GPU's size (CPU), it is ``block``, which keeps one block unsharded at a
+    time. The figures: docs/benchmarks_history.md, "Train throughput"."""
     if wrap not in ("auto", "block", "root", "none"):
         raise EngineError(f"fsdp_wrap must be auto, block, root or none, got {wrap!r}")
     if wrap == "none" and shard_ranks != 1:

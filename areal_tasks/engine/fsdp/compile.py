@@ -16,7 +16,8 @@ kernels. ``EngineConfig.compile_scope`` picks what is compiled:
   (the first block's forward runs the group, the others pass their input through): each compiled
   call has a host cost of its own, which at this width kept the GPU idle. It needs the model as
   one FSDP unit, and compiling takes about that many times as long (a whole 24-block decoder as
-  one graph did not finish compiling in 355 s on the H200 host);
+  one graph did not finish compiling within a benchmark run: docs/benchmarks_history.md, "Train
+  throughput", sixth session);
 * ``pointwise``: only the non-attention children of each block (the MLP and the norms;
   :func:`areal_tasks.models.compile.compile_pointwise_modules`), for attentions that cannot be
   traced (Ulysses' all-to-all, the CPU per-sequence path that reads the host bounds);
@@ -85,9 +86,10 @@ def resolve_compile_scope(setting: str, *, attn_implementation: str, sp: int, de
     return "pointwise"
 
 
-#: ``compile_blocks_per_graph=auto``: at most this many blocks a graph. On an H200 (0.5B shape, 24
-#: blocks) 8 ran 3.3% faster than 4 over 10 steps; a whole 24-block decoder as one graph did not
-#: finish compiling in 355 s.
+#: ``compile_blocks_per_graph=auto``: at most this many blocks a graph. On the 0.5B shape (24
+#: blocks) 8 ran faster than 4, and a whole 24-block decoder as one graph did not finish compiling
+#: within a benchmark run (docs/benchmarks_history.md, "Train throughput", sixth and tenth
+#: sessions).
 AUTO_BLOCKS_PER_GRAPH = 8
 
 

@@ -28,7 +28,7 @@ def iter_full_tensors(
     """``(state-dict key, full tensor)`` for every entry; shards are gathered on ``device``.
 
     A DTensor on a mesh of one device is its own full tensor: it is taken as is (``to_local``),
-    without DTensor's redistribution, whose host cost (about 0.1 ms a tensor) was most of a
+    without DTensor's redistribution, whose host cost, paid once per tensor, was most of a
     one-GPU weight update. Elsewhere every sharded tensor is gathered with ``full_tensor``, or,
     with ``in_param_dtype`` (a weight update: the tensors may come in the FSDP units' parameter
     dtype, bf16 on GPU), one FSDP unit at a time (:mod:`areal_tasks.engine.fsdp.gather`; LoRA
@@ -49,7 +49,7 @@ def iter_full_tensors(
 
 def _full(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One state-dict entry as a full tensor on ``device``, outside autograd (``to_local`` under
-    grad mode is an autograd function: a third of a one-GPU weight update's host time)."""
+    grad mode is an autograd function, a large share of a one-GPU weight update's host time)."""
     import torch
     from torch.distributed.tensor import DTensor
 

@@ -4,16 +4,16 @@
 parameter from each micro-batch's backward (290 for Qwen2.5-0.5B) and adds them into one flat fp32
 buffer. In torch ops that is a batched concatenation into a flat compute-dtype buffer, then a
 casting copy (the first micro-batch of a step) or a casting add (the others): for the 0.5B shape,
-2 GB of traffic for the concatenation and 3 or 5 GB for the copy or add, about 2.4 ms of device
-time a micro-batch on an H200, and a ``reshape`` a parameter on the host.
+2 GB of traffic for the concatenation and 3 or 5 GB for the copy or add, and a ``reshape`` a
+parameter on the host.
 
 :func:`accumulate_into` does it in one pass: each program takes ``BLOCK`` elements of one
-parameter's gradient, found through a device table of the gradients' addresses, and writes (or
-adds) them in fp32 at that parameter's offset of the flat buffer: 3 GB for a copy, 5 GB for an add,
-one launch. A parameter without a gradient (unused by the micro-batch) has address 0 and
-contributes zeros. The block tables depend only on the parameters' sizes (:class:`BlockTable`, built
-once); the addresses are new every backward and travel in one small non-blocking copy from pinned
-memory.
+parameter's gradient, found through a device table of the gradients' addresses, and writes (or adds)
+them in fp32 at that parameter's offset of the flat buffer: 3 GB for a copy, 5 GB for an add, one
+launch (what it saved: docs/benchmarks_history.md, "Train throughput", eleventh session). A
+parameter without a gradient (unused by the micro-batch) has address 0 and contributes zeros. The
+block tables depend only on the parameters' sizes (:class:`BlockTable`, built once); the addresses
+are new every backward and travel in one small non-blocking copy from pinned memory.
 
 CUDA and Triton only (:func:`~areal_tasks.models.compile.triton_on_cuda`); ``FlatParams`` keeps the
 torch-op path elsewhere, which is the reference the kernel is tested against (``tests/gpu``).

@@ -4,8 +4,9 @@ compute-dtype copy of the weights that the model runs with.
 With one rank per shard group FSDP2 shards nothing, yet it still does per-parameter host work
 every step: it casts each parameter before the forward and, at the end of each backward, copies
 the gradients into a reduce buffer, "reduces" them on the one rank and wraps each in a new
-DTensor. On an H200 the 0.5B shape's step left the GPU idle 6-9 ms at the end of the backward
-while the host did that, and clipping and AdamW then walked 290 DTensor gradients.
+DTensor. On a GPU the 0.5B shape's step left the device idle at the end of the backward while
+the host did that, and clipping and AdamW then walked 290 DTensor gradients
+(docs/benchmarks_history.md, "Train throughput", seventh and eighth sessions).
 
 :class:`FlatParams` keeps what the engine trains in four flat buffers instead:
 
@@ -22,9 +23,9 @@ while the host did that, and clipping and AdamW then walked 290 DTensor gradient
   autograd left it (``flat_grad_kernels.py``); elsewhere (or for a gradient the kernel cannot
   read) a batched concatenation into a flat compute-dtype buffer (``compute_grad``, allocated on
   first use) and one casting copy or add. The master parameters' ``.grad`` are views of
-  ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did. Measured on the
-  H200 (0.5B shape, two micro-batches a step): the per-parameter adds and the zeroing this
-  replaced took 3.4 ms of device time and 590 kernel launches a step.
+  ``master_grad``: micro-batches add up in fp32, as FSDP's fp32 reduction did. The per-parameter
+  adds and the zeroing this replaced cost a kernel launch per parameter and micro-batch
+  (docs/benchmarks_history.md, "Train throughput", ninth session).
 
 Tied parameters (Qwen2.5-0.5B's embeddings and LM head) are one master and one compute parameter,
 installed on every module that holds them. Only for a plain dense model on one rank: no tensor

@@ -7,8 +7,8 @@ whole unit (a decoder block, or the root's embedding, final norm and head) in on
 each key's unit unsharded when its first key comes and resharded after its last, and yields a copy
 of each tensor (the unsharded storage is freed by the reshard). At most the root unit and one
 block are unsharded at a time (the whole model when it is one unit, ``fsdp_wrap="root"``). On two
-gloo ranks (CPU, a 24-layer tiny Qwen2) it took 70-84 ms where the per-tensor gathers took
-320-390 ms.
+gloo ranks (CPU, a 24-layer tiny Qwen2) that is several times faster than the per-tensor gathers
+(``benchmarks/weight_gather.py``; docs/benchmarks.md, "Weight transfer").
 
 The tensors come in the units' *parameter* dtype: with a bf16 ``MixedPrecisionPolicy`` that is the
 bf16 cast of the fp32 masters, bit for bit what a cast after ``full_tensor`` gives. That is what a

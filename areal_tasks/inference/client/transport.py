@@ -7,13 +7,13 @@ work), a total deadline per call, and transport failures turned into the client'
 what they mean is for the core and the adapter to judge.
 
 Connection pools are sharded: httpcore's pool does work proportional to the requests it holds on
-every request it assigns, so one pool of 256 connections costs quadratic host time. Measured here
-(2 CPU cores, the embedded server on the tiny model, 256 concurrent ``/generate`` calls of 64
-tokens): one pool 3,400 tokens/s, 4 pools 6,600, 16 pools of 16 connections 9,600. So the
-transport keeps ``ceil(max_connections / POOL_CONNECTIONS)`` clients per loop and hands calls to
-them in turn. The pools share one TLS context (:func:`tls_context`): left to itself, httpx builds
-a verifying context, CA bundle included, for every client, 16 ms each here, which held back the
-first of 256 concurrent calls by a quarter of a second.
+every request it assigns, so one pool of 256 connections costs quadratic host time: with 256
+concurrent ``/generate`` calls to the embedded server on 2 CPU cores, 16 pools of 16 connections
+carried several times the tokens of one pool (docs/benchmarks_history.md, "Inference throughput
+(H200)", 2026-11-30). So the transport keeps ``ceil(max_connections / POOL_CONNECTIONS)`` clients
+per loop and hands calls to them in turn. The pools share one TLS context (:func:`tls_context`):
+left to itself, httpx builds a verifying context, CA bundle included, for every client, which
+held back the first of 256 concurrent calls (the same page, third session).
 
 API keys: every call carries ``Authorization: Bearer <key>`` when the transport has a key; calls
 to :data:`ADMIN_PATHS` (pause/resume, weight updates, aborts) carry the admin key when one is set,

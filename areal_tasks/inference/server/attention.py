@@ -9,11 +9,12 @@ that share a key/value head are laid along SDPA's query-length axis instead
 without GQA) is transformers' own ``sdpa_attention_forward``, unchanged.
 
 Forwards whose shapes vary from call to call (prefill, eager decode) run SDPA without its cuDNN
-backend. cuDNN builds an execution plan for every new shape, 0.4-0.5 s each; torch 2.11 picks it
-first on Hopper for masked attention, so a prefill batch of a size the server had not seen stalled
-the engine for that long (and a weight update waiting for the iteration with it). The static
-decode steps keep it (:func:`static_shapes`): their shapes are fixed, and their warm-up runs plan
-them before the capture (a plan built during a capture broke it).
+backend. cuDNN builds an execution plan for every new shape, a large fraction of a second each
+(docs/benchmarks.md, "Inference throughput (H200)"); torch 2.11 picks it first on Hopper for masked
+attention, so a prefill batch of a size the server had not seen stalled the engine for that long
+(and a weight update waiting for the iteration with it). The static decode steps keep it
+(:func:`static_shapes`): their shapes are fixed, and their warm-up runs plan them before the capture
+(a plan built during a capture broke it).
 
 On CUDA the one-query decode call (grouped or not) runs the Triton kernel of ``decode_kernel.py`` instead of SDPA
 when the model runner turned it on for the model's attention layers (:func:`use_decode_kernel`,

@@ -12,7 +12,8 @@ What keeps this fast and to one set of compiled graphs for every block:
 - the cache write is not traced (``cuda_graph.write_at_positions`` is excluded): a compiled graph
   turns an in-place write into one of its inputs into a functional copy of the whole store and a
   copy back, every block and step. This was why a first version (without the exclusion) made the
-  decode forward slower, 3.63 against 3.25 ms. Each block therefore compiles as two graphs, before
+  decode forward slower than compiling only the norms and MLPs (docs/benchmarks_history.md,
+  "Inference throughput (H200)", first session). Each block therefore compiles as two graphs, before
   and after the write;
 - the cache view does not look its storage up by ``layer_idx`` inside the compiled code: a plain
   Python wrapper outside it hands the view the block's storage first

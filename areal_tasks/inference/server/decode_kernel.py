@@ -1,15 +1,15 @@
 """Grouped-query decode attention as one Triton kernel (CUDA; bf16, fp16 or fp32), for the decode steps.
 
 A decode step has one query per sequence and head. SDPA's fused kernels are built for long query
-blocks; at one query they leave most of the GPU's memory bandwidth unused (on an H200, cuDNN took
-24 us a layer for 256 rows of 256 cached positions, against an 8.4 us floor for reading the keys
-and values once: ``benchmarks/decode_attention.py``). This kernel runs one program per sequence
-and key/value head: it loads the ``g`` query heads that share that key/value head once, streams
-the row's keys and values in blocks with an online soft-max (scores and sums in fp32, the
-probabilities rounded to the values' dtype for the second product, as flash attention does), and
-writes the ``g`` outputs (fp32 inputs multiply in full fp32, without TF32 rounding, so fp32
-serving keeps matching ``transformers`` token for token). The cache is read exactly once, in place:
-keys and values are strided views of the slot cache, nothing is copied or repeated.
+blocks; at one query they leave most of the GPU's memory bandwidth unused (cuDNN's kernel takes
+several times the floor set by reading the keys and values once: ``benchmarks/decode_attention.py``;
+docs/benchmarks.md, "Decode attention"). This kernel runs one program per sequence and key/value
+head: it loads the ``g`` query heads that share that key/value head once, streams the row's keys and
+values in blocks with an online soft-max (scores and sums in fp32, the probabilities rounded to the
+values' dtype for the second product, as flash attention does), and writes the ``g`` outputs (fp32
+inputs multiply in full fp32, without TF32 rounding, so fp32 serving keeps matching ``transformers``
+token for token). The cache is read exactly once, in place: keys and values are strided views of the
+slot cache, nothing is copied or repeated.
 
 The mask is the one the model runner builds for the row (``[B, 1, 1, L]``), boolean or additive,
 so sliding windows and per-row fill lengths need nothing of their own; or None (every position).

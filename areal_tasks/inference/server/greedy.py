@@ -2,9 +2,9 @@
 
 Greedy decoding needs each row's argmax and its log-probability: the row's maximum minus its
 log-sum-exp. Eagerly that is an fp32 copy of the ``[B, V]`` logits and two reductions over it,
-which on an H200 at batch 256 and a 151,936-token vocabulary took 0.4-0.5 ms of device time a step
-(a sixth of the decode forward) plus 0.06 ms for the copy. Compiled, the same function reads the
-half-precision logits once, upcasting in registers.
+which at batch 256 and a 151,936-token vocabulary is a sizeable share of a decode step's device
+time (docs/benchmarks_history.md, "Inference throughput (H200)", second session). Compiled, the
+same function reads the half-precision logits once, upcasting in registers.
 
 :class:`GreedyPicker` is what a model runner hands the sampler: eager by default, compiled where
 the runner compiles (CUDA with ``torch_compile``), and warmed up for the batch shapes that would

@@ -194,7 +194,7 @@ class ModelRunner:
         With compiled modules, also one batched prefill per shape family torch.compile tells apart
         (it specialises sizes 0 and 1, so a batch of one, a prompt of one token and equal or
         ragged lengths each compile their own graph): compiled now, not in the first requests
-        that meet them, where a compile took 0.3-0.7 s and stalled pauses for weight updates."""
+        that meet them, where each compile stalled the engine and any pause for a weight update."""
         slots = [self.cache.allocate(), self.cache.allocate() if self.cache.free_slots else None]
         try:
             self.prefill(slots[0], [0], start=0)

@@ -4,9 +4,10 @@
 synchronises the stream after them, so the host waits for every kernel queued so far. In the
 overlapped decode loop that is the forward just launched, so one such copy per step (sampling
 settings, slot moves, an eager decode's token ids and positions) turns the overlap off without any
-error. Measured on an H200 at batch 256: building a temperature-1 sampling table that way took the
-host as long as the device's whole sampling work (0.94 vs 0.97 ms), and a run at temperature 1 and
-top-p 0.9 spent 0.01 ms of its 8.1 ms steps waiting on results: the wait was hidden in the copy.
+error. On a GPU at batch 256, building a temperature-1 sampling table that way kept the host
+waiting about as long as the device's whole sampling work, while the step's own wait for results
+fell to almost nothing: the wait was hidden in the copy (docs/benchmarks_history.md, "Inference
+throughput (H200)").
 
 :func:`host_to_device` builds the table in pinned memory (PyTorch's caching host allocator keeps a
 pinned block from reuse until the copy queued from it has run) and copies it without blocking.

@@ -141,10 +141,10 @@ RUN_TIMEOUT_S = 900.0
 def rest_run(airflow: AirflowClient, airflow_runs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> RestRun:
     """ONE tiny ``areal_rl_training`` run triggered over REST, whose training worker is killed once.
 
-    Two test files read it (one run of 2.5-4 min serves both, instead of two): test_rest_trigger.py
+    Two test files read it (one run serves both, instead of two): test_rest_trigger.py
     checks what the REST trigger produced (XCom, MLflow run, registry, summary), test_retry.py how
-    the kill was survived. The conf: the demo recipe with 4 SFT warm-start steps and 20 RL steps of
-    0.3-1 s at batch 16 (2 prompts x 8 samples), a checkpoint every 4 RL steps, 8 eval prompts
+    the kill was survived. The conf: the demo recipe with 4 SFT warm-start steps and 20 short RL
+    steps at batch 16 (2 prompts x 8 samples), a checkpoint every 4 RL steps, 8 eval prompts
     sampled once, checkpoints in a tmp ``storage_url``, a fresh experiment and registered model.
 
     As soon as the job has a complete checkpoint, the process group of one of its RL train workers

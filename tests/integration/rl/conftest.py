@@ -3,11 +3,10 @@ of 64 demonstrations on 2 gloo workers), built once per session and used by ever
 
 Each step's 32 demonstrations per rank go through the engine in 4 micro-batches of 8
 (``actor.micro_batch.n_mbs=4``): the same gradient (the engine weights micro-batches by loss tokens;
-the losses match the one-micro-batch run to 1e-7) in less time on CPU (on one worker, 60 steps
-took 46 s in 4 micro-batches against 54 s in one). One train worker instead of two is not faster:
-0.64 s a step against 0.49 s (the slope between 30 and 60 steps). Fewer or smaller steps do not do:
-150 steps, or 200 of 32 demonstrations, leave a warm start that RL barely improves in 20 steps
-(gains 0.02-0.07)."""
+the losses match the one-micro-batch run to 1e-7) in less time on CPU. One train worker instead
+of two is not faster. Fewer or smaller steps do not do: 150 steps, or 200 of 32 demonstrations,
+leave a warm start that RL barely improves in 20 steps. The timings and gains behind these choices:
+docs/benchmarks_history.md, "CPU test runs"."""
 
 from __future__ import annotations
 

@@ -4,11 +4,10 @@ also learns, and asynchronous RL (eta = 2) reaches a reward comparable to synchr
 
 Eval reward is the expected reward of the sampling policy on the 100 held-out prompts (8 samples
 each at temperature 1, 800 episodes: a standard error of about 0.015). The warm start is shared
-(conftest.py). Seeds are fixed; the margins are well under the gains measured here
-(docs/benchmarks.md). Each run prints its gain (``-s``). 30 RL steps: with 20, gains were
-0.10-0.16 over six runs, but after the engine's CPU attention became per-sequence (the warm start's
-floating-point order changed) one run gained only 0.061 (async), too close to ``MIN_GAIN``; at 30
-steps the three gained 0.090 (GRPO), 0.096 (async) and 0.120 (PPO).
+(conftest.py). Seeds are fixed; the margins are well under the gains these runs measure (each run
+prints its gain with ``-s``; past gains: docs/benchmarks_history.md, "CPU test runs"). 30 RL steps:
+with 20, after the engine's CPU attention became per-sequence (the warm start's floating-point
+order changed), one run's gain came too close to ``MIN_GAIN``.
 Fewer SFT steps would not do: see conftest.py.
 """
 

@@ -56,8 +56,8 @@ def test_max_connections_must_be_positive():
 
 
 def test_pools_share_one_tls_context(monkeypatch) -> None:
-    """httpx would build a verifying context (CA bundle loaded) per client: 16 ms each, a quarter
-    of a second before the first of 256 concurrent calls went out. All pools share one."""
+    """httpx would build a verifying context (CA bundle loaded) per client, holding back the first
+    of 256 concurrent calls. All pools share one."""
     import ssl
 
     built: list[ssl.SSLContext] = []
