@@ -29,15 +29,14 @@ from areal_tasks.weights.registry import WEIGHT_TRANSPORTS, transport_class
 
 logger = logging.getLogger(__name__)
 
-#: training backends that cannot run without GPUs (the inference ones come from their registry).
-_GPU_ONLY_TRAINING_BACKENDS: frozenset[str] = frozenset({"megatron"})
-
 
 def gpu_only_backends() -> frozenset[str]:
-    """Backends that cannot run without GPUs (``cluster.gpus_per_node: 0``)."""
+    """Backends that cannot run without GPUs (``cluster.gpus_per_node: 0``), from the inference
+    registry and the allocation grammar's training table."""
+    from areal_tasks.config.allocation.backends import GPU_ONLY_TRAINING_BACKENDS
     from areal_tasks.inference.registry import gpu_only_inference_backends
 
-    return gpu_only_inference_backends() | _GPU_ONLY_TRAINING_BACKENDS
+    return gpu_only_inference_backends() | GPU_ONLY_TRAINING_BACKENDS
 
 
 def engines(cfg: JobConfig) -> list[tuple[str, EngineConfig]]:

@@ -1,24 +1,52 @@
 """What each backend accepts: its kind, its parallel dims, and the words used to refuse the rest.
 
 One table per fact. The inference side is derived from the inference-backend registry
-(:mod:`areal_tasks.inference.registry`: names and dims), so adding an inference backend is one
-registration there; a training backend is one line in each table here, plus a row in
-``docs/allocation.md``.
+(:mod:`areal_tasks.inference.registry`: names and dims) and the built training backends from the
+engine registry (:mod:`areal_tasks.engine.registry`: names and the dims each runs), so adding a
+backend is one registration there. The grammar also knows training backends that are planned but
+not built (:data:`PLANNED_TRAINING_BACKENDS`), so that layouts for them parse and their problems can
+be named; validation refuses them before anything starts.
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 
 from areal_tasks.config.allocation.model import ComponentKind
+from areal_tasks.engine.registry import built_backends, supported_dims
 from areal_tasks.inference.registry import inference_backend, inference_backend_names
 
+
+@dataclass(frozen=True)
+class PlannedTrainingBackend:
+    """What a training backend that is not built yet will run."""
+
+    #: the allocation dims it takes (``dtpce``).
+    dims: str
+    #: whether it takes the MoE hybrid form ``backend:(attn:...|ffn:...)``.
+    hybrid: bool
+    #: whether it needs GPUs (``cluster.gpus_per_node: 0`` refuses it).
+    gpu_only: bool
+
+
+#: training backends the grammar knows that are not built yet (their issues are open).
+PLANNED_TRAINING_BACKENDS: dict[str, PlannedTrainingBackend] = {
+    "megatron": PlannedTrainingBackend(dims="dtpce", hybrid=True, gpu_only=True),
+    "archon": PlannedTrainingBackend(dims="dtpce", hybrid=True, gpu_only=False),
+}
+
 INFERENCE_BACKENDS: tuple[str, ...] = inference_backend_names()
-TRAINING_BACKENDS: tuple[str, ...] = ("fsdp", "megatron", "archon")
+BUILT_TRAINING_BACKENDS: tuple[str, ...] = built_backends()
+TRAINING_BACKENDS: tuple[str, ...] = BUILT_TRAINING_BACKENDS + tuple(PLANNED_TRAINING_BACKENDS)
 ALL_BACKENDS: tuple[str, ...] = INFERENCE_BACKENDS + TRAINING_BACKENDS
 
 #: training backends that accept the MoE hybrid form ``backend:(attn:...|ffn:...)``.
-HYBRID_BACKENDS: tuple[str, ...] = ("megatron", "archon")
+HYBRID_BACKENDS: tuple[str, ...] = tuple(name for name, plan in PLANNED_TRAINING_BACKENDS.items() if plan.hybrid)
+#: training backends that cannot run without GPUs.
+GPU_ONLY_TRAINING_BACKENDS: frozenset[str] = frozenset(
+    name for name, plan in PLANNED_TRAINING_BACKENDS.items() if plan.gpu_only
+)
 
 DIM_NAMES: dict[str, str] = {
     "d": "data",
@@ -31,9 +59,8 @@ DIM_NAMES: dict[str, str] = {
 #: the dims each backend accepts.
 ALLOWED_DIMS: dict[str, str] = {
     **{name: inference_backend(name).dims for name in INFERENCE_BACKENDS},
-    "fsdp": "dtc",
-    "megatron": "dtpce",
-    "archon": "dtpce",
+    **{name: supported_dims(name) for name in BUILT_TRAINING_BACKENDS},
+    **{name: plan.dims for name, plan in PLANNED_TRAINING_BACKENDS.items()},
 }
 
 #: the dims each half of a hybrid layout accepts.

@@ -82,3 +82,19 @@ def test_the_registry_imports_no_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_grammar_knows_the_built_backends_with_the_dims_they_run() -> None:
+    """The allocation grammar's training table takes the built backends and their dims from this
+    registry; the planned ones are its own, and ``actor.backend``'s type lists exactly both."""
+    import typing
+
+    from areal_tasks.config.allocation import backends
+    from areal_tasks.config.engine import EngineConfig
+
+    assert registry.built_backends() == backends.BUILT_TRAINING_BACKENDS
+    for name in registry.built_backends():
+        assert backends.ALLOWED_DIMS[name] == registry.supported_dims(name)
+    assert not set(backends.PLANNED_TRAINING_BACKENDS) & set(registry.built_backends())
+    hint = typing.get_type_hints(EngineConfig)["backend"]
+    assert set(typing.get_args(hint)) == set(backends.TRAINING_BACKENDS)
