@@ -12,8 +12,10 @@ retry policy. This writer:
 * lets the coordinator write ``dcp/index.json`` (:mod:`areal_tasks.checkpoint.dcp_index`).
 
 The reader resolves records wherever they point, coalesces nearby items of one file into ranged
-reads of at most ``MAX_READ_SPAN`` bytes fetched by a few threads (bounded memory), and can verify
-every item's hash. Non-tensor items are unpickled with ``weights_only=True`` (:class:`SafeLoadPlanner`).
+reads of at most ``MAX_READ_SPAN`` bytes fetched by a few threads (bounded memory), and by default
+verifies every item's sha256 in those threads (hashlib releases the GIL, so the check overlaps the
+reads instead of holding up the main thread) and the index against the hash ``metadata.json``
+records. Non-tensor items are unpickled with ``weights_only=True`` (:class:`SafeLoadPlanner`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import torch
 from torch.distributed.checkpoint import LoadPlan, LoadPlanner, SavePlan, SavePlanner, StorageReader, StorageWriter
@@ -38,16 +40,26 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
-from areal_tasks.checkpoint.dcp_index import ItemRecord, dtype_name, dtype_of, index_to_json, metadata_from_json
+from areal_tasks.checkpoint.dcp_index import (
+    ItemRecord,
+    dtype_name,
+    dtype_of,
+    index_to_json,
+    metadata_from_json,
+    validate_index,
+)
 from areal_tasks.checkpoint.layout import DCP_INDEX, dcp_data_file
-from areal_tasks.checkpoint.metadata import FileInfo, sha256_hex
-from areal_tasks.errors import CheckpointError
+from areal_tasks.checkpoint.metadata import FileInfo, check_bytes, damaged, load_json, sha256_hex
+from areal_tasks.errors import CheckpointError, CheckpointIntegrityError
+from storage.errors import StorageNotFoundError
 
 if TYPE_CHECKING:
     from areal_tasks.checkpoint.incremental import ParentIndex
     from storage import Storage
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ALIGN = 64
 #: the largest byte range the reader fetches in one request (several small items share one).
@@ -195,11 +207,19 @@ def _dcp_call(what: str) -> Iterator[None]:
         try:
             yield
         except CheckpointException as exc:
-            failures = exc.failures
-            rank, (first, _) = sorted(failures.items())[0]
-            raise CheckpointError(
-                f"{what} failed on rank(s) {sorted(failures)}; rank {rank}: {type(first).__name__}: {first}"
-            ) from first
+            # every rank gets every rank's failures, so all of them raise the same type: a damaged
+            # checkpoint (which recovery may fall back from) on all ranks, or another failure on all
+            failures = sorted((rank, failure) for rank, (failure, _) in exc.failures.items())
+            integrity = [(rank, f) for rank, f in failures if isinstance(f, CheckpointIntegrityError)]
+            rank, first = (integrity or failures)[0]
+            message = (
+                f"{what} failed on rank(s) {[r for r, _ in failures]}; rank {rank}: {type(first).__name__}: {first}"
+            )
+            if not integrity:
+                raise CheckpointError(message) from first
+            error = CheckpointIntegrityError(message)
+            error.file, error.item = first.file, first.item
+            raise error from first
 
 
 def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any, distributed: bool) -> None:
@@ -233,13 +253,47 @@ def dcp_load(
         )
 
 
-def read_index(checkpoints: Storage, step_dir: str) -> dict[str, Any]:
-    """The parsed ``dcp/index.json`` of ``step_dir``."""
+def read_index(checkpoints: Storage, step_dir: str, expected: FileInfo | None = None) -> dict[str, Any]:
+    """The parsed ``dcp/index.json`` of ``step_dir``, its layout checked; with ``expected`` (its entry
+    in ``metadata.json``) its bytes are checked against the recorded size and sha256 first."""
     key = f"{step_dir}/{DCP_INDEX}"
+    url = checkpoints.url_for(key)
     try:
-        return json.loads(checkpoints.read_text(key))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{checkpoints.url_for(key)} is not valid JSON: {exc}") from exc
+        data = checkpoints.read_bytes(key)
+    except StorageNotFoundError as exc:
+        raise damaged(url, "is missing") from exc
+    if expected is not None:
+        check_bytes(data, expected, url)
+    index = load_json(data, url)
+    validate_index(index, url)
+    return index
+
+
+def fetch_range(storage: Storage, key: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the file ``key``; a missing or short file is a damaged checkpoint."""
+    path = storage.fs_path(key)
+    try:
+        data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
+    except StorageNotFoundError as exc:
+        raise damaged(storage.url_for(key), "is missing") from exc
+    if len(data) != end - start:
+        raise damaged(storage.url_for(key), f"is truncated: expected {end - start} bytes at {start}, got {len(data)}")
+    return data
+
+
+def item_digests(buffer: bytes, start: int, records: list[ItemRecord]) -> list[str]:
+    """The sha256 of each record's bytes in ``buffer`` (which holds the file from ``start`` on)."""
+    view = memoryview(buffer)
+    return [hashlib.sha256(view[r.pos - start : r.pos - start + r.length]).hexdigest() for r in records]
+
+
+def item_failure(storage: Storage, record: ItemRecord, digest: str) -> CheckpointIntegrityError:
+    """The error for an item whose bytes hash to ``digest`` instead of its recorded sha256."""
+    return damaged(
+        storage.url_for(f"{record.dir}/{record.file}"),
+        f"fails its sha256 check (got {digest[:12]}..., the index records {record.sha256[:12]}...)",
+        item=record.fqn,
+    )
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -255,9 +309,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def _ranges(reqs: list[tuple[ReadItem, ItemRecord]]) -> Iterator[tuple[int, int, list[tuple[ReadItem, ItemRecord]]]]:
-    """Coalesce requests (sorted by position) into (start, end, requests) spans of at most MAX_READ_SPAN."""
-    group: list[tuple[ReadItem, ItemRecord]] = []
+def read_spans(reqs: list[tuple[T, ItemRecord]]) -> Iterator[tuple[int, int, list[tuple[T, ItemRecord]]]]:
+    """Coalesce requests of one file (sorted by position) into (start, end, requests) spans of at most
+    MAX_READ_SPAN bytes."""
+    group: list[tuple[T, ItemRecord]] = []
     start = end = 0
     for req, rec in sorted(reqs, key=lambda pair: pair[1].pos):
         rec_end = rec.pos + rec.length
@@ -273,13 +328,30 @@ def _ranges(reqs: list[tuple[ReadItem, ItemRecord]]) -> Iterator[tuple[int, int,
 
 
 class StorageDCPReader(StorageReader):
-    """DCP ``StorageReader`` of ``<checkpoints>/<step_dir>/`` that follows references (module docstring)."""
+    """DCP ``StorageReader`` of ``<checkpoints>/<step_dir>/`` that follows references (module docstring).
 
-    def __init__(self, checkpoints: Storage, step_dir: str, *, verify: bool = False) -> None:
+    ``verify`` (default): every item read is checked against its sha256 and, given
+    ``expected_index`` (the index's entry in ``metadata.json``), the index against its recorded hash;
+    a mismatch is a :class:`CheckpointIntegrityError` naming the file and the item. ``index``: the
+    index already read (:func:`read_index`); callers pass it so that a damaged index raises before
+    DCP starts (DCP reports a failed metadata read as a bare assertion, losing the error's type).
+    """
+
+    def __init__(
+        self,
+        checkpoints: Storage,
+        step_dir: str,
+        *,
+        verify: bool = True,
+        expected_index: FileInfo | None = None,
+        index: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.checkpoints = checkpoints
         self.step_dir = step_dir
         self.verify = verify
+        self.expected_index = expected_index if verify else None
+        self.index = index
         self.records: dict[Any, ItemRecord] = {}
         self.bytes_read = 0
 
@@ -291,7 +363,10 @@ class StorageDCPReader(StorageReader):
         return False
 
     def read_metadata(self) -> Metadata:
-        return metadata_from_json(read_index(self.checkpoints, self.step_dir))
+        index = (
+            self.index if self.index is not None else read_index(self.checkpoints, self.step_dir, self.expected_index)
+        )
+        return metadata_from_json(index)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.records = dict(metadata.storage_data)
@@ -302,15 +377,12 @@ class StorageDCPReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _fetch(self, key: str, start: int, end: int) -> bytes:
-        storage = self.checkpoints
-        path = storage.fs_path(key)
-        data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
-        if len(data) != end - start:
-            raise CheckpointError(
-                f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)"
-            )
-        return data
+    def _fetch(
+        self, key: str, start: int, end: int, group: list[tuple[ReadItem, ItemRecord]]
+    ) -> tuple[bytes, list[str] | None]:
+        """(bytes of the span, each item's sha256 when verifying): runs on a read thread."""
+        data = fetch_range(self.checkpoints, key, start, end)
+        return data, item_digests(data, start, [rec for _, rec in group]) if self.verify else None
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         per_file: dict[str, list[tuple[ReadItem, ItemRecord]]] = {}
@@ -318,12 +390,12 @@ class StorageDCPReader(StorageReader):
             record = self.records[req.storage_index]
             per_file.setdefault(f"{record.dir}/{record.file}", []).append((req, record))
         spans = [
-            (key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)
+            (key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in read_spans(reqs)
         ]
         with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dcp-read") as pool:
-            pending: list[tuple[Future[bytes], int, list[tuple[ReadItem, ItemRecord]]]] = []
+            pending: list[tuple[Future[tuple[bytes, list[str] | None]], int, list[tuple[ReadItem, ItemRecord]]]] = []
             for key, start, end, group in spans:
-                pending.append((pool.submit(self._fetch, key, start, end), start, group))
+                pending.append((pool.submit(self._fetch, key, start, end, group), start, group))
                 if len(pending) >= READ_THREADS:
                     self._apply(planner, *pending.pop(0))
             while pending:
@@ -333,19 +405,21 @@ class StorageDCPReader(StorageReader):
         return done
 
     def _apply(
-        self, planner: LoadPlanner, fetched: Future[bytes], start: int, group: list[tuple[ReadItem, ItemRecord]]
+        self,
+        planner: LoadPlanner,
+        fetched: Future[tuple[bytes, list[str] | None]],
+        start: int,
+        group: list[tuple[ReadItem, ItemRecord]],
     ) -> None:
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
-        buffer = fetched.result()
+        buffer, digests = fetched.result()
         self.bytes_read += len(buffer)
         view = memoryview(buffer)
-        for req, rec in group:
+        for number, (req, rec) in enumerate(group):
+            if digests is not None and digests[number] != rec.sha256:
+                raise item_failure(self.checkpoints, rec, digests[number])
             chunk = view[rec.pos - start : rec.pos - start + rec.length]
-            if self.verify and hashlib.sha256(chunk).hexdigest() != rec.sha256:
-                raise CheckpointError(
-                    f"{self.checkpoints.url_for(rec.dir + '/' + rec.file)}: item {rec.fqn!r} fails its sha256 check"
-                )
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(chunk.tobytes()))
                 continue

@@ -97,5 +97,5 @@ def _rec(pos: int, length: int) -> ItemRecord:
 def test_reads_coalesce_nearby_items_up_to_a_span(monkeypatch):
     monkeypatch.setattr(dcp_io, "MAX_READ_SPAN", 1000)
     reqs = [(i, _rec(pos, n)) for i, (pos, n) in enumerate([(0, 100), (128, 100), (5000, 10), (5064, 900), (6000, 50)])]
-    spans = [(start, end, [i for i, _ in group]) for start, end, group in dcp_io._ranges(reqs)]
+    spans = [(start, end, [i for i, _ in group]) for start, end, group in dcp_io.read_spans(reqs)]
     assert spans == [(0, 228, [0, 1]), (5000, 5964, [2, 3]), (6000, 6050, [4])]
