@@ -47,7 +47,7 @@ def read_engine_tensors(
     import torch
 
     from areal_tasks.checkpoint.dcp_index import dtype_of
-    from areal_tasks.checkpoint.dcp_io import StorageDCPReader, dcp_load, read_index
+    from areal_tasks.checkpoint.dcp_read import StorageDCPReader, dcp_load, read_index
 
     layout = CheckpointLayout(checkpoints)
     directory = step_dir(step)

@@ -6,7 +6,7 @@ Order (collective; every rank calls :func:`load_step`):
    ``trainer_state.json`` and ``dcp/index.json`` (checked against ``metadata.json``; the index's
    layout too) and hands them to every rank (DCP itself would read the index on rank 0 alone);
 2. each rank reads its own ``rng/rank-<r>.json`` (checked); every rank learns whether any failed;
-3. DCP loads the tensors through :class:`~areal_tasks.checkpoint.dcp_io.StorageDCPReader`, which
+3. DCP loads the tensors through :class:`~areal_tasks.checkpoint.dcp_read.StorageDCPReader`, which
    checks each item against its sha256 on its read threads (DCP hands every rank's failure to
    every rank);
 4. only then are the engines' state, their JSON side state and the RNGs restored.
@@ -46,7 +46,7 @@ def load_step(
     verify: bool = True,
 ) -> TrainerState:
     """Restore checkpoint ``step`` into ``engines`` and this rank's RNGs (see the module docstring)."""
-    from areal_tasks.checkpoint.dcp_io import StorageDCPReader, dcp_load
+    from areal_tasks.checkpoint.dcp_read import StorageDCPReader, dcp_load
     from areal_tasks.checkpoint.rng import restore_rng_state
     from areal_tasks.checkpoint.state import apply_sharded_state_dict, restore_engine_side_state, sharded_state_dict
 
@@ -82,7 +82,7 @@ def _read_side_files(
     layout: CheckpointLayout, step: int, verify: bool
 ) -> tuple[CheckpointMetadata, dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Rank 0: (metadata, engines.json, trainer_state.json, dcp/index.json), each checked."""
-    from areal_tasks.checkpoint.dcp_io import read_index
+    from areal_tasks.checkpoint.dcp_read import read_index
 
     metadata = read_metadata(layout, step, verify=verify)
     out = []

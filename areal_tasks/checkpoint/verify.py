@@ -223,7 +223,7 @@ def _check_references(layout: CheckpointLayout, step: int, metadata: CheckpointM
 def _verify_data(layout: CheckpointLayout, step: int, metadata: CheckpointMetadata, report: VerifyReport) -> None:
     """Every item's sha256 (wherever its bytes are) and each own data file's digest over its items."""
     from areal_tasks.checkpoint.dcp_index import records_of
-    from areal_tasks.checkpoint.dcp_io import READ_THREADS, read_index, read_spans
+    from areal_tasks.checkpoint.dcp_read import READ_THREADS, read_index, read_spans
 
     storage = layout.storage
     own = step_dir(step)
@@ -259,7 +259,7 @@ def _check_span(
     storage: Storage, key: str, start: int, end: int, records: list[ItemRecord]
 ) -> tuple[list[Problem], int, int]:
     """(problems, items checked, bytes hashed) of one span of one file: runs on a verify thread."""
-    from areal_tasks.checkpoint.dcp_io import fetch_range, item_digests, item_failure
+    from areal_tasks.checkpoint.dcp_read import fetch_range, item_digests, item_failure
 
     try:
         data = fetch_range(storage, key, start, end)

@@ -178,11 +178,11 @@ def test_json_state_is_checked_before_it_is_applied(run, toy_engine, make_manage
 
 
 def test_item_hashes_are_computed_off_the_main_thread(run, toy_engine, make_manager, file_url, monkeypatch):
-    from areal_tasks.checkpoint import dcp_io
+    from areal_tasks.checkpoint import dcp_read
 
     threads = []
-    real = dcp_io.item_digests
-    monkeypatch.setattr(dcp_io, "item_digests", lambda *a: threads.append(threading.current_thread()) or real(*a))
+    real = dcp_read.item_digests
+    monkeypatch.setattr(dcp_read, "item_digests", lambda *a: threads.append(threading.current_thread()) or real(*a))
     make_manager(file_url).load(2, {"actor": toy_engine(seed=9)})
     assert threads and threading.main_thread() not in threads
 
