@@ -12,6 +12,7 @@ DCP serialises them (``torch.save`` bytes).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,7 @@ def records_of(index: dict[str, Any]) -> list[ItemRecord]:
 
 
 _TOP_KEYS = ("format", "state_dict", "items")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _TENSOR_KEYS = {"dtype": str, "requires_grad": bool, "size": list, "chunks": list}
 _ITEM_KEYS = {"fqn": str, "kind": str, "dir": str, "file": str, "pos": int, "length": int, "sha256": str}
 
@@ -167,6 +169,8 @@ def validate_index(index: Any, source: str) -> None:
         if not isinstance(item, dict):
             raise damaged(source, f"has an item record {number} that is not an object")
         _check_keys(item, _ITEM_KEYS, source, f"item record {number} ({item.get('fqn', '?')!r})")
+        if not _SHA256.fullmatch(item["sha256"]):
+            raise damaged(source, f"has an item record {item['fqn']!r} whose sha256 is not 64 hex digits")
         if not _inside(item["dir"], item["file"]):
             raise damaged(
                 source,

@@ -247,9 +247,13 @@ def _verify_data(layout: CheckpointLayout, step: int, metadata: CheckpointMetada
             report.problems.extend(problems)
             report.items_checked += items
             report.bytes_hashed += nbytes
+    written: dict[str, list[ItemRecord]] = {}
+    for record in records:
+        if record.dir == own:
+            written.setdefault(record.file, []).append(record)
     for rel, info in sorted(metadata.files.items()):
         if _is_data_file(rel):
-            mine = sorted((r for r in records if r.dir == own and r.file == rel), key=lambda r: r.pos)
+            mine = sorted(written.get(rel, []), key=lambda r: r.pos)
             if _file_digest(r.sha256 for r in mine) != info.sha256:
                 url = layout.url(layout.key(step, rel))
                 report.problems.append(Problem.of(damaged(url, "does not match its item records in the index")))

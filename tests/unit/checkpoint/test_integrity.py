@@ -216,7 +216,7 @@ def test_pathological_metadata_is_a_clear_error(run, capsys, content):
         assert code == 2 and "step_2/metadata.json" in err and "Traceback" not in err, argv
 
 
-@pytest.mark.parametrize("broken", ["no_state_dict", "item_without_sha", "item_outside"])
+@pytest.mark.parametrize("broken", ["no_state_dict", "item_without_sha", "item_bad_sha", "item_outside"])
 def test_an_index_missing_keys_is_a_clear_error(run, capsys, toy_engine, make_manager, file_url, broken):
     manager, *_, folder = run
     index = json.loads((folder / "step_2/dcp/index.json").read_text())
@@ -226,6 +226,9 @@ def test_an_index_missing_keys_is_a_clear_error(run, capsys, toy_engine, make_ma
     elif broken == "item_without_sha":
         del index["items"][0]["sha256"]
         expected = "lacks the keys ['sha256']"
+    elif broken == "item_bad_sha":
+        index["items"][0]["sha256"] = "not hex"
+        expected = "not 64 hex digits"
     else:
         index["items"][0]["file"] = "../../../../etc/passwd"
         expected = "outside the checkpoints folder"
