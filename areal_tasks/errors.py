@@ -98,6 +98,15 @@ class CheckpointError(AReaLError):
     """A checkpoint cannot be saved, found, read, pruned or exported (the message names the location)."""
 
 
+class CheckpointIntegrityError(CheckpointError):
+    """A checkpoint's stored bytes are not what its save wrote: a file missing, truncated, unparsable or
+    failing its recorded sha256. The message names the file and, for tensor data, the item; ``file``
+    and ``item`` hold them when known."""
+
+    file: str | None = None
+    item: str | None = None
+
+
 class RolloutError(AReaLError):
     """The rollout side failed: a workflow, the executor, or too many failed episodes."""
 

@@ -12,11 +12,17 @@ bytes, on local disk and on an S3 server (SeaweedFS on loopback), plus async and
   ``--lora-hidden``) with peft LoRA adapters (r=8 on q/k/v/o) trained a step between saves: data
   bytes written by the first (full) and the following (incremental) checkpoints.
 
+* ``--verify``: only the cost of integrity checks instead. The checkpoint above is loaded with
+  hash verification off and on (``recover.verify``: every tensor item's sha256, checked on the read
+  threads; alternating, best of ``--repeats``), and checked whole by ``areal checkpoint verify``'s
+  deep check and by ``list``'s cheap one; a plain single-thread sha256 over the same bytes is the
+  reference. Writes ``benchmarks/results/checkpoint_verify.json``.
+
 One process, CPU. Throughput depends on the disk, the page cache and other load on the machine:
 read the ratios, not the absolute numbers. Prints tables and writes
 ``benchmarks/results/checkpoint_io.json``.
 
-Usage: ``python benchmarks/checkpoint_io.py [--param-mb 64] [--repeats 2] [--no-s3]``
+Usage: ``python benchmarks/checkpoint_io.py [--param-mb 64] [--repeats 2] [--no-s3] [--verify]``
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from storage import Storage
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint_io.json"
+VERIFY_RESULTS = RESULTS.with_name("checkpoint_verify.json")
 CHUNK = 8 * 2**20
 MiB = 2**20
 
@@ -209,6 +216,63 @@ def bench_lora(url: str, options: dict | None, hidden: int, layers: int) -> dict
     }
 
 
+def bench_verify(url: str, options: dict | None, param_mb: int, repeats: int) -> dict[str, Any]:
+    """Load with and without hash checks (alternating, best of ``repeats``), deep and cheap
+    ``verify_step``, and a plain sha256 of the same bytes."""
+    import hashlib
+
+    from areal_tasks.checkpoint.verify import verify_step
+
+    engine = BenchEngine(param_mb)
+    manager = CheckpointManager(url, options, "bench", "verify", SaverConfig(keep_last=10), incremental=False)
+    meta = manager.save(1, {"m": engine}, TrainerState(step=1)).wait()
+    fresh = BenchEngine(param_mb, seed=1)
+    times: dict[str, list[float]] = {"load_s": [], "load_verified_s": [], "deep_verify_s": [], "cheap_verify_s": []}
+    for _ in range(repeats):
+        for key, verify in (("load_s", False), ("load_verified_s", True)):
+            start = time.perf_counter()
+            manager.load(1, {"m": fresh}, verify=verify)
+            times[key].append(time.perf_counter() - start)
+        for key, deep in (("deep_verify_s", True), ("cheap_verify_s", False)):
+            start = time.perf_counter()
+            report = verify_step(manager.layout, 1, deep=deep)
+            times[key].append(time.perf_counter() - start)
+            if not report.ok:
+                raise RuntimeError(f"the benchmark checkpoint fails verification: {report.problems[0]}")
+    data = _data_bytes(meta)
+    payload = b"".join(
+        manager.layout.storage.read_bytes(f"step_1/{n}") for n in meta.files if n.startswith("dcp/rank-")
+    )
+    start = time.perf_counter()
+    hashlib.sha256(payload).hexdigest()
+    sha = time.perf_counter() - start
+    manager.layout.storage.delete("step_1", recursive=True)
+    best = {key: min(values) for key, values in times.items()}
+    return {
+        "data_bytes": data,
+        **best,
+        "sha256_one_thread_s": sha,
+        "load_overhead_s": best["load_verified_s"] - best["load_s"],
+        "load_overhead_ratio": best["load_verified_s"] / best["load_s"],
+        "deep_verify_mbps": data / MiB / best["deep_verify_s"],
+        "sha256_one_thread_mbps": data / MiB / sha,
+    }
+
+
+def _print_verify(results: dict[str, Any]) -> None:
+    print(f"\nverification cost, {results['param_mb']} MiB of parameters + AdamW state (best of {results['repeats']})")
+    print(
+        f"{'storage':<8} {'data MiB':>9} {'load s':>7} {'verified':>9} {'ratio':>6} "
+        f"{'deep verify s':>14} {'MB/s':>6} {'cheap s':>8} {'sha256 1-thread MB/s':>21}"
+    )
+    for name, row in results["verify"].items():
+        print(
+            f"{name:<8} {row['data_bytes'] / MiB:>9.1f} {row['load_s']:>7.3f} {row['load_verified_s']:>9.3f} "
+            f"{row['load_overhead_ratio']:>6.2f} {row['deep_verify_s']:>14.3f} {row['deep_verify_mbps']:>6.0f} "
+            f"{row['cheap_verify_s']:>8.3f} {row['sha256_one_thread_mbps']:>21.0f}"
+        )
+
+
 def _print(results: dict[str, Any]) -> None:
     print(f"\nfull save/load, {results['param_mb']} MiB of parameters + AdamW state (best of {results['repeats']})")
     print(
@@ -245,8 +309,12 @@ def main() -> None:
     parser.add_argument("--lora-hidden", type=int, default=512)
     parser.add_argument("--lora-layers", type=int, default=8)
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 server (local disk only)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--verify", action="store_true", help="measure only the cost of integrity checks")
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"JSON to write (default {RESULTS}, or {VERIFY_RESULTS})"
+    )
     args = parser.parse_args()
+    out = args.out or (VERIFY_RESULTS if args.verify else RESULTS)
     logging.basicConfig(level=logging.WARNING)
     results: dict[str, Any] = {
         "param_mb": args.param_mb,
@@ -255,6 +323,7 @@ def main() -> None:
         "full": {},
         "async": {},
         "lora": {},
+        "verify": {},
     }
     with tempfile.TemporaryDirectory(prefix="ckpt-bench-") as tmp:
         targets: list[tuple[str, str, dict | None]] = [("local", f"file://{tmp}/local", None)]
@@ -268,16 +337,25 @@ def main() -> None:
             targets.append(("s3", "s3://bench/runs", server.storage_options()))
         try:
             for name, url, options in targets:
+                if args.verify:
+                    results["verify"][name] = bench_verify(url, options, args.param_mb, args.repeats)
+                    continue
                 results["full"][name] = bench_full(url, options, args.param_mb, args.repeats)
                 results["async"][name] = bench_async(url, options, args.param_mb)
                 results["lora"][name] = bench_lora(url, options, args.lora_hidden, args.lora_layers)
         finally:
             if server is not None:
                 server.stop()
-    _print(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"\nwrote {args.out}")
+    if args.verify:
+        for key in ("full", "async", "lora"):
+            results.pop(key)
+        _print_verify(results)
+    else:
+        results.pop("verify")
+        _print(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

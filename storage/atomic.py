@@ -5,6 +5,10 @@ flushed, fsynced and renamed over the target (``rename`` is atomic on POSIX file
 included); the directory is fsynced so the rename survives a crash. Object stores publish an object
 only when its single PUT or multipart upload completes, so there the data is spooled to a local
 temporary file and uploaded once, on success, with retries.
+
+Local directories are published whole by :func:`atomic_directory` (staged beside the target,
+renamed into place); what it may do to an existing target is the caller's explicit choice, and it
+never deletes a file that a writer of ours did not write (:mod:`storage.ownership`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+
+from storage.errors import StorageError
+from storage.ownership import MANIFEST, OnExists, check_target, inventory, manifest_text, tree_files
 
 if TYPE_CHECKING:
     from storage.storage import Storage
@@ -114,25 +121,36 @@ def _make_readable(root: Path) -> None:
 
 
 @contextmanager
-def atomic_directory(target: str | os.PathLike[str], *, replace: bool = True) -> Iterator[Path]:
+def atomic_directory(target: str | os.PathLike[str], *, on_exists: OnExists = "refuse") -> Iterator[Path]:
     """Yield an empty local staging directory; on success it becomes ``target`` in one rename.
 
     The staging directory is a hidden sibling of ``target`` (same filesystem, so the rename is
     atomic); its files are made world-readable and fsynced before the swap. On an exception the
-    staging directory is removed and ``target`` is left as it was.
+    staging directory is removed and ``target`` is left as it was. A ``target`` the mode does not
+    allow is refused (:class:`StorageError`) before the block runs, and again at publish time.
 
-    ``replace=True``: an existing ``target`` is moved aside first and removed after the swap (the
-    new content wins). ``replace=False`` is for content-addressed entries, where any complete copy
-    is as good as another: if ``target`` exists when the staging directory is published (another
-    process finished first), the staging directory is discarded and the existing ``target`` kept.
+    ``on_exists`` says what happens to an existing ``target``; it never deletes a file that a writer
+    of ours did not write (:mod:`storage.ownership`: every directory published in the first three
+    modes lists its files in ``.areal-written.json``):
+
+    * ``refuse`` (default): ``target`` must be absent or an empty directory.
+    * ``replace_owned``: a ``target`` holding only files we wrote is replaced whole, in one swap
+      (readers see the old directory or the new one); a foreign entry refuses.
+    * ``merge_owned``: our files go into ``target``, files we wrote there before and not now are
+      removed, foreign files stay; a foreign file where one of ours would go refuses. Without
+      foreign files this is ``replace_owned``; with them the files are replaced one by one.
+    * ``keep``: for content-addressed entries, where any complete copy is as good as another: if
+      ``target`` exists when the staging directory is published (another process finished first),
+      the staging directory is discarded and the existing ``target`` kept. No manifest.
     """
+    check_target(target, on_exists)
     staging = staging_directory(target)
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    publish_directory(staging, target, replace=replace)
+    publish_directory(staging, target, on_exists=on_exists)
 
 
 def staging_directory(target: str | os.PathLike[str]) -> Path:
@@ -141,35 +159,124 @@ def staging_directory(target: str | os.PathLike[str]) -> Path:
     processes (each rank of a sharded checkpoint writes its part): one process makes it, all write,
     one publishes; :func:`atomic_directory` is the one-process form."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+    except OSError as exc:
+        raise StorageError(f"cannot create a directory next to {target}: {exc}") from exc
     return staging
 
 
-def publish_directory(staging: str | os.PathLike[str], target: str | os.PathLike[str], *, replace: bool = True) -> None:
-    """Make the complete ``staging`` directory ``target`` in one rename (files made world-readable
-    and fsynced first); ``replace`` as in :func:`atomic_directory`. On a failure before the rename
-    the staging directory is removed and ``target`` is left as it was."""
+def publish_directory(
+    staging: str | os.PathLike[str], target: str | os.PathLike[str], *, on_exists: OnExists = "refuse"
+) -> None:
+    """Make the complete ``staging`` directory ``target`` (files made world-readable and fsynced
+    first); ``on_exists`` as in :func:`atomic_directory`. On any failure the staging directory is
+    removed and ``target`` is left as it was (``merge_owned`` into a directory with foreign files:
+    a failure midway leaves some of our files replaced, all of them listed as ours)."""
     staging, target = Path(staging), Path(target)
     try:
+        check_target(target, on_exists)
+        if on_exists != "keep":
+            (staging / MANIFEST).write_text(manifest_text(tree_files(staging), _WRITER), encoding="utf-8")
         _make_readable(staging)
         _fsync_tree(staging)
-    except BaseException:
+        if on_exists == "keep":
+            _publish_unless_present(staging, target)
+            return
+        if on_exists == "refuse" or not _non_empty(target):
+            _publish_new(staging, target)
+        elif on_exists == "replace_owned" or not inventory(target).foreign:
+            _swap_owned(staging, target)
+        else:
+            _merge_owned(staging, target)
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+            raise StorageError(f"cannot publish {target}: {exc}") from exc
         raise
-    if not replace:
-        _publish_unless_present(staging, target)
-        return
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(target, old)
-    os.rename(staging, target)
-    _fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old)
     logger.info("wrote %s", target)
+
+
+_WRITER = "storage.atomic.atomic_directory"
+
+
+def _non_empty(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def _publish_new(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to an absent or empty ``target``."""
+    try:
+        os.rename(staging, target)
+    except OSError as exc:
+        raise StorageError(f"cannot publish {target} (did it appear meanwhile?): {exc}") from exc
+    _fsync_dir(target.parent)
+
+
+def _swap_owned(staging: Path, target: Path) -> None:
+    """Replace ``target``, which holds only files we wrote, by ``staging`` (the old copy is set aside
+    under a hidden name, checked again there, and removed after the swap; put back on failure)."""
+    old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(target, old)
+    try:
+        found = inventory(old)
+        if found.foreign:
+            raise StorageError(
+                f"{target} gained files this writer did not write ({found.describe_foreign()}); refusing to replace it"
+            )
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    _fsync_dir(target.parent)
+    try:
+        shutil.rmtree(old)
+    except OSError as exc:
+        raise StorageError(f"published {target}, but could not remove its previous copy {old}: {exc}") from exc
+
+
+def _merge_owned(staging: Path, target: Path) -> None:
+    """Move our files into ``target`` one by one, keeping its foreign files (see :func:`atomic_directory`)."""
+    found = inventory(target)
+    ours = tree_files(staging)
+    collisions = [rel for rel in ours if _collides(target, rel, found.owned)]
+    if collisions:
+        shown = ", ".join(collisions[:5]) + (f" and {len(collisions) - 5} more" if len(collisions) > 5 else "")
+        raise StorageError(
+            f"{target} holds files this writer did not write where it would write its own ({shown}); "
+            "refusing to overwrite them"
+        )
+    # claim every name first: a failure midway leaves each file we touch listed as ours
+    _write_manifest(target, found.owned | set(ours))
+    for rel in ours:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / rel, target / rel)
+    for rel in sorted(found.owned - set(ours)):
+        (target / rel).unlink()
+        for parent in Path(rel).parents:  # directories that held only files we wrote go with them
+            if parent != Path(".") and not any((target / parent).iterdir()):
+                (target / parent).rmdir()
+    _write_manifest(target, ours)
+    shutil.rmtree(staging)
+    logger.info("kept %d files of %s that this writer did not write", len(found.foreign), target)
+
+
+def _write_manifest(directory: Path, files: Iterable[str]) -> None:
+    write_local_text(directory / MANIFEST, manifest_text(files, _WRITER))
+    os.chmod(directory / MANIFEST, 0o644)
+
+
+def _collides(target: Path, rel: str, owned: frozenset[str]) -> bool:
+    """Whether writing ``rel`` into ``target`` would replace a foreign entry or go through a link or file."""
+    parts = Path(rel).parts
+    for depth in range(1, len(parts)):
+        prefix = target.joinpath(*parts[:depth])
+        if prefix.is_symlink() or (os.path.lexists(prefix) and not prefix.is_dir()):
+            return True
+    path = target / rel
+    return os.path.lexists(path) and rel not in owned
 
 
 def _publish_unless_present(staging: Path, target: Path) -> None:

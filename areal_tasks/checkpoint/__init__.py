@@ -15,7 +15,8 @@ from areal_tasks.checkpoint.metadata import CheckpointMetadata
 from areal_tasks.checkpoint.retention import PrunePlan, RetentionPolicy
 
 if TYPE_CHECKING:
-    from areal_tasks.checkpoint.manager import CheckpointInfo, CheckpointManager, SaveTicket
+    from areal_tasks.checkpoint.listing import CheckpointInfo
+    from areal_tasks.checkpoint.manager import CheckpointManager, SaveTicket
     from areal_tasks.checkpoint.state import TrainerState
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "CheckpointInfo": "areal_tasks.checkpoint.manager",
+    "CheckpointInfo": "areal_tasks.checkpoint.listing",
     "CheckpointManager": "areal_tasks.checkpoint.manager",
     "SaveTicket": "areal_tasks.checkpoint.manager",
     "TrainerState": "areal_tasks.checkpoint.state",

@@ -12,9 +12,12 @@ DCP serialises them (``torch.save`` bytes).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.checkpoint.layout import parse_step_dir
+from areal_tasks.checkpoint.metadata import damaged
 from areal_tasks.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -133,6 +136,65 @@ def index_to_json(metadata: Metadata, records: list[ItemRecord]) -> dict[str, An
 def records_of(index: dict[str, Any]) -> list[ItemRecord]:
     _check_format(index)
     return [ItemRecord.from_dict(item) for item in index["items"]]
+
+
+_TOP_KEYS = ("format", "state_dict", "items")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TENSOR_KEYS = {"dtype": str, "requires_grad": bool, "size": list, "chunks": list}
+_ITEM_KEYS = {"fqn": str, "kind": str, "dir": str, "file": str, "pos": int, "length": int, "sha256": str}
+
+
+def validate_index(index: Any, source: str) -> None:
+    """Check the layout of a parsed ``dcp/index.json`` (``source``: its URL, named in errors): the keys
+    and JSON types the loader reads, and that every record points inside the checkpoints folder.
+    A damaged index is a :class:`CheckpointIntegrityError`; an unknown format a :class:`CheckpointError`."""
+    if not isinstance(index, dict):
+        raise damaged(source, f"must hold a JSON object, got {type(index).__name__}")
+    missing = [key for key in _TOP_KEYS if key not in index]
+    if missing:
+        raise damaged(source, f"lacks the keys {missing}")
+    _check_format(index)
+    entries, items = index["state_dict"], index["items"]
+    if not isinstance(entries, dict) or not isinstance(items, list):
+        raise damaged(source, "has a 'state_dict' that is not an object or 'items' that are not a list")
+    for fqn, entry in entries.items():
+        if not isinstance(entry, dict) or entry.get("type") not in ("tensor", "bytes"):
+            raise damaged(source, f"has a state_dict entry {fqn!r} of no type 'tensor' or 'bytes'")
+        if entry["type"] == "tensor":
+            _check_keys(entry, _TENSOR_KEYS, source, f"state_dict entry {fqn!r}")
+            for chunk in entry["chunks"]:
+                if not isinstance(chunk, dict) or not {"offsets", "sizes"} <= set(chunk):
+                    raise damaged(source, f"has a chunk of {fqn!r} without 'offsets' or 'sizes'")
+    for number, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise damaged(source, f"has an item record {number} that is not an object")
+        _check_keys(item, _ITEM_KEYS, source, f"item record {number} ({item.get('fqn', '?')!r})")
+        if not _SHA256.fullmatch(item["sha256"]):
+            raise damaged(source, f"has an item record {item['fqn']!r} whose sha256 is not 64 hex digits")
+        if not _inside(item["dir"], item["file"]):
+            raise damaged(
+                source,
+                f"has an item record {item['fqn']!r} outside the checkpoints folder: {item['dir']}/{item['file']}",
+            )
+
+
+def _check_keys(data: dict[str, Any], keys: dict[str, type], source: str, what: str) -> None:
+    missing = sorted(key for key in keys if key not in data)
+    if missing:
+        raise damaged(source, f"has a {what} that lacks the keys {missing}")
+    wrong = sorted(
+        key
+        for key, kind in keys.items()
+        if not isinstance(data[key], kind) or (kind is int and isinstance(data[key], bool))
+    )
+    if wrong:
+        raise damaged(source, f"has a {what} with values of the wrong type for {wrong}")
+
+
+def _inside(directory: str, file: str) -> bool:
+    """Whether a record's ``dir``/``file`` name a file of a step directory (no absolute path, no ``..``)."""
+    parts = file.split("/")
+    return parse_step_dir(directory) is not None and not file.startswith("/") and ".." not in parts and "" not in parts
 
 
 def _check_format(index: dict[str, Any]) -> None:

@@ -11,9 +11,8 @@ retry policy. This writer:
   the bytes where they already are -- instead of being written again;
 * lets the coordinator write ``dcp/index.json`` (:mod:`areal_tasks.checkpoint.dcp_index`).
 
-The reader resolves records wherever they point, coalesces nearby items of one file into ranged
-reads of at most ``MAX_READ_SPAN`` bytes fetched by a few threads (bounded memory), and can verify
-every item's hash. Non-tensor items are unpickled with ``weights_only=True`` (:class:`SafeLoadPlanner`).
+The reading side is :mod:`areal_tasks.checkpoint.dcp_read`; :func:`dcp_call` (DCP's failures as
+checkpoint errors) serves both.
 """
 
 from __future__ import annotations
@@ -32,16 +31,14 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
-from torch.distributed.checkpoint import LoadPlan, LoadPlanner, SavePlan, SavePlanner, StorageReader, StorageWriter
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint import SavePlan, SavePlanner, StorageWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from torch.distributed.checkpoint.storage import WriteResult
 
-from areal_tasks.checkpoint.dcp_index import ItemRecord, dtype_name, dtype_of, index_to_json, metadata_from_json
+from areal_tasks.checkpoint.dcp_index import ItemRecord, dtype_name, index_to_json
 from areal_tasks.checkpoint.layout import DCP_INDEX, dcp_data_file
 from areal_tasks.checkpoint.metadata import FileInfo, sha256_hex
-from areal_tasks.errors import CheckpointError
+from areal_tasks.errors import CheckpointError, CheckpointIntegrityError
 
 if TYPE_CHECKING:
     from areal_tasks.checkpoint.incremental import ParentIndex
@@ -50,12 +47,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALIGN = 64
-#: the largest byte range the reader fetches in one request (several small items share one).
-MAX_READ_SPAN = 64 * 2**20
 #: items hashed ahead of the one being written (each holds a host copy only for device tensors).
 HASH_AHEAD = 2
-#: ranged reads in flight at once (memory bound: READ_THREADS * MAX_READ_SPAN).
-READ_THREADS = 4
 
 
 def _payload(data: torch.Tensor | io.BytesIO) -> tuple[memoryview, str, str | None, tuple[int, ...] | None]:
@@ -185,7 +178,7 @@ class StorageDCPWriter(StorageWriter):
 
 
 @contextlib.contextmanager
-def _dcp_call(what: str) -> Iterator[None]:
+def dcp_call(what: str) -> Iterator[None]:
     """Run a DCP call quietly in one process, turning its CheckpointException into CheckpointError."""
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -195,11 +188,19 @@ def _dcp_call(what: str) -> Iterator[None]:
         try:
             yield
         except CheckpointException as exc:
-            failures = exc.failures
-            rank, (first, _) = sorted(failures.items())[0]
-            raise CheckpointError(
-                f"{what} failed on rank(s) {sorted(failures)}; rank {rank}: {type(first).__name__}: {first}"
-            ) from first
+            # every rank gets every rank's failures, so all of them raise the same type: a damaged
+            # checkpoint (which recovery may fall back from) on all ranks, or another failure on all
+            failures = sorted((rank, failure) for rank, (failure, _) in exc.failures.items())
+            integrity = [(rank, f) for rank, f in failures if isinstance(f, CheckpointIntegrityError)]
+            rank, first = (integrity or failures)[0]
+            message = (
+                f"{what} failed on rank(s) {[r for r, _ in failures]}; rank {rank}: {type(first).__name__}: {first}"
+            )
+            if not integrity:
+                raise CheckpointError(message) from first
+            error = CheckpointIntegrityError(message)
+            error.file, error.item = first.file, first.item
+            raise error from first
 
 
 def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any, distributed: bool) -> None:
@@ -207,7 +208,7 @@ def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    with _dcp_call(f"saving {writer.checkpoints.url_for(writer.step_dir)}"):
+    with dcp_call(f"saving {writer.checkpoints.url_for(writer.step_dir)}"):
         dcp.save(
             state,
             storage_writer=writer,
@@ -215,153 +216,3 @@ def dcp_save(state: dict[str, Any], writer: StorageDCPWriter, process_group: Any
             process_group=process_group,
             no_dist=not distributed,
         )
-
-
-def dcp_load(
-    state: dict[str, Any], reader: StorageDCPReader, process_group: Any, distributed: bool, *, partial: bool = False
-) -> None:
-    """``dcp.load`` into ``state`` through ``reader`` (``partial``: ``state`` may hold a subset of the items)."""
-    import torch.distributed.checkpoint as dcp
-
-    with _dcp_call(f"loading {reader.checkpoints.url_for(reader.step_dir)}"):
-        dcp.load(
-            state,
-            storage_reader=reader,
-            planner=SafeLoadPlanner(allow_partial_load=partial),
-            process_group=process_group,
-            no_dist=not distributed,
-        )
-
-
-def read_index(checkpoints: Storage, step_dir: str) -> dict[str, Any]:
-    """The parsed ``dcp/index.json`` of ``step_dir``."""
-    key = f"{step_dir}/{DCP_INDEX}"
-    try:
-        return json.loads(checkpoints.read_text(key))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{checkpoints.url_for(key)} is not valid JSON: {exc}") from exc
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, but non-tensor items are unpickled with ``weights_only=True``."""
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._nested_dict import set_element
-
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-
-def _ranges(reqs: list[tuple[ReadItem, ItemRecord]]) -> Iterator[tuple[int, int, list[tuple[ReadItem, ItemRecord]]]]:
-    """Coalesce requests (sorted by position) into (start, end, requests) spans of at most MAX_READ_SPAN."""
-    group: list[tuple[ReadItem, ItemRecord]] = []
-    start = end = 0
-    for req, rec in sorted(reqs, key=lambda pair: pair[1].pos):
-        rec_end = rec.pos + rec.length
-        if group and rec.pos <= end + ALIGN * 16 and rec_end - start <= MAX_READ_SPAN:
-            group.append((req, rec))
-            end = max(end, rec_end)
-            continue
-        if group:
-            yield start, end, group
-        group, start, end = [(req, rec)], rec.pos, rec_end
-    if group:
-        yield start, end, group
-
-
-class StorageDCPReader(StorageReader):
-    """DCP ``StorageReader`` of ``<checkpoints>/<step_dir>/`` that follows references (module docstring)."""
-
-    def __init__(self, checkpoints: Storage, step_dir: str, *, verify: bool = False) -> None:
-        super().__init__()
-        self.checkpoints = checkpoints
-        self.step_dir = step_dir
-        self.verify = verify
-        self.records: dict[Any, ItemRecord] = {}
-        self.bytes_read = 0
-
-    def reset(self, checkpoint_id: Any = None) -> None:
-        self.records = {}
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return False
-
-    def read_metadata(self) -> Metadata:
-        return metadata_from_json(read_index(self.checkpoints, self.step_dir))
-
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.records = dict(metadata.storage_data)
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        return plans
-
-    def _fetch(self, key: str, start: int, end: int) -> bytes:
-        storage = self.checkpoints
-        path = storage.fs_path(key)
-        data = storage.run("read", key, lambda: storage.fs.cat_file(path, start=start, end=end))
-        if len(data) != end - start:
-            raise CheckpointError(
-                f"{storage.url_for(key)}: expected {end - start} bytes at {start}, got {len(data)} (truncated file?)"
-            )
-        return data
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
-        per_file: dict[str, list[tuple[ReadItem, ItemRecord]]] = {}
-        for req in plan.items:
-            record = self.records[req.storage_index]
-            per_file.setdefault(f"{record.dir}/{record.file}", []).append((req, record))
-        spans = [
-            (key, start, end, group) for key, reqs in sorted(per_file.items()) for start, end, group in _ranges(reqs)
-        ]
-        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="dcp-read") as pool:
-            pending: list[tuple[Future[bytes], int, list[tuple[ReadItem, ItemRecord]]]] = []
-            for key, start, end, group in spans:
-                pending.append((pool.submit(self._fetch, key, start, end), start, group))
-                if len(pending) >= READ_THREADS:
-                    self._apply(planner, *pending.pop(0))
-            while pending:
-                self._apply(planner, *pending.pop(0))
-        done: torch.futures.Future[None] = torch.futures.Future()
-        done.set_result(None)
-        return done
-
-    def _apply(
-        self, planner: LoadPlanner, fetched: Future[bytes], start: int, group: list[tuple[ReadItem, ItemRecord]]
-    ) -> None:
-        from torch.distributed._shard._utils import narrow_tensor_by_index
-
-        buffer = fetched.result()
-        self.bytes_read += len(buffer)
-        view = memoryview(buffer)
-        for req, rec in group:
-            chunk = view[rec.pos - start : rec.pos - start + rec.length]
-            if self.verify and hashlib.sha256(chunk).hexdigest() != rec.sha256:
-                raise CheckpointError(
-                    f"{self.checkpoints.url_for(rec.dir + '/' + rec.file)}: item {rec.fqn!r} fails its sha256 check"
-                )
-            if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(chunk.tobytes()))
-                continue
-            dtype = dtype_of(rec.dtype or "")
-            if rec.length:
-                with warnings.catch_warnings():  # read-only bytes: the tensor is only copied from, never written
-                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                    tensor = torch.frombuffer(buffer, dtype=torch.uint8, offset=rec.pos - start, count=rec.length)
-                tensor = tensor.view(dtype).reshape(rec.shape or ())
-            else:
-                tensor = torch.empty(rec.shape or (), dtype=dtype)
-            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise CheckpointError(
-                    f"item {rec.fqn!r}: stored shard {tuple(tensor.size())} != target {tuple(target.size())}"
-                )
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)

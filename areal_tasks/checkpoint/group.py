@@ -77,7 +77,9 @@ class CheckpointGroup:
         return out
 
     def on_coordinator(self, fn: Callable[[], T], what: str) -> T:
-        """Run ``fn`` on rank 0; every rank returns its result or raises CheckpointError if it failed."""
+        """Run ``fn`` on rank 0; every rank returns its result or raises if it failed: a
+        :class:`CheckpointError` (of whichever subclass, e.g. a damaged checkpoint) as rank 0 raised
+        it, anything else as a CheckpointError naming ``what``."""
         outcome: tuple[bool, Any] = (True, None)
         failure: BaseException | None = None
         if self.is_coordinator:
@@ -85,13 +87,18 @@ class CheckpointGroup:
                 outcome = (True, fn())
             except Exception as exc:  # noqa: BLE001 - handed to every rank below, then re-raised here with its cause
                 failure = exc
-                outcome = (False, f"{what} failed on rank 0: {type(exc).__name__}: {exc}")
+                shared = (
+                    exc if isinstance(exc, CheckpointError) else f"{what} failed on rank 0: {type(exc).__name__}: {exc}"
+                )
+                outcome = (False, shared)
         outcome = self.broadcast(outcome)
         ok, value = outcome
         if ok:
             return value
         if isinstance(failure, CheckpointError):
             raise failure
+        if isinstance(value, CheckpointError):
+            raise value
         if failure is not None:
             raise CheckpointError(value) from failure
         raise CheckpointError(value)

@@ -32,7 +32,7 @@ class ParentIndex:
 
     @classmethod
     def load(cls, checkpoints: Storage, step_dir: str) -> ParentIndex:
-        from areal_tasks.checkpoint.dcp_io import read_index
+        from areal_tasks.checkpoint.dcp_read import read_index
 
         return cls(step_dir, records_of(read_index(checkpoints, step_dir)))
 

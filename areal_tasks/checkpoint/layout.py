@@ -5,7 +5,10 @@ states (``rng/rank-*.json``), ``trainer_state.json``, ``engines.json``, HF sidec
 (``hf/<engine>/config.json`` and tokenizer files), ``metadata.json`` and, written after everything
 else, the ``_COMPLETE`` marker. After the marker the ``latest`` pointer (next to the step
 directories) is rewritten. Readers trust only directories that carry ``_COMPLETE``: a save killed
-midway leaves a directory without it, which is ignored and later removed by pruning.
+midway leaves a directory without it, which is ignored and later removed by pruning. A checkpoint
+that fails verification on resume is *quarantined*: ``_QUARANTINED`` (the reason, and the marker's
+content) replaces ``_COMPLETE``, so it is never picked again; pruning leaves it for inspection until
+the run saves that step again.
 
 Torch-free: the CLI and the retention logic use it without importing torch.
 """
@@ -29,6 +32,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINTS_DIR = "checkpoints"
 STEP_PREFIX = "step_"
 COMPLETE_MARKER = "_COMPLETE"
+QUARANTINE_MARKER = "_QUARANTINED"
 LATEST_POINTER = "latest"
 METADATA_FILE = "metadata.json"
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -130,6 +134,16 @@ class CheckpointLayout:
         """Write the ``_COMPLETE`` marker of ``step`` (atomically; the last file of a save)."""
         self.storage.write_text(self.key(step, COMPLETE_MARKER), json.dumps(payload, indent=1, sort_keys=True))
 
+    def quarantine(self, step: int, reason: str) -> None:
+        """Take ``step`` out of the complete checkpoints: ``_QUARANTINED`` (``reason`` and the old
+        marker's text) is written, then ``_COMPLETE`` removed. The files stay for inspection."""
+        marker = self.key(step, COMPLETE_MARKER)
+        previous = self.storage.read_text(marker) if self.storage.exists(marker) else None
+        payload = {"reason": reason, "quarantined_at": utc_now(), "complete": previous}
+        self.storage.write_text(self.key(step, QUARANTINE_MARKER), json.dumps(payload, indent=1, sort_keys=True))
+        self.storage.delete(marker, missing_ok=True)
+        logger.warning("quarantined checkpoint %s: %s", self.url(step_dir(step)), reason)
+
     def read_latest_pointer(self) -> int | None:
         """The step the ``latest`` pointer names, or None when there is no (readable) pointer."""
         if not self.storage.exists(LATEST_POINTER):
@@ -137,7 +151,7 @@ class CheckpointLayout:
         text = self.storage.read_text(LATEST_POINTER)
         try:
             step = int(json.loads(text)["step"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             logger.warning(
                 "ignoring the unreadable latest pointer %s (%s): %r", self.url(LATEST_POINTER), exc, text[:80]
             )

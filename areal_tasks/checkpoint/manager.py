@@ -15,16 +15,19 @@ Saves are collective (every rank calls them with its own engines). A save is cra
 :mod:`areal_tasks.checkpoint.incremental`), optionally async (:mod:`areal_tasks.checkpoint.async_save`),
 and followed by pruning (:mod:`areal_tasks.checkpoint.retention`). A complete checkpoint is never
 overwritten: other checkpoints may reference its data.
+
+Reading checks before it applies (:mod:`areal_tasks.checkpoint.verify`): ``metadata.json`` against
+``_COMPLETE``, the JSON state files against ``metadata.json``, and (``verify``, on by default; the job's
+``recover.verify``) every tensor item against its sha256. ``recover`` falls back from a damaged
+checkpoint to the newest intact one, quarantining the damaged ones so they are never picked again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.train_engine import CheckpointableEngine
@@ -32,21 +35,20 @@ from areal_tasks.checkpoint.async_save import AsyncSaver
 from areal_tasks.checkpoint.group import CheckpointGroup
 from areal_tasks.checkpoint.layout import (
     COMPLETE_MARKER,
-    ENGINES_FILE,
-    METADATA_FILE,
-    TRAINER_STATE_FILE,
+    QUARANTINE_MARKER,
     CheckpointLayout,
     parse_step_dir,
-    rng_file,
     step_dir,
 )
 from areal_tasks.checkpoint.metadata import CheckpointMetadata, config_payload
 from areal_tasks.checkpoint.retention import PrunePlan, RetentionPolicy, apply_prune, plan_prune
 from areal_tasks.checkpoint.state import TrainerState
+from areal_tasks.checkpoint.verify import read_metadata, verify_step
 from areal_tasks.config.sections import SaverConfig
-from areal_tasks.errors import CheckpointError
+from areal_tasks.errors import CheckpointError, CheckpointIntegrityError
 
 if TYPE_CHECKING:
+    from areal_tasks.checkpoint.listing import CheckpointInfo
     from areal_tasks.config.job import JobConfig
     from storage import Storage
 
@@ -69,22 +71,6 @@ class SaveTicket:
         return self._future.result()
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One step directory. ``status``: ``complete`` (a checkpoint; carries its metadata), ``data``
-    (pruned, but holding data that complete checkpoints reference) or ``partial`` (an interrupted
-    save: ignored, removed by the next prune)."""
-
-    step: int
-    dir: str
-    status: str
-    metadata: CheckpointMetadata | None
-
-    @property
-    def complete(self) -> bool:
-        return self.status == "complete"
-
-
 class CheckpointManager:
     """Checkpoints of one run under ``<storage_url>/<experiment>/<trial>/checkpoints``."""
 
@@ -100,6 +86,7 @@ class CheckpointManager:
         storage: Storage | None = None,
         group: CheckpointGroup | None = None,
         layout: CheckpointLayout | None = None,
+        verify: bool = True,
     ) -> None:
         from storage import Storage
 
@@ -119,6 +106,8 @@ class CheckpointManager:
         self.storage = layout.storage
         self.policy = RetentionPolicy.from_saver(self.saver_config)
         self.incremental = incremental
+        #: whether loads compare hashes (metadata, JSON files, index, every tensor item); False compares none.
+        self.verify = verify
         self.group = group or CheckpointGroup.create()
         self._async = AsyncSaver() if self.saver_config.async_save else None
         self._last_step: int | None = None
@@ -126,23 +115,33 @@ class CheckpointManager:
 
     @classmethod
     def from_config(cls, job: JobConfig, **kwargs: Any) -> CheckpointManager:
-        """The manager of ``job``: storage URL (default ``file://<run_dir>/storage``), names, saver."""
+        """The manager of ``job``: storage URL (default ``file://<run_dir>/storage``), names, saver,
+        verification on load (``recover.verify``)."""
         url = job.storage.url
         if url is None:
             if not job.experiment.run_dir:
                 raise CheckpointError("storage.url is unset and experiment.run_dir is unresolved: set one of them")
             url = f"file://{os.path.join(job.experiment.run_dir, 'storage')}"
+        kwargs.setdefault("verify", job.recover.verify)
         return cls(url, job.storage.options, job.experiment.name, job.experiment.trial, job.saver, **kwargs)
 
     @classmethod
     def open(
-        cls, checkpoints_url: str, options: Mapping[str, Any] | None = None, saver_config: SaverConfig | None = None
+        cls,
+        checkpoints_url: str,
+        options: Mapping[str, Any] | None = None,
+        saver_config: SaverConfig | None = None,
+        *,
+        must_exist: bool = False,
     ) -> CheckpointManager:
         """A one-process manager of an existing checkpoints folder (``.../<exp>/<trial>/checkpoints``):
-        what the CLI and the benchmarks use to list, inspect, prune and export."""
+        what the CLI and the benchmarks use to list, inspect, prune and export (``must_exist``: a
+        folder that is not there is a :class:`CheckpointError`)."""
         from storage import Storage
 
         layout = CheckpointLayout(Storage.from_url(checkpoints_url, options))
+        if must_exist and not layout.storage.exists():
+            raise CheckpointError(f"no checkpoints folder at {layout.url()}")
         return cls(None, saver_config=saver_config, layout=layout, group=CheckpointGroup(distributed=False))
 
     @property
@@ -220,89 +219,86 @@ class CheckpointManager:
     def _referenced_dirs(self) -> set[str]:
         out: set[str] = set()
         for step in self.layout.complete_steps():
-            out.update(self.metadata(step).references)
+            try:
+                out.update(self.metadata(step).references)
+            except CheckpointError as exc:  # a damaged checkpoint's references are unknown: it cannot be used
+                logger.warning("ignoring the references of %s: %s", self.layout.url(step_dir(step)), exc)
         return out
 
     def _prepare_directory(self, step: int) -> int | None:
-        """Rank 0: refuse a complete directory, clear a partial one, pick the parent step."""
+        """Rank 0: refuse a complete directory, clear a partial or quarantined one, pick the parent step."""
         directory = step_dir(step)
         if self.layout.is_complete(step):
             raise CheckpointError(
                 f"checkpoint {self.layout.url(directory)} already exists and is complete; it is never overwritten "
                 "(later checkpoints may reference its data): resume from it, or use a new experiment.trial"
             )
-        if self.layout.files(step):
+        files = self.layout.files(step)
+        if files:
             if directory in self._referenced_dirs():
                 raise CheckpointError(
                     f"{self.layout.url(directory)} holds data that kept checkpoints reference; cannot save step {step} "
                     "there: resume from the latest checkpoint, or use a new experiment.trial"
                 )
-            logger.warning("removing the partial checkpoint %s left by an interrupted save", self.layout.url(directory))
+            what = (
+                "quarantined checkpoint"
+                if QUARANTINE_MARKER in files
+                else "partial checkpoint left by an interrupted save"
+            )
+            logger.warning("removing the %s %s", what, self.layout.url(directory))
             self.layout.storage.delete(directory, recursive=True, missing_ok=True)
         if not self.incremental:
             return None
         if self._last_step is not None and self._last_step < step and self.layout.is_complete(self._last_step):
             return self._last_step
         earlier = [s for s in self.layout.complete_steps() if s < step]
-        return earlier[-1] if earlier else None
+        if not earlier:
+            return None
+        report = verify_step(self.layout, earlier[-1])
+        if not report.ok:
+            logger.warning(
+                "not diffing against %s, which is damaged (%s): writing every byte of step %d",
+                self.layout.url(step_dir(earlier[-1])),
+                report.problems[0],
+                step,
+            )
+            return None
+        return earlier[-1]
 
-    # -- reading ----------------------------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------------
 
     def latest(self) -> int | None:
         """The newest complete checkpoint's step (None when there is none). Local: no collective."""
         return self.layout.latest()
 
     def metadata(self, step: int) -> CheckpointMetadata:
-        """The metadata of the complete checkpoint ``step``."""
+        """The metadata of the complete checkpoint ``step``, checked against its ``_COMPLETE`` marker."""
         if step not in self._metadata_cache:
             if not self.layout.is_complete(step):
                 raise CheckpointError(f"{self.layout.url(step_dir(step))} is not a complete checkpoint")
-            text = self.layout.storage.read_text(self.layout.key(step, METADATA_FILE))
-            self._metadata_cache[step] = CheckpointMetadata.from_json(text)
+            self._metadata_cache[step] = read_metadata(self.layout, step)
         return self._metadata_cache[step]
 
-    def list(self) -> list[CheckpointInfo]:
-        """Every step directory, ascending, with its status (see :class:`CheckpointInfo`)."""
-        complete = {step: self.metadata(step) for step in self.layout.complete_steps()}
-        referenced = {name for meta in complete.values() for name in meta.references}
-        out = []
-        for step, name in self.layout.step_dirs().items():
-            if step in complete:
-                out.append(CheckpointInfo(step, name, "complete", complete[step]))
-            elif self.layout.files(step):  # an emptied directory some S3 servers still list is skipped
-                out.append(CheckpointInfo(step, name, "data" if name in referenced else "partial", None))
-        return out
+    def list(self, *, deep: bool = False) -> list[CheckpointInfo]:
+        """Every step directory, ascending, with its status; complete checkpoints are checked (cheap or
+        ``deep``) and a damaged one is ``corrupt`` (:func:`~areal_tasks.checkpoint.listing.list_steps`)."""
+        from areal_tasks.checkpoint.listing import list_steps
 
-    def load(self, step: int | None, engines: Mapping[str, CheckpointableEngine]) -> TrainerState:
-        """Restore checkpoint ``step`` (None: the latest) into ``engines`` and this rank's RNGs (collective)."""
-        from areal_tasks.checkpoint.dcp_io import StorageDCPReader, dcp_load
-        from areal_tasks.checkpoint.rng import restore_rng_state
-        from areal_tasks.checkpoint.state import apply_sharded_state_dict, restore_engine_side_state, sharded_state_dict
+        return list_steps(self.layout, deep=deep)
+
+    def load(
+        self, step: int | None, engines: Mapping[str, CheckpointableEngine], *, verify: bool | None = None
+    ) -> TrainerState:
+        """Restore checkpoint ``step`` (None: the latest) into ``engines`` and this rank's RNGs
+        (collective). Nothing is applied before it is checked (:func:`~areal_tasks.checkpoint.restore.
+        load_step`); ``verify`` (default: the manager's) False compares no hash. Damage raises
+        :class:`~areal_tasks.errors.CheckpointIntegrityError` on every rank, naming file and item."""
+        from areal_tasks.checkpoint.restore import load_step
 
         self.wait()
         chosen = self.group.on_coordinator(lambda: self._resolve_step(step), "finding the checkpoint to load")
-        directory = step_dir(chosen)
-        storage = self.layout.storage
-        state = sharded_state_dict(engines)
-        reader = StorageDCPReader(storage, directory)
-        dcp_load(state, reader, self.group.pg, self.group.distributed)
-        apply_sharded_state_dict(engines, state)
-        restore_engine_side_state(engines, json.loads(storage.read_text(f"{directory}/{ENGINES_FILE}")))
-        trainer = TrainerState.from_dict(json.loads(storage.read_text(f"{directory}/{TRAINER_STATE_FILE}")))
-        saved_world = self.metadata(chosen).world_size
-        rng_key = f"{directory}/{rng_file(self.group.rank)}"
-        if saved_world == self.group.world_size:
-            restore_rng_state(json.loads(storage.read_text(rng_key)))
-        else:
-            logger.warning(
-                "checkpoint was saved by %d ranks, this run has %d: RNG states are not restored "
-                "(the run continues, but not bit-identically)",
-                saved_world,
-                self.group.world_size,
-            )
+        trainer = load_step(self.layout, self.group, chosen, engines, verify=self.verify if verify is None else verify)
         self._last_step = chosen
-        self.group.barrier()
-        logger.info("loaded checkpoint %s (%d bytes read by this rank)", self.layout.url(directory), reader.bytes_read)
         return trainer
 
     def _resolve_step(self, step: int | None) -> int:
@@ -316,9 +312,16 @@ class CheckpointManager:
             )
         return chosen
 
-    def recover(self, mode: str, engines: Mapping[str, CheckpointableEngine]) -> TrainerState | None:
+    def recover(
+        self, mode: str, engines: Mapping[str, CheckpointableEngine], *, verify: bool | None = None
+    ) -> TrainerState | None:
         """``recover.mode``: ``auto`` loads the latest checkpoint if there is one, ``resume`` requires
-        one, ``disabled`` starts fresh. Returns the trainer state to continue from, or None."""
+        one, ``disabled`` starts fresh. Returns the trainer state to continue from, or None.
+
+        A checkpoint that fails its checks (:meth:`load`) is quarantined and the next older complete
+        one is tried: the run resumes from the newest intact checkpoint, and the log says which
+        ones were skipped and why. When every one is damaged, recovery raises (never starts fresh).
+        """
         if mode not in RECOVER_MODES:
             raise CheckpointError(f"recover.mode must be one of {RECOVER_MODES}, got {mode!r}")
         if mode == "disabled":
@@ -330,7 +333,40 @@ class CheckpointManager:
                 raise CheckpointError(f"recover.mode=resume but {self.url} holds no complete checkpoint")
             logger.info("no checkpoint in %s: starting fresh", self.url)
             return None
-        return self.load(latest, engines)
+        candidates = self.group.on_coordinator(
+            lambda: [s for s in reversed(self.layout.complete_steps()) if s <= latest], "listing checkpoints"
+        )
+        skipped: list[str] = []
+        for number, step in enumerate(candidates):
+            try:
+                state = self.load(step, engines, verify=verify)
+            except CheckpointIntegrityError as exc:
+                self._quarantine(step, exc, candidates[number + 1] if number + 1 < len(candidates) else None)
+                skipped.append(f"{step_dir(step)} ({exc})")
+                continue
+            if skipped:
+                logger.warning(
+                    "resumed from %s, the newest intact checkpoint; skipped (and quarantined): %s",
+                    self.layout.url(step_dir(step)),
+                    "; ".join(skipped),
+                )
+            return state
+        raise CheckpointError(
+            f"no intact checkpoint in {self.url}: every complete one failed verification and was quarantined: "
+            + "; ".join(skipped)
+        )
+
+    def _quarantine(self, step: int, exc: CheckpointIntegrityError, fallback: int | None) -> None:
+        """Quarantine the damaged ``step`` (rank 0; every rank waits) and say what happens next."""
+        self.group.on_coordinator(lambda: self.layout.quarantine(step, str(exc)), f"quarantining step {step}")
+        self._metadata_cache.pop(step, None)
+        logger.error(
+            "checkpoint %s fails verification: %s; quarantined it (%s): %s",
+            self.layout.url(step_dir(step)),
+            exc,
+            QUARANTINE_MARKER,
+            f"falling back to {step_dir(fallback)}" if fallback is not None else "no older checkpoint is left",
+        )
 
     # -- pruning ----------------------------------------------------------------------------------
 
@@ -344,11 +380,24 @@ class CheckpointManager:
         directories = {name: list(self.layout.files(step)) for step, name in dirs.items()}
         directories = {name: files for name, files in directories.items() if files}  # emptied: nothing to do
         complete = {}
+        protect = set()
         for step, name in dirs.items():
-            if COMPLETE_MARKER in directories.get(name, ()):
-                meta = self.metadata(step)
+            files = directories.get(name, ())
+            if QUARANTINE_MARKER in files:
+                protect.add(name)  # kept for inspection; removed when the run saves this step again
+            elif COMPLETE_MARKER in files:
+                try:
+                    meta = self.metadata(step)
+                except CheckpointError as exc:
+                    logger.warning(
+                        "pruning leaves %s alone: it cannot be read (%s); check it with `areal checkpoint verify`",
+                        self.layout.url(name),
+                        exc,
+                    )
+                    protect.add(name)
+                    continue
                 complete[step] = (meta.metrics, meta.references)
-        plan = plan_prune(directories, complete, self.policy)
+        plan = plan_prune(directories, complete, self.policy, protect)
         apply_prune(self.layout, plan)
         for name in [*plan.delete, *plan.strip]:
             step = parse_step_dir(name)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_tasks.errors import CheckpointError
+from areal_tasks.errors import CheckpointError, CheckpointIntegrityError
 
 logger = logging.getLogger(__name__)
 
@@ -90,31 +90,30 @@ class CheckpointMetadata:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True, allow_nan=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CheckpointMetadata:
+    def from_dict(cls, data: Mapping[str, Any], source: str = "checkpoint metadata") -> CheckpointMetadata:
+        """Metadata from parsed JSON; ``source`` (the file's URL) names it in errors. An unsupported
+        format is a :class:`CheckpointError`; a damaged layout a :class:`CheckpointIntegrityError`."""
         if not isinstance(data, Mapping):
-            raise CheckpointError(f"checkpoint metadata must be a JSON object, got {type(data).__name__}")
+            raise damaged(source, f"must hold a JSON object, got {type(data).__name__}")
         fmt = data.get("format")
         if fmt != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint metadata format {fmt!r} is not supported (expected {FORMAT_VERSION})")
+            raise CheckpointError(f"{source}: metadata format {fmt!r} is not supported (expected {FORMAT_VERSION})")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         unknown = sorted(set(data) - known)
         if unknown:
             logger.debug("ignoring unknown metadata fields %s", unknown)
         try:
+            _check_layout(data)
             values["sizes"] = ByteCounts(**data.get("sizes", {}))
             values["files"] = {name: FileInfo(**info) for name, info in data.get("files", {}).items()}
             return cls(**values)
-        except TypeError as exc:
-            raise CheckpointError(f"checkpoint metadata has an unexpected layout: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise damaged(source, f"has an unexpected layout: {exc}") from exc
 
     @classmethod
-    def from_json(cls, text: str) -> CheckpointMetadata:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"checkpoint metadata is not valid JSON: {exc}") from exc
-        return cls.from_dict(data)
+    def from_json(cls, text: str | bytes, source: str = "checkpoint metadata") -> CheckpointMetadata:
+        return cls.from_dict(load_json(text, source), source)
 
     def summary(self) -> dict[str, Any]:
         """The short form ``list`` shows: step, epoch, version, times, metrics, sizes, parent."""
@@ -130,6 +129,77 @@ class CheckpointMetadata:
             "bytes_written": self.sizes.written,
             "bytes_referenced": self.sizes.referenced,
         }
+
+
+#: the largest ``metadata.json`` (or marker file) read: real ones are kilobytes, a bigger one is damage.
+MAX_METADATA_BYTES = 16 * 2**20
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "epoch": (int,),
+    "version": (int,),
+    "world_size": (int,),
+    "created_at": (str,),
+    "completed_at": (str,),
+    "timings": (dict,),
+    "metrics": (dict,),
+    "parent": (int, type(None)),
+    "incremental": (bool,),
+    "engines": (dict,),
+    "references": (dict,),
+    "sizes": (dict,),
+    "files": (dict,),
+}
+
+
+def _check_layout(data: Mapping[str, Any]) -> None:
+    """Raise ValueError for a field of the wrong JSON type (what ``list`` and pruning rely on)."""
+    for key, types in _TYPES.items():
+        if key in data and (not isinstance(data[key], types) or (bool not in types and isinstance(data[key], bool))):
+            raise ValueError(f"{key!r} is a {type(data[key]).__name__}")
+    for name, value in data.get("metrics", {}).items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"metric {name!r} is a {type(value).__name__}, not a number")
+    for directory, files in data.get("references", {}).items():
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ValueError(f"references of {directory!r} are not a list of file names")
+    for name, info in data.get("files", {}).items():
+        if (
+            not isinstance(info, dict)
+            or not isinstance(info.get("size"), int)
+            or not isinstance(info.get("sha256"), str)
+        ):
+            raise ValueError(f"file entry {name!r} is not {{size: int, sha256: str}}")
+
+
+def damaged(file: str, what: str, item: str | None = None) -> CheckpointIntegrityError:
+    """The error for damage found in ``file`` (a URL), at ``item`` (a DCP item's name) when known."""
+    exc = CheckpointIntegrityError(f"{file}: item {item!r} {what}" if item else f"{file} {what}")
+    exc.file, exc.item = file, item
+    return exc
+
+
+def load_json(data: str | bytes, source: str) -> Any:
+    """Parse the JSON ``data`` of ``source`` (a file's URL); undecodable, malformed or too deeply
+    nested JSON is a :class:`CheckpointIntegrityError` naming ``source``."""
+    try:
+        return json.loads(data)
+    except RecursionError as exc:
+        raise damaged(source, "is not valid JSON: nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise damaged(source, f"is not valid JSON: {exc}") from exc
+
+
+def check_bytes(data: bytes, expected: FileInfo, url: str) -> None:
+    """Raise :class:`CheckpointIntegrityError` when ``data`` (the bytes of ``url``) differ from what
+    ``metadata.json`` recorded for the file."""
+    if len(data) != expected.size:
+        raise damaged(url, f"holds {len(data)} bytes; metadata.json records {expected.size}")
+    digest = sha256_hex(data)
+    if digest != expected.sha256:
+        raise damaged(
+            url, f"fails its sha256 check (got {digest[:12]}..., metadata.json records {expected.sha256[:12]}...)"
+        )
 
 
 def json_file(payload: Any) -> tuple[bytes, FileInfo]:

@@ -135,6 +135,9 @@ class RecoverConfig:
     #: ``auto`` = resume if a checkpoint exists, else start; ``resume`` = a checkpoint must exist;
     #: ``disabled`` = start fresh.
     mode: Literal["auto", "resume", "disabled"] = "auto"
+    #: check every tensor item of the checkpoint against its sha256 while loading it (a damaged one is
+    #: quarantined and the next older one used); false skips every hash check (docs/checkpoints.md: cost).
+    verify: bool = True
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_tasks.models.safetensors_dir import DEFAULT_MAX_SHARD_BYTES, write_safetensors_shards
 from storage.atomic import atomic_directory
+from storage.ownership import OnExists
 
 if TYPE_CHECKING:
     import torch
@@ -90,9 +91,16 @@ def write_hf_dir(
     source_dir: str | os.PathLike[str] | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     extra_json: Mapping[str, str] | None = None,
+    on_exists: OnExists = "refuse",
 ) -> None:
-    """Atomically write an HF model directory: safetensors shards, ``config.json``, tokenizer files."""
-    with atomic_directory(path) as staging:
+    """Atomically write an HF model directory: safetensors shards, ``config.json``, tokenizer files.
+
+    ``on_exists`` (:func:`storage.atomic.atomic_directory`): ``refuse`` an existing non-empty
+    ``path`` (the default: a user's directory is never replaced), ``replace_owned`` for writers that
+    own the place (a weight update's version directory, an engine's HF save), ``merge_owned`` to
+    write next to foreign files while replacing only an earlier output of ours (``export --force``).
+    """
+    with atomic_directory(path, on_exists=on_exists) as staging:
         write_safetensors_shards(tensors, staging, max_shard_bytes=max_shard_bytes)
         export_config(config).save_pretrained(staging)
         for fname, text in (extra_json or {}).items():

@@ -85,7 +85,13 @@ class DiskTransport(WeightTransport):
         missing = sorted(set(specs) - set(tensors))
         if missing:
             raise WeightTransportError(f"the weights to write lack {len(missing)} of their specs, e.g. {missing[:3]}")
-        write_hf_dir(meta.path, tensors, self.source.hf_config(), source_dir=self.source.model_path)
+        write_hf_dir(
+            meta.path,
+            tensors,
+            self.source.hf_config(),
+            source_dir=self.source.model_path,
+            on_exists="replace_owned",
+        )
 
     def server_update(self, meta: WeightUpdateMeta) -> tuple[WeightUpdateMeta, list[list[ParamSpec]] | None]:
         return meta, None

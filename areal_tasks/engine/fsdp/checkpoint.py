@@ -66,7 +66,7 @@ def save_dcp(
     _barrier()
     if dist.get_rank() == 0:
         (staging / TRAIN_STATE).write_text(json.dumps(train_state, indent=2, sort_keys=True))
-        publish_directory(staging, path)
+        publish_directory(staging, path, on_exists="replace_owned")
         logger.info("saved DCP checkpoint %s", path)
     _barrier()
 
@@ -122,7 +122,7 @@ def save_hf(
                 tensors[name] = tensor.cpu()
         if is_rank0:
             kwargs = {} if max_shard_bytes is None else {"max_shard_bytes": max_shard_bytes}
-            write_hf_dir(path, tensors, hf_config_of(model), source_dir=source_dir, **kwargs)
+            write_hf_dir(path, tensors, hf_config_of(model), source_dir=source_dir, on_exists="replace_owned", **kwargs)
     _barrier()
 
 
@@ -137,7 +137,7 @@ def _save_adapters(path: str | os.PathLike[str], model: torch.nn.Module, device:
             full[name] = tensor.cpu()
     if is_rank0:
         adapters = adapter_state_dict(model, full)
-        with atomic_directory(path) as staging:
+        with atomic_directory(path, on_exists="replace_owned") as staging:
             save_file({k: v.contiguous() for k, v in adapters.items()}, str(staging / "adapter_model.safetensors"))
             model.peft_config["default"].save_pretrained(str(staging))
 

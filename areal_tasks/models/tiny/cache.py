@@ -1,7 +1,7 @@
 """A content-addressed on-disk cache of built artefacts (tiny models, the tiny tokenizer).
 
 An entry is a directory named by the caller (normally ``<what>-<hash of its inputs>``). It is built
-through :func:`storage.atomic.atomic_directory` without replacement: in a private staging directory
+through :func:`storage.atomic.atomic_directory` in its ``keep`` mode: in a private staging directory
 beside its final place, then renamed into place, which is atomic on one file system. A reader sees
 either no entry or a complete one, and when two test processes build the same entry at once, the
 first rename wins and the loser discards its copy.
@@ -47,7 +47,7 @@ def get_or_build(root: Path, name: str, build: Callable[[Path], None]) -> Path:
         return final
     from storage.atomic import atomic_directory
 
-    with atomic_directory(final, replace=False) as staging:
+    with atomic_directory(final, on_exists="keep") as staging:
         build(staging)
     logger.info("built %s", final)
     return final

@@ -1,6 +1,7 @@
 """Checkpoints on a real S3 server (SeaweedFS): save, incremental references, prune, load identical,
-partial saves ignored, the CLI on s3:// URLs, and a 2-rank FSDP run saved on S3, stopped and resumed
-bit-identically to a straight run."""
+partial saves ignored, the CLI on s3:// URLs, damage caught on S3 (list, verify, a recovery that
+falls back and quarantines), and a 2-rank FSDP run saved on S3, stopped and resumed bit-identically
+to a straight run."""
 
 from __future__ import annotations
 
@@ -54,6 +55,36 @@ def test_s3_round_trip_incremental_prune_and_cli(s3_server, s3_bucket, tmp_path,
     assert json.loads(capsys.readouterr().out)["latest"] == 3
     assert main(["checkpoint", "inspect", f"{manager.url}/step_3"]) == 0
     assert json.loads(capsys.readouterr().out)["parent"] == 2
+
+
+def test_s3_damage_is_caught_and_recovery_falls_back(s3_server, s3_bucket, monkeypatch, capsys):
+    url = f"s3://{s3_bucket}/damage"
+    manager = CheckpointManager(url, s3_server.storage_options(), "exp", "t0", SaverConfig(keep_last=5))
+    engine = ToyEngine(seed=0)
+    for step in (1, 2):
+        engine.train_step()
+        manager.save(step, {"actor": engine}, TrainerState(step=step), {"loss": 1.0}).wait()
+    storage = manager.layout.storage
+    index = json.loads(storage.read_text("step_2/dcp/index.json"))
+    record = next(i for i in index["items"] if i["fqn"] == "engines.actor.model.1.weight" and i["dir"] == "step_2")
+    data = bytearray(storage.read_bytes("step_2/dcp/rank-00000.distcp"))
+    data[record["pos"]] ^= 0xFF
+    storage.write_bytes("step_2/dcp/rank-00000.distcp", bytes(data))
+
+    _use_env(monkeypatch, s3_server)
+    assert main(["checkpoint", "list", manager.url, "--verify", "--json"]) == 0
+    statuses = {row["step"]: row["status"] for row in json.loads(capsys.readouterr().out)["checkpoints"]}
+    assert statuses == {1: "complete", 2: "corrupt"}
+    assert main(["checkpoint", "verify", manager.url]) == 2
+    err = capsys.readouterr().err
+    assert "engines.actor.model.1.weight" in err and f"s3://{s3_bucket}/damage" in err
+
+    fresh = ToyEngine(seed=99)
+    resumer = CheckpointManager(url, s3_server.storage_options(), "exp", "t0", SaverConfig(keep_last=5))
+    assert resumer.recover("auto", {"actor": fresh}).step == 1
+    assert [(i.step, i.status) for i in resumer.list()] == [(1, "complete"), (2, "quarantined")]
+    resumer.save(2, {"actor": fresh}, TrainerState(step=2), {"loss": 1.0}).wait()
+    assert [(i.step, i.status) for i in resumer.list(deep=True)] == [(1, "complete"), (2, "complete")]
 
 
 @pytest.mark.distributed

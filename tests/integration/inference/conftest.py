@@ -63,7 +63,7 @@ class ServerControl:
 
         state = read_safetensors_dir(self.model_path)
         target = self.workdir / f"weights-v{version}"
-        with atomic_directory(target) as staging:
+        with atomic_directory(target, on_exists="replace_owned") as staging:
             scaled = {k: (v * scale).to(v.dtype) if v.is_floating_point() else v for k, v in state.items()}
             write_safetensors_shards(
                 scaled, staging, max_shard_bytes=max(1, sum(t.nbytes for t in state.values()) // 2)

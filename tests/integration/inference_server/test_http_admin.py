@@ -86,7 +86,7 @@ def _write_weights(source: Path, target: Path) -> Path:
     from storage.atomic import atomic_directory
 
     state = read_safetensors_dir(source)
-    with atomic_directory(target) as staging:
+    with atomic_directory(target, on_exists="replace_owned") as staging:
         write_safetensors_shards(state, staging, max_shard_bytes=sum(t.nbytes for t in state.values()) // 2)
     return target
 

@@ -39,7 +39,7 @@ class VLLMSession:
         """Write ``model_dir``'s weights as the trainer does (sharded, atomic); return (dir, next version)."""
         version = self.version + 1
         target = self.workdir / f"weights-v{version}"
-        with atomic_directory(target) as staging:
+        with atomic_directory(target, on_exists="replace_owned") as staging:
             write_safetensors_shards(read_safetensors_dir(model_dir), staging, max_shard_bytes=SHARD_BYTES)
         return target, version
 

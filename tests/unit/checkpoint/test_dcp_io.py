@@ -9,9 +9,10 @@ from fractions import Fraction
 import pytest
 import torch
 
-from areal_tasks.checkpoint import dcp_io
+from areal_tasks.checkpoint import dcp_read
 from areal_tasks.checkpoint.dcp_index import ItemRecord
-from areal_tasks.checkpoint.dcp_io import StorageDCPReader, StorageDCPWriter, dcp_load, dcp_save
+from areal_tasks.checkpoint.dcp_io import StorageDCPWriter, dcp_save
+from areal_tasks.checkpoint.dcp_read import StorageDCPReader, dcp_load
 from areal_tasks.checkpoint.incremental import ParentIndex, references_of
 from areal_tasks.errors import CheckpointError
 from storage import Storage
@@ -95,7 +96,7 @@ def _rec(pos: int, length: int) -> ItemRecord:
 
 
 def test_reads_coalesce_nearby_items_up_to_a_span(monkeypatch):
-    monkeypatch.setattr(dcp_io, "MAX_READ_SPAN", 1000)
+    monkeypatch.setattr(dcp_read, "MAX_READ_SPAN", 1000)
     reqs = [(i, _rec(pos, n)) for i, (pos, n) in enumerate([(0, 100), (128, 100), (5000, 10), (5064, 900), (6000, 50)])]
-    spans = [(start, end, [i for i, _ in group]) for start, end, group in dcp_io._ranges(reqs)]
+    spans = [(start, end, [i for i, _ in group]) for start, end, group in dcp_read.read_spans(reqs)]
     assert spans == [(0, 228, [0, 1]), (5000, 5964, [2, 3]), (6000, 6050, [4])]

@@ -97,4 +97,4 @@ def test_cli_errors_are_one_line(saved, tmp_path, capsys):
     code, _, err = _cli(capsys, "checkpoint", "export", manager.url, "--hf", str(tmp_path / "x"), "--engine", "critic")
     assert code == 2 and "no engine 'critic'" in err
     code, _, err = _cli(capsys, "checkpoint", "list", f"file://{tmp_path}/nothing-here")
-    assert code == 0
+    assert code == 2 and "no checkpoints folder" in err, "a mistyped URL is an error, not an empty listing"

@@ -175,7 +175,7 @@ def test_retention_keeps_last_every_and_best(file_url, toy_engine, make_manager)
 
 
 def test_verified_load_detects_corruption(file_url, toy_engine, make_manager, tmp_path):
-    from areal_tasks.checkpoint.dcp_io import StorageDCPReader, dcp_load
+    from areal_tasks.checkpoint.dcp_read import StorageDCPReader, dcp_load
     from areal_tasks.checkpoint.state import sharded_state_dict
 
     engine = toy_engine()

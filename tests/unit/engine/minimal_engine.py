@@ -166,7 +166,7 @@ class MinimalEngine(ModuleCheckpointing, TrainEngine):
         tensors = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if self.model.config.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
-        write_hf_dir(path, tensors, self.model.config, source_dir=self.model_path)
+        write_hf_dir(path, tensors, self.model.config, source_dir=self.model_path, on_exists="replace_owned")
 
     def load(self, path: str, format: SaveFormat = "dcp", *, with_optimizer: bool = True) -> None:
         from areal_tasks.models.safetensors_dir import read_safetensors_dir
