@@ -15,6 +15,7 @@ aborted. ``/health`` answers 503 with the reason while the server cannot serve
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from http import HTTPStatus
@@ -96,8 +97,9 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
         return _error(str(exc))
 
     @app.exception_handler(InferenceError)
-    async def unavailable(_: Request, exc: InferenceError) -> JSONResponse:
+    async def unavailable(request: Request, exc: InferenceError) -> JSONResponse:
         # the server's own state (shutting down, engine stopped), not the request: try another server
+        logger.warning("%s %s answered 503: %s", request.method, request.url.path, exc, exc_info=exc)
         return _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
 
     @app.exception_handler(RequestValidationError)
@@ -140,6 +142,7 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "overlap_schedule": server.engine.overlap,
             "paused": stats.paused,
             "weight_update_groups": server.weights.groups,
+            "request_limits": dataclasses.asdict(server.limits),
             "version": "areal-embedded",
         }
 
