@@ -74,6 +74,20 @@ class InferenceRequestError(InferenceError):
     """A server refused a generation request (a 4xx answer or an abort carrying an error); not retried."""
 
 
+class InferenceLimitError(InferenceRequestError):
+    """A server refused a request by one of its limits: too large (HTTP 413), or not now because its
+    queue is full (HTTP 429 with ``Retry-After``: ``retry_after_s`` is set)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def status_code(self) -> int:
+        """413 (the request can never be served as it is) or 429 (try again after ``retry_after_s``)."""
+        return 413 if self.retry_after_s is None else 429
+
+
 class InferenceConnectionError(InferenceError):
     """A server could not be reached or broke the connection; the client retries elsewhere."""
 

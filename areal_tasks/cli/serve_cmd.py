@@ -17,6 +17,8 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -129,6 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_limit_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
 
@@ -177,6 +180,7 @@ def run_serve(args: argparse.Namespace) -> int:
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
         log_level=args.log_level,
+        limits=limits_from_args(args),
     )
     run_server(cfg)
     return 0

@@ -7,6 +7,8 @@ One request (:meth:`RemoteInferenceEngine.agenerate`) is a loop of *attempts*:
 3. send ``prompt + tokens so far`` with the budget left, under the concurrency cap and the request
    timeout; on a connection error, timeout or 408/429/5xx, back off exponentially and try again
    (elsewhere: the failed server is avoided, a refusing one is marked dead) until ``max_retries``;
+   a 429 with ``Retry-After`` (a full queue) goes to another server at once if one is left to try,
+   else waits that long, and spends no retry while the request timeout lasts (``retry.py``);
 4. append the returned tokens, each tagged with the version the server reports for it or else the
    version in effect when the answer arrived (see ``versions.py``);
 5. stop on ``stop``/``length``; on an ``abort`` (a pause) resubmit, which waits for resume.
@@ -56,7 +58,7 @@ from areal_tasks.inference.client.balance import ServerPool, ServerState
 from areal_tasks.inference.client.config import ClientConfig
 from areal_tasks.inference.client.control import fan_out, probe_all
 from areal_tasks.inference.client.protocol import GenerateInput, GenerateOutput, ProtocolAdapter
-from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status
+from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status, overload_wait
 from areal_tasks.inference.client.transport import HttpTransport, may_have_reached_server
 from areal_tasks.inference.client.versions import VersionTimeline
 from areal_tasks.inference.client.weights import WeightSync
@@ -422,7 +424,10 @@ class RemoteInferenceEngine(InferenceEngine):
         """Send one piece until a server answers it; returns the piece and the next attempt number."""
         failures: list[str] = []
         tried: set[str] = set()
-        for retry in range(self.config.max_retries + 1):
+        retries = waits = 0
+        # full queues (429 + Retry-After) are waited out without spending retries until then
+        overload_deadline = time.monotonic() + self.config.request_timeout_s
+        while True:
             await self._wait_resumed(progress)
             server = self._pool.choose(affinity=progress.server or None, avoid=tried)
             inp = GenerateInput(f"{rid}-{attempt:04d}", input_ids, sampling)
@@ -435,22 +440,44 @@ class RemoteInferenceEngine(InferenceEngine):
                 self._pool.mark_dead(server)
                 failures.append(f"{server}: {exc}")
             except _RetryableStatus as exc:
+                tried.add(server)
+                wait = self._overload_wait(exc.retry_after_s, tried, overload_deadline)
+                if wait is not None:
+                    waits += 1
+                    progress.server = ""
+                    logger.info("request %s: %s; trying again in %.1fs (no retry spent)", rid, exc, wait)
+                    if wait > 0:
+                        await self._sleep(wait)
+                    continue
                 failures.append(f"{server}: {exc}")
             else:
                 self._pool.mark_ok(server)
                 return piece, attempt
             tried.add(server)
             progress.server = ""  # affinity is void once its server failed
-            if retry < self.config.max_retries:
-                delay = self._retry.delay(retry, self._rng)
-                logger.warning(
-                    "request %s: %s; retry %d/%d in %.2fs", rid, failures[-1], retry + 1, self.config.max_retries, delay
-                )
-                await self._sleep(delay)
+            if retries >= self.config.max_retries:
+                break
+            delay = self._retry.delay(retries, self._rng)
+            retries += 1
+            logger.warning(
+                "request %s: %s; retry %d/%d in %.2fs", rid, failures[-1], retries, self.config.max_retries, delay
+            )
+            await self._sleep(delay)
+        waited = f" (and waited out {waits} full queues)" if waits else ""
         raise InferenceRetriesExhaustedError(
-            f"request {rid} failed {len(failures)} times "
+            f"request {rid} failed {len(failures)} times{waited} "
             f"(max_retries={self.config.max_retries}): " + "; ".join(failures)
         )
+
+    def _overload_wait(self, retry_after_s: float | None, tried: set[str], deadline: float) -> float | None:
+        """How long to wait before the next attempt after a 429 with ``Retry-After``, spending no
+        retry: 0 when a live server is left untried, else the server's ``Retry-After``; None (a
+        counted failure) without one, or when the wait would pass the request timeout."""
+        if retry_after_s is None:
+            return None
+        if any(a not in tried and self._pool.is_alive(a) for a in self._pool.addresses):
+            return 0.0
+        return overload_wait(retry_after_s, deadline - time.monotonic())
 
     async def _send(self, server: str, inp: GenerateInput) -> _Piece:
         call = self.adapter.generate(inp)
@@ -458,7 +485,7 @@ class RemoteInferenceEngine(InferenceEngine):
             self._pool.acquire(server)
             sent_at = time.monotonic()
             try:
-                status, payload = await self._transport.send(server, call, self.config.request_timeout_s)
+                answer = await self._transport.exchange(server, call, self.config.request_timeout_s)
             except asyncio.CancelledError:
                 self._abandon(server, inp.rid, "cancelled by the caller")
                 raise
@@ -469,9 +496,11 @@ class RemoteInferenceEngine(InferenceEngine):
             finally:
                 self._pool.release(server)
         answered_at = time.monotonic()
+        status, payload = answer.status, answer.payload
         if status != 200:
             if is_retryable_status(status):
-                raise _RetryableStatus(f"HTTP {status}: {str(payload)[:300]}")
+                retry_after = answer.retry_after_s if status == 429 else None
+                raise _RetryableStatus(f"HTTP {status}: {str(payload)[:300]}", retry_after)
             raise InferenceRequestError(
                 f"request {inp.rid}: server {server} refused it with HTTP {status}: {str(payload)[:500]}"
             )
@@ -521,4 +550,9 @@ class RemoteInferenceEngine(InferenceEngine):
 
 
 class _RetryableStatus(InferenceError):
-    """A server answered a status worth retrying (internal to the core)."""
+    """A server answered a status worth retrying (internal to the core); ``retry_after_s``: the
+    ``Retry-After`` of a 429."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

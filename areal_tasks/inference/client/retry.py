@@ -1,4 +1,10 @@
-"""Retry policy of generate attempts: which failures are retried and how long to wait in between."""
+"""Retry policy of generate attempts: which failures are retried and how long to wait in between.
+
+A 429 that says when to come back (``Retry-After``: the server's queue is full) is not a failure
+of the request: the core waits that long (at most :data:`MAX_RETRY_AFTER_S` at a time) and tries
+again without spending one of ``max_retries``, for as long as the request timeout lasts
+(:func:`overload_wait`); past it, a 429 counts like any other retryable status.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,10 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RetryPolicy", "is_retryable_status"]
+__all__ = ["MAX_RETRY_AFTER_S", "RetryPolicy", "is_retryable_status", "overload_wait"]
+
+#: the longest one ``Retry-After`` wait honoured (a server may ask for more; it is asked again then).
+MAX_RETRY_AFTER_S = 30.0
 
 
 def is_retryable_status(status: int) -> bool:
@@ -32,3 +41,13 @@ class RetryPolicy:
             return base
         spread = (rng or random).uniform(-self.jitter, self.jitter)
         return base * (1.0 + spread)
+
+
+def overload_wait(retry_after_s: float | None, remaining_s: float) -> float | None:
+    """Seconds to wait before trying again after a 429 without spending a retry: its
+    ``Retry-After`` (capped at :data:`MAX_RETRY_AFTER_S`); None when it gave none or the wait would
+    not end within ``remaining_s`` (the request's time for waiting out full queues)."""
+    if retry_after_s is None:
+        return None
+    wait = min(max(retry_after_s, 0.0), MAX_RETRY_AFTER_S)
+    return wait if wait <= remaining_s else None

@@ -20,18 +20,24 @@ to :data:`ADMIN_PATHS` (pause/resume, weight updates, aborts) carry the admin ke
 else the API key (the rule of SGLang and the embedded server, see ``server/auth.py``). A 401/403
 answer comes back with a payload that says which key was sent (or that none was) and which setting
 to fix; the keys themselves are never logged nor put in a message.
+
+A ``Retry-After`` header (a 429 from a server whose queue is full) comes back with the answer of
+:meth:`HttpTransport.exchange` as seconds (:func:`retry_after_s`), so the core can wait that long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import itertools
 import logging
 import math
 import ssl
+import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -42,7 +48,15 @@ from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ADMIN_PATHS", "HttpTransport", "choose_key", "may_have_reached_server", "refusal_message"]
+__all__ = [
+    "ADMIN_PATHS",
+    "Answer",
+    "HttpTransport",
+    "choose_key",
+    "may_have_reached_server",
+    "refusal_message",
+    "retry_after_s",
+]
 
 #: seconds an idle pooled connection is kept: below the servers' keep-alive timeouts (uvicorn's
 #: default is 5 s; the embedded server keeps 75 s).
@@ -65,6 +79,32 @@ def _decode(response: httpx.Response) -> Any:
         except ValueError:
             logger.warning("%s answered invalid JSON; keeping the text", response.request.url)
     return response.text
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds of a ``Retry-After`` header (delta-seconds or an HTTP date; None when absent or invalid)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            logger.warning("ignoring an invalid Retry-After header %r", value[:60])
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A server's answer: status, decoded payload, and ``Retry-After`` in seconds when it sent one."""
+
+    status: int
+    payload: Any
+    retry_after_s: float | None = None
 
 
 #: paths of admin calls: SGLang's ``ADMIN_OPTIONAL`` endpoints (the embedded server's
@@ -181,6 +221,11 @@ class HttpTransport:
 
     async def send(self, address: str, call: HttpCall, timeout_s: float) -> tuple[int, Any]:
         """Execute ``call`` on the server at ``address`` (a base URL); returns ``(status, payload)``."""
+        answer = await self.exchange(address, call, timeout_s)
+        return answer.status, answer.payload
+
+    async def exchange(self, address: str, call: HttpCall, timeout_s: float) -> Answer:
+        """:meth:`send`, with the ``Retry-After`` of the answer."""
         timeout = httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s))
         sent, key = choose_key(call.path, self._api_key, self._admin_api_key)
         headers = {"Authorization": f"Bearer {key}"} if key is not None else None
@@ -201,8 +246,8 @@ class HttpTransport:
             raise InferenceConnectionError(f"{address}{call.path}: {type(exc).__name__}: {exc}") from exc
         if response.status_code in (401, 403):
             # the caller turns the status into its error; this says which key to fix
-            return response.status_code, refusal_message(call.path, sent)
-        return response.status_code, _decode(response)
+            return Answer(response.status_code, refusal_message(call.path, sent))
+        return Answer(response.status_code, _decode(response), retry_after_s(response.headers.get("retry-after")))
 
     async def aclose(self) -> None:
         """Close the connections of the running event loop."""

@@ -11,6 +11,10 @@ take a key only as ``--api-key KEY`` (vLLM also as ``$VLLM_API_KEY``), run under
 :mod:`.with_keys`, which adds the key inside the server process. The variables reach the servers
 because the Scheduler passes its environment on (the LocalScheduler does).
 
+Request limits: the embedded server refuses what passes its limits (``--max-queued-sequences``:
+429, ``--max-n``: 413; ``inference/server/limits.py``). A job's servers get limits above anything
+its rollout can send (:func:`job_queue_bound`), so training never meets them.
+
 Torch-free.
 """
 
@@ -29,7 +33,26 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ServerArgs", "ServerCommand", "ServerLayout", "build_server_command", "server_args", "server_layout"]
+__all__ = [
+    "ServerArgs",
+    "ServerCommand",
+    "ServerLayout",
+    "build_server_command",
+    "job_queue_bound",
+    "server_args",
+    "server_layout",
+]
+
+#: ``areal serve``'s own defaults, below which a job never sets its servers' limits.
+SERVER_DEFAULT_QUEUE, SERVER_DEFAULT_MAX_N = 256, 64
+
+
+def job_queue_bound(max_concurrent_rollouts: int) -> int:
+    """The embedded server's ``--max-queued-sequences`` for a job: every attempt the rollout has in
+    flight may land on one server (the others down or restarting), the evaluation's as many again
+    (its own event loop, its own cap), and attempts abandoned by a timeout stay queued until their
+    abort arrives: four times the cap covers them all, and never less than the server's default."""
+    return max(SERVER_DEFAULT_QUEUE, 4 * max_concurrent_rollouts)
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,10 @@ class ServerArgs:
     #: names of the environment variables holding the API key and the admin API key (None = none).
     api_key_env: str | None = None
     admin_api_key_env: str | None = None
+    #: what the rollout can send a server: requests in flight at once (rollout.max_concurrent_rollouts)
+    #: and samples per prompt (rollout.group_size); the embedded server's limits are sized above them.
+    max_concurrent_requests: int = 0
+    samples_per_prompt: int = 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,8 @@ def server_args(
         extra_args=tuple(server.extra_args),
         api_key_env=server.api_key_env,
         admin_api_key_env=server.admin_api_key_env,
+        max_concurrent_requests=cfg.rollout.max_concurrent_rollouts,
+        samples_per_prompt=cfg.rollout.group_size,
     )
 
 
@@ -217,6 +246,9 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
         # the server reads the keys from these variables: only the names are on the command line
         "--api-key-env": a.api_key_env,
         "--admin-api-key-env": a.admin_api_key_env,
+        # limits above what the rollout sends (extra_args come later, so a user's own value wins)
+        "--max-queued-sequences": job_queue_bound(a.max_concurrent_requests),
+        "--max-n": max(SERVER_DEFAULT_MAX_N, a.samples_per_prompt),
     }
     return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
 

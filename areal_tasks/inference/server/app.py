@@ -5,11 +5,19 @@ a request that fails inside the engine answers with the abort's status code. Adm
 ``{"success", "message"}`` with 200 or 400 like SGLang; ``/pause_generation`` and
 ``/continue_generation`` answer ``{"message", "status": "ok"}``. OpenAI routes live in
 ``openai_routes.py``; ``/metrics`` and API-key checks in ``metrics.py`` and ``auth.py``.
+
+Refusals: a body, prompt or request past the server's limits answers 413, a full queue 429 with
+``Retry-After`` (``limits.py``, ``body_limit.py``); a body of the wrong shape or types 400 naming
+the field (bodies are strict: nothing is converted). A generation whose client disconnects is
+aborted. ``/health`` answers 503 with the reason while the server cannot serve
+(``EmbeddedServer.health_problem``), never for a pause.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from http import HTTPStatus
 from typing import Any
 
@@ -17,9 +25,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from areal_tasks.errors import InferenceRequestError
+from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
 from areal_tasks.inference.server.auth import ApiKeyMiddleware
+from areal_tasks.inference.server.body_limit import BodyLimitMiddleware, BodyTooLargeError
+from areal_tasks.inference.server.disconnect import while_connected
+from areal_tasks.inference.server.limits import check_prompt_chars, check_request_size
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
 from areal_tasks.inference.server.protocol import (
@@ -42,37 +53,71 @@ from areal_tasks.inference.server.service import EmbeddedServer
 
 logger = logging.getLogger(__name__)
 
+#: validation problems quoted in a 400 at most.
+_MAX_PROBLEMS = 5
+
 
 def _result(success: bool, message: str, **extra: Any) -> JSONResponse:
     status = HTTPStatus.OK if success else HTTPStatus.BAD_REQUEST
     return JSONResponse({"success": success, "message": message, **extra}, status_code=status)
 
 
-def _error(message: str, status: int = HTTPStatus.BAD_REQUEST) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+def _error(message: str, status: int = HTTPStatus.BAD_REQUEST, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status, headers=headers)
+
+
+def validation_message(errors: list[Any]) -> str:
+    """A 400's message for pydantic ``errors``: each problem's field path and what is wrong, never
+    the value (a body may be megabytes)."""
+    problems = []
+    for error in errors[:_MAX_PROBLEMS]:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        problems.append(f"{'.'.join(loc) or 'body'}: {error.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - _MAX_PROBLEMS} more)" if len(errors) > _MAX_PROBLEMS else ""
+    return "invalid request body: " + "; ".join(problems) + more
 
 
 def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``server``."""
     app = FastAPI(title="areal embedded inference server")
     app.state.server = server
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=server.limits.max_body_bytes)
     if api_key or admin_api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_api_key=admin_api_key)
     app.include_router(openai_router())
+
+    @app.exception_handler(InferenceLimitError)
+    async def over_limit(_: Request, exc: InferenceLimitError) -> JSONResponse:
+        retry = exc.retry_after_s
+        headers = None if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
+        return _error(str(exc), exc.status_code, headers)
 
     @app.exception_handler(InferenceRequestError)
     async def bad_request(_: Request, exc: InferenceRequestError) -> JSONResponse:
         return _error(str(exc))
 
+    @app.exception_handler(InferenceError)
+    async def unavailable(request: Request, exc: InferenceError) -> JSONResponse:
+        # the server's own state (shutting down, engine stopped), not the request: try another server
+        logger.warning("%s %s answered 503: %s", request.method, request.url.path, exc, exc_info=exc)
+        return _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(f"invalid request body: {exc.errors()}")
+        return _error(validation_message(list(exc.errors())))
+
+    @app.exception_handler(BodyTooLargeError)
+    async def body_too_large(_: Request, exc: BodyTooLargeError) -> JSONResponse:
+        return _error(exc.detail, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
 
     @app.get("/health")
     @app.get("/health_generate")
     @app.get("/ready")
     async def health() -> Response:
-        return Response(status_code=200 if server.engine.alive else 503)
+        problem = server.health_problem()
+        if problem is not None:
+            return _error(problem, HTTPStatus.SERVICE_UNAVAILABLE)
+        return Response(status_code=200)
 
     @app.get("/get_model_info")
     @app.get("/model_info")
@@ -97,12 +142,25 @@ def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key
             "overlap_schedule": server.engine.overlap,
             "paused": stats.paused,
             "weight_update_groups": server.weights.groups,
+            "request_limits": dataclasses.asdict(server.limits),
             "version": "areal-embedded",
         }
 
+    async def split(req: GenerateReqInput) -> tuple[list[dict[str, Any]], bool]:
+        """``split_generate``, with text measured first and tokenised on the tokenize lane."""
+        if req.text is None:
+            return split_generate(req, server.tokenizer.encode)
+        texts = [req.text] if isinstance(req.text, str) else req.text
+        check_request_size(server.limits, [1] * len(texts))
+        check_prompt_chars(server.limits, texts)
+        return await server.off_loop(split_generate, req, server.tokenizer.encode, what="tokenizing the prompt")
+
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(req: GenerateReqInput) -> Response:
-        items, is_batch = split_generate(req, server.tokenizer.encode)
+    async def generate(req: GenerateReqInput, request: Request) -> Response:
+        return await while_connected(request, _generate(req))
+
+    async def _generate(req: GenerateReqInput) -> Response:
+        items, is_batch = await split(req)
         seqs = await server.generate_sequences(items)
         failed = [s for s in seqs if (s.finish_reason or {}).get("status_code")]
         if failed:

@@ -29,6 +29,15 @@ Pause modes follow SGLang:
 ``abort``; ``in_place`` freezes running sequences with their KV; ``retract`` frees their KV and puts
 them back at the head of the queue, to be prefilled again (prompt + output so far) on continue.
 New requests wait in the queue while paused.
+
+**Admission** (:meth:`Engine.submit`) is where every route's sequences enter, so the queue bound
+is kept there: with :meth:`Engine.limit_queue` set, a request that would take the sequences
+running, waiting and held past it is refused with :class:`~areal_tasks.errors.InferenceLimitError`
+carrying a ``Retry-After`` estimated from the recent finish rate. **Aborts** name a request
+exactly: its rid, which also stops the ``<rid>_<j>`` samples of an ``n > 1`` request (and the
+``<rid>_<i>`` prompts of a batch), never another request whose rid merely starts with it.
+A **heartbeat** (:meth:`Engine.stalled_s`) tells ``/health`` how long the loop has been inside one
+iteration while it had work.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +54,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from areal_tasks.errors import InferenceError, InferenceRequestError
+from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller, release_slot
 from areal_tasks.inference.server.readback import InflightStep, ReadbackBuffer
@@ -55,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 #: an engine iteration (prefill plus one decode step) at least this long is logged with its sizes.
 SLOW_ITERATION_S = 0.25
+#: Retry-After of a refusal by the queue bound: sequences over the bound / recent finish rate,
+#: within these seconds (the default when nothing finished lately, e.g. while paused).
+RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S, RETRY_AFTER_DEFAULT_S = 1.0, 30.0, 5.0
 
 T = TypeVar("T")
 PauseMode = Literal["abort", "retract", "in_place"]
@@ -90,6 +104,10 @@ class Engine:
         self._held: list[Sequence] = []
         #: sequences popped from the queue and being prefilled (counted as in flight).
         self._admitting = 0
+        #: the queue bound of :meth:`submit` (None: unbounded).
+        self.max_queued: int | None = None
+        #: when the iteration in progress started (None while the loop waits for work).
+        self._beat: float | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = EngineCounters()
@@ -117,8 +135,22 @@ class Engine:
             if self._thread.is_alive():
                 raise InferenceError(f"engine loop did not stop within {timeout} s")
 
+    def limit_queue(self, max_queued: int | None) -> None:
+        """Bound the sequences running, waiting and held together (see the module doc)."""
+        if max_queued is not None and max_queued < 1:
+            raise InferenceError(f"max_queued must be >= 1, got {max_queued}")
+        self.max_queued = max_queued
+
+    def stalled_s(self) -> float:
+        """Seconds the loop has spent in its current iteration (0 while it waits for work)."""
+        beat = self._beat
+        return 0.0 if beat is None else time.monotonic() - beat
+
     def submit(self, seqs: list[Sequence]) -> None:
-        """Queue sequences for generation; each one's ``on_finish`` runs in the engine thread."""
+        """Queue sequences for generation; each one's ``on_finish`` runs in the engine thread.
+
+        Raises :class:`InferenceLimitError` (with ``retry_after_s``) when the queue bound leaves no
+        room for all of them; none is queued then."""
         for seq in seqs:
             check_prompt(seq, self.runner.max_len, self.runner.vocab_size)
             self.finisher.prepare(seq)
@@ -127,8 +159,26 @@ class Engine:
         with self._cond:
             if self._stop:
                 raise InferenceError("engine is shut down")
+            if self.max_queued is not None:
+                queued = self._queued()
+                if queued + len(seqs) > self.max_queued:
+                    raise InferenceLimitError(
+                        f"the server's queue is full ({queued} of {self.max_queued} sequences queued or "
+                        f"running; this request adds {len(seqs)}): try again later",
+                        retry_after_s=self._retry_after_s(queued + len(seqs) - self.max_queued),
+                    )
             (self._held if self._gated else self._waiting).extend(seqs)
             self._cond.notify_all()
+
+    def _queued(self) -> int:
+        """Sequences running, draining, being admitted, waiting or held (call with the lock held)."""
+        return len(self._running) + len(self._draining) + self._admitting + len(self._waiting) + len(self._held)
+
+    def _retry_after_s(self, excess: int) -> float:
+        """Seconds until ``excess`` sequences have likely finished, at the recent finish rate."""
+        rate = self.counters.finish_rate()
+        wait = excess / rate if rate > 0 else RETRY_AFTER_DEFAULT_S
+        return float(min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(wait))))
 
     def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` in the engine thread between two steps; the future carries its result or error."""
@@ -197,17 +247,30 @@ class Engine:
         return len(victims)
 
     def abort_rid(self, rid: str) -> int:
-        """Abort the sequences whose rid is ``rid`` or starts with it (SGLang's prefix rule, which
-        catches the ``rid_<j>`` samples of an ``n > 1`` request)."""
+        """Abort the request ``rid``: the sequence of that rid and the ``<rid>_<j>`` samples (and
+        ``<rid>_<i>_<j>`` prompts' samples of a batch) it was split into; nothing for ``""``. Not
+        SGLang's bare prefix rule: ``/abort_request {}`` must not stop every other client's work."""
+        if not rid:
+            return 0
+        split = re.compile(re.escape(rid) + r"(?:_\d+)+")
+        return self.abort_where(
+            lambda s: s.rid == rid or split.fullmatch(s.rid) is not None, "aborted by abort_request"
+        )
+
+    def abort_where(self, hit: Callable[[Sequence], bool], message: str) -> int:
+        """Abort the running, waiting and held sequences for which ``hit`` is true, with their
+        partial output (run inside the loop, through :meth:`call`)."""
         with self._cond:
-            hit_waiting = [s for s in self._waiting if s.rid.startswith(rid)]
-            for seq in hit_waiting:
-                self._waiting.remove(seq)
-        hit_running = [s for s in self._running if s.rid.startswith(rid)]
-        self._running = [s for s in self._running if not s.rid.startswith(rid)]
-        for seq in hit_running + hit_waiting:
-            self._finish(seq, finish_abort("aborted by abort_request"))
-        return len(hit_running) + len(hit_waiting)
+            victims = [s for s in self._waiting if hit(s)] + [s for s in self._held if hit(s)]
+            if victims:
+                self._waiting = collections.deque(s for s in self._waiting if not hit(s))
+                self._held = [s for s in self._held if not hit(s)]
+        running = [s for s in self._running if hit(s)]
+        if running:
+            self._running = [s for s in self._running if not hit(s)]
+        for seq in running + victims:
+            self._finish(seq, finish_abort(message))
+        return len(running) + len(victims)
 
     def weights_changed(self, new_version: str | None) -> None:
         """Call after the model's weights changed: prompts prefilled under the old weights are no
@@ -268,8 +331,11 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._has_work():
-                    self._cond.wait()
+                if not self._has_work():
+                    self._beat = None
+                    while not self._has_work():
+                        self._cond.wait()
+                self._beat = time.monotonic()
                 stopping = self._stop
                 controls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
                 if not stopping:  # on stop they stay queued and are refused below

@@ -1,8 +1,12 @@
 """OpenAI-compatible ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (non-streaming).
 
 Chat requests are rendered with the tokenizer's chat template: ``messages``, ``tools`` (omitted when
-``tool_choice`` is ``"none"``, as SGLang does), ``add_generation_prompt`` and any
-``chat_template_kwargs``. Sampling fields map onto SGLang's ``sampling_params`` (``max_tokens`` ->
+``tool_choice`` is ``"none"``, as SGLang does), ``add_generation_prompt`` and the
+``chat_template_kwargs`` the server allows (``limits.py``: booleans, integers or short strings
+under allowed names; never a template of the caller's). Rendering and tokenising run on the
+server's tokenize lane within its time limit, after the text was measured against the context.
+Bodies are strict like the native ones (``protocol.py``): a value of the wrong type is a 400.
+Sampling fields map onto SGLang's ``sampling_params`` (``max_tokens`` ->
 ``max_new_tokens``, ``seed`` -> ``sampling_seed``; SGLang's extensions ``top_k``, ``min_p``,
 ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim`` are accepted too).
 Every answer carries ``usage`` (prompt, completion, total tokens; for ``n > 1`` the prompt counts
@@ -18,12 +22,19 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.server.disconnect import while_connected
+from areal_tasks.inference.server.limits import (
+    MAX_TEMPLATE_STRING_CHARS,
+    check_chat_template_kwargs,
+    check_prompt_chars,
+    check_request_size,
+)
 from areal_tasks.inference.server.request import Sequence
 
 logger = logging.getLogger(__name__)
@@ -32,8 +43,12 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 TOOL_CALL_PARSERS = ("qwen25",)
 
 
+#: the value of one allowed chat-template argument.
+TemplateValue = bool | int | Annotated[str, StringConstraints(max_length=MAX_TEMPLATE_STRING_CHARS)]
+
+
 class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -86,7 +101,7 @@ class ChatCompletionRequest(_OpenAIBody):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, TemplateValue] | None = None
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -129,6 +144,17 @@ def _usage(seqs: list[Sequence], prompts: list[list[int]]) -> dict[str, int]:
     prompt_tokens = sum(len(p) for p in prompts)
     completion = sum(len(s.output_ids) for s in seqs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside ``value`` (nested dicts and lists), to measure a chat before rendering it."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
@@ -180,11 +206,19 @@ def openai_router() -> APIRouter:
         }
 
     @router.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
-        server = request.app.state.server
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await while_connected(request, _completions(req, request.app.state.server))
+
+    async def _completions(req: CompletionRequest, server: Any) -> dict[str, Any]:
         if req.echo:
             raise InferenceRequestError("echo=true is not supported by the embedded server")
-        prompts = _prompts(req.prompt, server.tokenizer)
+        texts = _strings(req.prompt)
+        if texts:
+            check_request_size(server.limits, [1] * len(texts))
+            check_prompt_chars(server.limits, texts)
+            prompts = await server.off_loop(_prompts, req.prompt, server.tokenizer, what="tokenizing the prompt")
+        else:
+            prompts = _prompts(req.prompt, server.tokenizer)
         params = req.sampling_params(req.max_tokens if req.max_tokens is not None else 16)
         items = [
             {
@@ -229,11 +263,16 @@ def openai_router() -> APIRouter:
         }
 
     @router.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> dict[str, Any]:
-        server = request.app.state.server
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
+        return await while_connected(request, _chat_completions(req, request.app.state.server))
+
+    async def _chat_completions(req: ChatCompletionRequest, server: Any) -> dict[str, Any]:
         if req.top_logprobs:
             raise InferenceRequestError("top_logprobs > 0 is not supported by the embedded server")
-        prompt = render_chat(req, server.tokenizer)
+        check_chat_template_kwargs(server.limits, req.chat_template_kwargs)
+        # the rendering holds every message and tool: longer text than the context holds cannot fit
+        check_prompt_chars(server.limits, ["".join(_strings([req.messages, req.tools or []]))], "chat")
+        prompt = await server.off_loop(render_chat, req, server.tokenizer, what="rendering the chat")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = req.sampling_params(max_tokens)
         items = [

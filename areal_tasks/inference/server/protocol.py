@@ -4,6 +4,9 @@ Request bodies follow ``sglang/srt/managers/io_struct.py`` (and the ``sglang.api
 contract): unknown top-level keys of ``/generate`` are ignored like SGLang does, unknown
 ``sampling_params`` keys are rejected, and fields this server cannot honour (images, LoRA,
 top-logprobs, hidden states, grammars...) are refused when set instead of silently ignored.
+Bodies are strict: values must have their JSON type already (a string is not a number, ``true`` is
+not a token id, an integer is accepted for a float); a wrong one is a 400 naming the field, never
+converted and never a 500.
 :func:`generate_response` builds SGLang's ``/generate`` answer: ``text``, ``output_ids`` and
 ``meta_info`` (``id``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
 ``cached_tokens``, ``weight_version``, ``e2e_latency``; with ``return_logprob`` the
@@ -38,9 +41,10 @@ _REFUSED_GENERATE_FIELDS: dict[str, Any] = {
 
 
 class _Body(BaseModel):
-    """SGLang request bodies ignore keys they do not know (msgspec ``kw_only`` structs with defaults)."""
+    """SGLang request bodies ignore keys they do not know (msgspec ``kw_only`` structs with defaults);
+    the values of the keys they know are strictly typed (see the module doc)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class GenerateReqInput(_Body):
@@ -205,8 +209,8 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
             "input_ids": prompts[i],
             "sampling_params": params[i] or {},
             "rid": rids[i],
-            "return_logprob": bool(logprob[i]),
-            "logprob_start_len": -1 if start[i] is None else int(start[i]),
+            "return_logprob": bool(logprob[i]),  # None: False
+            "logprob_start_len": -1 if start[i] is None else start[i],
         }
         for i in range(count)
     ]

@@ -5,6 +5,9 @@ the same names, defaults and checks for the parameters this server implements (m
 stop, stop_token_ids, temperature, top_p, top_k, min_p, ignore_eos, n, sampling_seed,
 skip_special_tokens, no_stop_trim...). A parameter SGLang knows but this server cannot honour
 (penalties, grammars, logit_bias...) is refused when set to a non-default value, never ignored.
+Values are taken as JSON gives them, never converted: a number where a number belongs (an integer
+is a number; a boolean is not), an integer where an integer belongs, a string or a list of strings
+for ``stop``; anything else is refused with a message naming the parameter.
 
 :func:`sample` handles a whole batch at once: greedy rows take the argmax; the other rows are
 scaled by their temperature, filtered by top-k, top-p and min-p exactly like SGLang's torch
@@ -52,6 +55,49 @@ _SUPPORTED_DEFAULTS: dict[str, Any] = {
 }
 #: SGLang's "whole vocabulary" top_k (its schema default) besides -1.
 TOP_K_ALL = 1 << 30
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A float, or an integer a float can hold (``float()`` of a larger one would raise)."""
+    return isinstance(value, float) or (_is_int(value) and abs(value) < 2**1000)
+
+
+#: the JSON type of every supported parameter (None always means "the default"): what it must be, and the test.
+_WIRE_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "max_new_tokens": ("an integer", _is_int),
+    "stop": (
+        "a string or a list of strings",
+        lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+    ),
+    # null entries are skipped, as before (SGLang keeps them in its set, where they match nothing)
+    "stop_token_ids": (
+        "a list of integers",
+        lambda v: isinstance(v, list) and all(t is None or _is_int(t) for t in v),
+    ),
+    "temperature": ("a number", _is_number),
+    "top_p": ("a number", _is_number),
+    "top_k": ("an integer", _is_int),
+    "min_p": ("a number", _is_number),
+    "n": ("an integer", _is_int),
+    "ignore_eos": ("a boolean", lambda v: isinstance(v, bool)),
+    "skip_special_tokens": ("a boolean", lambda v: isinstance(v, bool)),
+    "spaces_between_special_tokens": ("a boolean", lambda v: isinstance(v, bool)),
+    "no_stop_trim": ("a boolean", lambda v: isinstance(v, bool)),
+    "sampling_seed": ("an integer", _is_int),
+    "stream_interval": ("an integer", _is_int),
+}
+
+
+def _shown(value: Any) -> str:
+    """A short repr of a refused value (a body may be large; the message stays small)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 #: SGLang parameters this server does not implement: accepted only at their default value.
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "frequency_penalty": 0.0,
@@ -103,6 +149,8 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
         """Parse and validate SGLang ``sampling_params``; raises :class:`InferenceRequestError`."""
+        if raw is not None and not isinstance(raw, dict):
+            raise InferenceRequestError(f"sampling_params must be an object, got {_shown(raw)}")
         raw = dict(raw or {})
         unknown = sorted(set(raw) - set(_SUPPORTED_DEFAULTS) - set(_UNSUPPORTED_DEFAULTS))
         if unknown:
@@ -112,23 +160,29 @@ class SamplingParams:
         )
         if refused:
             raise InferenceRequestError(f"sampling_params: {refused} are not supported by the embedded server")
+        wrong = [
+            f"{k} must be {kind}, got {_shown(raw[k])}"
+            for k, (kind, ok) in _WIRE_TYPES.items()
+            if raw.get(k) is not None and not ok(raw[k])
+        ]
+        if wrong:
+            raise InferenceRequestError("sampling_params: " + "; ".join(wrong))
         values = {k: (raw[k] if raw.get(k) is not None else d) for k, d in _SUPPORTED_DEFAULTS.items()}
         stop = values["stop"] or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
         params = cls(
             max_new_tokens=values["max_new_tokens"],
             temperature=float(values["temperature"]),
             top_p=float(values["top_p"]),
-            top_k=-1 if int(values["top_k"]) >= TOP_K_ALL else int(values["top_k"]),
+            top_k=-1 if values["top_k"] >= TOP_K_ALL else values["top_k"],
             min_p=float(values["min_p"]),
-            stop=stop,
-            stop_token_ids=frozenset(int(t) for t in (values["stop_token_ids"] or ()) if t is not None),
-            ignore_eos=bool(values["ignore_eos"]),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            stop_token_ids=frozenset(t for t in values["stop_token_ids"] or () if t is not None),
+            ignore_eos=values["ignore_eos"],
             n=values["n"],
             sampling_seed=values["sampling_seed"],
-            skip_special_tokens=bool(values["skip_special_tokens"]),
-            spaces_between_special_tokens=bool(values["spaces_between_special_tokens"]),
-            no_stop_trim=bool(values["no_stop_trim"]),
+            skip_special_tokens=values["skip_special_tokens"],
+            spaces_between_special_tokens=values["spaces_between_special_tokens"],
+            no_stop_trim=values["no_stop_trim"],
         )
         params.validate()
         return params

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from areal_tasks.errors import InferenceError
+from areal_tasks.inference.server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class ServerConfig:
     #: CPU intra-op threads for torch; None keeps torch's default.
     num_threads: int | None = None
     log_level: str = "info"
+    #: what one request may ask (``limits.py``: n, prompts, queue, body, prompt text, tokenizing time).
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         from areal_tasks.inference.server.openai_routes import TOOL_CALL_PARSERS
@@ -102,7 +105,7 @@ def build_app(cfg: ServerConfig) -> Any:
         overlap=cfg.overlap_schedule,
     )
     name = cfg.served_model_name or Path(cfg.model_path).name
-    server = EmbeddedServer(engine, cfg.model_path, name, tool_call_parser=cfg.tool_call_parser)
+    server = EmbeddedServer(engine, cfg.model_path, name, tool_call_parser=cfg.tool_call_parser, limits=cfg.limits)
     app = create_app(server, api_key=cfg.api_key, admin_api_key=cfg.admin_api_key)
 
     @contextlib.asynccontextmanager
@@ -112,7 +115,7 @@ def build_app(cfg: ServerConfig) -> Any:
             yield
         finally:
             engine.shutdown()
-            server.weights.close()
+            server.close()
 
     app.router.lifespan_context = lifespan
     return app

@@ -8,6 +8,18 @@ receiving broadcasts, the rendezvous) run in worker threads first.
 Weight updates live in :class:`~areal_tasks.inference.server.weight_service.WeightService`
 (``server.weights``). ``/get_model_info`` and every ``/generate`` answer report the weight version;
 a sequence that spans an update carries SGLang's ``weight_versions`` spans.
+
+The request path is bounded (``limits.py``): a request's prompts, samples and stop strings are
+checked before anything is queued, the engine's queue bound is set from the limits, and prompt
+text is measured before it is tokenised. Tokenising and chat-template rendering run on the
+``tokenize`` thread lane (``executors.py``) within ``tokenize_timeout_s``: past it the request is
+refused (413 when its own work took too long, 429 when it never got a thread), so the event loop
+keeps answering ``/health`` and every other request. A request whose handler is cancelled (its
+client went away: ``disconnect.py``) aborts its sequences in the engine.
+
+:meth:`EmbeddedServer.health_problem` says what keeps the server from serving (engine thread gone,
+a loop iteration far too long, a lane call past its deadline, weight operations stuck, shutdown);
+a pause the trainer asked for is not a problem.
 """
 
 from __future__ import annotations
@@ -15,10 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
+from areal_tasks.errors import InferenceError, InferenceLimitError
 from areal_tasks.inference.server.engine import Engine
+from areal_tasks.inference.server.executors import Lanes, LaneTimeoutError
+from areal_tasks.inference.server.limits import ServerLimits, check_request_size, check_stops
 from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.protocol import generate_response
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
@@ -27,12 +43,31 @@ from areal_tasks.inference.server.weight_service import WeightService
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+#: an engine iteration (controls, prefill, one decode step) longer than this means the loop is stuck.
+ENGINE_STALL_S = 120.0
+#: requests waiting for the tokenize lane at most; more are refused with 429 (each holds its body).
+MAX_TOKENIZE_PENDING = 64
+#: Retry-After of a refusal because the tokenize lane is saturated.
+TOKENIZE_RETRY_AFTER_S = 1.0
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the longest entry of ``tokenizer``'s vocabulary, added tokens included."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
 
 class EmbeddedServer:
     """Async facade over one engine (see the module doc)."""
 
     def __init__(
-        self, engine: Engine, model_path: str, served_model_name: str, tool_call_parser: str | None = None
+        self,
+        engine: Engine,
+        model_path: str,
+        served_model_name: str,
+        tool_call_parser: str | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.engine = engine
         self.tool_call_parser = tool_call_parser
@@ -41,11 +76,86 @@ class EmbeddedServer:
         self.model_path = model_path
         self.served_model_name = served_model_name
         self.weights = WeightService(engine)
+        self.limits = (limits or ServerLimits()).resolve(
+            max_running_requests=self.runner.cache.num_slots,
+            context_length=self.runner.max_len,
+            longest_token_chars=longest_token_chars(self.tokenizer),
+        )
+        engine.limit_queue(self.limits.max_queued_sequences)
+        #: thread lanes for blocking work a request causes (tokenize here; see executors.py).
+        self.lanes = Lanes()
+        self._tokenize_pending = 0
+        self.closing = False
+        logger.info("request limits: %s", self.limits)
+
+    def close(self) -> None:
+        """Server shutdown: ``/health`` says so, the lanes take no more work, weight groups are left."""
+        self.closing = True
+        self.lanes.shutdown()
+        self.weights.close()
+
+    # ---------------- health ----------------
+    def health_problem(self) -> str | None:
+        """What keeps this server from serving, or None. A pause the trainer asked for is not a
+        problem (the fleet restarts unhealthy servers); a loop that stopped, an iteration that does
+        not end, a lane call past its deadline or stuck weight operations are."""
+        if self.closing:
+            return "the server is shutting down"
+        problems = []
+        if not self.engine.alive:
+            problems.append("the engine loop is not running")
+        stalled = self.engine.stalled_s()
+        if stalled > ENGINE_STALL_S:
+            problems.append(f"the engine loop has been in one iteration for {stalled:.0f} s")
+        overdue = self.lanes.overdue()
+        if overdue:
+            problems.append("calls past their deadline: " + "; ".join(overdue))
+        stuck = self.weights.stuck_reason()
+        if stuck:
+            problems.append(stuck)
+        return "; ".join(problems) or None
+
+    # ---------------- tokenizing off the event loop ----------------
+    async def off_loop(self, fn: Callable[..., T], *args: Any, what: str) -> T:
+        """``fn(*args)`` (tokenising, template rendering) on the ``tokenize`` lane within
+        ``tokenize_timeout_s``; see the module doc for the refusals."""
+        if self._tokenize_pending >= MAX_TOKENIZE_PENDING:
+            raise InferenceLimitError(
+                f"{MAX_TOKENIZE_PENDING} requests are waiting to be tokenized: try again later",
+                retry_after_s=TOKENIZE_RETRY_AFTER_S,
+            )
+        state = {"started": False, "abandoned": False}
+
+        def call() -> Any:
+            if state["abandoned"]:  # its caller has given up: do not spend the thread on it
+                return None
+            state["started"] = True
+            return fn(*args)
+
+        timeout = self.limits.tokenize_timeout_s
+        self._tokenize_pending += 1
+        try:
+            return await self.lanes.run("tokenize", call, timeout_s=timeout, what=what)
+        except LaneTimeoutError:
+            state["abandoned"] = True
+            if state["started"]:
+                raise InferenceLimitError(
+                    f"{what} took longer than {timeout:g} s; the input is too large for this server"
+                ) from None
+            raise InferenceLimitError(
+                f"{what} waited {timeout:g} s for a tokenizer thread: try again later",
+                retry_after_s=TOKENIZE_RETRY_AFTER_S,
+            ) from None
+        finally:
+            self._tokenize_pending -= 1
 
     # ---------------- generation ----------------
     async def generate_sequences(self, items: list[dict[str, Any]]) -> list[Sequence]:
         """Run every item (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
-        ``logprob_start_len``) with its ``n`` samples; returns the finished sequences in order."""
+        ``logprob_start_len``) with its ``n`` samples; returns the finished sequences in order.
+
+        Refused before anything is queued when the request passes a limit (``limits.py``); when the
+        caller is cancelled (its client went away), its unfinished sequences are aborted."""
         loop = asyncio.get_running_loop()
         seqs: list[Sequence] = []
         futures: list[asyncio.Future[Sequence]] = []
@@ -53,8 +163,12 @@ class EmbeddedServer:
         def on_finish(seq: Sequence, fut: asyncio.Future) -> None:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(seq))
 
-        for item in items:
-            params = SamplingParams.from_dict(item["sampling_params"])
+        check_request_size(self.limits, [1] * len(items))
+        all_params = [SamplingParams.from_dict(item["sampling_params"]) for item in items]
+        check_request_size(self.limits, [p.n for p in all_params])
+        for params in all_params:
+            check_stops(self.limits, params.stop)
+        for item, params in zip(items, all_params):
             group = SequenceGroup(prompt_ids=[int(t) for t in item["input_ids"]])
             base_rid = item["rid"] or uuid.uuid4().hex
             for j in range(params.n):
@@ -71,7 +185,33 @@ class EmbeddedServer:
                 seqs.append(seq)
                 futures.append(fut)
         self.engine.submit(seqs)
-        return list(await asyncio.gather(*futures))
+        try:
+            return list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            self._abort_abandoned(seqs)
+            raise
+
+    def _abort_abandoned(self, seqs: list[Sequence]) -> None:
+        """Abort the unfinished ones of ``seqs`` in the engine (nobody waits for them any more)."""
+        if all(s.finished for s in seqs):
+            return
+
+        def abort() -> int:  # in the engine thread; ``seqs`` stays referenced, so the ids stay theirs
+            ids = {id(s) for s in seqs if not s.finished}
+            return self.engine.abort_where(lambda s: id(s) in ids, "aborted: the client went away")
+
+        try:
+            future = self.engine.call(abort)
+        except InferenceError:  # shut down: nothing runs any more
+            return
+
+        def done(f: Any) -> None:
+            if f.exception() is not None:
+                logger.error("aborting the sequences of a cancelled request failed: %s", f.exception())
+            else:
+                logger.info("a request's client went away: aborted %d of its %d sequences", f.result(), len(seqs))
+
+        future.add_done_callback(done)
 
     def output_text(self, seq: Sequence) -> str:
         """The decoded output with SGLang's stop trimming (matched stop token / string removed)."""

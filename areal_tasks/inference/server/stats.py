@@ -2,7 +2,8 @@
 
 :class:`EngineCounters` is updated by the engine thread and read by HTTP handlers; it has its own
 lock. Generation throughput is the number of tokens sampled over the last 10 seconds divided by
-the time since the oldest of them.
+the time since the oldest of them; the finish rate (sequences finished per second, same window)
+tells a client refused by a full queue when to come back (``Retry-After``).
 
 Decode steps are timed on the host: the time the engine thread spent in them and, of that, the
 time it waited for the device to finish a step's sampled tokens. A wait close to the whole step
@@ -57,6 +58,7 @@ class EngineCounters:
         self.decode_seconds = 0.0
         self.decode_wait_seconds = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._finished_at: collections.deque[float] = collections.deque()
 
     def add_prompt_tokens(self, count: int) -> None:
         with self._lock:
@@ -77,6 +79,21 @@ class EngineCounters:
     def add_finished(self) -> None:
         with self._lock:
             self.requests_finished += 1
+            self._finished_at.append(time.perf_counter())
+            self._forget_finishes(self._finished_at[-1])
+
+    def _forget_finishes(self, now: float) -> None:
+        while self._finished_at and now - self._finished_at[0] > THROUGHPUT_WINDOW_S:
+            self._finished_at.popleft()
+
+    def finish_rate(self) -> float:
+        """Sequences finished per second over the last :data:`THROUGHPUT_WINDOW_S` seconds (0: none)."""
+        with self._lock:
+            now = time.perf_counter()
+            self._forget_finishes(now)
+            if not self._finished_at:
+                return 0.0
+            return len(self._finished_at) / max(now - self._finished_at[0], 1.0)
 
     def throughput(self) -> float:
         """Sampled tokens per second over the last :data:`THROUGHPUT_WINDOW_S` seconds."""

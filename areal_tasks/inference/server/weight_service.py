@@ -338,3 +338,8 @@ class WeightService:
         if abort_all:
             await self.abort_all("aborted by update_weight_version")
         await self._call(lambda: self.engine.weights_changed(new_version))
+
+    def stuck_reason(self) -> str | None:
+        """Why weight operations keep this server from serving (a drain or load past its deadline),
+        or None; ``/health`` reports it (``EmbeddedServer.health_problem``)."""
+        return None

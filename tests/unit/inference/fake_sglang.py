@@ -92,6 +92,8 @@ class FakeSGLangServer:
     dead: bool = False
     hang: bool = False
     statuses: list[int] = field(default_factory=list)
+    #: headers of the answers with an injected status (e.g. ``Retry-After`` of a 429)
+    status_headers: dict[str, str] = field(default_factory=dict)
     hold_after: int | None = None
     #: when set, a /generate request is in transit (not yet at the server) until the event is set
     arrival: asyncio.Event | None = None
@@ -155,7 +157,9 @@ class FakeSGLangServer:
     async def _generate(self, body: dict[str, Any]) -> httpx.Response:
         if self.statuses:
             status = self.statuses.pop(0)
-            return httpx.Response(status, json={"error": {"message": f"injected {status}"}})
+            return httpx.Response(
+                status, json={"error": {"message": f"injected {status}"}}, headers=self.status_headers
+            )
         if self.hang:
             await asyncio.Event().wait()
         unknown = set(body["sampling_params"]) - SGLANG_SAMPLING_KEYS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
@@ -118,7 +119,32 @@ def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
         "1",
         "--weight-version",
         "3",
+        "--max-queued-sequences",
+        "256",
+        "--max-n",
+        "64",
     ]
+
+
+def test_embedded_servers_get_limits_above_what_the_rollout_sends() -> None:
+    """The job's servers never answer its own rollout 429/413: their queue holds every attempt the
+    client can have in flight (four times over) and n covers a group; `areal serve` parses them."""
+    from areal_tasks.cli.serve_cmd import register
+    from areal_tasks.inference.server.limits import limits_from_args
+
+    cfg = JobConfig()
+    cfg.rollout.max_concurrent_rollouts, cfg.rollout.group_size = 200, 100
+    cmd = build_server_command(cfg, "/models/tiny")
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args([a.replace("{host}", "h").replace("{port}", "1") for a in cmd.argv[3:]])
+    limits = limits_from_args(args)
+    assert limits.max_queued_sequences == 4 * 200 and limits.max_n == 100
+    cfg.rollout.server.extra_args = ["--max-queued-sequences", "5000"]  # a user's own value wins
+    args = parser.parse_args(
+        [a.replace("{host}", "h").replace("{port}", "1") for a in build_server_command(cfg, "/m").argv[3:]]
+    )
+    assert limits_from_args(args).max_queued_sequences == 5000
 
 
 def test_embedded_refuses_model_parallel_layouts() -> None:

@@ -145,6 +145,26 @@ def test_abort_by_rid_prefix_catches_all_samples(engine) -> None:
     assert other.wait()[0].finish_reason["type"] == "length"
 
 
+def test_abort_names_a_request_never_a_bare_prefix(engine) -> None:
+    """``""`` aborts nothing (SGLang's prefix rule made it every request), nor does a prefix that is
+    not a whole rid; a batch's rid reaches its prompts' samples; held sequences are aborted too."""
+    engine.call(lambda: engine.pause("in_place")).result(timeout=30)
+    batch = make_request(PROMPT, rid="b_1", n=2, max_new_tokens=50)  # batch "b", prompt 1: b_1_0, b_1_1
+    near = make_request(PROMPT, rid="bb", max_new_tokens=2)
+    engine.submit(batch.seqs + near.seqs)
+    for rid in ("", "b_", "b_1_"):
+        assert engine.call(lambda rid=rid: engine.abort_rid(rid)).result(timeout=30) == 0
+    assert engine.call(lambda: engine.abort_rid("b")).result(timeout=30) == 2
+    engine.set_gate(True)
+    held = make_request(PROMPT, rid="held", max_new_tokens=2)
+    engine.submit(held.seqs)
+    assert engine.call(lambda: engine.abort_rid("held")).result(timeout=30) == 1
+    engine.set_gate(False)
+    engine.call(engine.resume).result(timeout=30)
+    assert all(s.finish_reason["type"] == "abort" for s in batch.wait() + held.wait())
+    assert near.wait()[0].finish_reason["type"] == "length"
+
+
 def test_running_sequences_are_compacted_into_the_lowest_slots(engine, monkeypatch) -> None:
     want = generate(engine, [9, 8, 7, 6], temperature=0.0, max_new_tokens=80, ignore_eos=True).output_ids
     cache = engine.runner.cache

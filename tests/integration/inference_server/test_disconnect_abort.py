@@ -1,0 +1,69 @@
+"""A client that disconnects stops its sequences on the real server (``areal serve`` process).
+
+Before, Starlette ran a non-streaming handler to its end whatever the client did: a client that
+gave up after a second left ``n`` long sequences decoding (a flood of ``n=20000`` held every later
+request up). Each generation route is tried: a raw HTTP client asks for 64 long samples (eight
+batches of the server's eight slots: far longer than the bound below) with a 1 s timeout, and the
+server must be idle soon after and serve the next request.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+#: far more decode steps than the test waits for (1 CPU thread, 8 slots)
+SAMPLES = 64
+LONG = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
+#: the server must be idle this soon after the client left (a bound, not a measurement)
+IDLE_WITHIN_S = 5.0
+
+BODIES = {
+    "/generate": {"input_ids": [5, 6, 7, 8], "sampling_params": {**LONG, "n": SAMPLES}},
+    "/v1/completions": {
+        "prompt": [5, 6, 7, 8],
+        "n": SAMPLES,
+        "max_tokens": 2000,
+        "temperature": 0,
+        "ignore_eos": True,
+    },
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "count"}],
+        "n": SAMPLES,
+        "max_tokens": 2000,
+        "temperature": 0,
+        "ignore_eos": True,
+    },
+}
+
+
+def _busy(http: httpx.Client) -> float:
+    gauges = {}
+    for line in http.get("/metrics").text.splitlines():
+        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+            if line.startswith(name + "{"):
+                gauges[name] = float(line.rsplit(" ", 1)[1])
+    assert len(gauges) == 2, "metrics missing"
+    return sum(gauges.values())
+
+
+def _until(predicate, limit_s: float, what: str) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {limit_s} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_disconnected_client_stops_its_sequences(server_url: str, http: httpx.Client, path: str) -> None:
+    _until(lambda: _busy(http) == 0, 30.0, "an idle server before the test")
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server_url}{path}", json=BODIES[path], timeout=1.0)
+    _until(lambda: _busy(http) == 0, IDLE_WITHIN_S, f"an idle server after the {path} client left")
+    answer = http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}})
+    assert answer.status_code == 200 and answer.json()["meta_info"]["completion_tokens"] == 3
