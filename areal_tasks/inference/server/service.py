@@ -23,6 +23,7 @@ from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.protocol import generate_response
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
+from areal_tasks.inference.server.server import WeightBounds
 from areal_tasks.inference.server.weight_service import WeightService
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,12 @@ class EmbeddedServer:
     """Async facade over one engine (see the module doc)."""
 
     def __init__(
-        self, engine: Engine, model_path: str, served_model_name: str, tool_call_parser: str | None = None
+        self,
+        engine: Engine,
+        model_path: str,
+        served_model_name: str,
+        tool_call_parser: str | None = None,
+        weight_bounds: WeightBounds | None = None,
     ) -> None:
         self.engine = engine
         self.tool_call_parser = tool_call_parser
@@ -40,7 +46,7 @@ class EmbeddedServer:
         self.tokenizer = self.runner.tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name
-        self.weights = WeightService(engine)
+        self.weights = WeightService(engine, weight_bounds)
 
     # ---------------- generation ----------------
     async def generate_sequences(self, items: list[dict[str, Any]]) -> list[Sequence]:
