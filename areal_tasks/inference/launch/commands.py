@@ -9,7 +9,14 @@ API keys (``rollout.server.api_key_env``/``admin_api_key_env`` name environment 
 appear on a command line: the embedded server gets ``--api-key-env NAME``; SGLang and vLLM, which
 take a key only as ``--api-key KEY`` (vLLM also as ``$VLLM_API_KEY``), run under
 :mod:`.with_keys`, which adds the key inside the server process. The variables reach the servers
-because the Scheduler passes its environment on (the LocalScheduler does).
+because the Scheduler passes its environment on (the LocalScheduler does). A job's servers always
+have an admin key: without ``admin_api_key_env`` it is the one the job generates
+(``AREAL_SERVER_ADMIN_KEY``, made by ``ServerFleet.start``); vLLM, which has no admin key, gets it
+as its API key unless ``api_key_env`` is set (:meth:`InferenceServerConfig.key_envs`).
+
+Weight roots: a server loads disk updates only from the served model's directory, the run's
+``weights/`` and ``rollout.server.weight_roots`` (``--weight-root DIR``; vLLM's plugin reads them
+from ``$AREAL_WEIGHT_ROOTS``).
 
 Torch-free.
 """
@@ -18,11 +25,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError
+from areal_tasks.weights.roots import WEIGHT_ROOTS_ENV
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -67,6 +77,8 @@ class ServerArgs:
     #: names of the environment variables holding the API key and the admin API key (None = none).
     api_key_env: str | None = None
     admin_api_key_env: str | None = None
+    #: directories weight updates may be read from besides ``model_path`` (absolute).
+    weight_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,8 @@ def server_args(
     holding the weights of policy version ``weight_version``."""
     server = cfg.rollout.server
     dtype = server.dtype if server.dtype != "auto" else cfg.model.dtype
+    api_key_env, admin_api_key_env = server.key_envs(cfg.rollout.backend)
+    roots = [RunPaths.of(cfg.experiment.run_dir).weights, *server.weight_roots]
     return ServerArgs(
         backend=cfg.rollout.backend,
         python=server.python or sys.executable,
@@ -113,8 +127,9 @@ def server_args(
         layout=layout or server_layout(cfg),
         weight_version=weight_version,
         extra_args=tuple(server.extra_args),
-        api_key_env=server.api_key_env,
-        admin_api_key_env=server.admin_api_key_env,
+        api_key_env=api_key_env,
+        admin_api_key_env=admin_api_key_env,
+        weight_roots=tuple(os.path.abspath(root) for root in roots),
     )
 
 
@@ -192,6 +207,8 @@ def vllm_command(a: ServerArgs) -> ServerCommand:
     env = {
         # dev-mode endpoints (pause/resume, weight updates) are what RL needs
         "VLLM_SERVER_DEV_MODE": "1",
+        # where our plugin may load disk updates from, besides the served model (vLLM's key guards only /v1)
+        WEIGHT_ROOTS_ENV: os.pathsep.join(a.weight_roots),
         # keep the working directory off sys.path, where a stale egg-info could hide the plugin
         "PYTHONSAFEPATH": "1",
     }
@@ -218,7 +235,9 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
         "--api-key-env": a.api_key_env,
         "--admin-api-key-env": a.admin_api_key_env,
     }
-    return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
+    roots = [part for root in a.weight_roots for part in ("--weight-root", root)]
+    argv = [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *roots, *a.extra_args]
+    return ServerCommand("embedded", argv)
 
 
 def build_server_command(
