@@ -166,7 +166,7 @@ def _answer_weight_bounds(app: Any) -> None:
     SGLang's ``{"success": false, "message"}`` body."""
     from fastapi.responses import JSONResponse
 
-    from areal_tasks.inference.server.weight_service import WeightOperationError
+    from areal_tasks.inference.server.weight_guard import WeightOperationError
 
     async def refused(_: Any, exc: Exception) -> JSONResponse:
         status = exc.status if isinstance(exc, WeightOperationError) else 500

@@ -1,4 +1,4 @@
-"""Weight updates as the HTTP routes see them: SGLang's semantics on top of ``weights.py`` and the engine.
+"""Weight updates as the HTTP routes see them: SGLang's semantics on top of ``areal_tasks.weights`` and the engine.
 
 * **Writer lock.** An update on a server that is not paused first holds new requests back and
   waits for the requests in flight to finish (SGLang's ``model_update_lock``); on a paused server
@@ -6,13 +6,10 @@
   new weights are staged (read, received) *before* new requests are held back, so the hold lasts
   only the drain and the copy; the drain has a deadline (``drain_timeout_s``), after which new
   requests go in again and the update fails with 503 (pause first, as the client's swap does).
-* **Bounds.** Staging and receiving run on the ``weights`` lane, joining and leaving a group on
-  the ``groups`` lane (:mod:`~areal_tasks.inference.server.executors`), never on the event loop
-  or asyncio's shared executor, each call with a deadline (:class:`~areal_tasks.inference.server.server.WeightBounds`).
-  A call past its deadline answers 504 and keeps its thread (a thread cannot be killed); a second
-  call on a lane whose thread is taken answers 409 at once instead of queueing. While a call is
-  past its deadline, or an update holds generation past its own, :meth:`WeightService.stuck_reason`
-  says so and ``/health`` answers 503, so the fleet restarts the server. A rendezvous with a peer
+* **Bounds.** Staging, receiving, joining and leaving groups run on lanes of their own with
+  deadlines (:class:`~areal_tasks.inference.server.server.WeightBounds`) through
+  :mod:`~areal_tasks.inference.server.weight_guard`: 504 past a deadline, 409 while a lane's
+  thread is taken, :meth:`WeightService.stuck_reason` for ``/health``. A rendezvous with a peer
   that accepts the connection but never answers is such a call (torch's store client has no
   deadline for its handshake).
 * **Errors.** Every loader error (a bad or unreadable directory, a path outside the weight roots,
@@ -47,22 +44,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from areal_tasks.errors import InferenceError, WeightTransportError
 from areal_tasks.inference.server.engine import Engine
-from areal_tasks.inference.server.executors import LaneBusyError, Lanes, LaneTimeoutError
+from areal_tasks.inference.server.executors import Lanes
 from areal_tasks.inference.server.protocol import SwapWeightsReqInput
 from areal_tasks.inference.server.server import WeightBounds
+from areal_tasks.inference.server.weight_guard import APPLY_ALLOWANCE_S, GRACE_S, WeightGuard, WeightOperationError
 from areal_tasks.weights.base import ServedWeights, WeightLoad
 from areal_tasks.weights.collective import CollectiveReceiver
 from areal_tasks.weights.disk import DiskReceiver
@@ -72,7 +67,7 @@ from areal_tasks.weights.shared import SharedReceiver
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WeightOperationError", "WeightService"]
+__all__ = ["WeightService"]
 
 T = TypeVar("T")
 
@@ -80,24 +75,6 @@ _FLUSH_FAILED = (
     "Weights were updated, but the cache was not flushed because requests are still running or "
     "queued. Retract or finish them, then call /flush_cache."
 )
-_DRAIN_POLL_S = 0.005
-#: seconds a lane call may run past the bound its own code enforces (torch's rendezvous and group
-#: timeouts) before the lane gives up on it: the call's own error comes first when it keeps its bound.
-_GRACE_S = 5.0
-#: seconds the copy of staged tensors into the model between two steps may take before an update
-#: holding generation counts as stuck.
-_APPLY_ALLOWANCE_S = 60.0
-#: the lanes whose calls this service makes (a shared :class:`Lanes` may have others).
-_LANES = ("weights", "groups")
-
-
-class WeightOperationError(InferenceError):
-    """A weight operation refused or cut short by a bound; ``status`` is the HTTP answer (409 a
-    lane busy, 503 a drain past its deadline or a server shutting down, 504 a call past its deadline)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -127,12 +104,7 @@ class WeightService:
         self.session: _Session | None = None
         self.updates = 0
         self._lock = asyncio.Lock()
-        self._own_lanes = lanes is None
-        self.lanes = Lanes(dict.fromkeys(_LANES, 1)) if lanes is None else lanes
-        #: operations that hold generation (drain gate, swap pause): id -> (what, deadline)
-        self._holding: dict[int, tuple[str, float]] = {}
-        self._hold_ids = itertools.count()
-        self._closing = False
+        self.guard = WeightGuard(engine, self.bounds.drain_timeout_s, lanes)
 
     @property
     def groups(self) -> list[str]:
@@ -150,64 +122,13 @@ class WeightService:
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.engine.call(fn))
 
-    async def _lane(self, lane: str, fn: Callable[..., T], *args: Any, timeout_s: float, what: str) -> T:
-        """``fn(*args)`` on ``lane``, refused at once (409) when the lane's thread is taken and
-        answered 504 past ``timeout_s`` (see the module doc)."""
-        if self._closing:
-            raise WeightOperationError("the server is shutting down", HTTPStatus.SERVICE_UNAVAILABLE)
-        try:
-            return await self.lanes.run(lane, fn, *args, timeout_s=timeout_s, what=what, refuse_when_busy=True)
-        except LaneBusyError:
-            raise WeightOperationError(
-                f"{what}: another weight operation is still running on the {lane} lane (past its deadline "
-                "if it is reported by /health); try again later",
-                HTTPStatus.CONFLICT,
-            ) from None
-        except LaneTimeoutError:
-            logger.error("%s did not finish within %.0f s; its thread is left running", what, timeout_s)
-            raise WeightOperationError(
-                f"{what} did not finish within {timeout_s:g} s", HTTPStatus.GATEWAY_TIMEOUT
-            ) from None
-
-    @contextlib.asynccontextmanager
-    async def _holding_generation(self, what: str, bound_s: float) -> AsyncIterator[None]:
-        """Record that ``what`` holds generation back for at most ``bound_s`` (:meth:`stuck_reason`)."""
-        key = next(self._hold_ids)
-        self._holding[key] = (what, time.monotonic() + bound_s)
-        try:
-            yield
-        finally:
-            self._holding.pop(key, None)
-
     def stuck_reason(self) -> str | None:
-        """Why a weight operation keeps this server from serving, or None: an update holding new
-        requests back, or a swap holding generation paused, past its deadline; or a weight-lane
-        call past its deadline (its thread still taken: later updates or group set-ups would be
-        refused until a restart). A pause the trainer asked for is not a reason (``/health``
-        answers 503 from this, and the fleet restarts unhealthy servers)."""
-        now = time.monotonic()
-        held = [f"{what} ({now - deadline:.0f} s past its deadline)" for what, deadline in self._holding.values()]
-        if held:
-            return "a weight update holds generation: " + "; ".join(held)
-        overdue = [call for call in self.lanes.overdue() if call.split(":", 1)[0] in _LANES]
-        if overdue:
-            return "a weight operation is stuck: " + "; ".join(overdue)
-        return None
+        """Why a weight operation keeps this server from serving, or None (``/health`` answers 503
+        with it; :meth:`WeightGuard.stuck_reason`)."""
+        return self.guard.stuck_reason()
 
     async def abort_all(self, reason: str) -> None:
         await self._call(lambda: self.engine.abort_all(reason))
-
-    async def _drain(self) -> None:
-        """Wait for the requests in flight, at most ``bounds.drain_timeout_s`` (then 503)."""
-        deadline = time.monotonic() + self.bounds.drain_timeout_s
-        while in_flight := self.engine.in_flight():
-            if time.monotonic() > deadline:
-                raise WeightOperationError(
-                    f"server busy: {in_flight} sequences still in flight after {self.bounds.drain_timeout_s:g} s; "
-                    "the update was not applied (pause generation first, or retry)",
-                    HTTPStatus.SERVICE_UNAVAILABLE,
-                )
-            await asyncio.sleep(_DRAIN_POLL_S)
 
     async def _locked_update(
         self, stage: Callable[[], Awaitable[dict[str, torch.Tensor]]], version: str | None, *, wait: bool = False
@@ -230,11 +151,11 @@ class WeightService:
         if self.engine.paused is not None:
             busy = await self._call(apply)
         else:
-            bound = self.bounds.drain_timeout_s + _APPLY_ALLOWANCE_S
-            async with self._holding_generation("the drain before a weight update", bound):
+            bound = self.bounds.drain_timeout_s + APPLY_ALLOWANCE_S
+            async with self.guard.holding_generation("the drain before a weight update", bound):
                 self.engine.set_gate(True)
                 try:
-                    await self._drain()
+                    await self.guard.drain()
                     busy = await self._call(apply)
                 finally:
                     self.engine.set_gate(False)
@@ -255,7 +176,7 @@ class WeightService:
 
         async def stage() -> dict[str, torch.Tensor]:
             load = WeightLoad(path=model_path)
-            return await self._lane(
+            return await self.guard.run(
                 "weights",
                 lambda: self.disk.receive(load, self.served()),
                 timeout_s=self.bounds.load_timeout_s,
@@ -318,7 +239,7 @@ class WeightService:
         load = WeightLoad(shared_buffers=tuple(descriptions), names=names, dtypes=dtypes, shapes=shapes)
 
         async def stage() -> dict[str, torch.Tensor]:
-            return await self._lane(
+            return await self.guard.run(
                 "weights",
                 lambda: self.shared.receive(load, self.served()),
                 timeout_s=self.bounds.load_timeout_s,
@@ -349,7 +270,7 @@ class WeightService:
             return False, f"Failed to initialize custom process group: group {group_name!r} exists."
         bounds = self.bounds
         try:
-            await self._lane(
+            await self.guard.run(
                 "groups",
                 self.collective.join,
                 master_address,
@@ -360,7 +281,7 @@ class WeightService:
                 backend,
                 bounds.load_timeout_s,
                 bounds.group_timeout_s,
-                timeout_s=bounds.group_timeout_s + _GRACE_S,
+                timeout_s=bounds.group_timeout_s + GRACE_S,
                 what=f"init_weights_update_group({group_name} at {master_address}:{master_port})",
             )
         except (WeightTransportError, RuntimeError, ValueError) as exc:
@@ -371,11 +292,11 @@ class WeightService:
     async def destroy_group(self, group_name: str) -> tuple[bool, str]:
         if group_name not in self.collective.groups:
             return False, "The group to be destroyed does not exist."
-        clean = await self._lane(
+        clean = await self.guard.run(
             "groups",
             self.collective.leave,
             group_name,
-            timeout_s=GROUP_DESTROY_TIMEOUT_S + GROUP_ABORT_TIMEOUT_S + _GRACE_S,
+            timeout_s=GROUP_DESTROY_TIMEOUT_S + GROUP_ABORT_TIMEOUT_S + GRACE_S,
             what=f"destroy_weights_update_group({group_name})",
         )
         if not clean:  # the group is gone either way: aborted locally after the bound (logged)
@@ -387,9 +308,7 @@ class WeightService:
         ``timeout_s``, default the group's destroy timeout, so a gone trainer cannot hang it) and
         drop the mapping of the trainer's shared buffer. A lane thread still running (a hung
         rendezvous) is not waited for."""
-        self._closing = True
-        if self._own_lanes:
-            self.lanes.shutdown()
+        self.guard.close()
         self.collective.close(timeout_s)
         self.shared.close()
 
@@ -431,10 +350,10 @@ class WeightService:
         load = WeightLoad(group_name=group_name, names=names, dtypes=dtypes, shapes=shapes, load_format=load_format)
 
         async def stage() -> dict[str, torch.Tensor]:
-            return await self._lane(
+            return await self.guard.run(
                 "weights",
                 lambda: self.collective.receive(load, self.served()),
-                timeout_s=self.bounds.load_timeout_s + _GRACE_S,
+                timeout_s=self.bounds.load_timeout_s + GRACE_S,
                 what=f"update_weights_from_distributed({group_name})",
             )
 
@@ -467,8 +386,8 @@ class WeightService:
         and version, and generation goes on with them.
         """
         started = time.perf_counter()
-        bound = self.bounds.load_timeout_s + _GRACE_S + _APPLY_ALLOWANCE_S
-        async with self._holding_generation("/areal/swap_weights", bound):
+        bound = self.bounds.load_timeout_s + GRACE_S + APPLY_ALLOWANCE_S
+        async with self.guard.holding_generation("/areal/swap_weights", bound):
             await self._call(lambda: self.engine.pause(req.mode))
             paused = time.perf_counter()
             try:

@@ -23,7 +23,8 @@ from server_helpers import generate, make_request
 import areal_tasks.inference.server.weight_service as weight_service
 from areal_tasks.inference.server.protocol import SwapWeightsReqInput
 from areal_tasks.inference.server.server import WeightBounds
-from areal_tasks.inference.server.weight_service import WeightOperationError, WeightService
+from areal_tasks.inference.server.weight_guard import WeightOperationError
+from areal_tasks.inference.server.weight_service import WeightService
 from areal_tasks.models.safetensors_dir import INDEX_FILE
 
 PROMPT = [5, 6, 7, 8]
@@ -31,7 +32,7 @@ PROMPT = [5, 6, 7, 8]
 
 @pytest.fixture(autouse=True)
 def short_grace(monkeypatch) -> None:
-    monkeypatch.setattr(weight_service, "_GRACE_S", 0.05)
+    monkeypatch.setattr(weight_service, "GRACE_S", 0.05)
 
 
 def service(engine, **bounds: float) -> WeightService:
@@ -140,7 +141,7 @@ def test_an_operation_holding_generation_past_its_deadline_is_stuck(engine) -> N
     async def scenario() -> None:
         svc = service(engine)
         assert svc.stuck_reason() is None
-        async with svc._holding_generation("/areal/swap_weights", 0.0):
+        async with svc.guard.holding_generation("/areal/swap_weights", 0.0):
             await asyncio.sleep(0.01)
             assert "a weight update holds generation: /areal/swap_weights" in (svc.stuck_reason() or "")
         assert svc.stuck_reason() is None
