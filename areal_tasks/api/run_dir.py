@@ -20,6 +20,8 @@ Layout of ``<run_dir>`` (``experiment.run_dir``)::
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ __all__ = [
     "RL_CONFIG",
     "RL_METRICS",
     "RL_SUMMARY",
+    "SERVER_ADMIN_KEY_ENV",
     "SFT_CONFIG",
     "SFT_METRICS",
     "SFT_MODEL_DIR",
@@ -37,6 +40,7 @@ __all__ = [
     "WEIGHTS_DIR",
     "WORKER_LOGS_DIR",
     "RunPaths",
+    "ensure_server_admin_key",
 ]
 
 #: the resolved job config.
@@ -64,6 +68,18 @@ WORKER_LOGS_DIR = "logs"
 MLFLOW_RUN_ID_ENV = "AREAL_MLFLOW_RUN_ID"
 #: comma-separated ``host:port`` of the inference servers, handed to each RL train worker.
 INFERENCE_ADDRESSES_ENV = "AREAL_INFERENCE_ADDRESSES"
+#: the admin key a job generates for the inference servers it launches (their API key for vLLM,
+#: which has no admin key), used where ``rollout.server.admin_api_key_env`` (vLLM: ``api_key_env``)
+#: names no variable. The servers, the train workers and the client read it from the environment.
+SERVER_ADMIN_KEY_ENV = "AREAL_SERVER_ADMIN_KEY"
+
+
+def ensure_server_admin_key(environ: MutableMapping[str, str]) -> None:
+    """Put a new random key into ``environ[SERVER_ADMIN_KEY_ENV]`` unless one is there (the job's
+    key: the first launch of a job's servers makes it, its restarts and later fleets reuse it; a
+    new job process makes a new one). Never logged, never on a command line."""
+    if not environ.get(SERVER_ADMIN_KEY_ENV):
+        environ[SERVER_ADMIN_KEY_ENV] = secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,35 @@ too). Heavy imports happen inside the handler, so ``areal --help`` stays torch-f
 Keys: ``--api-key-env NAME`` / ``--admin-api-key-env NAME`` read the key from the environment
 variable NAME, which keeps it off the command line (visible in ``ps`` and in launch logs); the job
 launcher uses these. ``--api-key``/``--admin-api-key`` take the key itself (SGLang's flags).
+
+Closed by default (:func:`admin_access`):
+
+* Admin routes (pause, weight updates, groups, aborts) need a key. With neither an API key nor an
+  admin key, the server makes an admin key and writes it to a file only this user can read
+  (:func:`write_admin_key`), whose path it logs, never the key; ``--allow-unauthenticated-admin``
+  opens them instead, with a warning.
+* A ``--host`` that is not a loopback address needs an API key (every endpoint), else the server
+  refuses to start (exit 2) unless ``--allow-unauthenticated``, with a warning.
+* Weight updates read only the served model's directory and ``--weight-root`` directories; weight
+  operations, the drain before an update and the stop are bounded (``--weight-*-timeout-s``,
+  ``--shutdown-timeout-s``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
+import secrets
+import socket
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -132,7 +152,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_limit_arguments(parser)
+    add_safety_arguments(parser)
     parser.set_defaults(handler=run_serve)
+
+
+def add_safety_arguments(parser: argparse.ArgumentParser) -> None:
+    """Access, weight roots and the bounds of weight operations and of the stop."""
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve on a non-loopback --host without an API key (anyone who reaches it may generate)",
+    )
+    parser.add_argument(
+        "--allow-unauthenticated-admin",
+        action="store_true",
+        help="without an API key or admin key, open the admin routes to anyone (default: an admin key "
+        "is generated and written to a file only you can read)",
+    )
+    parser.add_argument(
+        "--weight-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory weight updates may be read from, besides the model's (repeatable)",
+    )
+    parser.add_argument(
+        "--weight-group-timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a weight-update group's rendezvous may take (default 60)",
+    )
+    parser.add_argument(
+        "--weight-load-timeout-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a weight load (disk, shared buffer, one received bucket) may take (default 600)",
+    )
+    parser.add_argument(
+        "--weight-update-drain-timeout-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds an update on a server that is not paused waits for requests in flight (default 30)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout-s",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="seconds from SIGTERM/SIGINT to the process's exit at most (default 15)",
+    )
 
 
 def resolve_key(key: str | None, env_name: str | None, flag: str, environ: Mapping[str, str]) -> str | None:
@@ -151,12 +222,114 @@ def resolve_key(key: str | None, env_name: str | None, flag: str, environ: Mappi
     return value
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) reaches only this machine: every address it
+    resolves to is a loopback one. An empty host or a wildcard (``0.0.0.0``, ``::``) is not."""
+    host = host.strip().strip("[]")
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def admin_key_dir(environ: Mapping[str, str]) -> Path:
+    """Where generated admin keys go: ``$XDG_RUNTIME_DIR/areal`` (a per-user tmpfs), else
+    ``~/.cache/areal``."""
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "areal"
+    return Path(environ.get("HOME") or Path.home()) / ".cache" / "areal"
+
+
+def write_admin_key(port: int, environ: Mapping[str, str]) -> tuple[str, Path]:
+    """A new admin key and the file it was written to: ``<admin_key_dir>/serve-<port>.admin-key``,
+    mode 0600, in a directory of this user that no one else may write (else ConfigError)."""
+    from areal_tasks.errors import ConfigError
+
+    directory = admin_key_dir(environ)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ConfigError(
+            f"cannot write the generated admin key: {directory} is not a directory only you may write; "
+            "give --admin-api-key-env NAME instead"
+        )
+    key = secrets.token_urlsafe(32)
+    path = directory / f"serve-{port}.admin-key"
+    staging = directory / f".serve-{port}.admin-key.{os.getpid()}"
+    fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, key.encode())
+    finally:
+        os.close(fd)
+    os.replace(staging, path)
+    return key, path
+
+
+def admin_access(
+    args: argparse.Namespace, api_key: str | None, admin_api_key: str | None, environ: Mapping[str, str]
+) -> tuple[str | None, bool]:
+    """``(admin key, open admin routes)`` for these arguments and keys, by the rules of the module
+    docstring; raises ConfigError for a non-loopback ``--host`` without an API key (before any
+    model is loaded). Generates and writes the admin key when no key is given."""
+    from areal_tasks.errors import ConfigError
+
+    if not is_loopback(args.host) and not api_key:
+        if not args.allow_unauthenticated:
+            raise ConfigError(
+                f"--host {args.host} is not a loopback address and no API key is set: anyone who reaches "
+                "it could use the server. Give --api-key-env NAME (or --api-key), or pass "
+                "--allow-unauthenticated to serve it open"
+            )
+        logger.warning("SERVING WITHOUT AN API KEY ON %s: anyone who reaches it may generate", args.host)
+    if api_key or admin_api_key:
+        return admin_api_key, False
+    if args.allow_unauthenticated_admin:
+        logger.warning(
+            "ADMIN ROUTES OPEN (--allow-unauthenticated-admin): anyone who reaches %s:%d may pause the "
+            "server, abort requests or load weights into it",
+            args.host,
+            args.port,
+        )
+        return None, True
+    key, path = write_admin_key(args.port, environ)
+    logger.info(
+        "admin routes need the admin key written to %s (send 'Authorization: Bearer <the key>'; "
+        "--admin-api-key-env NAME chooses one, --allow-unauthenticated-admin opens them)",
+        path,
+    )
+    return key, False
+
+
+def safety_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`ServerConfig` fields of :func:`add_safety_arguments` (admin access apart)."""
+    from areal_tasks.inference.server import WeightBounds
+
+    return {
+        "weights": WeightBounds(
+            roots=tuple(args.weight_root),
+            group_timeout_s=args.weight_group_timeout_s,
+            load_timeout_s=args.weight_load_timeout_s,
+            drain_timeout_s=args.weight_update_drain_timeout_s,
+        ),
+        "shutdown_timeout_s": args.shutdown_timeout_s,
+    }
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Build the server from ``args`` and serve until interrupted."""
     from areal_tasks.inference.server import ServerConfig, run_server
 
     api_key = resolve_key(args.api_key, args.api_key_env, "api-key", os.environ)
     admin_api_key = resolve_key(args.admin_api_key, args.admin_api_key_env, "admin-api-key", os.environ)
+    admin_api_key, open_admin = admin_access(args, api_key, admin_api_key, os.environ)
     cfg = ServerConfig(
         model_path=args.model,
         tokenizer_path=args.tokenizer,
@@ -181,6 +354,8 @@ def run_serve(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
         log_level=args.log_level,
         limits=limits_from_args(args),
+        allow_unauthenticated_admin=open_admin,
+        **safety_config(args),
     )
     run_server(cfg)
     return 0

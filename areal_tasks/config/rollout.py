@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV
 from areal_tasks.config.sections import DType
 from areal_tasks.errors import ConfigError
 
@@ -61,22 +62,38 @@ class InferenceServerConfig:
     #: None = no key. The key itself never goes into a config file.
     api_key_env: str | None = None
     #: name of the environment variable holding the admin API key (pause/resume, weight updates,
-    #: aborts); None = no admin key (the API key, if any, then opens those endpoints). Not for vLLM.
+    #: aborts); None = the key the job generates for its servers (``AREAL_SERVER_ADMIN_KEY``). Not
+    #: for vLLM (it has no admin key: the generated key is its API key unless ``api_key_env`` is set).
     admin_api_key_env: str | None = None
+    #: directories the servers may load weight updates from besides the served model's and the
+    #: run's ``weights/`` (a disk update elsewhere is refused).
+    weight_roots: list[str] = field(default_factory=list)
 
-    def read_keys(self, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-        """``(api_key, admin_api_key)`` read from ``environ`` (e.g. ``os.environ``) at job start.
+    def key_envs(self, backend: str) -> tuple[str | None, str | None]:
+        """``(API key variable, admin key variable)`` of ``backend``'s servers: the configured
+        names, with the job's generated key (``AREAL_SERVER_ADMIN_KEY``) as the admin key (vLLM:
+        as the API key, when ``api_key_env`` is unset), so a job's servers are never open."""
+        if backend == "vllm":
+            return self.api_key_env or SERVER_ADMIN_KEY_ENV, self.admin_api_key_env
+        return self.api_key_env, self.admin_api_key_env or SERVER_ADMIN_KEY_ENV
 
-        Raises ConfigError naming the variable when a named variable is unset or empty. Never
+    def read_keys(self, environ: Mapping[str, str], backend: str = "embedded") -> tuple[str | None, str | None]:
+        """``(api_key, admin_api_key)`` of ``backend``'s servers read from ``environ`` (e.g.
+        ``os.environ``): the variables :meth:`key_envs` names. The generated key is None while it
+        is unset (before the job's servers start, or servers the job did not launch).
+
+        Raises ConfigError naming the variable when a configured variable is unset or empty. Never
         called while a config is loaded: loading stays pure.
         """
         keys: list[str | None] = []
-        for field_name in ("api_key_env", "admin_api_key_env"):
-            name = getattr(self, field_name)
+        for field_name, name in zip(("api_key_env", "admin_api_key_env"), self.key_envs(backend)):
             if name is None:
                 keys.append(None)
                 continue
             value = environ.get(name, "")
+            if name == SERVER_ADMIN_KEY_ENV and name != getattr(self, field_name):
+                keys.append(value or None)
+                continue
             if not value:
                 raise ConfigError(
                     f"rollout.server.{field_name}={name!r}: the environment variable {name} is "

@@ -275,13 +275,22 @@ class CollectiveReceiver(WeightReceiver):
         group_name: str,
         backend: str,
         timeout_s: float = 1800.0,
+        rendezvous_timeout_s: float | None = None,
     ) -> WeightGroup:
         """Join ``group_name`` as ``rank`` (:func:`~areal_tasks.weights.group.join_as_server`;
         blocks until every member joined). A name already joined is refused."""
         if group_name in self.groups:
             raise WeightTransportError(f"group {group_name!r} exists")
         group = join_as_server(
-            master_address, master_port, rank, world_size, group_name, backend, self.device, timeout_s
+            master_address,
+            master_port,
+            rank,
+            world_size,
+            group_name,
+            backend,
+            self.device,
+            timeout_s,
+            rendezvous_timeout_s,
         )
         self.groups[group_name] = group
         return group
@@ -313,10 +322,11 @@ class CollectiveReceiver(WeightReceiver):
             served.check(received, complete=False)
         return received
 
-    def close(self) -> None:
-        """Leave every group (server shutdown); each leave is bounded, so a gone trainer cannot hang it."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Leave every group (server shutdown); each leave is bounded (``timeout_s``, default
+        :data:`~areal_tasks.weights.group.GROUP_DESTROY_TIMEOUT_S`), so a gone trainer cannot hang it."""
         for name in list(self.groups):
-            self.groups.pop(name).destroy()
+            self.groups.pop(name).destroy(timeout_s)
 
 
 def receive_bucket(

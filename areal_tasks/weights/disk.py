@@ -11,6 +11,10 @@
   directory. The embedded server stages them all and checks every name and shape against the
   served model, requiring every parameter (tied aliases count once); vLLM streams them file by
   file into its own loader (:func:`iter_safetensors`), holding at most one shard besides the model.
+* **Hostile input.** The path comes from whoever may call the server's admin routes: the directory
+  and every shard must lie inside the server's weight roots (:mod:`areal_tasks.weights.roots`),
+  the index is checked against its schema and every file's header is read before any tensor, so
+  a bad directory fails as :class:`WeightTransportError` (an HTTP 400) before the model changes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +32,7 @@ from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import WeightTransportError
 from areal_tasks.models.safetensors_dir import INDEX_FILE
 from areal_tasks.weights.base import ServedWeights, WeightLoad, WeightReceiver, WeightTransport, rank_barrier
+from areal_tasks.weights.roots import WeightRoots
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +48,7 @@ __all__ = [
     "iter_safetensors",
     "load_safetensors_dir",
     "safetensors_files",
+    "safetensors_headers",
 ]
 
 #: weight-update directories kept on disk (the newest ones).
@@ -110,10 +117,12 @@ class DiskTransport(WeightTransport):
 
 
 class DiskReceiver(WeightReceiver):
-    """A server's end: reads the directory a load names."""
+    """A server's end: reads the directory a load names, inside ``roots`` (None: any directory,
+    its shards inside it; :mod:`areal_tasks.weights.roots`)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, roots: WeightRoots | None = None) -> None:
         self.device = device
+        self.roots = roots
 
     def receive(self, load: WeightLoad, served: ServedWeights | None = None) -> dict[str, torch.Tensor]:
         """Every tensor of ``load.path`` on this receiver's device: with ``served``, only served
@@ -121,47 +130,102 @@ class DiskReceiver(WeightReceiver):
         if not load.path:
             raise WeightTransportError("a disk weight load needs the directory's path")
         if served is None:
-            return {name: t.to(self.device) for name, t in iter_safetensors(safetensors_files(Path(load.path)))}
-        return load_safetensors_dir(load.path, served, self.device)
+            files = safetensors_files(load.path, self.roots)
+            return {name: t.to(self.device) for name, t in iter_safetensors(files)}
+        return load_safetensors_dir(load.path, served, self.device, self.roots)
 
 
-def safetensors_files(directory: Path) -> list[Path]:
-    """The safetensors files of ``directory``: the index's shards, else every ``*.safetensors``."""
-    directory = directory.expanduser()
-    if not directory.is_dir():
-        raise WeightTransportError(f"weight directory {directory} does not exist or is not a directory")
-    index = directory / INDEX_FILE
-    if index.is_file():
-        files = [directory / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        absent = [str(f) for f in files if not f.is_file()]
-        if absent:
-            raise WeightTransportError(f"{index} lists shards that do not exist: {absent}")
-        return files
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise WeightTransportError(f"weight directory {directory} holds no *.safetensors file")
-    return files
+def safetensors_files(directory: str | os.PathLike[str], roots: WeightRoots | None = None) -> list[Path]:
+    """The safetensors files of ``directory`` (resolved): the index's shards, else every
+    ``*.safetensors``; each inside ``roots`` (None: ``directory`` is the only root).
+
+    Raises :class:`WeightTransportError` for a directory or shard that is missing or outside the
+    roots (one message for both, :func:`~areal_tasks.weights.roots.not_readable`) and for an index
+    that is not JSON or has no ``weight_map`` of tensor names to shard names.
+    """
+    roots = WeightRoots.of([directory]) if roots is None else roots
+    resolved = roots.directory(directory)
+    if (resolved / INDEX_FILE).exists() or (resolved / INDEX_FILE).is_symlink():
+        names = _indexed_shards(roots.shard(resolved, INDEX_FILE))
+    else:
+        names = sorted(p.name for p in resolved.glob("*.safetensors"))
+        if not names:
+            raise WeightTransportError(f"weight directory {os.fspath(directory)!r} holds no *.safetensors file")
+    return [roots.shard(resolved, name) for name in names]
+
+
+def _indexed_shards(index: Path) -> list[str]:
+    """The shard names of a ``model.safetensors.index.json``, checked: a JSON object whose
+    ``weight_map`` maps tensor names to shard names (strings), at least one."""
+    try:
+        parsed = json.loads(index.read_bytes())
+    except OSError as exc:
+        raise WeightTransportError(f"cannot read {INDEX_FILE}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise WeightTransportError(f"{INDEX_FILE} is not valid JSON: {exc}") from exc
+    weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightTransportError(
+            f"{INDEX_FILE} has no 'weight_map' object of tensor name -> shard file "
+            f"(got {type(weight_map).__name__ if weight_map is not None else 'none'})"
+        )
+    bad = [name for name, shard in weight_map.items() if not isinstance(shard, str)]
+    if bad:
+        raise WeightTransportError(f"{INDEX_FILE}: 'weight_map' values must be shard file names, not for {bad[:3]}")
+    return sorted(set(weight_map.values()))
+
+
+def safetensors_headers(files: list[Path]) -> dict[str, Path]:
+    """``tensor name -> file`` from the headers of ``files`` (no tensor data is read).
+
+    Raises :class:`WeightTransportError` for a file that is not safetensors (garbage, truncated)
+    and for a tensor stored in two files, before anything is loaded.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    where: dict[str, Path] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                names = list(handle.keys())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise WeightTransportError(f"{file.name} is not a readable safetensors file: {exc}") from exc
+        for name in names:
+            if name in where:
+                raise WeightTransportError(f"tensor {name!r} is stored twice: in {where[name].name} and {file.name}")
+            where[name] = file
+    return where
 
 
 def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of every tensor in ``files`` (CPU), file by file."""
+    """``(name, tensor)`` of every tensor in ``files`` (CPU), file by file, after every file's
+    header was checked (:func:`safetensors_headers`), so a bad shard fails before any tensor is
+    yielded. Raises :class:`WeightTransportError` for a file whose data cannot be read."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    safetensors_headers(files)
     for file in files:
-        yield from load_file(str(file), device="cpu").items()
+        try:
+            tensors = load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise WeightTransportError(f"{file.name} is not a readable safetensors file: {exc}") from exc
+        yield from tensors.items()
 
 
-def load_safetensors_dir(path: str, served: ServedWeights, device: torch.device) -> dict[str, torch.Tensor]:
+def load_safetensors_dir(
+    path: str | os.PathLike[str], served: ServedWeights, device: torch.device, roots: WeightRoots | None = None
+) -> dict[str, torch.Tensor]:
     """Read and check a HF safetensors directory into tensors on ``device`` in the served dtypes.
 
     Tensors the served model has no weight for are skipped; every required one must be there.
+    ``roots``: as :func:`safetensors_files`.
     """
     named: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(Path(path)):
-        for name, tensor in iter_safetensors([file]):
-            if name in served.specs:
-                named[name] = tensor
-            else:
-                logger.debug("ignoring %s from %s: not a weight of the served model", name, file.name)
+    for name, tensor in iter_safetensors(safetensors_files(path, roots)):
+        if name in served.specs:
+            named[name] = tensor
+        else:
+            logger.debug("ignoring %s: not a weight of the served model", name)
     served.check(named, complete=True)
     return {n: t.to(device=device, dtype=served.specs[n][1]) for n, t in named.items()}

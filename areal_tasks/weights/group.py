@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "GROUP_ABORT_TIMEOUT_S",
     "GROUP_DESTROY_TIMEOUT_S",
     "WeightGroup",
     "abort_process_group",
@@ -47,8 +48,9 @@ __all__ = [
 
 #: seconds a member waits for ``destroy_process_group`` of a weight-update group before aborting it.
 GROUP_DESTROY_TIMEOUT_S = 30.0
-#: seconds an abort may take before the group is left to the process's exit.
-_ABORT_TIMEOUT_S = 10.0
+#: seconds an abort may take before the group is left to the process's exit (a leave takes at
+#: most its destroy timeout plus this).
+GROUP_ABORT_TIMEOUT_S = 10.0
 
 
 def init_custom_process_group(
@@ -59,18 +61,25 @@ def init_custom_process_group(
     rank: int,
     group_name: str,
     timeout: timedelta,
+    rendezvous_timeout: timedelta | None = None,
 ) -> Any:
     """Build a weight-update group the way SGLang's servers do (TCP rendezvous at ``master_addr:master_port``).
 
     Returns the new ``ProcessGroup`` (not torch's default group); blocks until all ``world_size``
     members have joined. Both sides of a weight update must build the group this way, or the
-    rendezvous keys do not meet.
+    rendezvous keys do not meet. ``timeout`` bounds the group's operations (a broadcast that never
+    comes); ``rendezvous_timeout`` (default ``timeout``) how long a member retries reaching the
+    store at ``master_addr:master_port``. A peer that accepts the connection but never answers
+    holds the caller past either (torch's store client waits for its handshake without a
+    deadline): run the join where a stuck thread is bounded and reported (the server's lanes).
     """
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _new_process_group_helper, _world, rendezvous
 
     host = f"[{master_addr}]" if ":" in master_addr else master_addr
-    store, rank, world_size = next(rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout))
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=rendezvous_timeout or timeout)
+    )
     store.set_timeout(timeout)
     store = dist.PrefixStore(group_name, store)
     pg, _ = _new_process_group_helper(
@@ -165,13 +174,13 @@ def leave_process_group(process_group: Any, group_name: str, timeout_s: float = 
             timeout_s,
         )
     aborted, abort_error = _in_thread(
-        lambda: abort_process_group(process_group), f"abort-{group_name}", _ABORT_TIMEOUT_S
+        lambda: abort_process_group(process_group), f"abort-{group_name}", GROUP_ABORT_TIMEOUT_S
     )
     if not aborted:
         logger.warning(
             "weight-update group %s: abort did not return within %.0f s either; it ends with the process",
             group_name,
-            _ABORT_TIMEOUT_S,
+            GROUP_ABORT_TIMEOUT_S,
         )
     elif abort_error is not None and not isinstance(abort_error, ValueError):  # ValueError: gone already
         logger.warning("weight-update group %s: abort failed: %r", group_name, abort_error)
@@ -212,9 +221,12 @@ def join_as_server(
     backend: str,
     device: torch.device,
     timeout_s: float = 1800.0,
+    rendezvous_timeout_s: float | None = None,
 ) -> WeightGroup:
     """Join as server rank ``rank`` the way SGLang's ``init_custom_process_group`` does (blocks
-    until every member joined); refuses settings the group cannot work with, naming them."""
+    until every member joined); refuses settings the group cannot work with, naming them.
+    ``timeout_s`` bounds the group's operations, ``rendezvous_timeout_s`` (default ``timeout_s``)
+    reaching the trainer's store (:func:`init_custom_process_group`)."""
     if not group_name:
         raise WeightTransportError("group_name must not be empty")
     if backend not in ("gloo", "nccl"):
@@ -225,7 +237,14 @@ def join_as_server(
         raise WeightTransportError(f"rank {rank} must be in 1..{world_size - 1} (rank 0 is the trainer)")
     with on_device(device):
         pg = init_custom_process_group(
-            backend, master_address, master_port, world_size, rank, group_name, timedelta(seconds=timeout_s)
+            backend,
+            master_address,
+            master_port,
+            world_size,
+            rank,
+            group_name,
+            timedelta(seconds=timeout_s),
+            None if rendezvous_timeout_s is None else timedelta(seconds=rendezvous_timeout_s),
         )
     logger.info("joined weight-update group %s as rank %d of %d (%s)", group_name, rank, world_size, backend)
     return WeightGroup(group_name, rank, world_size, backend, device, pg)

@@ -13,6 +13,8 @@ device-to-device copy. The transport that uses them is :mod:`areal_tasks.weights
   it, and a server on another GPU gets a clear error rather than a wrong device.
 * **CPU**: the buffer is a file in ``/dev/shm`` mapped by both sides (``torch.from_file``); the
   trainer deletes it when it closes the buffer (a server's mapping stays valid until it drops it).
+  A server maps only files that look like a trainer's buffer (the name, the directory, a regular
+  file of this user), never another path a description names.
   The file's name carries the trainer's PID namespace and pid: making a buffer removes the files
   of trainers of the same namespace that are gone (killed before they could delete theirs), so a
   crash does not keep host memory.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -257,22 +261,20 @@ def pick_buffer(descriptions: Sequence[Mapping[str, Any]], device: torch.device)
 def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
     """The ``uint8`` tensor a description names (a server's view of a trainer's buffer).
 
-    Raises :class:`WeightTransportError` when the description is malformed or the memory cannot be opened
-    (another host, a buffer that is gone).
+    A ``file`` buffer must be one of this project's: a regular file named like the trainer names
+    its buffers (``areal-weights-*``) directly in this host's shared-memory directory, owned by
+    this user (:func:`_buffer_file`). Raises :class:`WeightTransportError` when the description is
+    malformed or the memory cannot be opened (another host, a buffer that is gone, a path that is
+    not an areal buffer: one message for all three).
     """
     import torch
 
     kind, nbytes = description.get("kind"), description.get("nbytes")
-    if not isinstance(nbytes, int) or nbytes < 1:
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
         raise WeightTransportError(f"shared weight buffer: 'nbytes' must be a positive int, got {nbytes!r}")
     try:
         if kind == FILE:
-            path = Path(str(description.get("path", "")))
-            if not path.is_file() or path.stat().st_size < nbytes:
-                raise WeightTransportError(
-                    f"shared weight buffer {path} is missing or shorter than {nbytes} bytes: "
-                    "the trainer must run on this host and keep the buffer open"
-                )
+            path = _buffer_file(description.get("path"), nbytes)
             return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8)
         if kind == CUDA_IPC:
             return _open_cuda(description, nbytes)
@@ -281,6 +283,34 @@ def open_shared_buffer(description: Mapping[str, Any]) -> torch.Tensor:
             f"cannot open shared weight buffer {description.get('id')!r} ({kind}): {exc}"
         ) from exc
     raise WeightTransportError(f"shared weight buffer: unknown kind {kind!r} (known: {CUDA_IPC!r}, {FILE!r})")
+
+
+#: the names :func:`_buffer_file_name` gives: ``areal-weights-<pid namespace>-<pid>-<hex id>``.
+_BUFFER_NAME = re.compile(re.escape(_FILE_PREFIX) + r"[0-9]+-[0-9]+-[0-9a-f]+")
+
+
+def _buffer_file(path: object, nbytes: int) -> Path:
+    """``path`` when it is a trainer's buffer file of at least ``nbytes`` bytes: named
+    :data:`_BUFFER_NAME`, directly in :func:`_shm_dir`, a regular file (not a symlink) owned by
+    this user. Anything else gets one message, whether the path exists or not."""
+    refused = WeightTransportError(
+        f"shared weight buffer {str(path)!r} is missing or shorter than {nbytes} bytes, or not an areal "
+        f"weight buffer ({_FILE_PREFIX}* in {_shm_dir()}, owned by this user): the trainer must run "
+        "on this host and keep the buffer open"
+    )
+    if not isinstance(path, str) or not path:
+        raise refused
+    candidate = Path(path)
+    if not _BUFFER_NAME.fullmatch(candidate.name) or os.path.realpath(candidate.parent) != os.path.realpath(_shm_dir()):
+        logger.warning("refused a shared weight buffer outside %s/%s*: %r", _shm_dir(), _FILE_PREFIX, path)
+        raise refused
+    try:
+        info = candidate.lstat()
+    except OSError:
+        raise refused from None
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size < nbytes:
+        raise refused
+    return candidate
 
 
 def _open_cuda(description: Mapping[str, Any], nbytes: int) -> torch.Tensor:

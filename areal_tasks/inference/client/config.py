@@ -80,9 +80,10 @@ class ClientConfig:
         """The client settings of a ``rollout`` config section (``ranks_per_server`` = inference TP).
 
         The keys come from the variables ``rollout.server.api_key_env``/``admin_api_key_env`` name,
-        looked up in ``environ`` (default ``os.environ``); ConfigError names a variable that is unset.
+        or the job's generated server key (:meth:`InferenceServerConfig.key_envs`), looked up in
+        ``environ`` (default ``os.environ``); ConfigError names a configured variable that is unset.
         """
-        api_key, admin_api_key = cfg.server.read_keys(os.environ if environ is None else environ)
+        api_key, admin_api_key = cfg.server.read_keys(os.environ if environ is None else environ, cfg.backend)
         return cls(
             request_timeout_s=cfg.request_timeout_s,
             max_retries=cfg.max_retries,

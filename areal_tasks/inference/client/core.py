@@ -264,8 +264,10 @@ class RemoteInferenceEngine(InferenceEngine):
         """Pause, load ``meta`` and resume. Where the backend can, this is one request per server
         (the embedded server's ``/areal/swap_weights``: four round trips fewer inside the pause);
         the parts' seconds are then the slowest server's pause and resume and the rest of the wall
-        time. Otherwise the three steps of :class:`InferenceEngine`. A failed load leaves the
-        servers paused, as a failed :meth:`update_weights` between pause and resume does."""
+        time. Otherwise the three steps of :class:`InferenceEngine`, where a failed load leaves the
+        servers paused, as a failed :meth:`update_weights` between pause and resume does. A failed
+        one-request swap does not: every server resumed on its old weights whatever its load did,
+        so the client lets requests through again and keeps its version before it raises."""
         call = self._weights.swap_call(meta, buckets, mode, flush_cache=mode == "abort")
         if call is None:
             return await super().swap_weights(meta, buckets, mode)
@@ -273,7 +275,13 @@ class RemoteInferenceEngine(InferenceEngine):
         self._paused = True
         self._pause_mode = mode
         self._gate_requests(open_=False)
-        timings = await self._weights.swap(self.addresses, meta, call)
+        try:
+            timings = await self._weights.swap(self.addresses, meta, call)
+        except BaseException:
+            self._paused = False
+            self._pause_mode = None
+            self._gate_requests(open_=True)
+            raise
         self._version = meta.version
         self._timeline.updated(meta.version, paused=True)
         self._timeline.resuming()

@@ -240,7 +240,9 @@ class WeightSync:
 
     async def swap(self, addresses: Sequence[str], meta: WeightUpdateMeta, call: HttpCall) -> list[dict[str, float]]:
         """Send ``call`` (:meth:`swap_call`'s) to every server, joining a collective group first;
-        returns each server's timings. Raises InferenceControlError if any server fails."""
+        returns each server's timings. Raises InferenceControlError if any server fails; every
+        server resumed either way (one whose load failed serves on with its old weights and
+        version, the others with the new ones)."""
         mode = _mode(meta)
         if mode.joins_group:
             await self._ensure_group(addresses, meta)

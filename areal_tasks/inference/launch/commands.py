@@ -9,7 +9,14 @@ API keys (``rollout.server.api_key_env``/``admin_api_key_env`` name environment 
 appear on a command line: the embedded server gets ``--api-key-env NAME``; SGLang and vLLM, which
 take a key only as ``--api-key KEY`` (vLLM also as ``$VLLM_API_KEY``), run under
 :mod:`.with_keys`, which adds the key inside the server process. The variables reach the servers
-because the Scheduler passes its environment on (the LocalScheduler does).
+because the Scheduler passes its environment on (the LocalScheduler does). A job's servers always
+have an admin key: without ``admin_api_key_env`` it is the one the job generates
+(``AREAL_SERVER_ADMIN_KEY``, made by ``ServerFleet.start``); vLLM, which has no admin key, gets it
+as its API key unless ``api_key_env`` is set (:meth:`InferenceServerConfig.key_envs`).
+
+Weight roots: a server loads disk updates only from the served model's directory, the run's
+``weights/`` and ``rollout.server.weight_roots`` (``--weight-root DIR``; vLLM's plugin reads them
+from ``$AREAL_WEIGHT_ROOTS``).
 
 Request limits: the embedded server refuses what passes its limits (``--max-queued-sequences``:
 429, ``--max-n``: 413; ``inference/server/limits.py``). A job's servers get limits above anything
@@ -22,11 +29,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError
+from areal_tasks.weights.roots import WEIGHT_ROOTS_ENV
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -94,6 +104,8 @@ class ServerArgs:
     #: and samples per prompt (rollout.group_size); the embedded server's limits are sized above them.
     max_concurrent_requests: int = 0
     samples_per_prompt: int = 1
+    #: directories weight updates may be read from besides ``model_path`` (absolute).
+    weight_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,8 @@ def server_args(
     holding the weights of policy version ``weight_version``."""
     server = cfg.rollout.server
     dtype = server.dtype if server.dtype != "auto" else cfg.model.dtype
+    api_key_env, admin_api_key_env = server.key_envs(cfg.rollout.backend)
+    roots = [RunPaths.of(cfg.experiment.run_dir).weights, *server.weight_roots]
     return ServerArgs(
         backend=cfg.rollout.backend,
         python=server.python or sys.executable,
@@ -140,10 +154,11 @@ def server_args(
         layout=layout or server_layout(cfg),
         weight_version=weight_version,
         extra_args=tuple(server.extra_args),
-        api_key_env=server.api_key_env,
-        admin_api_key_env=server.admin_api_key_env,
         max_concurrent_requests=cfg.rollout.max_concurrent_rollouts,
         samples_per_prompt=cfg.rollout.group_size,
+        api_key_env=api_key_env,
+        admin_api_key_env=admin_api_key_env,
+        weight_roots=tuple(os.path.abspath(root) for root in roots),
     )
 
 
@@ -221,6 +236,8 @@ def vllm_command(a: ServerArgs) -> ServerCommand:
     env = {
         # dev-mode endpoints (pause/resume, weight updates) are what RL needs
         "VLLM_SERVER_DEV_MODE": "1",
+        # where our plugin may load disk updates from, besides the served model (vLLM's key guards only /v1)
+        WEIGHT_ROOTS_ENV: os.pathsep.join(a.weight_roots),
         # keep the working directory off sys.path, where a stale egg-info could hide the plugin
         "PYTHONSAFEPATH": "1",
     }
@@ -250,7 +267,9 @@ def embedded_command(a: ServerArgs) -> ServerCommand:
         "--max-queued-sequences": job_queue_bound(a.max_concurrent_requests),
         "--max-n": max(SERVER_DEFAULT_MAX_N, a.samples_per_prompt),
     }
-    return ServerCommand("embedded", [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *a.extra_args])
+    roots = [part for root in a.weight_roots for part in ("--weight-root", root)]
+    argv = [a.python, "-m", "areal_tasks.cli", "serve", *_common(flags), *roots, *a.extra_args]
+    return ServerCommand("embedded", argv)
 
 
 def build_server_command(

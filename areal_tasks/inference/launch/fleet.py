@@ -12,9 +12,11 @@ crash report (exit code and log tail). A restarted server gets a new port: pass
 from __future__ import annotations
 
 import logging
+import os
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from areal_tasks.api.run_dir import ensure_server_admin_key
 from areal_tasks.api.scheduler import ReadinessCheck, Scheduler, WorkerGroupSpec, WorkerStatus
 from areal_tasks.errors import InferenceServerFailedError, SchedulerError, WorkerFailedError
 from areal_tasks.inference.launch.commands import ServerCommand, build_server_command, server_layout
@@ -114,7 +116,10 @@ class ServerFleet:
         return f"{self.name}-{index}"
 
     def start(self) -> list[str]:
-        """Start every server, wait until all are healthy, and return their addresses."""
+        """Start every server, wait until all are healthy, and return their addresses. The job's
+        server key (``AREAL_SERVER_ADMIN_KEY``) is made first when this process has none: the
+        servers, and the workers and clients started after them, read it from the environment."""
+        ensure_server_admin_key(os.environ)
         for i in range(self.n_servers):
             self._launch(i)
         for i in range(self.n_servers):

@@ -10,6 +10,6 @@ Importing this package is cheap; torch, transformers and FastAPI load with the m
 
 from __future__ import annotations
 
-from areal_tasks.inference.server.server import ServerConfig, build_app, run_server
+from areal_tasks.inference.server.server import ServerConfig, WeightBounds, build_app, run_server
 
-__all__ = ["ServerConfig", "build_app", "run_server"]
+__all__ = ["ServerConfig", "WeightBounds", "build_app", "run_server"]

@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
-from areal_tasks.inference.server.auth import ApiKeyMiddleware
 from areal_tasks.inference.server.body_limit import BodyLimitMiddleware, BodyTooLargeError
 from areal_tasks.inference.server.disconnect import while_connected
 from areal_tasks.inference.server.limits import check_prompt_chars, check_request_size
@@ -77,13 +76,12 @@ def validation_message(errors: list[Any]) -> str:
     return "invalid request body: " + "; ".join(problems) + more
 
 
-def create_app(server: EmbeddedServer, api_key: str | None = None, admin_api_key: str | None = None) -> FastAPI:
-    """The FastAPI application serving ``server``."""
+def create_app(server: EmbeddedServer) -> FastAPI:
+    """The FastAPI application serving ``server`` (API keys are added around it by
+    :func:`~areal_tasks.inference.server.auth.install_api_keys`)."""
     app = FastAPI(title="areal embedded inference server")
     app.state.server = server
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=server.limits.max_body_bytes)
-    if api_key or admin_api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_api_key=admin_api_key)
     app.include_router(openai_router())
 
     @app.exception_handler(InferenceLimitError)

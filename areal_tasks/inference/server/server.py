@@ -1,8 +1,10 @@
 """Build and run the embedded server: ``ServerConfig`` -> model runner -> engine -> FastAPI on uvicorn.
 
-:func:`build_app` loads the model and starts the engine thread (the app's lifespan stops it);
-:func:`run_server` serves it until SIGINT/SIGTERM. ``areal serve`` (``cli/serve_cmd.py``) is the
-command-line front end.
+:func:`build_app` loads the model and starts the engine thread (the app's lifespan stops it, and
+leaves the weight-update groups, both bounded); :func:`run_server` serves it until SIGINT/SIGTERM
+and ends within ``shutdown_timeout_s`` of the signal (``shutdown.py``). Admin routes are closed
+without a key unless ``allow_unauthenticated_admin`` (``auth.py``). ``areal serve``
+(``cli/serve_cmd.py``) is the command-line front end.
 """
 
 from __future__ import annotations
@@ -18,6 +20,28 @@ from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WeightBounds:
+    """Where weight updates may read from and how long each weight operation may take."""
+
+    #: directories weight loads may read from besides the served model's (``--weight-root``).
+    roots: tuple[str, ...] = ()
+    #: seconds a weight-update group's rendezvous may take (``--weight-group-timeout-s``).
+    group_timeout_s: float = 60.0
+    #: seconds a weight load (disk or shared staging, one received bucket) may take, and the
+    #: group's operation timeout (``--weight-load-timeout-s``).
+    load_timeout_s: float = 600.0
+    #: seconds an update on a server that is not paused waits for the requests in flight before it
+    #: fails and lets new requests in again (``--weight-update-drain-timeout-s``).
+    drain_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("group_timeout_s", "load_timeout_s", "drain_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                raise InferenceError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,12 @@ class ServerConfig:
     log_level: str = "info"
     #: what one request may ask (``limits.py``: n, prompts, queue, body, prompt text, tokenizing time).
     limits: ServerLimits = field(default_factory=ServerLimits)
+    #: weight roots and the bounds of weight operations.
+    weights: WeightBounds = field(default_factory=WeightBounds)
+    #: without an API key or admin key, admin routes are open (else they are refused).
+    allow_unauthenticated_admin: bool = False
+    #: seconds from SIGTERM/SIGINT to the process's exit at most (hung threads included).
+    shutdown_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
         from areal_tasks.inference.server.openai_routes import TOOL_CALL_PARSERS
@@ -68,6 +98,10 @@ class ServerConfig:
             raise InferenceError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
             raise InferenceError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
+        if not 0 < self.shutdown_timeout_s < float("inf"):
+            raise InferenceError(
+                f"shutdown_timeout_s must be a positive number of seconds, got {self.shutdown_timeout_s}"
+            )
 
 
 def build_app(cfg: ServerConfig) -> Any:
@@ -75,6 +109,7 @@ def build_app(cfg: ServerConfig) -> Any:
     import torch
 
     from areal_tasks.inference.server.app import create_app
+    from areal_tasks.inference.server.auth import install_api_keys
     from areal_tasks.inference.server.cuda_graph import build_runner
     from areal_tasks.inference.server.engine import Engine
     from areal_tasks.inference.server.model_runner import RunnerConfig
@@ -105,8 +140,19 @@ def build_app(cfg: ServerConfig) -> Any:
         overlap=cfg.overlap_schedule,
     )
     name = cfg.served_model_name or Path(cfg.model_path).name
-    server = EmbeddedServer(engine, cfg.model_path, name, tool_call_parser=cfg.tool_call_parser, limits=cfg.limits)
-    app = create_app(server, api_key=cfg.api_key, admin_api_key=cfg.admin_api_key)
+    server = EmbeddedServer(
+        engine,
+        cfg.model_path,
+        name,
+        tool_call_parser=cfg.tool_call_parser,
+        limits=cfg.limits,
+        weight_bounds=cfg.weights,
+    )
+    app = create_app(server)
+    install_api_keys(app, cfg.api_key, cfg.admin_api_key, open_admin=cfg.allow_unauthenticated_admin)
+    _answer_weight_bounds(app)
+    # the stop's budget (shutdown.py): a third to requests in flight (uvicorn), then the engine and the groups
+    stop_s = cfg.shutdown_timeout_s / 3
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -114,18 +160,43 @@ def build_app(cfg: ServerConfig) -> Any:
         try:
             yield
         finally:
-            engine.shutdown()
-            server.close()
+            try:
+                engine.shutdown(timeout=stop_s)
+            finally:
+                server.close(timeout_s=stop_s / 2)
 
     app.router.lifespan_context = lifespan
     return app
 
 
+def _answer_weight_bounds(app: Any) -> None:
+    """Weight operations refused or cut short by a bound answer its status (409, 503, 504) with
+    SGLang's ``{"success": false, "message"}`` body."""
+    from fastapi.responses import JSONResponse
+
+    from areal_tasks.inference.server.weight_guard import WeightOperationError
+
+    async def refused(_: Any, exc: Exception) -> JSONResponse:
+        status = exc.status if isinstance(exc, WeightOperationError) else 500
+        return JSONResponse({"success": False, "message": str(exc)}, status_code=status)
+
+    app.add_exception_handler(WeightOperationError, refused)
+
+
 def run_server(cfg: ServerConfig) -> None:
-    """Serve until interrupted."""
-    import uvicorn
+    """Serve until SIGTERM/SIGINT; the process ends within ``cfg.shutdown_timeout_s`` of the signal,
+    hung threads or not (``shutdown.py``: it may end the process itself)."""
+    from areal_tasks.inference.server.shutdown import serve_until_stopped
 
     app = build_app(cfg)
     logger.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, cfg.port)
-    # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False, timeout_keep_alive=75)
+    serve_until_stopped(
+        app,
+        shutdown_timeout_s=cfg.shutdown_timeout_s,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        access_log=False,
+        # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
+        timeout_keep_alive=75,
+    )

@@ -33,12 +33,13 @@ from typing import Any, TypeVar
 
 from areal_tasks.errors import InferenceError, InferenceLimitError
 from areal_tasks.inference.server.engine import Engine
-from areal_tasks.inference.server.executors import Lanes, LaneTimeoutError
+from areal_tasks.inference.server.executors import DEFAULT_LANES, Lanes, LaneTimeoutError
 from areal_tasks.inference.server.limits import ServerLimits, check_request_size, check_stops
 from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.protocol import generate_response
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
+from areal_tasks.inference.server.server import WeightBounds
 from areal_tasks.inference.server.weight_service import WeightService
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class EmbeddedServer:
         served_model_name: str,
         tool_call_parser: str | None = None,
         limits: ServerLimits | None = None,
+        weight_bounds: WeightBounds | None = None,
     ) -> None:
         self.engine = engine
         self.tool_call_parser = tool_call_parser
@@ -75,7 +77,7 @@ class EmbeddedServer:
         self.tokenizer = self.runner.tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name
-        self.weights = WeightService(engine)
+        self.weights = WeightService(engine, weight_bounds)
         self.limits = (limits or ServerLimits()).resolve(
             max_running_requests=self.runner.cache.num_slots,
             context_length=self.runner.max_len,
@@ -83,16 +85,17 @@ class EmbeddedServer:
         )
         engine.limit_queue(self.limits.max_queued_sequences)
         #: thread lanes for blocking work a request causes (tokenize here; see executors.py).
-        self.lanes = Lanes()
+        self.lanes = Lanes({"tokenize": DEFAULT_LANES["tokenize"]})  # weight lanes are WeightGuard's
         self._tokenize_pending = 0
         self.closing = False
         logger.info("request limits: %s", self.limits)
 
-    def close(self) -> None:
-        """Server shutdown: ``/health`` says so, the lanes take no more work, weight groups are left."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Server shutdown: ``/health`` says so, the lanes take no more work, weight groups are left
+        (each leave bounded by ``timeout_s``; see ``WeightService.close``)."""
         self.closing = True
         self.lanes.shutdown()
-        self.weights.close()
+        self.weights.close(timeout_s)
 
     # ---------------- health ----------------
     def health_problem(self) -> str | None:

@@ -4,7 +4,10 @@ vLLM fixes one weight-transfer backend per server at start-up, so one engine tak
 update our trainer publishes; each ``/update_weights`` call says which by its fields:
 
 * ``{"path": "<dir>"}``: load the HF safetensors of a directory (the disk transport's receiving
-  side, :mod:`areal_tasks.weights.disk`, streamed file by file); needs no init call;
+  side, :mod:`areal_tasks.weights.disk`, streamed file by file); needs no init call. The directory
+  must lie in the served model's directory or one that ``$AREAL_WEIGHT_ROOTS`` lists (the job's
+  launcher sets it; :mod:`areal_tasks.weights.roots`): vLLM's key guards only ``/v1``, so this
+  route is open to whoever reaches the server;
 * ``{"names", "dtype_names", "shapes"}``: receive one bucket, a single ``uint8`` broadcast from
   rank 0 of the weight-update group holding the tensors back to back (the collective protocol of
   docs/inference.md). The group is joined once with ``/init_weight_transfer_engine`` (``init_info``:
@@ -30,9 +33,9 @@ logs a warning and keeps the old values, which would publish a half-updated poli
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +50,7 @@ from areal_tasks.errors import InferenceError
 from areal_tasks.weights.base import WeightLoad
 from areal_tasks.weights.collective import CollectiveReceiver
 from areal_tasks.weights.disk import iter_safetensors, safetensors_files
+from areal_tasks.weights.roots import WeightRoots, roots_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +106,9 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
         #: the group joined by the last init call (one per engine), or None
         self.group: str | None = None
         self._loaded: set[str] = set()
+        #: where disk updates may be read from: the served model's directory and $AREAL_WEIGHT_ROOTS
+        served = str(self.model_config.model)
+        self.weight_roots = WeightRoots.of([*([served] if os.path.isdir(served) else []), *roots_from_env(os.environ)])
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -157,7 +164,7 @@ class ArealWeightTransferEngine(WeightTransferEngine[GroupInitInfo, DiskUpdateIn
     def receive_weights(self, update_info: DiskUpdateInfo | BucketUpdateInfo) -> None:
         """Read the directory or receive the bucket, and load the tensors into the model."""
         if isinstance(update_info, DiskUpdateInfo):
-            files = safetensors_files(Path(update_info.path))
+            files = safetensors_files(update_info.path, self.weight_roots)
             count = self._load(iter_safetensors(files))
             logger.info("loaded %d tensors from %d files under %s", count, len(files), update_info.path)
             return

@@ -54,7 +54,8 @@ def start_sglang(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
         LocalScheduler(workdir / "run", handle_signals=False) as scheduler,
         ServerFleet.from_config(scheduler, cfg, str(model_dir)) as fleet,
     ):
-        yield ServerControl("sglang", fleet.addresses, model_dir, workdir)
+        keys = dict(zip(("api_key", "admin_api_key"), cfg.rollout.server.read_keys(os.environ, "sglang")))
+        yield ServerControl("sglang", fleet.addresses, model_dir, workdir, client_keys=keys)
 
 
 _missing = _missing_reason()

@@ -35,6 +35,7 @@ def start_vllm(workdir: Path, model_dir: Path) -> Iterator[ServerControl]:
             workdir,
             adapter_kwargs={"model": vllm_test_server.SERVED_NAME},
             version=server.reported_version() or 0,
+            client_keys={"api_key": server.api_key or None},
         )
 
 

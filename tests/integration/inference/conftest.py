@@ -47,12 +47,15 @@ class ServerControl:
     adapter_kwargs: dict[str, Any] = field(default_factory=dict)
     #: policy version of the weights the servers hold now (tests that update weights bump it).
     version: int = 0
+    #: ``api_key``/``admin_api_key`` the client sends (a job's servers always have an admin key).
+    client_keys: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def make_client(self, **config: Any):
         """A client over all servers of this backend, at the servers' current version."""
         from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
 
-        cfg = ClientConfig(**{"request_timeout_s": 120.0, "max_retries": 2, "retry_backoff_s": 0.05, **config})
+        defaults = {"request_timeout_s": 120.0, "max_retries": 2, "retry_backoff_s": 0.05, **self.client_keys}
+        cfg = ClientConfig(**{**defaults, **config})
         adapter = make_adapter(self.backend, **self.adapter_kwargs)
         return RemoteInferenceEngine(self.addresses, adapter, cfg, version=self.version)
 

@@ -1,5 +1,6 @@
 """Fixtures of the embedded-server HTTP tests: one ``areal serve`` process (tiny qwen2, admin API
-key set) for the whole session, an HTTP client for it, and a transformers reference model.
+key set, pytest's temporary directories a weight root) for the whole session, an HTTP client for
+it, and a transformers reference model.
 
 ``embedded_server.py`` beside this file starts and stops servers. Tests that change the served
 weights put the original ones back before they end.
@@ -35,6 +36,8 @@ def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "8",
         "--tool-call-parser",
         "qwen25",
+        "--weight-root",
+        str(tmp_path_factory.getbasetemp()),  # tests write weight updates under their tmp_path
     ) as url:
         yield url
 

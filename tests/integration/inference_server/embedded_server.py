@@ -1,7 +1,8 @@
 """Harness of the embedded-server HTTP tests: start/stop ``areal serve``, reference outputs.
 
 :func:`running_server` binds 127.0.0.1 on a free port, waits for ``/health`` (failing with the log
-tail if the process dies first), and stops the process by its PID (SIGTERM, then SIGKILL).
+tail if the process dies first), and stops the process by its PID (SIGTERM, then SIGKILL);
+:func:`running_process` is the same, yielding the process too (tests that signal it themselves).
 :func:`hf_greedy` is transformers' greedy continuation, the reference for the server's output.
 """
 
@@ -36,6 +37,13 @@ def _log_tail(path: Path, lines: int = 40) -> str:
 @contextlib.contextmanager
 def running_server(model_dir: Path, log_path: Path, *extra_args: str) -> Iterator[str]:
     """Run ``areal serve`` on ``model_dir``; yields its base URL."""
+    with running_process(model_dir, log_path, *extra_args) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def running_process(model_dir: Path, log_path: Path, *extra_args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run ``areal serve`` on ``model_dir``; yields its base URL and its process."""
     port = free_port()
     argv = [
         sys.executable,
@@ -76,7 +84,7 @@ def running_server(model_dir: Path, log_path: Path, *extra_args: str) -> Iterato
             if time.monotonic() > deadline:
                 raise RuntimeError(f"areal serve not healthy after {_STARTUP_S} s:\n{_log_tail(log_path)}")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)

@@ -4,8 +4,8 @@ A long greedy request under a short client timeout (or cancelled by its caller) 
 with nothing running or queued soon after (the client's ``/abort_request``, without which the
 server would decode to ``max_new_tokens``), and the next request is served normally.
 
-The session server of ``conftest.py`` guards ``/abort_request`` with an admin key and the client
-sends no keys, so this module runs its own keyless server.
+This module runs its own server, its admin key handed over through the environment as a job's is
+(``--admin-api-key-env``), and a client that sends it on ``/abort_request``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,17 @@ LONG = SamplingParams(max_new_tokens=2000, temperature=0, ignore_eos=True)
 IDLE_WITHIN_S = 2.0
 
 
+ADMIN_ENV, ADMIN_KEY = "AREAL_TEST_ABORT_ADMIN_KEY", "abort-test-admin-key"
+
+
 @pytest.fixture(scope="module")
-def keyless_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url_with_env_key(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("embedded-server-abort") / "server.log"
-    with running_server(tiny_qwen2, log, "--context-length", "2048", "--max-running-requests", "4") as url:
-        yield url
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ADMIN_ENV, ADMIN_KEY)  # the server inherits it, as from the LocalScheduler
+        args = ("--admin-api-key-env", ADMIN_ENV, "--context-length", "2048", "--max-running-requests", "4")
+        with running_server(tiny_qwen2, log, *args) as url:
+            yield url
 
 
 def _gauge(url: str, name: str) -> float:
@@ -59,18 +65,20 @@ async def _until(predicate, limit_s: float, what: str) -> None:
 
 
 def _engine(url: str, **config: float) -> RemoteInferenceEngine:
-    return RemoteInferenceEngine([url], make_adapter("embedded"), ClientConfig(**config))
+    return RemoteInferenceEngine([url], make_adapter("embedded"), ClientConfig(admin_api_key=ADMIN_KEY, **config))
 
 
-def test_a_timed_out_request_stops_on_the_server(keyless_url: str) -> None:
+def test_a_timed_out_request_stops_on_the_server(server_url_with_env_key: str) -> None:
     async def scenario() -> None:
-        async with _engine(keyless_url, request_timeout_s=1.0, max_retries=0) as engine:
+        async with _engine(server_url_with_env_key, request_timeout_s=1.0, max_retries=0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(lambda: _gauge(keyless_url, "sglang:num_running_reqs") >= 1, 30.0, "the request running")
+            await _until(
+                lambda: _gauge(server_url_with_env_key, "sglang:num_running_reqs") >= 1, 30.0, "the request running"
+            )
             with pytest.raises(InferenceRetriesExhaustedError, match="no answer within"):
                 await task
-            await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
-        async with _engine(keyless_url, request_timeout_s=60.0) as engine:
+            await _until(lambda: _busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
+        async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
             )
@@ -79,15 +87,19 @@ def test_a_timed_out_request_stops_on_the_server(keyless_url: str) -> None:
     asyncio.run(scenario())
 
 
-def test_a_cancelled_request_stops_on_the_server(keyless_url: str) -> None:
+def test_a_cancelled_request_stops_on_the_server(server_url_with_env_key: str) -> None:
     async def scenario() -> None:
-        async with _engine(keyless_url, request_timeout_s=60.0) as engine:
+        async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(lambda: _gauge(keyless_url, "sglang:num_running_reqs") >= 1, 30.0, "the request running")
+            await _until(
+                lambda: _gauge(server_url_with_env_key, "sglang:num_running_reqs") >= 1, 30.0, "the request running"
+            )
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await _until(lambda: _busy(keyless_url) == 0, IDLE_WITHIN_S, "an idle server after the cancellation")
+            await _until(
+                lambda: _busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the cancellation"
+            )
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
             )

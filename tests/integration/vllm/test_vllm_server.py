@@ -103,7 +103,9 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
     }
 
     async def scenario():
-        async with httpx.AsyncClient(base_url=f"http://{vllm.server.address}", timeout=120.0) as http:
+        async with httpx.AsyncClient(
+            base_url=f"http://{vllm.server.address}", headers=vllm.server.headers, timeout=120.0
+        ) as http:
             for attempt in range(10):  # pause at a moment when the long request has partial output
                 long = asyncio.create_task(http.post("/v1/completions", json=body))
                 await asyncio.sleep(0.2 * (attempt + 1))

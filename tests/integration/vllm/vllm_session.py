@@ -30,7 +30,9 @@ class VLLMSession:
 
     def client(self) -> RemoteInferenceEngine:
         """A client of the server at the current version (use it as ``async with``)."""
-        config = ClientConfig(request_timeout_s=120.0, max_retries=2, retry_backoff_s=0.05)
+        config = ClientConfig(
+            request_timeout_s=120.0, max_retries=2, retry_backoff_s=0.05, api_key=self.server.api_key or None
+        )
         return RemoteInferenceEngine(
             [self.server.address], make_adapter("vllm", model=SERVED_NAME), config, version=self.version
         )

@@ -12,6 +12,11 @@ weight-transfer engine, processed logprobs and ``PYTHONSAFEPATH=1``) plus what a
 ``--kv-cache-memory-bytes`` 64 MiB (the legacy ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB) and
 ``--enforce-eager`` (no compile at start-up).
 
+Like a job's, the server runs behind the job's generated key (vLLM's API key: it has no admin key),
+read back for the tests as :attr:`VLLMServer.api_key` (:data:`VLLMServer.headers`), and loads disk
+updates only under the session's temporary directories (``$AREAL_WEIGHT_ROOTS``): the users'
+scratch directories are all made there.
+
 The tiny model has 32-wide attention heads: vLLM's CPU attention supports head sizes 32..512 (not
 the kit's default 16), and vLLM's Qwen2 derives the head size as ``hidden_size / heads``.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +71,12 @@ class VLLMServer:
     model_path: Path
     workdir: Path
     log_path: str
+    #: the server's API key (the job's generated key); every /v1 call needs it
+    api_key: str = dataclasses.field(default="", repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def reported_version(self) -> int | None:
         """The weight version ``/weight_info`` reports (None before the first update)."""
@@ -73,9 +85,8 @@ class VLLMServer:
         return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
-def _server_command(model_dir: Path):
+def _job_config(weight_root: Path):
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.inference.launch.commands import build_server_command
 
     cfg = JobConfig()
     cfg.allocation = "vllm:d1+fsdp:d1"
@@ -90,15 +101,22 @@ def _server_command(model_dir: Path):
         "--kv-cache-memory-bytes",
         str(KV_CACHE_BYTES),
     ]
+    cfg.rollout.server.weight_roots = [str(weight_root)]
+    return cfg
+
+
+def _server_command(cfg, model_dir: Path):
+    from areal_tasks.inference.launch.commands import build_server_command
+
     command = build_server_command(cfg, str(model_dir))
     env = {**command.env, "TOKENIZERS_PARALLELISM": "false"}
     return dataclasses.replace(command, env=env)
 
 
-def _warm_up(address: str) -> None:
+def _warm_up(address: str, headers: dict[str, str]) -> None:
     """One request: vLLM compiles its CPU kernels on the first one (tens of seconds)."""
     body = {"model": SERVED_NAME, "prompt": [1, 2, 3], "max_tokens": 2}
-    response = httpx.post(f"http://{address}/v1/completions", json=body, timeout=WARMUP_TIMEOUT_S)
+    response = httpx.post(f"http://{address}/v1/completions", json=body, headers=headers, timeout=WARMUP_TIMEOUT_S)
     response.raise_for_status()
 
 
@@ -108,10 +126,11 @@ def _start(workdir: Path) -> Iterator[VLLMServer]:
     from areal_tasks.launch import LocalScheduler
 
     model = vllm_tiny_model(0)
+    cfg = _job_config(workdir.parent)  # every user's scratch directory is made beside workdir
     with LocalScheduler(workdir / "run", devices=[], handle_signals=False) as scheduler:
         fleet = ServerFleet(
             scheduler,
-            _server_command(model),
+            _server_command(cfg, model),
             1,
             name="vllm",
             hide_devices=True,
@@ -121,9 +140,11 @@ def _start(workdir: Path) -> Iterator[VLLMServer]:
         with fleet:
             (address,) = fleet.addresses
             (info,) = scheduler.status(fleet.group_name(0))
-            _warm_up(address)
+            api_key, _ = cfg.rollout.server.read_keys(os.environ, "vllm")
+            server = VLLMServer(address, model, workdir, info.log_path, api_key or "")
+            _warm_up(address, server.headers)
             logger.info("vLLM server up at %s (log %s)", address, info.log_path)
-            yield VLLMServer(address, model, workdir, info.log_path)
+            yield server
 
 
 @dataclass

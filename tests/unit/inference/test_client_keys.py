@@ -190,6 +190,34 @@ def test_client_config_from_rollout_reads_the_named_variables() -> None:
     assert plain.api_key is None and plain.admin_api_key is None
 
 
+def test_without_configured_keys_the_client_uses_the_jobs_generated_key() -> None:
+    environ = {"AREAL_SERVER_ADMIN_KEY": ADMIN}
+    cfg = JobConfig()
+    client = ClientConfig.from_rollout(cfg.rollout, environ=environ)
+    assert (client.api_key, client.admin_api_key) == (None, ADMIN)
+    cfg.rollout.backend = "vllm"  # no admin key: the generated key is its API key
+    client = ClientConfig.from_rollout(cfg.rollout, environ=environ)
+    assert (client.api_key, client.admin_api_key) == (ADMIN, None)
+    cfg.rollout.server.api_key_env = "MY_API_KEY"
+    client = ClientConfig.from_rollout(cfg.rollout, environ={**environ, "MY_API_KEY": API})
+    assert (client.api_key, client.admin_api_key) == (API, None)
+
+
+def test_the_jobs_server_key_is_made_once_per_process(monkeypatch) -> None:
+    from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV, ensure_server_admin_key
+
+    monkeypatch.delenv(SERVER_ADMIN_KEY_ENV, raising=False)
+    environ: dict[str, str] = {}
+    ensure_server_admin_key(environ)
+    key = environ[SERVER_ADMIN_KEY_ENV]
+    assert len(key) >= 40
+    ensure_server_admin_key(environ)
+    assert environ[SERVER_ADMIN_KEY_ENV] == key  # restarts and later fleets of the job keep it
+    other: dict[str, str] = {}
+    ensure_server_admin_key(other)
+    assert other[SERVER_ADMIN_KEY_ENV] != key  # a new job process, a new key
+
+
 # -- launch: keys never on a command line, logs redacted ------------------------------------------
 
 
@@ -217,8 +245,15 @@ def test_sglang_and_vllm_commands_run_under_with_keys() -> None:
     vllm = build_server_command(_job("vllm", "vllm:d1+fsdp:d1"), "/models/m").argv
     assert vllm[vllm.index("--env") + 1] == "VLLM_API_KEY=MY_API_KEY"
     assert "vllm.entrypoints.openai.api_server" in vllm
+    # a job's servers are never open: without configured keys, the job's generated key, by name
     no_keys = build_server_command(JobConfig(), "/models/m").argv
-    assert "areal_tasks.inference.launch.with_keys" not in no_keys and "--api-key-env" not in no_keys
+    assert "--api-key-env" not in no_keys
+    assert no_keys[no_keys.index("--admin-api-key-env") + 1] == "AREAL_SERVER_ADMIN_KEY"
+    sglang = build_server_command(_job("sglang", "sglang:d1+fsdp:d1"), "/models/m")
+    assert "admin-api-key=MY_ADMIN_KEY" in sglang.argv
+    generated = JobConfig()
+    generated.allocation, generated.rollout.backend = "sglang:d1+fsdp:d1", "sglang"
+    assert "admin-api-key=AREAL_SERVER_ADMIN_KEY" in build_server_command(generated, "/models/m").argv
 
 
 def test_vllm_refuses_an_admin_key() -> None:

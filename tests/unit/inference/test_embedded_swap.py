@@ -1,16 +1,21 @@
 """The embedded server's one-request swap (``/areal/swap_weights``) carries exactly the fields of
 the load it stands for, for each mode, as the client's per-mode table builds that load; an update
-of several buckets, or a backend without the route, goes step by step."""
+of several buckets, or a backend without the route, goes step by step. A failed swap leaves the
+client serving (the server resumed on its old weights)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from areal_tasks.api.inference import ParamSpec, plan_weight_buckets
+import httpx
+import pytest
+from fake_sglang import FakeCluster
+
+from areal_tasks.api.inference import ModelRequest, ParamSpec, SamplingParams, plan_weight_buckets
 from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import InferenceControlError
 from areal_tasks.inference.admin_paths import SWAP_WEIGHTS_PATH
-from areal_tasks.inference.client import make_adapter
+from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
 from areal_tasks.inference.client.weights import WeightSync
 
 SPECS = [ParamSpec("w", "bfloat16", (4, 3)), ParamSpec("b", "float32", (5,))]
@@ -55,3 +60,32 @@ def test_a_swap_without_its_plan_or_buffers_is_refused_before_any_call() -> None
         sync.swap_call(WeightUpdateMeta.collective(1, "127.0.0.1", 29000, 2), None, "abort", flush_cache=True)
     with pytest.raises(InferenceControlError, match="names no buffer"):
         sync.swap_call(WeightUpdateMeta.shared(1), [SPECS], "abort", flush_cache=True)
+
+
+def test_a_failed_one_request_swap_leaves_the_client_serving_at_its_old_version() -> None:
+    """The server resumes after a failed ``/areal/swap_weights`` (old weights, old version): the
+    client raises, but lets requests through again at the version it had."""
+    cluster = FakeCluster(1)
+    inner = cluster.transport()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == SWAP_WEIGHTS_PATH:
+            return httpx.Response(400, json={"success": False, "message": "Failed to update weights: garbage"})
+        return await inner.handle_async_request(request)
+
+    async def scenario() -> None:
+        engine = RemoteInferenceEngine(
+            cluster.addresses,
+            make_adapter("embedded"),
+            ClientConfig(max_retries=0, request_timeout_s=10.0),
+            version=4,
+            transport_factory=lambda: httpx.MockTransport(handler),
+        )
+        async with engine:
+            with pytest.raises(InferenceControlError, match="garbage"):
+                await engine.swap_weights(WeightUpdateMeta.disk("/w/v5", 5), None, "abort")
+            assert engine.get_version() == 4
+            done = await asyncio.wait_for(engine.agenerate(ModelRequest([1, 2], SamplingParams(max_new_tokens=2))), 10)
+            assert len(done.output_ids) == 2
+
+    asyncio.run(scenario())

@@ -52,9 +52,11 @@ def kill(scheduler: LocalScheduler, group: str) -> None:
     raise AssertionError(f"{group} did not exit after SIGKILL")
 
 
-def test_start_check_and_stop(scheduler: LocalScheduler) -> None:
+def test_start_check_and_stop(scheduler: LocalScheduler, monkeypatch) -> None:
+    monkeypatch.delenv("AREAL_SERVER_ADMIN_KEY", raising=False)
     servers = fleet(scheduler)
     addresses = servers.start()
+    assert os.environ["AREAL_SERVER_ADMIN_KEY"]  # the job's server key, made before the first server
     assert len(set(addresses)) == 2 and all(a.startswith("127.0.0.1:") for a in addresses)
     assert all(healthy(a) for a in addresses)
     assert servers.check() == []

@@ -1,8 +1,14 @@
-"""Server command lines built from a JobConfig: SGLang, vLLM and the embedded server."""
+"""Server command lines built from a JobConfig: SGLang, vLLM and the embedded server.
+
+A job's servers always get an admin key (the job's generated ``AREAL_SERVER_ADMIN_KEY`` unless the
+config names one; vLLM's API key, as it has no admin key), named on the command line, never given,
+and the run's ``weights/`` as a weight root.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pytest
@@ -33,6 +39,9 @@ def test_sglang_command() -> None:
     assert cmd.argv == [
         "/envs/serve/bin/python",
         "-m",
+        "areal_tasks.inference.launch.with_keys",
+        "--flag",
+        "admin-api-key=AREAL_SERVER_ADMIN_KEY",
         "sglang.launch_server",
         "--model-path",
         "/models/qwen",
@@ -69,6 +78,9 @@ def test_vllm_command_uses_its_own_python() -> None:
     assert cmd.argv == [
         "/envs/serve/bin/python",
         "-m",
+        "areal_tasks.inference.launch.with_keys",
+        "--env",
+        "VLLM_API_KEY=AREAL_SERVER_ADMIN_KEY",
         "vllm.entrypoints.openai.api_server",
         "--model",
         "/models/qwen",
@@ -95,7 +107,11 @@ def test_vllm_command_uses_its_own_python() -> None:
         "--log-level",
         "warning",
     ]
-    assert cmd.env == {"VLLM_SERVER_DEV_MODE": "1", "PYTHONSAFEPATH": "1"}
+    assert cmd.env == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "AREAL_WEIGHT_ROOTS": os.path.abspath("weights"),
+        "PYTHONSAFEPATH": "1",
+    }
 
 
 def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
@@ -119,10 +135,14 @@ def test_embedded_command_defaults_to_this_python_and_model_dtype() -> None:
         "1",
         "--weight-version",
         "3",
+        "--admin-api-key-env",
+        "AREAL_SERVER_ADMIN_KEY",
         "--max-queued-sequences",
         "256",
         "--max-n",
         "64",
+        "--weight-root",
+        os.path.abspath("weights"),
     ]
 
 
@@ -147,6 +167,19 @@ def test_embedded_servers_get_limits_above_what_the_rollout_sends() -> None:
     assert limits_from_args(args).max_queued_sequences == 5000
 
 
+def test_weight_roots_are_the_runs_weights_and_the_configured_ones(tmp_path) -> None:
+    cfg = JobConfig()
+    cfg.experiment.run_dir = str(tmp_path / "run")
+    cfg.rollout.server.weight_roots = ["/data/weights", "relative"]
+    argv = build_server_command(cfg, "/models/tiny").argv
+    roots = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--weight-root"]
+    assert roots == [str(tmp_path / "run" / "weights"), "/data/weights", os.path.abspath("relative")]
+    vllm = config("vllm:d1+fsdp:d1", "vllm")
+    vllm.experiment.run_dir = str(tmp_path / "run")
+    env = build_server_command(vllm, "/m").env["AREAL_WEIGHT_ROOTS"]
+    assert env.split(os.pathsep) == [str(tmp_path / "run" / "weights")]
+
+
 def test_embedded_refuses_model_parallel_layouts() -> None:
     with pytest.raises(ConfigError, match="tp=2"):
         build_server_command(config("embedded:d1t2+fsdp:d1", "embedded"), "/m")
@@ -160,6 +193,6 @@ def test_fleet_from_config(tmp_path) -> None:
     assert fleet.n_servers == 3 and fleet.max_restarts == 5
     spec = fleet._spec(1)
     assert spec.name == "inference-1" and spec.devices_per_worker == 2 and not spec.hide_devices
-    assert spec.readiness.target == "http://{host}:{port}/health" and spec.command[2] == "sglang.launch_server"
+    assert spec.readiness.target == "http://{host}:{port}/health" and "sglang.launch_server" in spec.command
     cpu = ServerFleet.from_config(LocalScheduler(tmp_path, devices=[], handle_signals=False), JobConfig(), "/m")
     assert cpu._spec(0).devices_per_worker == 0 and cpu._spec(0).hide_devices

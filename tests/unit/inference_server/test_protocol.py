@@ -66,7 +66,7 @@ def test_weight_version_spans_follow_sglang() -> None:
     "path, header, api_key, admin_key, allowed",
     [
         ("/generate", None, None, None, True),
-        ("/pause_generation", None, None, None, True),
+        ("/pause_generation", None, None, None, False),  # closed without keys (issue #26; SGLang opens it)
         ("/pause_generation", None, None, "adm", False),
         ("/pause_generation", "Bearer adm", None, "adm", True),
         ("/pause_generation", "bearer adm", None, "adm", True),

@@ -1,0 +1,114 @@
+"""``areal serve`` is closed by default: no open non-loopback bind, no open admin routes.
+
+A non-loopback ``--host`` without an API key exits 2 before any model is loaded (the model path
+here does not exist) unless ``--allow-unauthenticated``. Without any key, an admin key is made and
+written to a 0600 file whose path is logged, never the key; ``--allow-unauthenticated-admin``
+opens the admin routes instead. The middleware refuses admin routes of a keyless server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal_tasks.cli import build_parser
+from areal_tasks.cli.serve_cmd import admin_access, is_loopback, safety_config
+from areal_tasks.errors import ConfigError
+from areal_tasks.inference.server.auth import request_allowed
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", "--model", "/nonexistent-model", *argv])
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", ""])
+def test_a_public_bind_without_an_api_key_exits_2_before_loading_the_model(host: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "areal_tasks.cli", "serve", "--model", str(tmp_path / "missing"), "--host", host],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "is not a loopback address and no API key is set" in done.stderr
+    assert "--allow-unauthenticated" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_loopback_hosts() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("[::1]") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.1.2.3")
+    assert not is_loopback("") and not is_loopback("no-such-host.invalid")
+
+
+def test_a_public_bind_is_allowed_with_an_api_key_or_when_told(tmp_path: Path, caplog) -> None:
+    env = {"HOME": str(tmp_path)}
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        admin_access(serve_args("--host", "0.0.0.0"), None, "admin-key", env)
+    assert admin_access(serve_args("--host", "0.0.0.0"), "api-key", None, env) == (None, False)
+    with caplog.at_level(logging.WARNING):
+        key, open_admin = admin_access(serve_args("--host", "0.0.0.0", "--allow-unauthenticated"), None, None, env)
+    assert key and not open_admin  # still an admin key: the two opt-outs are separate
+    assert "SERVING WITHOUT AN API KEY ON 0.0.0.0" in caplog.text
+
+
+def test_without_keys_an_admin_key_is_written_to_a_private_file(tmp_path: Path, caplog) -> None:
+    with caplog.at_level(logging.INFO):
+        key, open_admin = admin_access(serve_args("--port", "31234"), None, None, {"HOME": str(tmp_path)})
+    path = tmp_path / ".cache" / "areal" / "serve-31234.admin-key"
+    assert not open_admin and key and path.read_text() == key and len(key) >= 40
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert str(path) in caplog.text and key not in caplog.text
+    again, _ = admin_access(serve_args("--port", "31234"), None, None, {"HOME": str(tmp_path)})
+    assert again != key and path.read_text() == again  # a new key per start
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    admin_access(serve_args("--port", "31235"), None, None, {"XDG_RUNTIME_DIR": str(runtime), "HOME": "/nowhere"})
+    assert (runtime / "areal" / "serve-31235.admin-key").is_file()
+
+
+def test_a_key_directory_others_may_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / ".cache" / "areal").mkdir(parents=True)
+    (tmp_path / ".cache" / "areal").chmod(0o777)
+    with pytest.raises(ConfigError, match="not a directory only you may write"):
+        admin_access(serve_args(), None, None, {"HOME": str(tmp_path)})
+
+
+def test_given_keys_are_used_and_the_admin_opt_out_opens_admin_routes(tmp_path: Path, caplog) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert admin_access(serve_args(), None, "mine", env) == ("mine", False)
+    assert admin_access(serve_args(), "api", None, env) == (None, False)  # SGLang: the API key opens admin routes
+    with caplog.at_level(logging.WARNING):
+        assert admin_access(serve_args("--allow-unauthenticated-admin"), None, None, env) == (None, True)
+    assert "ADMIN ROUTES OPEN" in caplog.text
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_weight_roots_and_bounds_reach_the_server_config() -> None:
+    fields = safety_config(
+        serve_args(
+            "--weight-root", "/a", "--weight-root", "/b", "--weight-group-timeout-s", "2", "--shutdown-timeout-s", "3"
+        )
+    )
+    assert fields["weights"].roots == ("/a", "/b") and fields["weights"].group_timeout_s == 2.0
+    assert fields["weights"].load_timeout_s == 600.0 and fields["weights"].drain_timeout_s == 30.0
+    assert fields["shutdown_timeout_s"] == 3.0
+
+
+@pytest.mark.parametrize("path", ["/pause_generation", "/update_weights_from_disk", "/areal/swap_weights"])
+def test_a_keyless_server_refuses_admin_routes_unless_opened(path: str) -> None:
+    assert not request_allowed(path, "POST", None, None, None)
+    assert not request_allowed(path, "POST", "Bearer anything", None, None)
+    assert request_allowed(path, "POST", None, None, None, open_admin=True)
+    assert request_allowed("/generate", "POST", None, None, None)
+    assert request_allowed("/health", "GET", None, None, None)
