@@ -236,3 +236,26 @@ def test_logging_filter_masks_message_args_and_traceback() -> None:
     joined = "\n".join(records)
     assert "PW123" not in joined and "S3CRET-IN-LOG" not in joined and "hunter22" not in joined
     assert "https://u:***@h/" in joined
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://AKIAXX:TOPSECRET@bucket/x", "s3://AKIA:with/slash+plus@bucket/x", "s3://bucket/x?X-Amz-Signature=SIG"]
+)
+def test_a_storage_url_with_credentials_is_refused_without_echoing_them(url: str) -> None:
+    from storage.errors import StorageConfigError
+    from storage.url import parse_url
+
+    with pytest.raises(StorageConfigError) as caught:
+        parse_url(url)
+    message = str(caught.value)
+    assert "TOPSECRET" not in message and "slash+plus" not in message and "SIG" not in message
+    assert "AWS_ACCESS_KEY_ID" in message and "***" in message
+
+
+def test_a_redacted_storage_option_is_refused_with_its_fix() -> None:
+    from storage.errors import StorageConfigError
+    from storage.options import resolve_options
+    from storage.url import parse_url
+
+    with pytest.raises(StorageConfigError, match="secret hold '\\*\\*\\*', the placeholder"):
+        resolve_options(parse_url("s3://bucket/x"), {"key": "AKIA", "secret": REDACTED}, env={})
