@@ -35,6 +35,7 @@ __all__ = [
     "REDACTED",
     "RedactingFilter",
     "clear_registered_secrets",
+    "hidden_parts",
     "install_log_redaction",
     "is_secret_name",
     "redact_argv",
@@ -316,6 +317,30 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(item)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         yield str(value)
+
+
+def hidden_parts(value: Any, name: str | None = None) -> list[str]:
+    """The substrings of ``value`` that :func:`redact_value` hides: a URL's password and signature
+    rather than the whole URL, a flag's value rather than the command line (what to register)."""
+    return [part for part in _diff_parts(value, redact_value(value, name)) if part]
+
+
+def _diff_parts(plain: Any, shown: Any) -> Iterable[str]:
+    if type(plain) is type(shown) and plain == shown:
+        return
+    if isinstance(plain, Mapping) and isinstance(shown, Mapping):
+        for key, item in plain.items():
+            yield from _diff_parts(item, shown.get(key))
+    elif isinstance(plain, (list, tuple)) and isinstance(shown, (list, tuple)) and len(plain) == len(shown):
+        for item, shown_item in zip(plain, shown, strict=True):
+            yield from _diff_parts(item, shown_item)
+    elif isinstance(plain, str) and isinstance(shown, str):
+        # the shown text is the original with some spans replaced by ***: the spans are what it hides
+        pattern = "(.*?)".join(re.escape(piece) for piece in shown.split(REDACTED))
+        match = re.fullmatch(pattern, plain, re.DOTALL)
+        yield from (match.groups() if match else (plain,))
+    else:
+        yield from _strings(plain)
 
 
 def register_secret(value: Any) -> None:

@@ -259,3 +259,12 @@ def test_a_redacted_storage_option_is_refused_with_its_fix() -> None:
 
     with pytest.raises(StorageConfigError, match="secret hold '\\*\\*\\*', the placeholder"):
         resolve_options(parse_url("s3://bucket/x"), {"key": "AKIA", "secret": REDACTED}, env={})
+
+
+def test_hidden_parts_are_the_secret_spans_not_the_whole_value() -> None:
+    from storage.redact import hidden_parts
+
+    assert hidden_parts("https://user:PASS3@h/x?sig=SIG5&a=1") == ["PASS3", "SIG5"]
+    assert hidden_parts(["--api-key", "K5XXX", "--port", "1"]) == ["K5XXX"]
+    assert hidden_parts({"key": "AKIA", "secret": "S3CRET", "n": {"token": 12345}}) == ["S3CRET", "12345"]
+    assert hidden_parts("plain") == []
