@@ -19,6 +19,7 @@ from areal_tasks.config.sections import (
     EvaluationConfig,
     ExperimentConfig,
     SaverConfig,
+    StorageConfig,
     TrackingConfig,
     TrainConfig,
 )
@@ -130,6 +131,21 @@ def check_scheduler(p: Problems, cluster: ClusterConfig) -> None:
     reason = unsupported_reason(cluster.scheduler)
     if reason is not None:
         p.add("cluster.scheduler", reason)
+
+
+def check_storage(p: Problems, storage: StorageConfig) -> None:
+    """``storage.url`` must parse (:func:`storage.url.parse_url`): among others, a URL that carries
+    credentials is refused here, before it reaches a log, a record or ``ps``."""
+    p.non_empty("storage.url", storage.url, optional=True)
+    if not isinstance(storage.url, str) or not storage.url.strip():
+        return
+    from storage.errors import StorageConfigError
+    from storage.url import parse_url
+
+    try:
+        parse_url(storage.url)
+    except StorageConfigError as exc:
+        p.add("storage.url", str(exc))
 
 
 def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) -> None:
