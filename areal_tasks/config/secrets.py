@@ -38,6 +38,7 @@ __all__ = [
     "apply_secrets",
     "is_secret_override",
     "read_secrets_env",
+    "restore_redacted",
     "secret_values",
     "secrets_env",
     "split_secret_overrides",
@@ -168,3 +169,31 @@ def apply_secrets(tree: dict[str, Any], secrets: Mapping[str, Any], schema: type
         raise ConfigError(format_problems(problems, what=f"invalid ${SECRETS_ENV}"))
     if secrets:
         logger.debug("applied %d secret value(s) from $%s", len(secrets), SECRETS_ENV)
+
+
+def restore_redacted(
+    values: Mapping[str, Any], prefix: str, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A copy of ``values``, the redacted mapping at dotted ``prefix`` of a config (the DAGs hand
+    ``storage.options`` from task to task), with each ``***`` that ``$AREAL_CONFIG_SECRETS`` has a
+    value for put back. Placeholders it has no value for stay (their user says so, by name)."""
+    from storage.redact import REDACTED
+
+    known: dict[str, Any] = {}
+    for path, value in read_secrets_env(environ).items():
+        if path == prefix and isinstance(value, Mapping):
+            known.update(value)
+        elif path.startswith(prefix + "."):
+            node = known
+            *parents, last = path[len(prefix) + 1 :].split(".")
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[last] = value
+
+    def restore(shown: Any, real: Any) -> Any:
+        if isinstance(shown, Mapping):
+            real = real if isinstance(real, Mapping) else {}
+            return {key: restore(item, real.get(key)) for key, item in shown.items()}
+        return real if shown == REDACTED and real is not None else shown
+
+    return restore(values, known)
