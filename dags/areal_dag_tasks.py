@@ -140,7 +140,7 @@ def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
     )
     pipeline_params = {f"airflow.{key}": value for key, value in params.items() if value not in (None, "", [])}
     hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})
-    uri = hook.tracking_uri
+    uri = hook.shown_uri  # XCom and the log get it redacted; the hooks downstream resolve the real one
     logger.info("MLflow run %s in experiment %s at %s", run_id, job["experiment"], uri)
     return {"mlflow_run_id": run_id, "tracking_uri": uri}
 

@@ -281,6 +281,12 @@ class AReaLTrainingOperator(BaseOperator):
         return str(Path(resolve_jobs_root(self.jobs_root)) / name / "run")
 
     def _tracking_uri(self) -> str | None:
+        from storage.redact import REDACTED
+
+        if self.mlflow_tracking_uri and REDACTED in self.mlflow_tracking_uri:  # handed over redacted (XCom)
+            from operators.hooks.mlflow import MlflowHook
+
+            return MlflowHook(self.mlflow_tracking_uri).tracking_uri
         if self.mlflow_tracking_uri:
             return self.mlflow_tracking_uri
         if self._mlflow_run_id():
