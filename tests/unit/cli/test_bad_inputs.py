@@ -32,6 +32,7 @@ ROWS = {
     "threshold infinite": (["storage", "validate", "{tmp}/sv", "--min-free-gb", "inf"], "min_free_gb"),
     "too many probe nodes": (["storage", "validate", "{tmp}/sv", "--nodes", "100000"], "--nodes"),
     "s3 url with credentials": (["storage", "validate", f"s3://AKIAXX:{SECRET}@bucket/x"], "AWS_ACCESS_KEY_ID"),
+    "checkpoint list with credentials": (["checkpoint", "list", f"s3://AKIAXX:{SECRET}@bucket/x"], "AWS_ACCESS_KEY_ID"),
     "lr infinite": (["config", "validate", "configs/demo_grpo.yaml", "actor.optimizer.lr=.inf"], "finite"),
     "lr overflows": (["config", "validate", "configs/demo_grpo.yaml", "actor.optimizer.lr=1e400"], "finite"),
     "timeout nan": (["config", "validate", "configs/demo_grpo.yaml", "rollout.request_timeout_s=.nan"], "finite"),
