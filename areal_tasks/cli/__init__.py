@@ -33,6 +33,8 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 USAGE_ERROR = 2
 
+logger = logging.getLogger(__name__)
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with a one-line message (argparse's own convention, made explicit)."""
@@ -64,9 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s [areal] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from storage.redact import install_log_redaction, redact_text
+    from storage.redact import install_log_redaction, redact_argv, redact_text
 
     install_log_redaction()
+    given = list(sys.argv[1:] if argv is None else argv)
+    if redact_argv(given) != given:
+        logger.warning(
+            "this command line carries a secret (%s): every user of this machine can read it with `ps`; "
+            "give config secrets through $AREAL_CONFIG_SECRETS and S3 credentials through AWS_* instead",
+            " ".join(redact_argv(given)),
+        )
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
