@@ -54,54 +54,23 @@ REDACTED = "***"
 #: and numbers everywhere); Airflow's ``min_length_masked_secret`` default.
 MIN_REGISTERED_LENGTH = 5
 
-#: a name whose last word is one of these is a secret.
-_SECRET_WORDS = frozenset(
-    {
-        "secret",
-        "password",
-        "passwd",
-        "passphrase",
-        "token",
-        "credential",
-        "credentials",
-        "apikey",
-        "accesskey",
-        "secretkey",
-        "privatekey",
-        "authorization",
-    }
-)
+#: a name whose last word is one of these is a secret ...
+_SECRET_WORDS = frozenset(("secret", "password", "passwd", "passphrase", "token", "credential", "credentials")) | {
+    *("apikey", "accesskey", "secretkey", "privatekey", "authorization")
+}
 #: ... or whose last two words are one of these.
 _SECRET_PAIRS = frozenset(
-    {
-        ("api", "key"),
-        ("access", "key"),
-        ("secret", "key"),
-        ("private", "key"),
-        ("signing", "key"),
-        ("encryption", "key"),
-        ("auth", "key"),
-        ("master", "key"),
-    }
+    (word, "key") for word in ("api", "access", "secret", "private", "signing", "encryption", "auth", "master")
 )
 #: ``<word>_token`` names a tokenizer's special token or a count, not a credential.
-_NOT_CREDENTIAL_TOKEN = frozenset(
-    {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "image", "video", "audio", "vision", "start", "end"}
-    | {"stop", "max", "min", "num", "per", "first", "last", "next", "prefix", "suffix"}
-)
+_NOT_CREDENTIAL_TOKEN = frozenset(("pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end")) | {
+    *("image", "video", "audio", "vision", "stop", "max", "min", "num", "per", "first", "last", "next"),
+    *("prefix", "suffix"),
+}
 #: query parameters that carry a signature or a key, beyond the secret names above.
-_SECRET_QUERY_PARAMS = frozenset(
-    {
-        "sig",
-        "signature",
-        "key",
-        "x-amz-signature",
-        "x-amz-credential",
-        "x-goog-signature",
-        "x-goog-credential",
-        "awsaccesskeyid",
-    }
-)
+_SECRET_QUERY_PARAMS = frozenset(("sig", "signature", "key", "awsaccesskeyid")) | {
+    *("x-amz-signature", "x-amz-credential", "x-goog-signature", "x-goog-credential")
+}
 
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
@@ -114,7 +83,7 @@ _USERINFO = re.compile(
 # host:port/path@... has no userinfo: what looks like a password is a port
 _PORT_AND_PATH = re.compile(r"^\d+(?:[/?#]|$)")
 # key=value (also --flag=value) and 'key': 'value' / "key": "value" in free text
-_KEY_VALUE = re.compile(r"(?<![\w.-])(?P<key>-{0,2}[A-Za-z_][\w.-]*)=(?P<value>[^\s'\",;&)}\]]+)")
+_KEY_VALUE = re.compile(r"(?<![\w.-])(?P<key>-{0,2}[A-Za-z_][\w.-]*)=(?P<value>'[^']*'|\"[^\"]*\"|[^\s'\",;&)}\]]+)")
 _QUOTED_PAIR = re.compile(
     r"(?P<q>['\"])(?P<key>[A-Za-z_][\w.-]*)(?P=q)(?P<sep>\s*:\s*)(?P<vq>['\"])(?P<value>.*?)(?P=vq)"
 )
@@ -195,9 +164,11 @@ def redact_url(url: str) -> str:
 
 
 def _mask_key_value(match: re.Match[str]) -> str:
-    if is_secret_name(match.group("key")) and match.group("value") != REDACTED:
-        return f"{match.group('key')}={REDACTED}"
-    return match.group(0)
+    value = match.group("value")
+    if not is_secret_name(match.group("key")) or value.strip("'\"") in ("", REDACTED):
+        return match.group(0)
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{match.group('key')}={quote}{REDACTED}{quote}"
 
 
 def _mask_quoted_pair(match: re.Match[str]) -> str:

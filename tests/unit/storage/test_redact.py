@@ -201,10 +201,11 @@ def test_redact_text_urls_pairs_and_registered_values() -> None:
     register_secret("abc")  # too short to mask in free text: it would hide ordinary words
     text = (
         "error: S3 URL 's3://AKIAXX:TOPSECRET@bucket/x': bad bucket; options {'secret': 'S3', 'key': 'AK'}; "
-        "override 'storage.options.password=hunter22' failed; got REGISTERED-VALUE back; abc"
+        "override 'storage.options.password=hunter22' failed; got REGISTERED-VALUE back; "
+        'login(password="quoted pw33"); abc'
     )
     shown = redact_text(text)
-    for secret in ("TOPSECRET", "'S3'", "hunter22", "REGISTERED-VALUE"):
+    for secret in ("TOPSECRET", "'S3'", "hunter22", "REGISTERED-VALUE", "pw33"):
         assert secret not in shown
     assert "'key': 'AK'" in shown and shown.endswith("abc")
     assert redact_text(shown) == shown
