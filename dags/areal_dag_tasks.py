@@ -39,9 +39,18 @@ def resolve_job(overrides_from: str | None = None) -> dict[str, Any]:
     ``overrides_from`` names an upstream task whose ``overrides`` XCom (a list) is applied after the
     Params (the retraining DAG uses it to start from the champion). A config with problems fails
     the task at once, without retries: every problem is listed in the error.
+
+    Secrets stay out of XCom, the log and the error: ``config.yaml`` and the ``overrides`` and
+    ``storage_options`` XComs are redacted (``***``). The job's secrets come from the Airflow
+    workers' environment (``$AREAL_CONFIG_SECRETS``, ``AWS_*``), which every task of the pipeline
+    sees; an override that carries a secret is refused, because Params are stored in the Airflow
+    database and shown in its UI, and the redacted ``config.yaml`` the training task reads would
+    not hold it.
     """
     from areal_tasks.config import load_config, write_resolved
+    from areal_tasks.config.secrets import SECRETS_ENV, split_secret_overrides
     from areal_tasks.errors import ConfigError
+    from storage.redact import redact_argv, redact_mapping, redact_text, redact_url
 
     context = get_current_context()
     params = context["params"]
@@ -52,27 +61,38 @@ def resolve_job(overrides_from: str | None = None) -> dict[str, Any]:
         run_dir = str(Path(run_dir).expanduser().resolve())
         overrides = job_overrides(params)
     except (FileNotFoundError, ValueError) as exc:
-        raise AirflowFailException(str(exc)) from exc
+        raise AirflowFailException(redact_text(str(exc))) from exc
     if overrides_from:
         extra = context["ti"].xcom_pull(task_ids=overrides_from, key="overrides") or []
         overrides += list(extra)
+    _, secret = split_secret_overrides(overrides)
+    if secret:
+        raise AirflowFailException(
+            f"the overrides {redact_argv(secret)} carry secrets. Params are stored in the Airflow database and "
+            "shown in its UI, so they are no place for one: set it in the Airflow workers' environment instead, "
+            f'as ${SECRETS_ENV} (JSON, e.g. {{"storage.options.secret": "..."}}) or the AWS_* variables, '
+            "and trigger again without it."
+        )
     overrides.append(f"experiment.run_dir={run_dir}")
     try:
         cfg = load_config(config, overrides)
         resolved = write_resolved(cfg)
     except ConfigError as exc:
         raise AirflowFailException(
-            f"the job config is invalid: {config} with overrides {overrides}:\n{exc}\n"
+            f"the job config is invalid: {config} with overrides {redact_argv(overrides)}:\n{redact_text(str(exc))}\n"
             "Fix the Params (or the config file) and trigger again."
         ) from exc
-    logger.info("job: %s + %s -> %s (run dir %s, storage %s)", config, overrides, resolved, run_dir, cfg.storage.url)
+    storage_url = redact_url(cfg.storage.url or "")
+    logger.info(
+        "job: %s + %s -> %s (run dir %s, storage %s)", config, redact_argv(overrides), resolved, run_dir, storage_url
+    )
     return {
         "config": config,
-        "overrides": overrides,
+        "overrides": redact_argv(overrides),
         "resolved_config": str(resolved),
         "run_dir": run_dir,
-        "storage_url": cfg.storage.url,
-        "storage_options": dict(cfg.storage.options),
+        "storage_url": storage_url,
+        "storage_options": redact_mapping(cfg.storage.options),
         "model": cfg.model.path,
         "allocation": cfg.allocation,
         "scheduler": cfg.cluster.scheduler,
@@ -120,7 +140,7 @@ def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
     )
     pipeline_params = {f"airflow.{key}": value for key, value in params.items() if value not in (None, "", [])}
     hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})
-    uri = hook.tracking_uri
+    uri = hook.shown_uri  # XCom and the log get it redacted; the hooks downstream resolve the real one
     logger.info("MLflow run %s in experiment %s at %s", run_id, job["experiment"], uri)
     return {"mlflow_run_id": run_id, "tracking_uri": uri}
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storage.errors import StorageConfigError
+from storage.redact import REDACTED, is_secret_name
 from storage.url import StorageURL
 
 __all__ = ["S3_OPTION_NAMES", "ResolvedOptions", "resolve_options"]
@@ -76,10 +77,23 @@ def resolve_options(
     """Turn ``options`` (plus ``env``, default ``os.environ``) into fsspec arguments for ``url``."""
     env = os.environ if env is None else env
     opts = _canonical(dict(options or {}))
+    _refuse_placeholders(opts)
     if url.scheme == "s3":
         return _resolve_s3(opts, env)
     _check_names(opts, _LOCAL_OPTION_NAMES, url.scheme)
     return ResolvedOptions(protocol=url.scheme, fs_kwargs={}, describe={})
+
+
+def _refuse_placeholders(opts: Mapping[str, Any]) -> None:
+    """A secret option holding ``***`` came from a redacted file or record: say so, rather than let
+    the store answer "invalid credentials" later."""
+    placeholders = sorted(name for name, value in opts.items() if value == REDACTED and is_secret_name(name))
+    if placeholders:
+        raise StorageConfigError(
+            f"storage option(s) {', '.join(placeholders)} hold {REDACTED!r}, the placeholder a redacted config or "
+            "record carries instead of the secret; give the real value through the environment "
+            "(AWS_SECRET_ACCESS_KEY...) or, for a job config, $AREAL_CONFIG_SECRETS"
+        )
 
 
 def _canonical(opts: dict[str, Any]) -> dict[str, Any]:

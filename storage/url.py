@@ -4,6 +4,11 @@
 ``file``, ``bucket/prefix`` for ``s3`` (no leading or trailing slash) and ``/name/...`` for
 ``memory``. ``str(url)`` gives the canonical URL back. Relative keys are joined with :meth:`join`,
 which refuses to climb above the root (``..``).
+
+A URL that carries a secret (``s3://KEY:SECRET@bucket/x``, a signed query string) is refused: it
+would be echoed by every log line, error message, job record and ``ps`` listing that shows the
+URL. Credentials come from the environment (``AWS_ACCESS_KEY_ID``...) or the storage options.
+Messages show URLs through :func:`storage.redact.redact_url`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from storage.errors import StorageConfigError
+from storage.redact import redact_url
 
 __all__ = ["SCHEMES", "Scheme", "StorageURL", "parse_url"]
 
@@ -87,14 +93,23 @@ def normalize_key(relative: str) -> str:
 def parse_url(url: str | os.PathLike[str]) -> StorageURL:
     """Parse a storage URL or a plain path (relative paths are made absolute against the cwd).
 
-    Raises StorageConfigError for an empty URL, an unsupported scheme, a remote ``file://`` host or
-    an invalid S3 bucket name.
+    Raises StorageConfigError for an empty URL, an unsupported scheme, a remote ``file://`` host,
+    an invalid S3 bucket name or a URL that carries credentials.
     """
     text = os.fspath(url).strip()
     if not text:
         raise StorageConfigError("storage URL is empty; give a path, file://..., s3://bucket/prefix or memory://name")
     if "://" not in text:
         return StorageURL("file", _absolute(text))
+    shown = redact_url(text)
+    if shown != text:
+        raise StorageConfigError(
+            f"storage URL {shown!r} carries credentials (a password or a signature); a URL is shown in logs, "
+            "errors, job records and `ps`, so it must not hold them. Give S3 credentials through the "
+            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE) or the "
+            "storage options key/secret (in a job config: storage.options, with the values in "
+            "$AREAL_CONFIG_SECRETS), and use the plain s3://bucket/prefix"
+        )
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme == "file":

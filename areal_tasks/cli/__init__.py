@@ -3,7 +3,9 @@
 Each command group lives in its own module exposing ``register(subparsers)``; its handlers
 return an exit code. Importing this package is torch-free so ``areal --help`` is instant.
 User errors (any :class:`~areal_tasks.errors.AReaLError`) print one clear message to stderr and exit 2,
-never a traceback.
+never a traceback. Everything the command prints about a failure, and every log line, goes through
+:mod:`storage.redact`: a secret given on the command line, in the config or through
+``$AREAL_CONFIG_SECRETS`` does not come back in an error message.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from areal_tasks import __version__
@@ -30,13 +33,17 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 USAGE_ERROR = 2
 
+logger = logging.getLogger(__name__)
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with a one-line message (argparse's own convention, made explicit)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        from storage.redact import redact_text
+
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"{self.prog}: error: {redact_text(message)}\n")
         raise SystemExit(USAGE_ERROR)
 
 
@@ -59,15 +66,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s [areal] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from storage.redact import install_log_redaction, redact_argv, redact_text
+
+    install_log_redaction()
+    given = list(sys.argv[1:] if argv is None else argv)
+    if redact_argv(given) != given:
+        logger.warning(
+            "this command line carries a secret (%s): every user of this machine can read it with `ps`; "
+            "give config secrets through $AREAL_CONFIG_SECRETS and S3 credentials through AWS_* instead",
+            " ".join(redact_argv(given)),
+        )
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
     except AReaLError as exc:
-        sys.stderr.write(f"areal {args.command}: error: {exc}\n")
+        sys.stderr.write(f"areal {args.command}: error: {redact_text(str(exc))}\n")
         return USAGE_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except Exception:  # noqa: BLE001 - a bug, not a usage error: its traceback, redacted like the rest
+        sys.stderr.write(redact_text(traceback.format_exc()))
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,7 +3,10 @@
     areal config show [FILE] [KEY=VALUE ...]        print the resolved YAML (defaults when no FILE)
     areal config validate FILE [KEY=VALUE ...]      print "OK: FILE (<hash>)" or every problem (exit 2)
 
-``--write`` also writes the resolved config to ``<experiment.run_dir>/config.yaml``.
+``--write`` also writes the resolved config to ``<experiment.run_dir>/config.yaml``. Secrets
+(``storage.options.secret``, URL passwords...) are shown and written as ``***``; ``show
+--show-secrets`` prints the real values (for debugging, on your own terminal). Give secrets through
+``$AREAL_CONFIG_SECRETS`` (JSON ``{dotted.path: value}``) rather than as overrides, which ``ps`` shows.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ def _show(args: argparse.Namespace) -> int:
 
     path, overrides = _split(args.items, file_required=False)
     cfg = load_config(path, overrides)
-    sys.stdout.write(f"# config_hash: {config_hash(cfg)}\n{dump_config_yaml(cfg)}")
+    shown = dump_config_yaml(cfg, show_secrets=args.show_secrets)
+    sys.stdout.write(f"# config_hash: {config_hash(cfg)}\n{shown}")
     if args.write:
         sys.stderr.write(f"wrote {write_resolved(cfg)}\n")
     return 0
@@ -64,5 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             metavar="ARG",
             help=f"{file_help}: a YAML file, then dotted overrides such as actor.optimizer.lr=1e-6",
         )
-        action.add_argument("--write", action="store_true", help="also write <run_dir>/config.yaml")
+        action.add_argument("--write", action="store_true", help="also write <run_dir>/config.yaml (redacted)")
+        if name == "show":
+            action.add_argument(
+                "--show-secrets", action="store_true", help="print secret values instead of *** (debugging)"
+            )
         action.set_defaults(handler=handler)

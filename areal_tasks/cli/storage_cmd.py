@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import tempfile
 import uuid
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 USAGE_ERROR = 2
+#: most nodes the multi-node probe plays (each is a local process).
+MAX_NODES = 256
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,10 +107,15 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def run_validate(args: argparse.Namespace) -> int:
     """Validate ``args.url``; print the JSON report; 0 ok, 1 a check failed, 2 usage error."""
     from storage.errors import StorageConfigError
+    from storage.redact import redact_text
     from storage.validate import Thresholds, validate_storage
 
-    if args.nodes < 1:
-        sys.stderr.write(f"areal storage validate: error: --nodes={args.nodes} must be >= 1\n")
+    if args.nodes < 1 or args.nodes > MAX_NODES:
+        bound = ">= 1" if args.nodes < 1 else f"<= {MAX_NODES} (each node is played by a local process)"
+        sys.stderr.write(f"areal storage validate: error: --nodes={args.nodes} must be {bound}\n")
+        return USAGE_ERROR
+    if not (math.isfinite(args.probe_timeout_s) and args.probe_timeout_s > 0):
+        sys.stderr.write(f"areal storage validate: error: --probe-timeout-s={args.probe_timeout_s} must be > 0\n")
         return USAGE_ERROR
     if args.node_paths and len(args.node_paths) != args.nodes:
         sys.stderr.write(
@@ -128,7 +136,7 @@ def run_validate(args: argparse.Namespace) -> int:
             probe_mb=args.probe_mb,
         )
     except ValueError as exc:  # StorageConfigError is one too
-        sys.stderr.write(f"areal storage validate: error: {exc}\n")
+        sys.stderr.write(f"areal storage validate: error: {redact_text(str(exc))}\n")
         return USAGE_ERROR
     try:
         if args.nodes == 1:
@@ -136,11 +144,11 @@ def run_validate(args: argparse.Namespace) -> int:
         else:
             report = _validate_multinode(args, options, thresholds)
     except StorageConfigError as exc:
-        sys.stderr.write(f"areal storage validate: error: {exc}\n")
+        sys.stderr.write(f"areal storage validate: error: {redact_text(str(exc))}\n")
         return USAGE_ERROR
-    sys.stdout.write(report.to_json() + "\n")
+    sys.stdout.write(redact_text(report.to_json()) + "\n")
     for failure in report.failures():
-        sys.stderr.write(f"FAIL {failure.error()}\n")
+        sys.stderr.write(f"FAIL {redact_text(str(failure.error()))}\n")
     return 0 if report.ok else 1
 
 

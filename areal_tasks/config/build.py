@@ -2,7 +2,8 @@
 
 Rules, per field type:
 
-* ``int``: an integer (not a bool). ``float``: a number; integers are accepted and converted.
+* ``int``: an integer (not a bool) within the signed 64-bit range. ``float``: a finite number
+  (``.inf`` and ``.nan`` are refused); integers are accepted and converted.
 * ``bool``: ``true``/``false`` only. ``str``: a string; a bare number (``trial: 1``) is accepted as its text.
 * ``Literal[...]``: one of the choices. ``X | None``: ``null`` or an ``X``.
 * ``list[X]`` / ``dict[str, X]``: checked item by item. ``Any``: anything.
@@ -17,6 +18,7 @@ path, the bad value, what is allowed and where the value came from (file or over
 from __future__ import annotations
 
 import logging
+import math
 import re
 import typing
 from collections.abc import Mapping
@@ -39,6 +41,9 @@ from areal_tasks.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: the largest integer a field takes: what the engines, torch and JSON readers hold without loss.
+INT_MAX = 2**63 - 1
 
 
 class _Invalid:
@@ -117,9 +122,17 @@ class _Builder:
         if inner is bool and isinstance(value, bool):
             return value
         if inner is int and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_MAX:
+                return self.fail(path, f"{path}: {value} is outside the 64-bit integer range (|value| <= 2**63 - 1)")
             return value
         if inner is float and is_number:
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                return self.fail(path, f"{path}: expected a finite number, got {value!r}")
+            return number
         if inner is str and (isinstance(value, str) or is_number):
             return value if isinstance(value, str) else str(value)
         if inner not in (bool, int, float, str) and isinstance(inner, type) and isinstance(value, inner):

@@ -1,8 +1,9 @@
 """``load_config``: YAML file(s) + dotted overrides -> a typed, resolved, validated ``JobConfig``.
 
 Steps: read the file and its ``base:`` chain (:mod:`.inherit`), apply overrides (:mod:`.overrides`),
-build the dataclasses with type checks (:mod:`.build`), resolve paths (run directory, storage URL),
-then validate across sections (:mod:`.validate`). Each step reports every problem it finds at once.
+then the secret values of ``$AREAL_CONFIG_SECRETS`` (:mod:`.secrets`), build the dataclasses with
+type checks (:mod:`.build`), resolve paths (run directory, storage URL), then validate across
+sections (:mod:`.validate`). Each step reports every problem it finds at once.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from areal_tasks.config.inherit import load_tree
 from areal_tasks.config.job import JobConfig
 from areal_tasks.config.merge import Origins
 from areal_tasks.config.overrides import apply_overrides
+from areal_tasks.config.secrets import apply_secrets, read_secrets_env
+from areal_tasks.config.serialize import config_to_dict
 from areal_tasks.config.validate import validate_config
 
 logger = logging.getLogger(__name__)
@@ -43,17 +46,26 @@ def resolve_paths(cfg: JobConfig, cwd: str | Path | None = None) -> JobConfig:
     return dataclasses.replace(cfg, experiment=experiment, storage=storage)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> JobConfig:
-    """The job config from ``path`` (None = all defaults) with ``overrides`` applied, resolved and validated.
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), *, environ: Mapping[str, str] | None = None
+) -> JobConfig:
+    """The job config from ``path`` (None = all defaults) with ``overrides`` applied, then the secret
+    values of ``environ["AREAL_CONFIG_SECRETS"]`` (default ``os.environ``), resolved and validated.
 
-    Raises :class:`~areal_tasks.errors.ConfigError` naming every problem found.
+    Raises :class:`~areal_tasks.errors.ConfigError` naming every problem found. Every secret value
+    of the result is registered with :mod:`storage.redact`, so this process's later log lines and
+    error messages mask it.
     """
+    from storage.redact import hidden_parts, register_secret
+
     tree: dict[str, Any] = {}
     origins: Origins = {}
     if path is not None:
         tree, origins = load_tree(path, JobConfig)
     apply_overrides(tree, overrides, JobConfig, origins)
+    apply_secrets(tree, read_secrets_env(environ), JobConfig, origins)
     cfg = resolve_paths(build_dataclass(JobConfig, tree, origins))
+    register_secret(hidden_parts(config_to_dict(cfg, show_secrets=True)))
     validate_config(cfg)
     logger.debug("loaded configuration from %s with %d override(s)", path or "defaults", len(overrides))
     return cfg

@@ -21,6 +21,7 @@ from areal_tasks.config.checks import (
     check_experiment,
     check_rollout,
     check_scheduler,
+    check_storage,
 )
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
@@ -239,7 +240,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
     check_experiment(p, cfg.experiment)
     check_cluster(p, cfg.cluster)
     check_scheduler(p, cfg.cluster)
-    p.non_empty("storage.url", cfg.storage.url, optional=True)
+    check_storage(p, cfg.storage)
     p.non_empty("model.path", cfg.model.path)
     if cfg.model.path.startswith("tiny:") and not cfg.model.path[len("tiny:") :].strip():
         p.add("model.path", "a tiny model needs a family, e.g. tiny:qwen2")

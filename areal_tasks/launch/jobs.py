@@ -11,6 +11,9 @@ under its root::
                               cancelled    written by cancel() before it signals the job
 
 Every submission of a name is a new attempt (a resubmission after a failure keeps the old log).
+The folders are 0700 and the files 0600: a job's log and record are its owner's. The record holds
+the command line as :func:`storage.redact.redact_argv` shows it and the *names* of the variables
+added to the job's environment, never their values (secrets reach a job through its environment).
 
 How the job is started: ``python -m areal_tasks.launch.jobs --exit-file F -- ARGV...`` in a new
 session (``start_new_session``), so the wrapper leads a new process group that holds the job and
@@ -43,6 +46,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -50,7 +54,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_tasks.errors import SchedulerError
-from areal_tasks.launch.process import read_log_tail, redact_argv
+from areal_tasks.launch.process import read_log_tail
+from storage.redact import redact_argv
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,9 @@ LOG_FILE = "job.log"
 EXIT_FILE = "exit_code"
 CANCEL_FILE = "cancelled"
 ATTEMPT_PREFIX = "attempt_"
+#: job folders and the files in them are their owner's only.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 #: longest job name accepted (it is a directory name).
 MAX_NAME_LENGTH = 200
 #: seconds cancel() waits for the group to die after SIGKILL before it gives up.
@@ -154,13 +162,14 @@ class LocalJobs:
                 self._stop_leftovers(name, current)
             attempt = 1 if current is None else _attempt_number(current) + 1
             folder = self._job_dir(name) / f"{ATTEMPT_PREFIX}{attempt}"
-            folder.mkdir(parents=True)
+            folder.mkdir(mode=DIR_MODE)
+            os.chmod(folder, DIR_MODE)  # mkdir's mode is filtered by the umask
             if run_dir is not None:
                 Path(run_dir).mkdir(parents=True, exist_ok=True)
             log_path = folder / LOG_FILE
             wrapper = [sys.executable, "-m", "areal_tasks.launch.jobs", "--exit-file", str(folder / EXIT_FILE), "--"]
             full_env = {**os.environ, **dict(env or {}), "PYTHONUNBUFFERED": "1"}
-            with open(log_path, "ab") as log:
+            with _open_private(log_path) as log:
                 popen = subprocess.Popen(
                     wrapper + list(argv),
                     stdin=subprocess.DEVNULL,
@@ -212,7 +221,7 @@ class LocalJobs:
             if status.state != "running":
                 logger.info("job %s is %s; nothing to cancel", name, status.state)
                 return status
-            (folder / CANCEL_FILE).write_text(f"{time.time()}\n", encoding="utf-8")
+            _write_private(folder / CANCEL_FILE, f"{time.time()}\n")
             assert status.pid is not None
             _stop_group(name, status.pid, grace_s)
             self._reap(status.pid)
@@ -297,7 +306,8 @@ class LocalJobs:
     def _locked(self, name: str) -> Iterator[None]:
         """Serialise submit/cancel of one name across processes (an flock on ``<root>/<name>/.lock``)."""
         folder = self._job_dir(name)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        os.chmod(folder, DIR_MODE)
         with open(folder / ".lock", "a+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -393,10 +403,37 @@ def _attempt_number(folder: Path) -> int:
     return int(match.group(1))
 
 
-def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    from storage.atomic import write_local_text
+def _open_private(path: Path) -> Any:
+    """``path`` opened for appending (binary), created 0600."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE), "ab")
 
-    write_local_text(path, json.dumps(payload, indent=1))
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably, readable by its owner only (0600).
+
+    The temporary file is created 0600 (``mkstemp``) before any byte is written, so the content is
+    never readable by others, not even for a moment.
+    """
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    _write_private(path, json.dumps(payload, indent=1))
 
 
 # ---------------------------------------------------------------------- the wrapper
@@ -417,9 +454,7 @@ def _wrap(exit_file: Path, argv: list[str]) -> int:
         code = 127
     if code < 0:
         code = 128 - code
-    from storage.atomic import write_local_text
-
-    write_local_text(exit_file, f"{code}\n")
+    _write_private(exit_file, f"{code}\n")
     return code
 
 

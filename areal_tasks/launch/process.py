@@ -9,25 +9,26 @@ Liveness is read from ``/proc`` on Linux so that zombies count as dead: an orpha
 was killed stays a zombie until its new parent reaps it, and a container's PID 1 may never do so.
 Elsewhere ``killpg(pgid, 0)`` is used, which counts zombies as alive.
 
-The logged command line is :func:`redact_argv`'s: the values of secret-looking flags
-(``--api-key KEY``, ``--admin-api-key=KEY``, ``--hf-token ...``) are masked.
+The logged command line goes through :func:`storage.redact.redact_argv`, the one redaction: values
+of secret flags (``--api-key KEY``, ``--aws-secret-access-key=...``), of dotted secret overrides
+(``storage.options.secret=...``) and URL passwords are masked.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 from areal_tasks.errors import SchedulerError
+from storage.redact import redact_argv
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WorkerProcess", "pid_alive", "read_log_tail", "redact_argv", "stop_processes"]
+__all__ = ["WorkerProcess", "pid_alive", "read_log_tail", "stop_processes"]
 
 _PROC = Path("/proc")
 _TAIL_BYTES = 64 * 1024
@@ -67,33 +68,6 @@ def _live_groups() -> set[int] | None:
             if stat is not None and stat[0] not in ("Z", "X"):
                 groups.add(stat[1])
     return groups
-
-
-#: flags whose value is a secret (``--api-key``, ``--admin-api-key``, ``--hf-token``, ``--password``...);
-#: ``--api-key-env NAME`` names a variable and stays readable.
-_SECRET_FLAG = re.compile(r"--?[\w-]*(api[-_]?key|token|password|passwd|secret)", re.IGNORECASE)
-REDACTED = "***"
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """``argv`` with the value of every secret-looking flag replaced by ``***`` (for logs)."""
-    out: list[str] = []
-    mask_next = False
-    for part in argv:
-        if mask_next:
-            out.append(REDACTED)
-            mask_next = False
-            continue
-        flag, eq, _ = part.partition("=")
-        if _SECRET_FLAG.fullmatch(flag):
-            if eq:
-                out.append(f"{flag}={REDACTED}")
-            else:
-                out.append(part)
-                mask_next = True
-            continue
-        out.append(part)
-    return out
 
 
 def read_log_tail(path: str | os.PathLike[str], lines: int = 40) -> str:

@@ -22,13 +22,14 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.run_dir import INFERENCE_ADDRESSES_ENV, RunPaths
 from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
-from areal_tasks.config.serialize import dump_config_yaml
+from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
@@ -93,16 +94,27 @@ def colocated_devices(cfg: JobConfig, server_devices: list[list[str]]) -> list[l
 
 
 def rl_worker_spec(
-    cfg: JobConfig, config_path: Path, addresses: list[str], shared_devices: list[list[str]] | None = None
+    cfg: JobConfig,
+    config_path: Path,
+    addresses: list[str],
+    shared_devices: list[list[str]] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> WorkerGroupSpec:
     """One process per rank of the actor's allocation (gloo on CPU with accelerators hidden); with
-    ``shared_devices`` each rank computes on the GPU it shares with a server (colocation)."""
+    ``shared_devices`` each rank computes on the GPU it shares with a server (colocation).
+    ``secrets`` (``$AREAL_CONFIG_SECRETS``, from :func:`dump_for_workers`) joins their environment:
+    the config file they read is redacted."""
     world = parse_allocation(cfg.allocation).actor().dims.world_size
     on_gpus = cfg.cluster.gpus_per_node > 0
     return WorkerGroupSpec(
         name=RL_GROUP,
         command=[sys.executable, "-m", "areal_tasks.trainer.rl_worker", "--config", str(config_path)],
-        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", INFERENCE_ADDRESSES_ENV: ",".join(addresses)},
+        env={
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            INFERENCE_ADDRESSES_ENV: ",".join(addresses),
+            **dict(secrets or {}),
+        },
         replicas=world,
         ports_per_worker=0,
         devices_per_worker=1 if on_gpus else 0,
@@ -130,12 +142,12 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
         model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
         config_path = paths.rl_config
-        config_path.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
+        secrets = dump_for_workers(worker_cfg, config_path)  # redacted file; the secrets go by env
         fleet = ServerFleet.from_config(scheduler, cfg, model_dir)
         try:
             addresses = fleet.start()
             shared = colocated_devices(cfg, fleet.devices())
-            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared))
+            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared, secrets))
             _watch(scheduler, fleet)
         finally:
             fleet.stop()

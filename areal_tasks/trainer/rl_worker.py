@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s [rl rank {rank}] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from storage.redact import install_log_redaction
+
+    install_log_redaction()  # the config's secrets, once loaded, are masked in this log
     from areal_tasks.config import load_config
     from areal_tasks.trainer.rl_loop import run_rl_rank
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
-from areal_tasks.config.serialize import dump_config_yaml
+from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.models.tiny.spec import TINY_PREFIX
 
@@ -51,13 +51,13 @@ def actor_world_size(cfg: JobConfig) -> int:
     return parse_allocation(cfg.allocation).actor().dims.world_size
 
 
-def write_worker_config(cfg: JobConfig, model_dir: str) -> Path:
-    """``<run_dir>/sft_config.yaml``: ``cfg`` with ``model.path`` set to the resolved ``model_dir``."""
+def write_worker_config(cfg: JobConfig, model_dir: str) -> tuple[Path, dict[str, str]]:
+    """``<run_dir>/sft_config.yaml``: ``cfg`` with ``model.path`` set to the resolved ``model_dir``
+    (redacted), and the environment that carries its secrets to the workers."""
     worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
     target = RunPaths.of(_run_dir(cfg)).sft_config
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(dump_config_yaml(worker_cfg), encoding="utf-8")
-    return target
+    return target, dump_for_workers(worker_cfg, target)
 
 
 def _run_dir(cfg: JobConfig) -> str:
@@ -66,13 +66,15 @@ def _run_dir(cfg: JobConfig) -> str:
     return cfg.experiment.run_dir
 
 
-def sft_worker_spec(cfg: JobConfig, config_path: Path, replicas: int) -> WorkerGroupSpec:
+def sft_worker_spec(
+    cfg: JobConfig, config_path: Path, replicas: int, secrets: dict[str, str] | None = None
+) -> WorkerGroupSpec:
     """The worker group of the SFT ranks (one process per rank of the actor's layout)."""
     on_gpus = cfg.cluster.gpus_per_node > 0
     return WorkerGroupSpec(
         name=SFT_GROUP,
         command=[sys.executable, "-m", "areal_tasks.trainer.sft_worker", "--config", str(config_path)],
-        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **dict(secrets or {})},
         replicas=replicas,
         ports_per_worker=0,
         devices_per_worker=1 if on_gpus else 0,
@@ -90,7 +92,7 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
     if cfg.train.sft_warmup_steps < 1:
         raise ConfigError(f"train.sft_warmup_steps={cfg.train.sft_warmup_steps} must be >= 1 to run SFT")
     run_dir = _run_dir(cfg)
-    config_path = write_worker_config(cfg, resolve_model_dir(cfg))
+    config_path, secrets = write_worker_config(cfg, resolve_model_dir(cfg))
     replicas = actor_world_size(cfg)
     owned = scheduler is None
     if scheduler is None:
@@ -99,7 +101,7 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
         scheduler = LocalScheduler(run_dir)
     try:
         logger.info("SFT: %d steps on %d rank(s); logs under %s/logs", cfg.train.sft_warmup_steps, replicas, run_dir)
-        scheduler.start_group(sft_worker_spec(cfg, config_path, replicas))
+        scheduler.start_group(sft_worker_spec(cfg, config_path, replicas, secrets))
         if timeout_s is None:
             from areal_tasks.trainer.progress_relay import wait_with_progress
 

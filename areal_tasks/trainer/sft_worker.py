@@ -22,6 +22,9 @@ def _setup_logging() -> None:
         format=f"%(asctime)s [sft rank {rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from storage.redact import install_log_redaction
+
+    install_log_redaction()  # the config's secrets, once loaded, are masked in this log
 
 
 def main(argv: list[str] | None = None) -> int:

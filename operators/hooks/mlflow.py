@@ -9,6 +9,13 @@ Where the tracking server is, first match wins:
 
 The registry is the same store (``registry_uri = tracking_uri``).
 
+A password in the URI (``https://user:PASS@mlflow``) is registered with Airflow's secrets masker and
+never shown: messages use :attr:`MlflowHook.shown_uri` (:func:`storage.redact.redact_url`) and the
+DAGs pass that redacted form between tasks. A hook given a redacted URI (``***`` in it) resolves
+the real one from the connection or the environment, as if given none, and checks that it is the
+same URI (``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` keep credentials out of the URI
+altogether).
+
 Checkpoints are multi-GB, so they never go to MLflow: :meth:`MlflowHook.log_checkpoint_model` makes
 an MLflow 3 *logged model* whose only artifact is ``pointer.json`` (the checkpoint URL and the eval
 metrics), with the URL also as a param and a tag. :meth:`MlflowHook.register` registers such a model
@@ -63,8 +70,14 @@ class MlflowHook(BaseHook):
 
     def __init__(self, tracking_uri: str | None = None, conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        from storage.redact import REDACTED
+
         self.conn_id = conn_id
         self._tracking_uri = tracking_uri or None
+        #: a redacted URI given by a caller: the resolved one must show as this.
+        self._redacted_uri: str | None = None
+        if self._tracking_uri is not None and REDACTED in self._tracking_uri:
+            self._redacted_uri, self._tracking_uri = self._tracking_uri, None
         self._client: MlflowClient | None = None
 
     # ------------------------------------------------------------------ connection
@@ -73,8 +86,29 @@ class MlflowHook(BaseHook):
     def tracking_uri(self) -> str:
         """The resolved tracking URI (ArealAirflowError when none is configured anywhere)."""
         if self._tracking_uri is None:
-            self._tracking_uri = self._resolve_uri()
+            from airflow.sdk.log import mask_secret
+
+            from storage.redact import hidden_parts, redact_url
+
+            uri = self._resolve_uri()
+            if self._redacted_uri is not None and redact_url(uri) != self._redacted_uri:
+                raise ArealAirflowError(
+                    f"the MLflow tracking URI {self._redacted_uri} was handed over redacted, and the one configured "
+                    f"here (connection {self.conn_id!r} or ${TRACKING_URI_ENV}) is another ({redact_url(uri)}); "
+                    "configure the same URI for every task, or keep credentials out of it with "
+                    "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD"
+                )
+            for part in hidden_parts(uri):
+                mask_secret(part)
+            self._tracking_uri = uri
         return self._tracking_uri
+
+    @property
+    def shown_uri(self) -> str:
+        """The tracking URI as messages show it (password and signatures masked)."""
+        from storage.redact import redact_url
+
+        return redact_url(self.tracking_uri)
 
     def _resolve_uri(self) -> str:
         from airflow.sdk.exceptions import AirflowNotFoundException
@@ -129,7 +163,7 @@ class MlflowHook(BaseHook):
                     experiment_id = client.get_experiment_by_name(experiment).experiment_id  # made concurrently
             elif found.lifecycle_stage == "deleted":
                 raise ArealAirflowError(
-                    f"MLflow experiment {experiment!r} at {self.tracking_uri} is deleted; "
+                    f"MLflow experiment {experiment!r} at {self.shown_uri} is deleted; "
                     "restore it or choose another experiment name"
                 )
             else:
@@ -137,7 +171,7 @@ class MlflowHook(BaseHook):
             run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
         except MlflowException as exc:
             raise ArealAirflowError(
-                f"cannot start an MLflow run in {experiment!r} at {self.tracking_uri}: {exc}"
+                f"cannot start an MLflow run in {experiment!r} at {self.shown_uri}: {_shown(exc)}"
             ) from exc
         self.log.info("MLflow run %s started in experiment %s (%s)", run.info.run_id, experiment, experiment_id)
         return run.info.run_id
@@ -240,7 +274,9 @@ class MlflowHook(BaseHook):
             except Exception as inner:  # noqa: BLE001 - the original failure is what matters; say this one too
                 self.log.warning("could not mark logged model %s FAILED: %s", model_id, inner)
             if isinstance(exc, Exception) and not isinstance(exc, ArealAirflowError):
-                raise ArealAirflowError(f"cannot log the checkpoint model {name} to run {run_id}: {exc}") from exc
+                raise ArealAirflowError(
+                    f"cannot log the checkpoint model {name} to run {run_id}: {_shown(exc)}"
+                ) from exc
             raise
         self.log.info("MLflow logged model %s (%s) points at %s", name, model_id, checkpoint_url)
         return f"models:/{model_id}"
@@ -281,12 +317,14 @@ class MlflowHook(BaseHook):
             client.get_registered_model(name)
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise ArealAirflowError(f"cannot read registered model {name!r} at {self.tracking_uri}: {exc}") from exc
+                raise ArealAirflowError(
+                    f"cannot read registered model {name!r} at {self.shown_uri}: {_shown(exc)}"
+                ) from exc
             try:
                 client.create_registered_model(name, tags={"areal.gate_metric": gate_metric})
             except MlflowException as exc2:
                 if exc2.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise ArealAirflowError(f"cannot create registered model {name!r}: {exc2}") from exc2
+                    raise ArealAirflowError(f"cannot create registered model {name!r}: {_shown(exc2)}") from exc2
         version = self._existing_version(name, model_uri)
         if version is None:
             tags = {
@@ -359,13 +397,15 @@ class MlflowHook(BaseHook):
         except MlflowException as exc:
             if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return None
-            raise ArealAirflowError(f"cannot read registered model {name!r} at {self.tracking_uri}: {exc}") from exc
+            raise ArealAirflowError(
+                f"cannot read registered model {name!r} at {self.shown_uri}: {_shown(exc)}"
+            ) from exc
         try:
             version = client.get_model_version_by_alias(name, CHAMPION_ALIAS)
         except MlflowException as exc:
             if exc.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"):
                 return None  # the alias is not set
-            raise ArealAirflowError(f"cannot read the champion of {name!r}: {exc}") from exc
+            raise ArealAirflowError(f"cannot read the champion of {name!r}: {_shown(exc)}") from exc
         return _describe_version(version)
 
     # ------------------------------------------------------------------ internals
@@ -384,7 +424,14 @@ class MlflowHook(BaseHook):
         try:
             return fn(self.get_conn())
         except MlflowException as exc:
-            raise ArealAirflowError(f"MLflow at {self.tracking_uri}: cannot {what}: {exc}") from exc
+            raise ArealAirflowError(f"MLflow at {self.shown_uri}: cannot {what}: {_shown(exc)}") from exc
+
+
+def _shown(exc: BaseException) -> str:
+    """An MLflow client error as a message may quote it (client errors quote the URL they called)."""
+    from storage.redact import redact_text
+
+    return redact_text(str(exc))
 
 
 def _describe_version(version: ModelVersion) -> dict[str, Any]:

@@ -7,6 +7,8 @@ fix, so a misconfigured location stops a pipeline in seconds rather than hours i
 (``<url>/<experiment>/<trial>/checkpoints/step_<N>``, see :mod:`areal_tasks.checkpoint.layout`).
 
 S3 credentials come from ``options`` or the environment (``AWS_ACCESS_KEY_ID``...), never logs.
+Options that arrive redacted (``***``, as the DAGs pass ``storage.options`` between tasks) are
+filled back from ``$AREAL_CONFIG_SECRETS`` (:func:`areal_tasks.config.secrets.restore_redacted`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,13 @@ class StorageHook(BaseHook):
         super().__init__(**kwargs)
         if not url:
             raise ArealAirflowError("StorageHook needs a storage URL (a path, file://... or s3://bucket/prefix)")
+        from areal_tasks.config.secrets import restore_redacted
+        from storage.redact import redact_url
+
         self.url = str(url)
-        self.options = dict(options or {})
+        #: the URL as messages show it (a password or signature masked).
+        self.shown_url = redact_url(self.url)
+        self.options = restore_redacted(options or {}, "storage.options")
 
     def get_conn(self) -> Any:
         """The :class:`storage.Storage` of the URL (ArealAirflowError for a bad URL or option)."""
@@ -40,7 +47,7 @@ class StorageHook(BaseHook):
         try:
             return Storage.from_url(self.url, self.options)
         except StorageError as exc:
-            raise ArealConfigError(f"storage {self.url!r} is misconfigured: {exc}") from exc
+            raise ArealConfigError(f"storage {self.shown_url!r} is misconfigured: {exc}") from exc
 
     def validate(self, *, min_free_gb: float | None = 1.0, nodes: int = 1) -> dict[str, Any]:
         """Run the pre-flight checks; return the report as a dict, or raise with every failure and its fix.
@@ -56,14 +63,14 @@ class StorageHook(BaseHook):
                 self.url, self.options, thresholds=Thresholds(min_free_gb=min_free_gb), nodes=nodes
             )
         except (StorageError, ValueError) as exc:
-            raise ArealConfigError(f"storage {self.url!r} is misconfigured: {exc}") from exc
+            raise ArealConfigError(f"storage {self.shown_url!r} is misconfigured: {exc}") from exc
         for result in report.warnings():
             self.log.warning("storage check %s: %s (%s)", result.check, result.message, result.fix)
         if not report.ok:
             lines = [
                 f"- {r.check} at {r.path}: {r.message}; fix: {r.fix or 'see the message'}" for r in report.failures()
             ]
-            raise ArealConfigError(f"storage {self.url!r} failed its pre-flight checks:\n" + "\n".join(lines))
+            raise ArealConfigError(f"storage {self.shown_url!r} failed its pre-flight checks:\n" + "\n".join(lines))
         self.log.info("storage %s passed %d check(s)", report.url, len(report.results))
         return report.to_dict()
 
@@ -84,4 +91,4 @@ class StorageHook(BaseHook):
             layout = CheckpointLayout.for_run(root, experiment, trial) if experiment else CheckpointLayout(root)
             return [layout.url(step_dir(step)) for step in layout.complete_steps()]
         except (StorageError, CheckpointError) as exc:
-            raise ArealAirflowError(f"cannot list the checkpoints under {self.url!r}: {exc}") from exc
+            raise ArealAirflowError(f"cannot list the checkpoints under {self.shown_url!r}: {exc}") from exc

@@ -11,7 +11,12 @@ number, so every try of the task sees the same job. Each try first looks the job
 
 The job is ``python -m areal_tasks.cli train --config <config> <overrides> experiment.run_dir=<dir>``
 with ``AREAL_MLFLOW_RUN_ID`` set when ``mlflow_run_id`` is given, so the trainer's MLflow callback
-logs into the pipeline's run. ``execute_complete`` returns (to XCom)::
+logs into the pipeline's run. Secrets never go on that command line (``ps`` shows it to every user
+of the machine) nor in an error message: an override that carries one (``storage.options.secret=``,
+a URL with a password, :func:`areal_tasks.config.secrets.split_secret_overrides`) and every secret
+value of the resolved config go to the job's environment as ``$AREAL_CONFIG_SECRETS``, which the
+job's ``load_config`` applies; the values are also registered with Airflow's secrets masker.
+``execute_complete`` returns (to XCom)::
 
     {"job_name", "run_dir", "summary" (the job's summary.json), "checkpoints" [url...],
      "final_checkpoint", "mlflow_run_id", "reward_before", "reward_after"}
@@ -276,6 +281,12 @@ class AReaLTrainingOperator(BaseOperator):
         return str(Path(resolve_jobs_root(self.jobs_root)) / name / "run")
 
     def _tracking_uri(self) -> str | None:
+        from storage.redact import REDACTED
+
+        if self.mlflow_tracking_uri and REDACTED in self.mlflow_tracking_uri:  # handed over redacted (XCom)
+            from operators.hooks.mlflow import MlflowHook
+
+            return MlflowHook(self.mlflow_tracking_uri).tracking_uri
         if self.mlflow_tracking_uri:
             return self.mlflow_tracking_uri
         if self._mlflow_run_id():
@@ -301,13 +312,16 @@ class AReaLTrainingOperator(BaseOperator):
         """The config path, the job's overrides and the resolved config (validated before any submission)."""
         from areal_tasks.config import load_config
         from areal_tasks.errors import ConfigError
+        from storage.redact import redact_argv, redact_text
 
         path = resolve_config_path(self.config)
         overrides = self._job_overrides(name, recover=recover)
         try:
             cfg = load_config(path, overrides)
         except ConfigError as exc:
-            raise ArealConfigError(f"config {path} with overrides {overrides} is not valid: {exc}") from exc
+            raise ArealConfigError(
+                f"config {path} with overrides {redact_argv(overrides)} is not valid: {redact_text(str(exc))}"
+            ) from exc
         if cfg.cluster.scheduler != self.scheduler:
             self.log.warning(
                 "the config says cluster.scheduler=%s; this task submits to %s", cfg.cluster.scheduler, self.scheduler
@@ -315,12 +329,15 @@ class AReaLTrainingOperator(BaseOperator):
         return path, overrides, cfg
 
     def _submit(self, hook: ClusterHook, name: str, *, recover: bool) -> None:
-        path, overrides, cfg = self._load_config(name, recover=recover)
-        argv = [*self.train_command, "--config", str(path), *overrides]
-        run_id = self._mlflow_run_id()
         from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV
+        from areal_tasks.config.secrets import secrets_env, split_secret_overrides
 
+        path, overrides, cfg = self._load_config(name, recover=recover)
+        public, secret = split_secret_overrides(overrides)
+        argv = [*self.train_command, "--config", str(path), *public]
+        run_id = self._mlflow_run_id()
         env = {MLFLOW_RUN_ID_ENV: run_id} if run_id else {}
+        env.update(_masked(secrets_env(cfg, secret)))
         status = hook.submit_job(name, argv, env, cfg.experiment.run_dir, cwd=os.getcwd())
         self.log.info(
             "submitted job %s (attempt %d, pid %s), run dir %s, log %s",
@@ -383,3 +400,18 @@ class AReaLTrainingOperator(BaseOperator):
             "reward_before": summary.get("reward_before"),
             "reward_after": summary.get("reward_after"),
         }
+
+
+def _masked(env: dict[str, str]) -> dict[str, str]:
+    """``env`` unchanged, after registering the secrets it carries with Airflow's masker (task logs,
+    rendered fields)."""
+    from airflow.sdk.log import mask_secret
+
+    from areal_tasks.config.secrets import SECRETS_ENV
+    from storage.redact import hidden_parts
+
+    if SECRETS_ENV in env:
+        values = json.loads(env[SECRETS_ENV])
+        for part in hidden_parts(values) or list(values.values()):
+            mask_secret(part)
+    return env

@@ -58,11 +58,30 @@ def _mbps(size: int, seconds: float) -> float:
     return size / 1e6 / max(seconds, 1e-9)
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says a new allocation can get (``MemAvailable``), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def check_throughput(ctx: CheckContext) -> Outcome:
     """Time one large write and read, and ``latency_samples`` small write/read/delete operations."""
     t = ctx.thresholds
     storage, key = ctx.storage, f"{ctx.scratch}/throughput.bin"
     size = int(t.probe_mb * 2**20)
+    available = available_memory_bytes()
+    if available is not None and 4 * size > available:  # written and read back: twice, with room to spare
+        raise CheckFailed(
+            f"a {t.probe_mb:g} MiB probe needs {2 * size / 2**20:.0f} MiB of memory (written, then read back); "
+            f"only {available / 2**20:.0f} MiB are available",
+            f"use a probe of at most {available / 4 / 2**20:.0f} MiB (--probe-mb)",
+        )
     data = os.urandom(size)
     start = time.perf_counter()
     storage.write_bytes(key, data)

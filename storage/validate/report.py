@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.errors import StorageValidationError
+from storage.errors import StorageConfigError, StorageValidationError
 
-__all__ = ["CheckResult", "Status", "Thresholds", "ValidationReport"]
+__all__ = ["MAX_LATENCY_SAMPLES", "MAX_PROBE_MB", "CheckResult", "Status", "Thresholds", "ValidationReport"]
+
+#: largest throughput probe, MiB: it is held in memory twice (written, read back), and a bigger one
+#: measures nothing a 1 GiB one does not.
+MAX_PROBE_MB = 1024.0
+#: most small-object operations timed for the latency figure.
+MAX_LATENCY_SAMPLES = 1000
 
 
 class Status(str, enum.Enum):
@@ -47,12 +54,20 @@ class Thresholds:
     latency_samples: int = 5
 
     def __post_init__(self) -> None:
+        """StorageConfigError (a ValueError) for a negative, non-finite or unusable limit."""
         for name in ("min_free_gb", "min_write_mbps", "min_read_mbps", "max_latency_ms"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"Thresholds.{name}={value!r} must be >= 0 or None")
-        if self.max_clock_skew_s <= 0 or self.probe_mb <= 0 or self.latency_samples < 1:
-            raise ValueError("Thresholds need max_clock_skew_s > 0, probe_mb > 0 and latency_samples >= 1")
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise StorageConfigError(f"Thresholds.{name}={value!r} must be >= 0 and finite, or None")
+        if not (math.isfinite(self.max_clock_skew_s) and self.max_clock_skew_s > 0):
+            raise StorageConfigError(f"max_clock_skew_s={self.max_clock_skew_s!r} must be a finite number > 0")
+        if not (math.isfinite(self.probe_mb) and 0 < self.probe_mb <= MAX_PROBE_MB):
+            raise StorageConfigError(
+                f"probe_mb={self.probe_mb!r} must be > 0 and <= {MAX_PROBE_MB:g} MiB (the probe is held in memory "
+                "twice; a few MiB measure throughput well enough)"
+            )
+        if not 1 <= self.latency_samples <= MAX_LATENCY_SAMPLES:
+            raise StorageConfigError(f"latency_samples={self.latency_samples!r} must be 1..{MAX_LATENCY_SAMPLES}")
 
 
 @dataclass

@@ -6,6 +6,11 @@ generation_config.json and the tiny tokenizer files. The model is built from the
 transformers config class at a tiny shape (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128; MoE:
 4 experts, top-2), so engines, weight sync and LoRA run against the real module tree in seconds.
 
+Shapes are checked before anything is built (:func:`check_shape`: positive sizes within bounds,
+heads divisible by KV heads, a parameter count a test model can have), and the output directory
+before the model is built, so a bad ``--set`` or ``--out`` is a :class:`ModelError` (exit 2 in the
+CLI), not a torch error or a traceback.
+
 Entries are cached under :func:`~areal_tasks.models.tiny.cache.cache_root` by a hash of (family,
 resolved config, seed, kit version, transformers version); a hit costs a ``stat``. torch and
 transformers are imported only when a model is actually built.
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_tasks.errors import ModelError
+from areal_tasks.models.dims import ModelDims
 from areal_tasks.models.families import TEXT_MODEL_TYPE
 from areal_tasks.models.tiny.cache import cache_root, content_hash, copy_tree_files, get_or_build
 from areal_tasks.models.tiny.tokenizer_kit import (
@@ -58,6 +64,25 @@ _MOE_SHAPE: dict[str, dict[str, Any]] = {
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
+#: the sizes an override may set, each a positive integer up to its bound (far above "tiny", far
+#: below what would exhaust memory by a typo).
+SIZE_BOUNDS: dict[str, int] = {
+    "hidden_size": 16_384,
+    "num_hidden_layers": 256,
+    "num_attention_heads": 512,
+    "num_key_value_heads": 512,
+    "head_dim": 1024,
+    "intermediate_size": 65_536,
+    "max_position_embeddings": 1 << 20,
+    "num_experts": 512,
+    "num_local_experts": 512,
+    "num_experts_per_tok": 512,
+    "moe_intermediate_size": 65_536,
+    "shared_expert_intermediate_size": 65_536,
+}
+#: the most parameters a model of the kit may have: beyond this it is a typo, not a test model.
+MAX_TINY_PARAMS = 2 * 10**9
+
 #: families the kit can build, dense first
 TINY_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "gemma", "qwen2_moe", "qwen3_moe", "mixtral")
 
@@ -94,6 +119,45 @@ def check_config_keys(family: str, config_overrides: dict[str, Any]) -> None:
     unknown = sorted(set(config_overrides) - known)
     if unknown:
         raise ModelError(f"unknown {family} config key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+
+
+def check_shape(family: str, config: dict[str, Any]) -> None:
+    """ModelError naming every size of ``config`` (a :func:`tiny_config`) a model cannot be built with."""
+    problems = []
+    for key, bound in SIZE_BOUNDS.items():
+        value = config.get(key)
+        if key == "head_dim" and problems:
+            continue  # derived from hidden_size and the heads: already reported through them
+        if key in config and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= bound):
+            hint = " (it follows hidden_size // num_attention_heads)" if key == "head_dim" else ""
+            problems.append(f"{key}={value!r} must be an integer in 1..{bound:,}{hint}")
+    if not problems:
+        heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+        if heads % kv_heads:
+            problems.append(f"num_attention_heads={heads} must be a multiple of num_key_value_heads={kv_heads}")
+        experts = config.get("num_experts", config.get("num_local_experts"))
+        per_token = config.get("num_experts_per_tok")
+        if experts is not None and per_token is not None and per_token > experts:
+            problems.append(f"num_experts_per_tok={per_token} must be <= the number of experts ({experts})")
+    if problems:
+        raise ModelError(f"tiny {family} model: {'; '.join(problems)}")
+    params = ModelDims.from_text_config(family, config, source=f"tiny:{family}").num_params
+    if params > MAX_TINY_PARAMS:
+        raise ModelError(
+            f"tiny {family} model: that shape has {params:,} parameters, more than the kit builds "
+            f"({MAX_TINY_PARAMS:,}); use a real model directory for a model this large"
+        )
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` expanded, if a directory can be made there (ModelError naming the file in the way)."""
+    path = Path(out_dir).expanduser()
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ModelError(f"cannot write the tiny model to {path}: {candidate} is a file, not a directory")
+            break
+    return path
 
 
 def _transformers_version() -> str:
@@ -157,6 +221,8 @@ def build_tiny_model(
             f"tiny model vocab_size={config['vocab_size']!r} must equal the tiny tokenizer length {TINY_VOCAB_SIZE}; "
             "drop the vocab_size override"
         )
+    check_shape(family, config)
+    target = None if out_dir is None else check_out_dir(out_dir)
     root = cache_root(cache_dir)
 
     def build(tmp: Path) -> None:
@@ -164,6 +230,9 @@ def build_tiny_model(
         _write_model(tmp, family, seed, config, build_tiny_tokenizer(cache_dir))
 
     cached = get_or_build(root, tiny_model_key(family, seed, config), build)
-    if out_dir is None:
+    if target is None:
         return cached
-    return copy_tree_files(cached, Path(out_dir).expanduser())
+    try:
+        return copy_tree_files(cached, target)
+    except OSError as exc:
+        raise ModelError(f"cannot write the tiny model to {target}: {exc.strerror or exc}") from exc

@@ -25,6 +25,10 @@ Only ``on_start`` raises (:class:`~areal_tasks.errors.ConfigError` for a bad URI
 server, a deleted experiment or an unknown run id). After that, tracking never stops training: an
 MLflow failure is logged as a warning and counted in :attr:`MLflowCallback.errors`.
 
+The config reaches MLflow redacted (:func:`~areal_tasks.config.serialize.config_to_dict`), and
+every message and log line shows the tracking URI through :func:`storage.redact.redact_url`, so a
+password in the URI (``https://user:PASS@mlflow``) reaches neither MLflow nor a log.
+
 This is the only module of the package that imports mlflow; nothing imports it at module level.
 """
 
@@ -105,7 +109,17 @@ class MLflowCallback(Callback):
     ) -> None:
         if log_every < 1:
             raise ConfigError(f"tracking.log_every: must be at least 1, got {log_every}")
+        from storage.redact import REDACTED, redact_url
+
+        if REDACTED in tracking_uri:
+            raise ConfigError(
+                f"tracking.mlflow_uri: {tracking_uri!r} holds the placeholder {REDACTED!r} of a redacted config file, "
+                "not the password; give the real URI through $AREAL_CONFIG_SECRETS "
+                '(\'{"tracking.mlflow_uri": "..."}\') or MLflow\'s MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD'
+            )
         self.tracking_uri = tracking_uri
+        #: the URI as messages and logs show it (password and signatures masked).
+        self.shown_uri = redact_url(tracking_uri)
         self.experiment = experiment
         self.run_name = run_name
         self.config = config
@@ -165,7 +179,7 @@ class MLflowCallback(Callback):
             raise
         except Exception as exc:
             raise ConfigError(
-                f"tracking.mlflow_uri: cannot use MLflow at {self.tracking_uri!r} "
+                f"tracking.mlflow_uri: cannot use MLflow at {self.shown_uri!r} "
                 f"(experiment {self.experiment!r}{f', run {run_id}' if run_id else ''}): {_describe(exc)}"
             ) from exc
         self._client = client
@@ -176,7 +190,7 @@ class MLflowCallback(Callback):
             self._run_id,
             self.experiment,
             self._experiment_id,
-            self.tracking_uri,
+            self.shown_uri,
         )
         if self.config is not None:
             self._log_config(self.config)
@@ -258,7 +272,7 @@ class MLflowCallback(Callback):
         except Exception as exc:
             raise ConfigError(
                 f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${MLFLOW_RUN_ID_ENV}) cannot be read at "
-                f"{self.tracking_uri!r}: {_describe(exc)}"
+                f"{self.shown_uri!r}: {_describe(exc)}"
             ) from exc
         if run.info.lifecycle_stage == LifecycleStage.DELETED:
             raise ConfigError(f"tracking.mlflow_uri: run {run_id!r} (from run_id or ${MLFLOW_RUN_ID_ENV}) is deleted")
@@ -301,7 +315,7 @@ class MLflowCallback(Callback):
         if experiment.lifecycle_stage == LifecycleStage.DELETED:
             raise ConfigError(
                 f"tracking.mlflow_experiment: MLflow experiment {self.experiment!r} is deleted at "
-                f"{self.tracking_uri!r}; restore it or choose another name"
+                f"{self.shown_uri!r}; restore it or choose another name"
             )
         return experiment.experiment_id
 
@@ -515,6 +529,9 @@ def _json_default(value: Any) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    """The exception's type and first line, redacted (client errors quote the URL they called)."""
+    from storage.redact import redact_text
+
+    text = redact_text(str(exc)).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(exc).__name__}: {first[:500]}" if first else type(exc).__name__

@@ -6,8 +6,10 @@ keys, one metrics row per step with versions advancing, a checkpoint per ``saver
 recovery that continues after the last checkpoint instead of starting over, with weight updates
 through shared memory (the servers map the trainer's buffer). Also: the multi-turn
 workflow with asynchronous rollout (eta = 2), the rollout side in its own process (what ``auto``
-picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow, and a
-broken reward that fails the run in a second, before anything starts. (PPO with a critic:
+picks on GPUs), in-place pauses and collective (broadcast) weight updates, tracked in MLflow through a
+URI holding a secret (the workers read a redacted ``rl_config.yaml`` and get the secret from their
+environment; no file of the run holds it), and a broken reward that fails the run in a second,
+before anything starts. (PPO with a critic:
 test_learning.py.)
 """
 
@@ -80,6 +82,7 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    secret = "TRACKINGTOKEN4242"  # sqlite ignores the query; a redacted URI is refused by the callback
     summary = train(
         tmp_path,
         warm_start,
@@ -90,7 +93,7 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
         "rollout.own_process=on",  # the rollout side in a child process, as on GPUs
         "rollout.pause_mode=in_place",  # in-flight requests stay on the server across updates
         "rollout.weight_update=collective",  # broadcast from train rank 0 over gloo, as NCCL on GPUs
-        f"tracking.mlflow_uri={uri}",
+        f"tracking.mlflow_uri={uri}?token={secret}",
         f"tracking.mlflow_artifact_location={tmp_path / 'artifacts'}",
         "saver.freq_steps=2",
     )
@@ -108,6 +111,10 @@ def test_multi_turn_async_rollout_tracked_in_mlflow(tmp_path: Path, warm_start: 
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3, 4]
     assert run.data.tags["areal.latest_checkpoint"].endswith("step_4")
     assert (tmp_path / "artifacts" / run.info.run_id / "artifacts" / "summary" / "rl_summary.json").is_file()
+    assert run.data.params["tracking.mlflow_uri"] == f"{uri}?token=***"
+    assert "token=***" in (tmp_path / "rl_config.yaml").read_text()
+    leaks = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaks
 
 
 def test_a_reward_that_cannot_be_imported_fails_before_anything_starts(tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ from areal_tasks.inference.client.protocol import GenerateInput
 from areal_tasks.inference.client.transport import ADMIN_PATHS, choose_key, refusal_message
 from areal_tasks.inference.launch import build_server_command
 from areal_tasks.inference.launch.with_keys import apply_keys
-from areal_tasks.launch.process import WorkerProcess, redact_argv
+from areal_tasks.launch.process import WorkerProcess
+from storage.redact import redact_argv
 
 API, ADMIN = "api-secret-123", "admin-secret-456"
 

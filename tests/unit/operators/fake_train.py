@@ -16,7 +16,12 @@ def main() -> int:
     overrides = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("--"))
     run_dir = Path(overrides["experiment.run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"argv": args, "mlflow_run_id": os.environ.get("AREAL_MLFLOW_RUN_ID"), "pid": os.getpid()}
+    record = {
+        "argv": args,
+        "mlflow_run_id": os.environ.get("AREAL_MLFLOW_RUN_ID"),
+        "secrets_env": os.environ.get("AREAL_CONFIG_SECRETS"),
+        "pid": os.getpid(),
+    }
     with open(run_dir / "fake_calls.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
     mode = os.environ.get("FAKE_TRAIN_MODE", "succeed")

@@ -31,6 +31,25 @@ def test_tracking_uri_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert MlflowHook("http://explicit:1").tracking_uri == "http://explicit:1"
 
 
+def test_a_uri_password_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    hook = MlflowHook("http://user:PASSWORD9@127.0.0.1:1")
+    assert hook.shown_uri == "http://user:***@127.0.0.1:1"
+    with pytest.raises(ArealAirflowError) as caught:
+        hook.start_run("exp")
+    assert "PASSWORD9" not in str(caught.value) and "user:***@127.0.0.1:1" in str(caught.value)
+
+
+def test_a_redacted_uri_resolves_to_the_configured_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_AREAL_MLFLOW", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://user:PASSWORD9@mlflow.example/")
+    assert MlflowHook("https://user:***@mlflow.example/").tracking_uri == "https://user:PASSWORD9@mlflow.example/"
+    with pytest.raises(ArealAirflowError, match="handed over redacted") as caught:
+        _ = MlflowHook("https://other:***@elsewhere.example/").tracking_uri
+    assert "PASSWORD9" not in str(caught.value)
+
+
 def test_runs_metrics_and_params(store: SimpleNamespace) -> None:
     hook, run_id = store.hook, store.run_id
     hook.log_params(run_id, {"model": "tiny:qwen2", "steps": 23})

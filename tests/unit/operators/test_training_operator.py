@@ -231,3 +231,40 @@ def test_run_dir_and_tracking_uri_given_as_overrides_are_not_repeated(op_factory
     assert op.execute(make_context())["run_dir"] == str(run_dir)
     argv = calls(run_dir)[0]["argv"]
     assert argv[2:] == [f"experiment.run_dir={run_dir}", "tracking.mlflow_uri=sqlite:////tmp/a.db"]
+
+
+def test_secret_overrides_reach_the_job_through_its_environment_not_its_argv(
+    op_factory, jobs: LocalJobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AREAL_CONFIG_SECRETS", raising=False)
+    monkeypatch.setenv("FAKE_TRAIN_MODE", "sleep")
+    op = op_factory(
+        overrides=[
+            "train.total_steps=303",
+            "storage.options.secret=S3CRET2",
+            "storage.options.key=AKIAPUBLIC",
+        ],
+        mlflow_tracking_uri="https://user:PASS3@mlflow.example/",
+    )
+    with pytest.raises(TaskDeferred):
+        op.execute(make_context())
+    wait_until(lambda: calls(tmp_path / "run"))
+    call = calls(tmp_path / "run")[0]
+    argv = " ".join(call["argv"])
+    assert "S3CRET2" not in argv and "PASS3" not in argv and "tracking.mlflow_uri" not in argv
+    assert "storage.options.key=AKIAPUBLIC" in argv and "train.total_steps=303" in argv
+    secrets = json.loads(call["secrets_env"])
+    assert secrets == {
+        "storage.options.secret": "S3CRET2",
+        "tracking.mlflow_uri": "https://user:PASS3@mlflow.example/",
+    }
+    attempt = Path(jobs.status(NAME).log_path).parent
+    recorded = (attempt / "job.json").read_text() + (attempt / "job.log").read_text()
+    assert "S3CRET2" not in recorded and "PASS3" not in recorded
+
+
+def test_a_bad_config_error_quotes_no_secret(op_factory) -> None:
+    op = op_factory(overrides=["storage.options.secret=S3CRET2", "train.total_steps=0"])
+    with pytest.raises(ArealConfigError, match="train.total_steps") as caught:
+        op.execute(make_context())
+    assert "S3CRET2" not in str(caught.value) and "storage.options.secret=***" in str(caught.value)

@@ -227,6 +227,43 @@ def test_unreachable_server_raises_config_error_quickly(monkeypatch) -> None:
     cb.on_end({})
 
 
+def test_a_password_in_the_uri_is_not_in_the_error(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.delenv(MLFLOW_RUN_ID_ENV, raising=False)
+    cb = MLflowCallback("http://user:PASSWORD9@127.0.0.1:1", "exp")
+    with pytest.raises(ConfigError) as caught:
+        cb.on_start(1)
+    assert "PASSWORD9" not in str(caught.value) and "user:***@127.0.0.1:1" in str(caught.value)
+
+
+def test_a_redacted_uri_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match="placeholder.*AREAL_CONFIG_SECRETS"):
+        MLflowCallback("https://user:***@mlflow.example/", "exp")
+
+
+def test_secrets_of_the_config_reach_neither_params_nor_the_artifact(store, tmp_path: Path, caplog) -> None:
+    caplog.set_level("INFO")
+    uri = f"{store.uri}?token=SQLTOKEN77"  # sqlite ignores the query: a secret MLflow still works with
+    cfg = load_config(
+        overrides=[
+            f"experiment.run_dir={tmp_path / 'run'}",
+            "experiment.name=exp",
+            f"tracking.mlflow_uri={uri}",
+            "storage.options.secret=S3CRET88",
+        ],
+        environ={},
+    )
+    cb = MLflowCallback(uri, "exp", config=cfg, artifact_location=store.artifacts)
+    cb.on_start(1)
+    cb.on_end({})
+    run = store.client.get_run(cb.run_id)
+    shown = json.dumps(run.data.params) + artifact_text(store, cb.run_id, "config/resolved.yaml") + caplog.text
+    assert "SQLTOKEN77" not in shown and "S3CRET88" not in shown
+    assert run.data.params["storage.options.secret"] == "***"
+    assert run.data.params["tracking.mlflow_uri"].endswith("?token=***")
+
+
 def test_unknown_run_id_raises_config_error(store) -> None:
     with pytest.raises(ConfigError, match=MLFLOW_RUN_ID_ENV):
         make(store, run_id="0123456789abcdef").on_start(1)
