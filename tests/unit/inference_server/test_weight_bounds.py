@@ -87,12 +87,18 @@ def test_a_hung_rendezvous_is_cut_short_refuses_the_next_and_is_reported(engine,
         release.set()
 
 
-def test_an_update_that_cannot_drain_in_time_fails_and_reopens_the_gate(engine, tiny_qwen2: Path) -> None:
+def test_an_update_that_cannot_drain_in_time_fails_and_reopens_the_gate(
+    engine, tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     long = make_request(PROMPT, rid="long", temperature=0.0, max_new_tokens=100_000, ignore_eos=True)
     engine.submit(long.seqs)
     while not long.seqs[0].output_ids:
         time.sleep(0.001)
     version = engine.weight_version
+    # the sequence reaches the context length (512) in a few hundred steps; on a loaded machine the
+    # update's read can outlast it, so the drain sees it in flight however long the read takes
+    in_flight = engine.in_flight
+    monkeypatch.setattr(engine, "in_flight", lambda: max(in_flight(), 1))
 
     async def scenario() -> None:
         svc = service(engine)
@@ -103,6 +109,7 @@ def test_an_update_that_cannot_drain_in_time_fails_and_reopens_the_gate(engine, 
 
     try:
         asyncio.run(scenario())
+        monkeypatch.setattr(engine, "in_flight", in_flight)
         assert engine.weight_version == version and not engine.stats().draining
         assert generate(engine, PROMPT, max_new_tokens=2, ignore_eos=True).finish_reason["type"] == "length"
     finally:
