@@ -1,7 +1,8 @@
 """A real ``areal serve`` process under hostile admin calls: bounded, never wedged, never left paused.
 
 * Group set-ups to a listener that accepts and never answers (a "blackhole"): the first answers
-  504 after its deadline, the next ones 409 at once; generation and a disk update still run; and
+  504 after its deadline, the next ones 409 at once; ``/health`` answers 503 naming the stuck call;
+  generation and a disk update still run; and
   SIGTERM ends the process within ``--shutdown-timeout-s`` although a thread is stuck in the
   rendezvous (it used to outlive SIGTERM, joined at exit).
 * Loads of bad weights (garbage safetensors, an index without ``weight_map``, an index entry out of
@@ -100,6 +101,10 @@ def test_hung_group_set_ups_are_bounded_and_sigterm_still_stops_the_server(tiny_
                 refused = init_group(http, port, f"g{i}")
                 assert refused.status_code == 409 and "another weight operation" in refused.json()["message"]
             assert http.post("/generate", json=GENERATE).status_code == 200
+            # the stuck rendezvous holds the groups lane past its deadline: /health says so (503 with
+            # the reason), so a fleet restarts this server, the only way to free that thread
+            health = http.get("/health")
+            assert health.status_code == 503 and "groups: " in health.text, health.text
             version = http.get("/get_model_info").json()["weight_version"]
             loaded = http.post("/update_weights_from_disk", json={"model_path": str(tiny_qwen2)}, headers=ADMIN)
             assert loaded.status_code == 200, loaded.text
