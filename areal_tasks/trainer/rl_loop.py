@@ -89,7 +89,7 @@ def run_rl_rank(
             waited = time.perf_counter() - step_started
             batch = pack_trajectories(payload, cfg.rollout.group_size, run.version)
             train_started = time.perf_counter()
-            metrics = step_runner.run(batch)
+            metrics = step_runner.run(batch, step)
             metrics["perf/train_s"] = time.perf_counter() - train_started
             metrics.update(publisher.publish(run.version + 1))
             run.version += 1
