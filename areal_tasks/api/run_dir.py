@@ -11,6 +11,7 @@ Layout of ``<run_dir>`` (``experiment.run_dir``)::
     sft/                the warm-started HF model
     rl_config.yaml      the config the RL workers run (model.path = the starting policy)
     rl_metrics.jsonl    one JSON object per RL step (rank 0)
+    rollout_episodes.jsonl  per RL step, the batch's episode ids, servers and resubmissions (rank 0)
     rl_summary.json     rank 0's end-of-RL figures (the controller merges them into summary.json)
     summary.json        the job's summary (reward before/after, checkpoint, wall time...)
     weights/v<N>/       disk weight updates (the newest few are kept)
@@ -30,6 +31,7 @@ __all__ = [
     "RL_CONFIG",
     "RL_METRICS",
     "RL_SUMMARY",
+    "ROLLOUT_EPISODES",
     "SFT_CONFIG",
     "SFT_METRICS",
     "SFT_MODEL_DIR",
@@ -51,6 +53,8 @@ SFT_MODEL_DIR = "sft"
 RL_CONFIG = "rl_config.yaml"
 #: per-step RL metrics of rank 0.
 RL_METRICS = "rl_metrics.jsonl"
+#: per RL step: the batch's episode ids ``[epoch, dataset index, sample]``, servers, resubmissions.
+ROLLOUT_EPISODES = "rollout_episodes.jsonl"
 #: rank 0's end-of-RL figures, merged by the controller into :data:`SUMMARY`.
 RL_SUMMARY = "rl_summary.json"
 #: the job's summary (the DAG adds the pipeline's figures to it).
@@ -100,6 +104,10 @@ class RunPaths:
     @property
     def rl_metrics(self) -> Path:
         return self.root / RL_METRICS
+
+    @property
+    def rollout_episodes(self) -> Path:
+        return self.root / ROLLOUT_EPISODES
 
     @property
     def rl_summary(self) -> Path:

@@ -82,7 +82,10 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         version: int = 0,
         staleness_bound: StalenessBound = "sample",
+        seed_base: int | None = None,
     ) -> None:
+        """``seed_base``: the deterministic mode (``rollout.sampling.seed_mode: per_sample``): each
+        request's seed derives from it and the episode's identity, and batches come in data order."""
         check_executor_settings(
             batch_size,
             group_size,
@@ -113,9 +116,14 @@ class RolloutExecutor:
             group_filter=group_filter,
             version=version,
             spawn=lambda coro, name: self._ensure_loop().spawn(coro, name),
+            seed_base=seed_base,
         )
         self._batches = BatchTaker(
-            self._groups, batch_size=batch_size, eta=max_head_offpolicyness, bound=staleness_bound
+            self._groups,
+            batch_size=batch_size,
+            eta=max_head_offpolicyness,
+            bound=staleness_bound,
+            data_order=seed_base is not None,
         )
         self._swap = WeightSwap(engine, self._groups, f"rollout-control-{id(self):x}")
         self._started_at: float | None = None
@@ -141,7 +149,12 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         version: int = 0,
     ) -> RolloutExecutor:
-        """An executor with the group size, concurrency, staleness (bound) and failure rate of a ``rollout`` section."""
+        """An executor with the group size, concurrency, staleness (bound), failure rate and seed mode of
+        a ``rollout`` section (``per_sample`` seeds derive from ``rollout.sampling.seed``, else ``seed``)."""
+        sampling = rollout_cfg.sampling
+        seed_base = None
+        if sampling.seed_mode == "per_sample":
+            seed_base = sampling.seed if sampling.seed is not None else seed
         return cls(
             engine=engine,
             workflow=workflow,
@@ -156,6 +169,7 @@ class RolloutExecutor:
             group_filter=group_filter,
             version=version,
             staleness_bound=rollout_cfg.staleness_bound,
+            seed_base=seed_base,
         )
 
     # ------------------------------------------------------------------ lifecycle (any thread)
