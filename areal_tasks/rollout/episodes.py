@@ -88,7 +88,8 @@ class EpisodeEngine:
 
 def episode_record(traj: Trajectory) -> dict[str, Any] | None:
     """The episode facts of a trajectory made by the executor (None for one made elsewhere)."""
-    value = traj.metadata.get(EPISODE_KEY)
+    metadata = getattr(traj, "metadata", None)
+    value = metadata.get(EPISODE_KEY) if isinstance(metadata, dict) else None
     return value if isinstance(value, dict) else None
 
 
