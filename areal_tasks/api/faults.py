@@ -12,7 +12,8 @@ defaults to the ``RANK`` environment variable that torch distributed workers get
 ``action``
     ``sigkill`` (default): log the firing, then SIGKILL this process -- a real kill at an exact
     point, nothing cleans up. ``pause``: log, create ``<once>.reached`` (or the ``reached=`` path),
-    then sleep until killed from outside.
+    then wait until ``<once>.release`` (or the ``release=`` path) exists -- forever without one: the
+    test kills the process, or lets it go on once it has arranged what it needs meanwhile.
 ``once``
     a path created with ``O_EXCL`` before firing: the spec fires at most once across processes and
     attempts (a retried job does not die again at the same point).
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 FAULTS_ENV = "AREAL_FAULTS"
 _ACTIONS = ("sigkill", "pause")
 _PAUSE_S = 3600.0
+_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class FaultSpec:
     action: str = "sigkill"
     once: str | None = None
     reached: str | None = None
+    release: str | None = None
 
     def matches(self, point: str, ctx: dict[str, str]) -> bool:
         return point == self.point and all(ctx.get(key) == value for key, value in self.match.items())
@@ -71,8 +74,8 @@ def parse_faults(text: str) -> list[FaultSpec]:
         action = options.pop("action", "sigkill")
         if action not in _ACTIONS:
             raise ValueError(f"{FAULTS_ENV}: action {action!r} in {raw!r}; use one of {', '.join(_ACTIONS)}")
-        once, reached = options.pop("once", None), options.pop("reached", None)
-        specs.append(FaultSpec(point, options, action, once, reached))
+        once, reached, release = options.pop("once", None), options.pop("reached", None), options.pop("release", None)
+        specs.append(FaultSpec(point, options, action, once, reached, release))
     return specs
 
 
@@ -113,8 +116,10 @@ def _fire(spec: FaultSpec, name: str, ctx: dict[str, str]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(_PAUSE_S)  # not reached: SIGKILL cannot be caught
     reached = spec.reached or (f"{spec.once}.reached" if spec.once else None)
+    release = spec.release or (f"{spec.once}.release" if spec.once else None)
     if reached is not None:
         with open(reached, "w") as handle:
             handle.write(f"{os.getpid()}\n")
-    while True:
-        time.sleep(_PAUSE_S)
+    while release is None or not os.path.exists(release):
+        time.sleep(_POLL_S if release is not None else _PAUSE_S)
+    logger.warning("fault %s on rank %s released", name, ctx["rank"])

@@ -29,8 +29,8 @@ def _run(code: str, env: dict[str, str], timeout: float = 30.0) -> subprocess.Co
 def test_parse_specs() -> None:
     specs = parse_faults("rl.step.before_update:rank=1:step=4:once=/x/f ; a.b:action=pause:reached=/r")
     assert specs == [
-        FaultSpec("rl.step.before_update", {"rank": "1", "step": "4"}, "sigkill", "/x/f", None),
-        FaultSpec("a.b", {}, "pause", None, "/r"),
+        FaultSpec("rl.step.before_update", {"rank": "1", "step": "4"}, "sigkill", "/x/f", None, None),
+        FaultSpec("a.b", {}, "pause", None, "/r", None),
     ]
     with pytest.raises(ValueError, match="not key=value"):
         parse_faults("p:rank")
@@ -64,7 +64,7 @@ def test_sigkill_fires_once_and_logs_first(tmp_path: Path) -> None:
     assert second.returncode == 0 and "passed" in second.stdout
 
 
-def test_pause_marks_reached_and_holds(tmp_path: Path) -> None:
+def test_pause_marks_reached_holds_and_goes_on_when_released(tmp_path: Path) -> None:
     once = tmp_path / "paused"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), FAULTS_ENV: f"p:action=pause:once={once}"}
     proc = subprocess.Popen([sys.executable, "-c", _CALL.format("fault_point('p')")], env=env)
@@ -76,6 +76,8 @@ def test_pause_marks_reached_and_holds(tmp_path: Path) -> None:
             time.sleep(0.02)
         time.sleep(0.2)
         assert proc.poll() is None  # holding
+        Path(f"{once}.release").touch()
+        assert proc.wait(timeout=20) == 0
     finally:
         proc.kill()
         proc.wait()
