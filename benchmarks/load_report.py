@@ -59,6 +59,7 @@ def summarize(records: list[dict], base: list[float], samples: list[dict], **fac
         "requests": len(records),
         "status_by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "unexpected_by_kind": unexpected,
+        "error_examples": {r["kind"]: r["detail"] for r in records if r.get("detail")},
         "n_5xx": sum(1 for r in records if r["status"] is not None and r["status"] >= 500),
         "valid_ok": len(valid),
         "valid_per_s": len(valid) / facts["load_wall_s"] if facts.get("load_wall_s") else None,

@@ -3,8 +3,11 @@
 Each :class:`Kind` sends one request of its class and reports the HTTP status (None when the client
 itself gave up: the disconnect class) and the ``Retry-After`` header. ``expect`` is what a hardened
 server must answer: valid requests 200 (or 429 with ``Retry-After`` when the server is full), every
-invalid one a 4xx, never a 5xx and never a 2xx. The shares add up to 1: half valid ``/generate``,
-a tenth valid chat, the rest invalid or abusive.
+invalid one a 4xx, never a 5xx and never a 2xx. The shares add up to 1: about half valid
+``/generate``, a tenth valid chat, the rest invalid or abusive. Classes that break their connection
+on purpose (bodies the server refuses unread, clients that hang up) or need many connections (the
+flood) get a connection pool of their own, so a valid request never inherits a half-closed
+keep-alive connection from them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ __all__ = ["KINDS", "Kind", "LoadContext", "Outcome", "valid_generate_body"]
 
 #: tokens each valid request generates (greedy, EOS ignored: fixed work per request).
 NEW_TOKENS = 16
+#: requests of one flood, sent at once: more than the default queue bound (8 per KV slot, 32 slots).
+FLOOD = 320
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class Kind:
     valid: bool
     expect: str  # "ok" (200, or 429 when full), "4xx", "gone" (the client disconnects)
     send: Send
+    #: run on a connection pool of its own (see the module docstring).
+    own_client: bool = False
 
 
 def _prompt(rng: random.Random, ctx: LoadContext, length: int = 12) -> list[int]:
@@ -146,8 +153,9 @@ async def _disconnect(client: httpx.AsyncClient, ctx: LoadContext, rng: random.R
 
 
 async def _flood(client: httpx.AsyncClient, ctx: LoadContext, rng: random.Random) -> Outcome:
-    """Many valid requests at once from one client: the worst status of the burst (429 when refused)."""
-    outcomes = await asyncio.gather(*(_valid_generate(client, ctx, rng) for _ in range(48)))
+    """:data:`FLOOD` valid requests at once from one client: 429 (with its Retry-After) when any was
+    refused, else the worst status of the burst."""
+    outcomes = await asyncio.gather(*(_valid_generate(client, ctx, rng) for _ in range(FLOOD)))
     refused = [o for o in outcomes if o.status == 429]
     if refused:
         return refused[0]
@@ -155,18 +163,18 @@ async def _flood(client: httpx.AsyncClient, ctx: LoadContext, rng: random.Random
 
 
 KINDS: list[Kind] = [
-    Kind("valid_generate", 0.50, True, "ok", _valid_generate),
+    Kind("valid_generate", 0.52, True, "ok", _valid_generate),
     Kind("valid_chat", 0.10, True, "ok", _valid_chat),
     Kind("bad_types", 0.04, False, "4xx", _sampling(temperature="hot", top_k="x")),
     Kind("unknown_field", 0.04, False, "4xx", _sampling(frobnicate=1)),
     Kind("n_over_limit", 0.03, False, "4xx", _sampling(n=20000)),
-    Kind("body_over_limit", 0.02, False, "4xx", _big_body),
-    Kind("huge_text", 0.02, False, "4xx", _huge_text),
+    Kind("body_over_limit", 0.02, False, "4xx", _big_body, own_client=True),
+    Kind("huge_text", 0.02, False, "4xx", _huge_text, own_client=True),
     Kind("prompt_over_context", 0.04, False, "4xx", _over_context),
     Kind("template_kwargs", 0.04, False, "4xx", _template),
     Kind("admin_without_key", 0.04, False, "4xx", _admin_without_key),
     Kind("garbage_weights", 0.03, False, "4xx", _weights_from(lambda ctx: ctx.garbage_dir)),
     Kind("path_escape", 0.03, False, "4xx", _weights_from(lambda ctx: f"{ctx.model_dir}/../../../../etc")),
-    Kind("disconnect", 0.04, False, "gone", _disconnect),
-    Kind("flood", 0.03, False, "ok", _flood),
+    Kind("disconnect", 0.04, False, "gone", _disconnect, own_client=True),
+    Kind("flood", 0.01, False, "ok", _flood, own_client=True),
 ]

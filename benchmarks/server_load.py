@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 from load_report import print_report, summarize
-from load_requests import KINDS, Kind, LoadContext, Outcome, valid_generate_body
+from load_requests import FLOOD, KINDS, Kind, LoadContext, Outcome, valid_generate_body
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ADMIN_KEY_ENV = "AREAL_LOAD_ADMIN_KEY"
@@ -70,6 +70,14 @@ def _rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def serve_flags() -> str:
+    """``areal serve --help``: which flags this tree's server has (the weight roots are newer)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "areal_tasks.cli", "serve", "--help"], capture_output=True, text=True, check=False
+    )
+    return out.stdout
 
 
 class Server:
@@ -178,17 +186,24 @@ def sample(client: httpx.Client, server: Server) -> dict[str, Any]:
 async def _timed(kind: Kind, client: httpx.AsyncClient, ctx: LoadContext, rng: random.Random) -> dict[str, Any]:
     started = time.monotonic()
     try:
-        outcome = await kind.send(client, ctx, rng)
+        if kind.own_client:
+            limits = httpx.Limits(max_connections=FLOOD + 8, max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=client.timeout, limits=limits) as own:
+                outcome = await kind.send(own, ctx, rng)
+        else:
+            outcome = await kind.send(client, ctx, rng)
     except httpx.HTTPError as exc:
         outcome, error = Outcome(None), type(exc).__name__
+        detail = f"{exc!r} <- {exc.__context__!r}"
     else:
-        error = None
+        error = detail = None
     return {
         "kind": kind.name,
         "status": outcome.status,
         "retry_after": outcome.retry_after,
         "latency_s": time.monotonic() - started,
         "error": error,
+        "detail": detail,
     }
 
 
@@ -263,7 +278,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         garbage.mkdir()
         (garbage / "model.safetensors").write_bytes(os.urandom(4096))
         (garbage / "config.json").write_text("{}")
-        server = Server(args.model, Path(scratch) / "server.log", args.context_length, args.server_arg)
+        extra = list(args.server_arg)
+        if "--weight-root" in serve_flags():  # a server that confines weight paths: let the garbage reach the loader
+            extra += ["--weight-root", str(garbage)]
+        server = Server(args.model, Path(scratch) / "server.log", args.context_length, extra)
         try:
             report = _run(server, args, garbage)
         except BaseException:
