@@ -43,6 +43,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import InferenceError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller, release_slot
@@ -388,6 +389,7 @@ class Engine:
             self._collect()
             return
         batch, logits = self._launch()
+        fault_point("server.decode", version=self.weight_version)  # the fault tests' (a no-op unless set)
         sampling = self._sampling_table(batch, logits.device)
         # queued behind the forward: sampling never syncs
         tokens, logprobs = sample(logits, sampling, self.runner.greedy)

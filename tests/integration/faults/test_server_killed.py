@@ -1,13 +1,13 @@
 """An inference server SIGKILLed mid-rollout (issue #26, item 7).
 
 A tiny RL job with two embedded servers and one train rank (eta 0, per-sample seeds, batches in
-data order, EOS ignored so every request decodes ``max_new_tokens`` tokens and is caught running).
-Once two steps are done and server 0 reports running requests, its whole process group gets
-SIGKILL. The client must reroute the requests that were on it (and the weight update go on without
-the dead server), the fleet must restart it, and the run must finish all its steps having trained on
-exactly the episodes an unfaulted run trains on: with eta 0 and no rejected group (EOS ignored: no
-empty output) step ``k`` trains on the groups of the prompts ``k`` of the data order, each sample
-once (``rollout_episodes.jsonl``).
+data order, EOS ignored so no group is rejected). The first server to decode with the weights of
+version 2 (step 3's rollout) freezes at a fault point with its requests running, and the test
+SIGKILLs its whole process group: a deterministic moment, whatever the machine's speed. The client
+must reroute the requests that were on it (and the weight update go on without the dead server),
+the fleet must restart it, and the run must finish all its steps having trained on exactly the
+episodes an unfaulted run trains on: with eta 0 and no rejected group step ``k`` trains on the
+groups of the prompts ``k`` of the data order, each sample once (``rollout_episodes.jsonl``).
 
 So that the restarted server's return is seen whatever the machine's speed, rank 0 holds at a fault
 point in step 4 (``pause``, before its update) until the fleet has published the restarted server's
@@ -18,12 +18,10 @@ last steps' episodes are served by it too.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from areal_tasks.api.faults import FAULTS_ENV
@@ -52,7 +50,6 @@ OVERRIDES = [
     f"train.total_steps={STEPS}",
     "saver.freq_steps=100",
 ]
-RUNNING = re.compile(r"^sglang:num_running_reqs(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 
 
 def _expected_ids(run_dir: Path) -> dict[int, list[list[int]]]:
@@ -88,15 +85,6 @@ def _servers(controller: int) -> dict[int, int]:
     return found
 
 
-def _running(port: int) -> float:
-    try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0).text
-    except httpx.HTTPError:
-        return 0.0
-    match = RUNNING.search(text)
-    return float(match.group(1)) if match else 0.0
-
-
 def _wait(predicate, timeout_s: float, what: str, job: TrainJob, poll_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -110,16 +98,20 @@ def _wait(predicate, timeout_s: float, what: str, job: TrainJob, poll_s: float =
 
 def test_server_killed_mid_rollout_loses_no_episode(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    hold = tmp_path / "hold"
-    env = {FAULTS_ENV: f"rl.step.before_update:rank=0:step=4:action=pause:once={hold}"}
-    with TrainJob(run_dir, OVERRIDES, env) as job:
+    hold, frozen = tmp_path / "hold", tmp_path / "frozen"
+    faults = [
+        f"server.decode:version=2:action=pause:once={frozen}",
+        f"rl.step.before_update:rank=0:step=4:action=pause:once={hold}",
+    ]
+    with TrainJob(run_dir, OVERRIDES, {FAULTS_ENV: ";".join(faults)}) as job:
         assert job.proc is not None
-        _wait(lambda: len(metrics_rows(run_dir)) >= 2, 300, "two RL steps", job, poll_s=0.5)
-        servers = _wait(lambda: (s := _servers(job.proc.pid)) and len(s) == 2 and s, 30, "both servers", job)
-        port, pid = sorted(servers.items())[0]
+        reached = Path(f"{frozen}.reached")
+        pid = int(_wait(lambda: reached.is_file() and reached.read_text().strip(), 300, "a server in step 3", job, 0.1))
+        servers = _servers(job.proc.pid)
+        assert len(servers) == 2 and pid in servers.values(), servers
+        port = next(p for p, q in servers.items() if q == pid)
         servers_before = [f"127.0.0.1:{p}" for p in servers]
-        _wait(lambda: _running(port) > 0, 120, f"requests running on the server at port {port}", job, poll_s=0.02)
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)  # the server leads a session of its own
         killed_at = time.monotonic()
         restarted = _wait(
             lambda: "restarted" in job.log_path.read_text(errors="replace"), 120, "the fleet's restart", job, 0.2
