@@ -11,6 +11,8 @@ Layout of ``<run_dir>`` (``experiment.run_dir``)::
     sft/                the warm-started HF model
     rl_config.yaml      the config the RL workers run (model.path = the starting policy)
     rl_metrics.jsonl    one JSON object per RL step (rank 0)
+    rollout_episodes.jsonl  per RL step, the batch's episode ids, servers and resubmissions (rank 0)
+    inference_servers.json  the fleet's addresses, written by the controller after it restarted a server
     rl_summary.json     rank 0's end-of-RL figures (the controller merges them into summary.json)
     summary.json        the job's summary (reward before/after, checkpoint, wall time...)
     weights/v<N>/       disk weight updates (the newest few are kept)
@@ -27,11 +29,13 @@ from pathlib import Path
 
 __all__ = [
     "INFERENCE_ADDRESSES_ENV",
+    "INFERENCE_SERVERS",
     "MLFLOW_RUN_ID_ENV",
     "RESOLVED_CONFIG",
     "RL_CONFIG",
     "RL_METRICS",
     "RL_SUMMARY",
+    "ROLLOUT_EPISODES",
     "SERVER_ADMIN_KEY_ENV",
     "SFT_CONFIG",
     "SFT_METRICS",
@@ -55,6 +59,10 @@ SFT_MODEL_DIR = "sft"
 RL_CONFIG = "rl_config.yaml"
 #: per-step RL metrics of rank 0.
 RL_METRICS = "rl_metrics.jsonl"
+#: the fleet's addresses after a server restart (the rollout client adopts them at the next weight update).
+INFERENCE_SERVERS = "inference_servers.json"
+#: per RL step: the batch's episode ids ``[epoch, dataset index, sample]``, servers, resubmissions.
+ROLLOUT_EPISODES = "rollout_episodes.jsonl"
 #: rank 0's end-of-RL figures, merged by the controller into :data:`SUMMARY`.
 RL_SUMMARY = "rl_summary.json"
 #: the job's summary (the DAG adds the pipeline's figures to it).
@@ -116,6 +124,14 @@ class RunPaths:
     @property
     def rl_metrics(self) -> Path:
         return self.root / RL_METRICS
+
+    @property
+    def inference_servers(self) -> Path:
+        return self.root / INFERENCE_SERVERS
+
+    @property
+    def rollout_episodes(self) -> Path:
+        return self.root / ROLLOUT_EPISODES
 
     @property
     def rl_summary(self) -> Path:

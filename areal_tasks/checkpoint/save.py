@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_tasks.api.faults import fault_point
 from areal_tasks.api.train_engine import CheckpointableEngine
 from areal_tasks.checkpoint.async_save import stage_state_dict
 from areal_tasks.checkpoint.dcp_io import StorageDCPWriter
@@ -195,6 +196,7 @@ def _commit(
     metadata.timings["total"] = request.stage_seconds + write_seconds
     meta_bytes = metadata.to_json().encode("utf-8")
     storage.write_bytes(f"{directory}/{METADATA_FILE}", meta_bytes)
+    fault_point("checkpoint.save.before_complete", step=request.step)
     layout.write_complete(
         request.step,
         {"step": request.step, "completed_at": metadata.completed_at, "metadata_sha256": sha256_hex(meta_bytes)},

@@ -206,7 +206,7 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     if s.top_k != -1 and s.top_k < 1:
         p.add("rollout.sampling.top_k", f"must be -1 (no limit) or >= 1, got {s.top_k}")
     p.number("rollout.sampling.max_new_tokens", s.max_new_tokens, low=1, cap=MAX_TOKENS)
-    if s.seed is not None and s.temperature > 0 and rollout.group_size > 1:
+    if s.seed is not None and s.seed_mode == "shared" and s.temperature > 0 and rollout.group_size > 1:
         p.add(
             "rollout.sampling.seed",
             f"a seed shared by every request makes the {rollout.group_size} samples of a "

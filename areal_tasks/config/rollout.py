@@ -36,8 +36,13 @@ class SamplingConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     #: keep generating past EOS until ``max_new_tokens``.
     ignore_eos: bool = False
-    #: sampling seed; None = nondeterministic.
+    #: sampling seed; None = nondeterministic (with ``per_sample``: the base of the per-sample seeds).
     seed: int | None = None
+    #: ``shared``: every request carries ``seed`` (None: draws from the server's stream);
+    #: ``per_sample``: each request gets a seed derived from ``seed`` (else ``experiment.seed``), the
+    #: prompt's data position, the sample and the turn, and batches come in data order (deterministic
+    #: rollouts; see docs/rollout.md).
+    seed_mode: Literal["shared", "per_sample"] = "shared"
 
 
 @dataclass

@@ -30,7 +30,11 @@ the job); a wrapper that is gone without an exit code was killed (SIGKILL, OOM k
 the job counts as failed (or cancelled, when cancel() did it).
 
 ``cancel`` marks the attempt, SIGTERMs the whole process group, waits ``grace_s`` for the group to
-empty (zombies count as gone), then SIGKILLs what is left.
+empty (zombies count as gone), then SIGKILLs what is left. The job's environment carries a marker
+of its attempt (:func:`~areal_tasks.launch.process.with_marker`), inherited by every process it
+starts, so processes that left the group (the scheduler's workers are sessions of their own; a
+daemon may ``setsid``) get the same SIGTERM and are then killed by
+:func:`~areal_tasks.launch.process.kill_tree`, also when the controller itself was SIGKILLed.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -54,7 +59,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_tasks.errors import SchedulerError
-from areal_tasks.launch.process import read_log_tail
+from areal_tasks.launch.process import kill_tree, read_log_tail, tree_pids, with_marker
 from storage.redact import redact_argv
 
 logger = logging.getLogger(__name__)
@@ -75,6 +80,8 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 #: longest job name accepted (it is a directory name).
 MAX_NAME_LENGTH = 200
+#: seconds the job's processes outside its group get between SIGTERM and SIGKILL (after the group is gone).
+ESCAPED_GRACE_S = 2.0
 #: seconds cancel() waits for the group to die after SIGKILL before it gives up.
 KILL_WAIT_S = 10.0
 #: log lines quoted in the reason of a failed job.
@@ -168,7 +175,7 @@ class LocalJobs:
                 Path(run_dir).mkdir(parents=True, exist_ok=True)
             log_path = folder / LOG_FILE
             wrapper = [sys.executable, "-m", "areal_tasks.launch.jobs", "--exit-file", str(folder / EXIT_FILE), "--"]
-            full_env = {**os.environ, **dict(env or {}), "PYTHONUNBUFFERED": "1"}
+            full_env = with_marker({**os.environ, **dict(env or {}), "PYTHONUNBUFFERED": "1"}, _marker(folder))
             with _open_private(log_path) as log:
                 popen = subprocess.Popen(
                     wrapper + list(argv),
@@ -223,7 +230,7 @@ class LocalJobs:
                 return status
             _write_private(folder / CANCEL_FILE, f"{time.time()}\n")
             assert status.pid is not None
-            _stop_group(name, status.pid, grace_s)
+            _stop_group(name, status.pid, grace_s, _marker(folder))
             self._reap(status.pid)
         return self._status_of(name, folder)
 
@@ -290,11 +297,11 @@ class LocalJobs:
         stat = _stat(pgid)
         if stat is not None and stat[0] not in ("Z", "X") and stat[2] != record.get("start_ticks"):
             return  # the pid now belongs to another process: its group is not ours
-        if _group_members(pgid):
+        if _group_members(pgid) or tree_pids(None, _marker(folder)):
             logger.warning(
                 "job %s: processes of the ended attempt %s are still alive; stopping them", name, folder.name
             )
-            _stop_group(name, pgid, grace_s=10.0)
+            _stop_group(name, pgid, 10.0, _marker(folder))
 
     @staticmethod
     def _reap(pid: int) -> None:
@@ -363,8 +370,15 @@ def _wait_group_empty(pgid: int, deadline: float) -> list[int]:
         time.sleep(0.05)
 
 
-def _stop_group(name: str, pgid: int, grace_s: float) -> None:
-    """SIGTERM group ``pgid``, wait ``grace_s``, SIGKILL what is left; SchedulerError if it survives."""
+def _marker(folder: Path) -> str:
+    """The marker in the environment of every process of the attempt in ``folder`` (stable per folder)."""
+    return "job-" + hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+
+
+def _stop_group(name: str, pgid: int, grace_s: float, marker: str) -> None:
+    """SIGTERM group ``pgid``, wait ``grace_s``, SIGKILL what is left; then the same (with a short
+    grace) for ``marker``'s processes outside the group (the job's own shutdown normally stops them
+    first). SchedulerError if something survives."""
     logger.info("job %s: SIGTERM to process group %d", name, pgid)
     _signal_group(pgid, signal.SIGTERM)
     left = _wait_group_empty(pgid, time.monotonic() + grace_s)
@@ -372,6 +386,9 @@ def _stop_group(name: str, pgid: int, grace_s: float) -> None:
         logger.warning("job %s: %d process(es) still alive %.1fs after SIGTERM: SIGKILL", name, len(left), grace_s)
         _signal_group(pgid, signal.SIGKILL)
         left = _wait_group_empty(pgid, time.monotonic() + KILL_WAIT_S)
+    if tree_pids(None, marker):
+        logger.warning("job %s: processes it started outside its process group are still alive: stopping them", name)
+        left += kill_tree(None, marker, grace_s=min(grace_s, ESCAPED_GRACE_S), wait_s=KILL_WAIT_S)
     if left:
         raise SchedulerError(
             f"job {name}: processes {left} of group {pgid} survived SIGKILL for {KILL_WAIT_S:.0f}s "

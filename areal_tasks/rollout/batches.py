@@ -4,7 +4,10 @@
 ``batch_size`` samples of whole groups: ordered by staleness deadline, then completion (with
 ``staleness_bound="admission"``: by completion only, never waiting for a running group). It counts
 what it returns (consumed samples and batches, the staleness histogram, samples returned past their
-group's deadline) and describes the last batch (:meth:`BatchTaker.last`). A timeout raises a
+group's deadline) and describes the last batch (:meth:`BatchTaker.last`). With ``data_order`` the
+chosen groups are returned in data order (epoch, then place in the epoch) instead of completion
+order, so a batch's layout does not depend on which episode finished first (the deterministic
+rollout mode). A timeout raises a
 :class:`~areal_tasks.errors.RolloutError` that names the counters and the likely reason.
 """
 
@@ -28,8 +31,11 @@ __all__ = ["BatchTaker"]
 class BatchTaker:
     """Batches of ``batch_size`` samples from ``groups`` under ``bound`` (see the module docstring)."""
 
-    def __init__(self, groups: GroupAssembly, *, batch_size: int, eta: int, bound: StalenessBound) -> None:
+    def __init__(
+        self, groups: GroupAssembly, *, batch_size: int, eta: int, bound: StalenessBound, data_order: bool = False
+    ) -> None:
         self.groups = groups
+        self.data_order = data_order
         self.batch_size = batch_size
         self.eta = eta
         self.bound: StalenessBound = bound
@@ -62,6 +68,8 @@ class BatchTaker:
         except TimeoutError:
             raise RolloutError(self.timeout_message(timeout_s)) from None
         groups.take(chosen)
+        if self.data_order:
+            chosen = sorted(chosen, key=lambda g: g.position)
         batch = [t for g in chosen for t in g.trajs if t is not None]
         version = groups.version
         self.hist.add([s for s in (staleness_of(t, version) for t in batch) if s is not None])

@@ -50,10 +50,14 @@ class DataSource:
             self._orders[epoch] = order
         return self._orders[epoch]
 
+    def dataset_index(self, position: Position) -> int:
+        """The index in the dataset of the item at ``position``."""
+        epoch, index = position
+        return self.order(epoch)[index]
+
     def item_at(self, position: Position) -> Any:
         """The dataset item at ``position``."""
-        epoch, index = position
-        return self.dataset[self.order(epoch)[index]]
+        return self.dataset[self.dataset_index(position)]
 
     def next(self) -> tuple[Position, Any]:
         """The next position (replayed ones first) and its item."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -33,6 +34,7 @@ from areal_tasks.rollout.batches import BatchTaker
 from areal_tasks.rollout.data_source import DataSource
 from areal_tasks.rollout.groups import FailureWindow, GroupAssembly
 from areal_tasks.rollout.loop_thread import LoopThread
+from areal_tasks.rollout.servers import ServerRoster
 from areal_tasks.rollout.settings import check_executor_settings
 from areal_tasks.rollout.staleness import AdmissionRule, StalenessBound
 from areal_tasks.rollout.state import executor_state, executor_stats, load_executor_state
@@ -82,7 +84,13 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         version: int = 0,
         staleness_bound: StalenessBound = "sample",
+        seed_base: int | None = None,
+        servers_file: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``seed_base``: the deterministic mode (``rollout.sampling.seed_mode: per_sample``): each
+        request's seed derives from it and the episode's identity, and batches come in data order.
+        ``servers_file``: where the controller publishes the fleet's addresses after a restart
+        (see :mod:`~areal_tasks.rollout.servers`)."""
         check_executor_settings(
             batch_size,
             group_size,
@@ -113,11 +121,16 @@ class RolloutExecutor:
             group_filter=group_filter,
             version=version,
             spawn=lambda coro, name: self._ensure_loop().spawn(coro, name),
+            seed_base=seed_base,
         )
         self._batches = BatchTaker(
-            self._groups, batch_size=batch_size, eta=max_head_offpolicyness, bound=staleness_bound
+            self._groups,
+            batch_size=batch_size,
+            eta=max_head_offpolicyness,
+            bound=staleness_bound,
+            data_order=seed_base is not None,
         )
-        self._swap = WeightSwap(engine, self._groups, f"rollout-control-{id(self):x}")
+        self._swap = WeightSwap(engine, self._groups, f"rollout-control-{id(self):x}", ServerRoster(servers_file))
         self._started_at: float | None = None
         self._stopped_at: float | None = None
         self._accepted_at_start = 0
@@ -140,8 +153,14 @@ class RolloutExecutor:
         shuffle: bool = True,
         group_filter: GroupFilter | None = None,
         version: int = 0,
+        servers_file: str | os.PathLike[str] | None = None,
     ) -> RolloutExecutor:
-        """An executor with the group size, concurrency, staleness (bound) and failure rate of a ``rollout`` section."""
+        """An executor with the group size, concurrency, staleness (bound), failure rate and seed mode of
+        a ``rollout`` section (``per_sample`` seeds derive from ``rollout.sampling.seed``, else ``seed``)."""
+        sampling = rollout_cfg.sampling
+        seed_base = None
+        if sampling.seed_mode == "per_sample":
+            seed_base = sampling.seed if sampling.seed is not None else seed
         return cls(
             engine=engine,
             workflow=workflow,
@@ -156,6 +175,8 @@ class RolloutExecutor:
             group_filter=group_filter,
             version=version,
             staleness_bound=rollout_cfg.staleness_bound,
+            seed_base=seed_base,
+            servers_file=servers_file,
         )
 
     # ------------------------------------------------------------------ lifecycle (any thread)

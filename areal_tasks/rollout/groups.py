@@ -11,8 +11,13 @@ of it. When a group's episodes have finished it is resolved:
   10 s);
 - else the group filter (DAPO's dynamic sampling) returning False -> **filtered** (a filter that
   raises fails the executor: a bug, not noise);
-- else **accepted**: queued as ready, every trajectory stamped with ``rollout_admit_version`` and
-  ``rollout_group``.
+- else **accepted**: queued as ready, every trajectory stamped with ``rollout_admit_version``,
+  ``rollout_group`` and its episode (:mod:`~areal_tasks.rollout.episodes`: ``(epoch, dataset index,
+  sample)``, the servers that answered, the resubmissions).
+
+Each episode's workflow runs on an :class:`~areal_tasks.rollout.episodes.EpisodeEngine` over the
+shared engine; with a ``seed_base`` (``rollout.sampling.seed_mode: per_sample``) it gives every
+request a seed derived from the episode's identity.
 
 Rejected and filtered groups give their samples back to the admission budget. :class:`FailureWindow`
 is the failure policy: once enough episodes of the recent window finished, a failed fraction above
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.errors import RolloutError, TrajectoryError
 from areal_tasks.rollout.data_source import DataSource, Position
+from areal_tasks.rollout.episodes import EPISODE_KEY, EpisodeEngine, EpisodeId
 from areal_tasks.rollout.staleness import AdmissionRule
 from areal_tasks.rollout.stats import RolloutCounters
 
@@ -57,6 +63,8 @@ class Group:
 
     seq: int
     position: Position
+    #: the item's index in the dataset (``position`` is its place in the epoch's order).
+    data_index: int
     item: Any
     admit_version: int
     deadline: int
@@ -142,8 +150,11 @@ class GroupAssembly:
         group_filter: GroupFilter | None,
         version: int,
         spawn: Spawn,
+        seed_base: int | None = None,
     ) -> None:
         self.engine, self.workflow, self.data, self.rule = engine, workflow, data, rule
+        #: per-sample seeds from this base (None: requests keep the workflow's sampling seed).
+        self.seed_base = seed_base
         self.failures = failures
         self.group_filter = group_filter
         self.group_size = rule.group_size
@@ -216,6 +227,7 @@ class GroupAssembly:
                 group = Group(
                     seq=self.next_seq,
                     position=position,
+                    data_index=self.data.dataset_index(position),
                     item=item,
                     admit_version=self.version,
                     deadline=self.version + self.rule.eta,
@@ -247,8 +259,9 @@ class GroupAssembly:
         asyncio.get_running_loop().call_soon(self.admit)
 
     async def _run_episode(self, group: Group, i: int) -> None:
+        episode = EpisodeEngine(self.engine, EpisodeId(group.position[0], group.data_index, i), self.seed_base)
         try:
-            traj = await self.workflow.arun_episode(self.engine, group.item)
+            traj = await self.workflow.arun_episode(episode, group.item)
             if traj is not None:
                 if not isinstance(traj, Trajectory):
                     raise TrajectoryError(
@@ -256,6 +269,7 @@ class GroupAssembly:
                         f"{type(traj).__name__}; expected a Trajectory or None"
                     )
                 traj.validate()
+                traj.metadata[EPISODE_KEY] = episode.record()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed episode is counted, not fatal by itself

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError
 from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
 
@@ -108,6 +109,7 @@ class RolloutSide:
             shuffle=cfg.dataset.shuffle,
             group_filter=build_algorithm(cfg.algorithm).group_filter,
             version=version,
+            servers_file=RunPaths.of(cfg.experiment.run_dir).inference_servers,
         )
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
         # the one evaluation rule (also evaluate_checkpoint's): rollout.sampling at

@@ -6,6 +6,10 @@ resume, then the new version and admission reach the episodes' loop, in that ord
 sent from while the executor runs and the engine allows it (``control_from_any_loop``): the swap
 then does not queue behind the episodes on their busy loop; admission stops at once (a flag the
 episodes' loop reads), and the version and admission are posted to the episodes' loop after it.
+
+Each swap first adopts the server list the controller published after restarting a dead server,
+and a swap that failed because servers do not answer at all goes on without them
+(:class:`~areal_tasks.rollout.servers.ServerRoster`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from areal_tasks.errors import RolloutError
+from areal_tasks.errors import InferenceControlError, RolloutError
 from areal_tasks.rollout.control_loop import ControlLoop, prompt_thread_switches
 from areal_tasks.rollout.groups import GroupAssembly
+from areal_tasks.rollout.servers import ServerRoster
 
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine, ParamSpec, PauseMode
@@ -29,9 +34,12 @@ __all__ = ["WeightSwap"]
 class WeightSwap:
     """The weight-update steps of one executor over ``engine`` and its ``groups``."""
 
-    def __init__(self, engine: InferenceEngine, groups: GroupAssembly, control_name: str) -> None:
+    def __init__(
+        self, engine: InferenceEngine, groups: GroupAssembly, control_name: str, roster: ServerRoster | None = None
+    ) -> None:
         self.engine, self.groups = engine, groups
         self.control_name = control_name
+        self.roster = roster or ServerRoster(None)
         #: the loop swaps run on while the executor runs (made at the first such swap).
         self.control: ControlLoop | None = None
 
@@ -103,7 +111,12 @@ class WeightSwap:
         self, meta: WeightUpdateMeta, buckets: Sequence[Sequence[ParamSpec]] | None, mode: PauseMode, submitted: float
     ) -> dict[str, float]:
         queued = time.perf_counter() - submitted
-        return {"queue": queued, **await self.engine.swap_weights(meta, buckets, mode)}
+        self.roster.refresh(self.engine, meta)
+        try:
+            parts = await self.engine.swap_weights(meta, buckets, mode)
+        except InferenceControlError as exc:
+            parts = await self.roster.swap_without_unreachable(self.engine, meta, buckets, mode, exc)
+        return {"queue": queued, **parts}
 
     def _swapped(self, version: int) -> None:
         """Loop side, after a swap: the new version, then admission again."""

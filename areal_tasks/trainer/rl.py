@@ -148,7 +148,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
             addresses = fleet.start()
             shared = colocated_devices(cfg, fleet.devices())
             scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared, secrets))
-            _watch(scheduler, fleet)
+            _watch(scheduler, fleet, paths.inference_servers)
         finally:
             fleet.stop()
     finally:
@@ -171,16 +171,22 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     return summary
 
 
-def _watch(scheduler: Scheduler, fleet: Any) -> None:
-    """Until the workers exit: relay rank 0's progress; raise on a failed worker or a lost server."""
+def _watch(scheduler: Scheduler, fleet: Any, servers_file: Path) -> None:
+    """Until the workers exit: relay rank 0's progress; raise on a failed worker or a lost server.
+
+    After a restart the fleet's addresses go to ``servers_file``: rank 0's client adopts them at
+    its next weight update, which gives the restarted server the current weights."""
+    from areal_tasks.rollout.servers import write_server_list
     from areal_tasks.trainer.progress_relay import wait_with_progress
 
     def check_servers() -> None:
         restarted = fleet.check()
         if restarted:
+            write_server_list(servers_file, fleet.addresses)
             logger.warning(
-                "inference servers %s restarted: they serve the starting weights until the next weight update",
+                "inference servers %s restarted at %s: the client adopts them at the next weight update",
                 restarted,
+                fleet.addresses,
             )
 
     wait_with_progress(scheduler, RL_GROUP, poll_s=POLL_S, on_poll=check_servers)

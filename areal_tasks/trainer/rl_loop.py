@@ -5,8 +5,9 @@ checkpoint (``recover.mode``) and, when it did, restores the rollout executor's 
 recovered weights to the servers. Per step ``k`` (policy version ``k - 1`` before it, ``k`` after):
 
 1. rank 0 takes a batch from the rollout executor (which kept generating while the previous step
-   trained, up to ``rollout.max_head_offpolicyness`` versions ahead) and broadcasts it; a rollout
-   failure is broadcast too, so every rank stops;
+   trained, up to ``rollout.max_head_offpolicyness`` versions ahead), appends its episode ids to
+   ``<run_dir>/rollout_episodes.jsonl`` and broadcasts it; a rollout failure is broadcast too, so
+   every rank stops;
 2. every rank packs it and runs :class:`~areal_tasks.trainer.rl_step.RLStep` (ref/critic/prox
    forwards, advantages, PPO mini-batches, critic);
 3. the weight update (:class:`~areal_tasks.trainer.weight_publisher.WeightPublisher`): the actor's
@@ -28,7 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import RolloutError
+from areal_tasks.rollout.episodes import append_episode_log
 from areal_tasks.trainer.callbacks.base import Callback, CallbackList
 from areal_tasks.trainer.collectives import broadcast_object
 
@@ -86,10 +89,12 @@ def run_rl_rank(
             payload = _next_batch(run.side, cfg)
             if isinstance(payload, _Failure):
                 raise RolloutError(f"rollout failed before step {step}: {payload.message}")
+            if run.side is not None:
+                append_episode_log(RunPaths.of(run.run_dir).rollout_episodes, step, payload)
             waited = time.perf_counter() - step_started
             batch = pack_trajectories(payload, cfg.rollout.group_size, run.version)
             train_started = time.perf_counter()
-            metrics = step_runner.run(batch)
+            metrics = step_runner.run(batch, step)
             metrics["perf/train_s"] = time.perf_counter() - train_started
             metrics.update(publisher.publish(run.version + 1))
             run.version += 1

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.algo import keys
+from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import AlgorithmError
 from areal_tasks.trainer.rl_batch import gather_token_outputs, share_of
 
@@ -46,8 +47,9 @@ class RLStep:
     critic: TrainableEngine | None = None
     ppo_n_minibatches: int = 1
 
-    def run(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Train on ``batch`` (the same on every rank); return the step's statistics."""
+    def run(self, batch: dict[str, torch.Tensor], step: int | None = None) -> dict[str, float]:
+        """Train on ``batch`` (the same on every rank); return the step's statistics (``step``
+        names the step for the fault tests' ``rl.step.before_update`` point)."""
         from areal_tasks.engine.microbatch import select_sequences
 
         info = self.actor.parallel
@@ -67,6 +69,7 @@ class RLStep:
         full = {**batch, **gather_token_outputs(batch, parts, info, local)} if local else dict(batch)
         full = self.algorithm.compute_advantages(full)
         share = select_sequences(full, parts[info.dp_rank])
+        fault_point("rl.step.before_update", step=step)
         stats = self._update(self.actor, share, self.algorithm.actor_loss_fn, self.algorithm.actor_loss_weight_fn)
         out = {f"actor/{k}": v for k, v in stats.items()}
         out["actor/lr"] = stats.get("lr", 0.0)

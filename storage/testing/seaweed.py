@@ -5,7 +5,9 @@ one process) bound to 127.0.0.1 on free ports, with a generated identities file 
 and a read-only identity (random keys), ``-s3.allowDeleteBucketNotEmpty=false`` and
 ``-s3.autoCreateBucket=false`` so that it behaves like AWS S3 (a missing bucket is an error),
 telemetry off, and waits until the S3 API answers. ``stop()`` ends it by PID (SIGTERM, then SIGKILL
-after a short grace: the data is throwaway). Usable as a context manager, from pytest fixtures
+after a short grace: the data is throwaway). ``restart()`` brings a stopped (or running) server back
+on the same ports over the same data directory, as clients see a service that went away and came
+back at its address (``start()`` would pick new ports). Usable as a context manager, from pytest fixtures
 (``tests/fixtures/s3_server.py``), integration tests and benchmarks alike.
 """
 
@@ -188,6 +190,22 @@ class SeaweedS3Server:
             return self
         raise StorageError(f"SeaweedFS did not start after 3 attempts: {last_error}")
 
+    def restart(self) -> SeaweedS3Server:
+        """Stop the server if it runs, then start it again on the same ports and data; wait for S3."""
+        if not self.ports:
+            raise StorageError("SeaweedS3Server was never started: call start() first")
+        self.stop()
+        self._spawn(self.work_dir / "identities.json")
+        try:
+            self._wait_until_serving()
+            self._wait_for_volumes(len(list((self.work_dir / "data").glob("*.dat"))))
+        except StorageError:
+            self.stop()
+            raise
+        atexit.register(self.stop)
+        logger.info("SeaweedFS S3 back at %s (pid %s)", self.endpoint_url, self.pid)
+        return self
+
     def stop(self) -> None:
         """Stop the server by PID: SIGTERM, then SIGKILL after ``stop_grace_s``."""
         process, self._process = self._process, None
@@ -244,6 +262,7 @@ class SeaweedS3Server:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
             "-master.telemetry=false",  # never phone home
+            "-master.electionTimeout=1s",
             "-master.volumeSizeLimitMB=64",
             "-volume.max=0",
             "-volume.preStopSeconds=0",
@@ -266,6 +285,33 @@ class SeaweedS3Server:
                     os.unlink(path)
                 except FileNotFoundError:
                     logger.debug("socket %s was already removed", path)
+
+    def _wait_for_volumes(self, count: int) -> None:
+        """Wait until the master knows ``count`` volumes: until then the S3 API answers, but reads of
+        existing objects fail with InternalError (volume not found)."""
+        deadline = time.monotonic() + self.start_timeout_s
+        url = f"http://{self.host}:{self.ports['master']}/dir/status"
+        known = 0
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as answer:
+                    topology = json.loads(answer.read())["Topology"]
+                known = sum(
+                    node.get("Volumes", 0)
+                    for center in topology.get("DataCenters") or []
+                    for rack in center.get("Racks") or []
+                    for node in rack.get("DataNodes") or []
+                )
+                if known >= count:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, KeyError, ValueError) as exc:
+                logger.debug("master status not ready: %s", exc)
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"the SeaweedFS master knows {known} of {count} volumes after {self.start_timeout_s}s; "
+                    f"see {self.log_path}"
+                )
+            time.sleep(0.1)
 
     def _wait_until_serving(self) -> None:
         assert self._process is not None

@@ -489,7 +489,11 @@ def _hf_config_of(model: torch.nn.Module) -> Any:
 
 
 def _init_default_group() -> None:
-    """Join the default process group: ``env://`` under a launcher, else a world of one."""
+    """Join the default process group: ``env://`` under a launcher, else a world of one.
+
+    A world of one rendezvouses through an in-process ``HashStore``: nothing to share with another
+    process, so no file store (which left a ``/tmp/areal_pg_*`` directory behind per engine).
+    """
     import torch
     import torch.distributed as dist
 
@@ -497,10 +501,7 @@ def _init_default_group() -> None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend)
     else:
-        import tempfile
-
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="areal_pg_"), "store"), 1)
-        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def _local_device() -> torch.device:

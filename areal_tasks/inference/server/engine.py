@@ -54,6 +54,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller, release_slot
@@ -454,6 +455,7 @@ class Engine:
             self._collect()
             return
         batch, logits = self._launch()
+        fault_point("server.decode", version=self.weight_version)  # the fault tests' (a no-op unless set)
         sampling = self._sampling_table(batch, logits.device)
         # queued behind the forward: sampling never syncs
         tokens, logprobs = sample(logits, sampling, self.runner.greedy)

@@ -6,16 +6,23 @@ all, without touching the caller or the other workers. It receives the caller's 
 ``multiprocessing``'s spawn does) and imports only the reward's module; unlike spawn it does not
 re-import the caller's ``__main__``, which in a trainer would pull in torch. Workers start lazily,
 at most ``size`` at a time; one that timed out or died is reaped (``wait``) and replaced on demand.
+
+A reward may start processes of its own, and some leave the worker's session (``setsid``, a
+daemon's double fork) where ``killpg`` does not reach them. So each worker carries a marker in its
+environment (inherited by whatever it starts) and makes itself a child subreaper (orphans below it
+are re-parented to it, not to init); killing a worker is
+:func:`~areal_tasks.launch.process.kill_tree`: freeze the worker, its group, its descendants and
+every process with its marker, then SIGKILL them all. An idle worker closed with EOF is swept too,
+so a reward's background process does not outlive the pool.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
+import logging
 import os
 import pickle
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from areal_tasks.errors import RewardError
+from areal_tasks.launch.process import kill_tree, new_marker, with_marker
+
+logger = logging.getLogger(__name__)
 
 _WORKER_FILE = str(Path(__file__).with_name("_worker.py"))
 _HEADER_SIZE = 8
@@ -82,12 +92,14 @@ class WorkerProcess:
     """One worker interpreter serving one reward function, one request at a time."""
 
     def __init__(self, module: str, qualname: str, start_timeout_s: float) -> None:
+        self.marker = new_marker("reward")
         self.proc = subprocess.Popen(
             [sys.executable, _WORKER_FILE, str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
             start_new_session=True,
+            env=with_marker(os.environ, self.marker),
         )
         try:
             init = {"sys_path": list(sys.path), "module": module, "qualname": qualname}
@@ -121,24 +133,29 @@ class WorkerProcess:
             raise WorkerDied from exc
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group, reap it and close the pipes (owner thread only)."""
-        _signal_kill(self.proc)
+        """SIGKILL the worker and everything it started, reap it and close the pipes (owner thread only)."""
+        _signal_kill(self.proc, self.marker)
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()
 
 
-def _signal_kill(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the worker and everything it started (its own session); does not reap."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+def _signal_kill(proc: subprocess.Popen[bytes], marker: str) -> None:
+    """SIGKILL the worker and every process it started, escaped ones included; does not reap.
+
+    The worker's pid is used only while it is not reaped (so it cannot have been recycled); after
+    that its marker still finds what it left behind.
+    """
+    pid = proc.pid if proc.returncode is None else None
+    left = kill_tree(pid, marker)
+    if left:
+        logger.error("reward worker %s: processes %s survived SIGKILL (uninterruptible sleep?)", proc.pid, left)
 
 
-def _kill_and_reap(procs: set[subprocess.Popen[bytes]]) -> None:
-    for proc in list(procs):
-        _signal_kill(proc)
+def _kill_and_reap(procs: dict[subprocess.Popen[bytes], str]) -> None:
+    for proc, marker in list(procs.items()):
+        _signal_kill(proc, marker)
         proc.wait()
 
 
@@ -152,7 +169,7 @@ class WorkerPool:
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._idle: list[WorkerProcess] = []
-        self._live: set[subprocess.Popen[bytes]] = set()
+        self._live: dict[subprocess.Popen[bytes], str] = {}  # process -> its marker
         self._closed = False
         # kill leftovers if the runner is dropped without close(), and at interpreter exit
         self._finalizer = weakref.finalize(self, _kill_and_reap, self._live)
@@ -193,7 +210,7 @@ class WorkerPool:
         with self._lock:
             closed = self._closed
             if not closed:
-                self._live.add(worker.proc)
+                self._live[worker.proc] = worker.marker
         if closed:
             worker.kill()
             raise WorkerDied
@@ -202,7 +219,7 @@ class WorkerPool:
     def _discard(self, worker: WorkerProcess) -> None:
         worker.kill()
         with self._lock:
-            self._live.discard(worker.proc)
+            self._live.pop(worker.proc, None)
 
     def pids(self) -> list[int]:
         """PIDs of the live worker processes (idle and busy)."""
@@ -214,7 +231,7 @@ class WorkerPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-            busy = [proc for proc in self._live if all(proc is not w.proc for w in idle)]
+            busy = [(proc, marker) for proc, marker in self._live.items() if all(proc is not w.proc for w in idle)]
         for worker in idle:
             try:
                 if worker.proc.stdin is not None:
@@ -223,6 +240,6 @@ class WorkerPool:
             except (subprocess.TimeoutExpired, OSError):
                 pass
             self._discard(worker)
-        for proc in busy:
-            _signal_kill(proc)  # the thread using it sees EOF, then reaps it in _discard
+        for proc, marker in busy:
+            _signal_kill(proc, marker)  # the thread using it sees EOF, then reaps it in _discard
         self._finalizer.detach()

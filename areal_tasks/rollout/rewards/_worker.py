@@ -10,6 +10,11 @@ thread polls the parent pid, so a worker stuck in a reward is not orphaned).
 
 The protocol runs on private copies of fds 0 and 1: the reward's ``print`` goes to stderr and it
 cannot read the requests.
+
+On Linux the worker is a child subreaper: a process the reward starts stays below the worker even
+after its own parent exits (a daemon's double fork), so the pool's tree kill finds it by parent pid
+while the worker lives. Adopted orphans are reaped when the worker ends (a ``SIGCHLD`` reaper here
+would steal exit codes from a reward's own ``subprocess`` calls).
 """
 
 from __future__ import annotations
@@ -58,6 +63,21 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``); a warning where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        sys.stderr.write(f"reward worker {os.getpid()}: cannot become a child subreaper: {os.strerror(error)}\n")
+
+
 def _resolve(module: str, qualname: str) -> Any:
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -100,6 +120,7 @@ def main() -> None:
     os.close(devnull)
     os.dup2(2, 1)
     threading.Thread(target=_watch_parent, args=(int(sys.argv[1]),), daemon=True).start()
+    _become_subreaper()
     _serve(requests, replies)
 
 

@@ -7,6 +7,8 @@ ready-then-crash READY TRIGGER CODE
                                 create READY, wait for TRIGGER to appear, exit with CODE
 stubborn-child READY PIDFILE    start a grandchild that ignores SIGTERM (it writes its pid to
                                 PIDFILE, then creates READY); sleep until killed
+escaped-child READY PIDFILE     fork a child that leaves the session (setsid), ignores SIGTERM and
+                                writes its pid to PIDFILE; then create READY and sleep until killed
 dump OUT [ARGS...]              write argv and env as JSON to OUT, print to stdout and stderr, exit 0
 sleep                           sleep until killed
 """
@@ -67,6 +69,16 @@ def main(argv: list[str]) -> int:
     elif mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _write(args[1], str(os.getpid()))
+        _write(args[0], "ready")
+        _sleep_forever()
+    elif mode == "escaped-child":
+        if os.fork() == 0:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _write(args[1], str(os.getpid()))
+            _sleep_forever()
+        while not os.path.exists(args[1]):
+            time.sleep(0.01)
         _write(args[0], "ready")
         _sleep_forever()
     elif mode == "dump":

@@ -47,8 +47,9 @@ class FakeStep:
     def __init__(self, log: Log, fail_at: int | None) -> None:
         self.log, self.fail_at, self.calls = log, fail_at, 0
 
-    def run(self, batch: Any) -> dict[str, float]:
+    def run(self, batch: Any, step: int | None = None) -> dict[str, float]:
         self.calls += 1
+        assert isinstance(step, int)  # the loop names the step (fault points use it)
         self.log.append(("train",))
         if self.calls == self.fail_at:
             raise RuntimeError("the step blew up")
