@@ -186,7 +186,7 @@ def _resolve_s3(opts: dict[str, Any], env: Mapping[str, str]) -> ResolvedOptions
         "endpoint_source": endpoint_src,
         "region": region or DEFAULT_REGION,
         "region_source": region_src,
-        "credentials": credential_source,
+        "credentials_source": credential_source,
     }
     return ResolvedOptions(protocol="s3", fs_kwargs=fs_kwargs, describe=describe)
 

@@ -124,7 +124,7 @@ def _check_clock(ctx: CheckContext, server_date: str | None, probe: _ListProbe) 
 
 
 def _check_credentials(ctx: CheckContext, probe: _ListProbe) -> Outcome:
-    described = ctx.storage.describe().get("credentials", "unknown")
+    described = ctx.storage.describe().get("credentials_source", "unknown")
     if probe.code in _BAD_CREDENTIAL_CODES:
         raise CheckFailed(f"credentials ({described}) rejected: {probe.code}: {probe.error}", _CREDENTIALS_FIX)
     if probe.code in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"):
@@ -133,7 +133,7 @@ def _check_credentials(ctx: CheckContext, probe: _ListProbe) -> Outcome:
         raise CheckFailed(
             f"signed request failed: {probe.error}", "see the message; check the endpoint and credentials"
         )
-    return Outcome(f"credentials accepted ({described})", {"credentials": described})
+    return Outcome(f"credentials accepted ({described})", {"credentials_source": described})
 
 
 def _check_bucket(ctx: CheckContext, probe: _ListProbe) -> Outcome:

@@ -40,7 +40,7 @@ def test_s3_validate_passes_with_env_credentials(
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
-    assert report["storage"]["credentials"].endswith("from env AWS_ACCESS_KEY_ID")
+    assert report["storage"]["credentials_source"].endswith("from env AWS_ACCESS_KEY_ID")
     assert report["storage"]["endpoint_source"] == "options"
     assert {c["check"]: c["status"] for c in report["checks"]}["s3.multipart"] == "pass"
 

@@ -101,7 +101,7 @@ def test_s3_default_region_and_chain() -> None:
     resolved = resolve_options(parse_url("s3://bkt"), {}, {})
     assert resolved.fs_kwargs["client_kwargs"]["region_name"] == "us-east-1"
     assert "key" not in resolved.fs_kwargs
-    assert resolved.describe["credentials"] == "botocore default chain"
+    assert resolved.describe["credentials_source"] == "botocore default chain"
 
 
 @pytest.mark.parametrize(
