@@ -5,10 +5,15 @@ all described by a :class:`WorkerGroupSpec` and handed to a :class:`Scheduler`. 
 written so that every backend fits behind it:
 
 * ``local`` (``areal_tasks.launch.local.LocalScheduler``): subprocesses of the controller, each in
-  its own process group; ``WorkerInfo.pid`` is set, ``host`` is ``127.0.0.1``.
-* ``ray`` (future): one actor or job per worker; ``job_id`` is the actor/job id, ``host`` the node IP.
-* ``slurm`` (future): one ``srun`` step per group; ``job_id`` is ``"<jobid>.<step>"``.
-* ``skypilot`` (future): one cluster task per group; ``job_id`` is the SkyPilot job id.
+  its own process group, all on one node; ``WorkerInfo.pid`` is set, ``host`` is ``127.0.0.1``.
+* ``ray`` (``areal_tasks.launch.ray``): one supervisor actor per worker in one job-wide placement
+  group, a bundle per node; ``job_id`` is the actor id, ``host`` the node's address.
+* ``slurm`` (``areal_tasks.launch.slurm``): one ``srun`` step per worker inside the job's
+  allocation; ``job_id`` is ``"<jobid>.<step>"``, ``host`` the node's address.
+
+Nodes. A scheduler owns an ordered list of nodes (:meth:`Scheduler.nodes`, :class:`NodeInfo`).
+``WorkerGroupSpec.placement`` gives the node index of every rank (``None``: all on node 0), so one
+placement plan (``areal_tasks.launch.placement``) serves every backend.
 
 Backends differ in how they place and launch workers, never in what the spec means: the
 placeholders, the readiness contract, the torch.distributed environment and the status life cycle
@@ -16,9 +21,15 @@ below are the same everywhere.
 
 Placeholders. ``command`` items, ``env`` values, ``cwd`` and the readiness target may contain
 ``{port}`` (the worker's first port), ``{port_0}``, ``{port_1}``... (each of its
-``ports_per_worker`` ports), ``{rank}``, ``{world_size}``, ``{host}``, ``{run_dir}``, ``{group}``
-and, with ``torch_distributed=True``, ``{master_port}``. Any other ``{...}`` text is left untouched,
-so ``python -c "d = {'a': 1}"`` needs no escaping.
+``ports_per_worker`` ports), ``{rank}``, ``{world_size}``, ``{host}`` (the address of the worker's
+node), ``{node}`` (its node index), ``{run_dir}``, ``{group}`` and, with ``torch_distributed=True``,
+``{master_port}``. Any other ``{...}`` text is left untouched, so ``python -c "d = {'a': 1}"``
+needs no escaping.
+
+Environment. Every worker gets :data:`NODE_ADDR_ENV` (its node's address). With
+``torch_distributed=True`` it also gets ``MASTER_ADDR`` (rank 0's node), ``MASTER_PORT``, ``RANK``,
+``WORLD_SIZE``, ``NODE_RANK`` (the index of its node among the group's nodes, in placement order),
+and ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` counted among the group's ranks on the same node.
 
 This module is torch-free.
 """
@@ -37,8 +48,10 @@ from typing import Literal
 from areal_tasks.errors import ConfigError
 
 __all__ = [
+    "NODE_ADDR_ENV",
     "OWN_DEVICES_ENV",
     "PLACEHOLDER_NAMES",
+    "NodeInfo",
     "ReadinessCheck",
     "Scheduler",
     "WorkerGroupSpec",
@@ -46,12 +59,16 @@ __all__ = [
     "WorkerStatus",
     "expand_placeholders",
     "local_device_index",
+    "torch_distributed_env",
 ]
 
 #: set by a scheduler that gave a worker accelerators: the first ``n`` ids of its
 #: ``CUDA_VISIBLE_DEVICES`` are its own; the ids after them are the host's other devices, visible
 #: only so that NCCL can reach them directly (peer-to-peer over NVLink) in weight updates.
 OWN_DEVICES_ENV = "AREAL_OWN_DEVICES"
+
+#: set by every scheduler for every worker: the address of the node it runs on (where its ports are).
+NODE_ADDR_ENV = "AREAL_NODE_ADDR"
 
 
 def local_device_index() -> int:
@@ -66,7 +83,7 @@ def local_device_index() -> int:
 
 
 #: placeholder names a backend fills in per worker (``port_<i>`` is matched separately).
-PLACEHOLDER_NAMES = frozenset({"port", "rank", "world_size", "host", "run_dir", "group", "master_port"})
+PLACEHOLDER_NAMES = frozenset({"port", "rank", "world_size", "host", "node", "run_dir", "group", "master_port"})
 
 _PLACEHOLDER = re.compile(r"\{(port_\d+|[a-z_]+)\}")
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -133,6 +150,27 @@ class ReadinessCheck:
         return cls(kind="none")
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of a scheduler's allocation, in placement order (``index`` 0 first).
+
+    ``address`` is where the node's workers are reached (and ports picked); ``name`` is its host
+    name as the cluster knows it (SLURM node name, Ray node hostname); ``cpus`` and ``gpus`` are what
+    this job may use there.
+    """
+
+    index: int
+    name: str
+    address: str
+    cpus: float
+    gpus: int
+
+    @property
+    def label(self) -> str:
+        """``node 1 (n1, 10.0.0.11)``: how messages name the node."""
+        return f"node {self.index} ({self.name}, {self.address})"
+
+
 @dataclass
 class WorkerGroupSpec:
     """A group of identical workers, one process each, ranked ``0..replicas-1``.
@@ -149,8 +187,14 @@ class WorkerGroupSpec:
     the pool (each list must have that length); they stay the other group's and go back to the
     pool only with it.
 
-    ``torch_distributed=True`` adds ``MASTER_ADDR``, ``MASTER_PORT`` (one free port shared by the
-    group), ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` to every worker's env.
+    ``placement``: the node index (into :meth:`Scheduler.nodes`) of every rank, one per replica;
+    ``None`` puts every rank on node 0. ``cpus_per_worker``: CPU cores each worker reserves on a
+    cluster backend (a Ray actor's ``num_cpus``, ``srun --cpus-per-task``); the local scheduler does
+    not reserve cores.
+
+    ``torch_distributed=True`` adds ``MASTER_ADDR``, ``MASTER_PORT`` (one free port on rank 0's node
+    shared by the group), ``RANK``, ``WORLD_SIZE``, ``NODE_RANK``, ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE`` to every worker's env (see :func:`torch_distributed_env`).
     """
 
     name: str
@@ -165,6 +209,8 @@ class WorkerGroupSpec:
     ready_timeout_s: float = 300.0
     cwd: str | None = None
     torch_distributed: bool = False
+    placement: list[int] | None = None
+    cpus_per_worker: float = 1.0
 
     def __post_init__(self) -> None:
         if not _GROUP_NAME.match(self.name or ""):
@@ -195,6 +241,40 @@ class WorkerGroupSpec:
             )
         if self.ready_timeout_s <= 0:
             raise ConfigError(f"WorkerGroupSpec.ready_timeout_s={self.ready_timeout_s!r} must be > 0")
+        if self.placement is not None and (
+            len(self.placement) != self.replicas
+            or not all(isinstance(node, int) and not isinstance(node, bool) and node >= 0 for node in self.placement)
+        ):
+            raise ConfigError(
+                f"group {self.name!r}: placement={self.placement!r} must hold one node index (an int >= 0) "
+                f"per replica ({self.replicas})"
+            )
+        if not isinstance(self.cpus_per_worker, (int, float)) or self.cpus_per_worker <= 0:
+            raise ConfigError(f"WorkerGroupSpec.cpus_per_worker={self.cpus_per_worker!r} must be a number > 0")
+
+    def node_of(self, rank: int) -> int:
+        """The node index of ``rank`` (0 when the spec has no placement)."""
+        return 0 if self.placement is None else self.placement[rank]
+
+
+def torch_distributed_env(spec: WorkerGroupSpec, rank: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The torch.distributed variables of ``rank`` of ``spec``: the same on every backend.
+
+    ``NODE_RANK`` numbers the group's nodes in the order their first rank appears; ``LOCAL_RANK``
+    counts the ranks before this one on the same node, ``LOCAL_WORLD_SIZE`` all of them there.
+    """
+    nodes = [spec.node_of(r) for r in range(spec.replicas)]
+    node = nodes[rank]
+    node_order = list(dict.fromkeys(nodes))
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(spec.replicas),
+        "NODE_RANK": str(node_order.index(node)),
+        "LOCAL_RANK": str(nodes[:rank].count(node)),
+        "LOCAL_WORLD_SIZE": str(nodes.count(node)),
+    }
 
 
 class WorkerStatus(enum.Enum):
@@ -219,6 +299,7 @@ class WorkerInfo:
 
     ``exit_code`` follows ``subprocess`` conventions: negative means killed by that signal.
     ``log_path`` is where the worker's stdout+stderr go (a local path or a backend URL).
+    ``node`` is the index of the node it runs on; ``host`` is that node's address.
     """
 
     group: str
@@ -231,6 +312,7 @@ class WorkerInfo:
     job_id: str | None = None
     exit_code: int | None = None
     devices: list[str] = field(default_factory=list)
+    node: int = 0
 
     @property
     def name(self) -> str:
@@ -246,10 +328,15 @@ class Scheduler(ABC):
     """
 
     @abstractmethod
+    def nodes(self) -> list[NodeInfo]:
+        """The nodes this scheduler places workers on, index 0 first (one for the local scheduler)."""
+
+    @abstractmethod
     def start_group(self, spec: WorkerGroupSpec) -> list[WorkerInfo]:
         """Launch every worker of ``spec`` and return at once (see :meth:`wait_ready`).
 
-        Raises SchedulerError if a group of that name is still running or resources are short.
+        Raises SchedulerError if a group of that name is still running, resources are short, or the
+        placement names a node the scheduler does not have.
         """
 
     @abstractmethod

@@ -9,6 +9,7 @@ See ``docs/configuration.md`` for every section and field. Importing this packag
 from __future__ import annotations
 
 from areal_tasks.config.algorithm import AlgorithmConfig
+from areal_tasks.config.cluster import ClusterConfig, RayConfig, SkyPilotConfig, SlurmConfig
 from areal_tasks.config.engine import EngineConfig, LoRAConfig, LRScheduleConfig, OptimizerConfig
 from areal_tasks.config.job import JobConfig
 from areal_tasks.config.loader import load_config, resolve_paths
@@ -21,7 +22,6 @@ from areal_tasks.config.rollout import (
     WorkflowConfig,
 )
 from areal_tasks.config.sections import (
-    ClusterConfig,
     DatasetConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -49,11 +49,14 @@ __all__ = [
     "MicroBatchSpec",
     "ModelConfig",
     "OptimizerConfig",
+    "RayConfig",
     "RecoverConfig",
     "RewardConfig",
     "RolloutConfig",
     "SamplingConfig",
     "SaverConfig",
+    "SkyPilotConfig",
+    "SlurmConfig",
     "StorageConfig",
     "TrackingConfig",
     "TrainConfig",

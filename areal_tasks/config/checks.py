@@ -11,10 +11,10 @@ import logging
 import math
 from typing import Any
 
+from areal_tasks.config.cluster import ClusterConfig
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.rollout import ENV_NAME, RolloutConfig
 from areal_tasks.config.sections import (
-    ClusterConfig,
     DatasetConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -106,21 +106,6 @@ def check_experiment(p: Problems, exp: ExperimentConfig) -> None:
             )
     p.non_empty("experiment.run_dir", exp.run_dir, optional=True)
     p.number("experiment.seed", exp.seed, low=0, high=2**32 - 1)
-
-
-def check_cluster(p: Problems, cluster: ClusterConfig) -> None:
-    p.number("cluster.nodes", cluster.nodes, low=1, cap=100_000)
-    p.number("cluster.gpus_per_node", cluster.gpus_per_node, low=0, cap=1024)
-    p.number("cluster.cpus_per_node", cluster.cpus_per_node, low=1, cap=100_000, optional=True)
-    p.number("cluster.memory_gb_per_node", cluster.memory_gb_per_node, low=0, low_open=True, optional=True)
-    if cluster.scheduler == "local" and cluster.nodes > 1:
-        from areal_tasks.launch.registry import PLANNED_SCHEDULERS
-
-        p.add(
-            "cluster.nodes",
-            f"the local scheduler runs on one node, got nodes={cluster.nodes}; several nodes need a "
-            f"multi-node scheduler (planned: {', '.join(PLANNED_SCHEDULERS)})",
-        )
 
 
 def check_scheduler(p: Problems, cluster: ClusterConfig) -> None:

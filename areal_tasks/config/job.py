@@ -10,10 +10,10 @@ import logging
 from dataclasses import dataclass, field
 
 from areal_tasks.config.algorithm import AlgorithmConfig, GRPOConfig
+from areal_tasks.config.cluster import ClusterConfig
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.rollout import RolloutConfig
 from areal_tasks.config.sections import (
-    ClusterConfig,
     DatasetConfig,
     EvaluationConfig,
     ExperimentConfig,

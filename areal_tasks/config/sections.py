@@ -1,4 +1,4 @@
-"""Small job-level config sections: experiment, cluster, storage, model, dataset, train, saver,
+"""Small job-level config sections: experiment, storage, model, dataset, train, saver,
 recover, evaluation, tracking. Torch-free plain dataclasses; cross-field rules live in
 :mod:`areal_tasks.config.validate`.
 """
@@ -27,23 +27,6 @@ class ExperimentConfig:
     run_dir: str | None = None
     #: global random seed.
     seed: int = 1
-
-
-@dataclass
-class ClusterConfig:
-    """The machines the job runs on."""
-
-    #: who starts worker processes. The grammar knows the planned kinds too; validation accepts only the
-    #: built ones (``areal_tasks.launch.registry``; a unit test keeps this list equal to built + planned).
-    scheduler: Literal["local", "ray", "slurm", "skypilot"] = "local"
-    #: number of nodes.
-    nodes: int = 1
-    #: GPUs per node; 0 = CPU-only (allocation world sizes then count worker processes).
-    gpus_per_node: int = 0
-    #: CPU cores per node to request; None = scheduler default.
-    cpus_per_node: int | None = None
-    #: memory per node to request, in GiB; None = scheduler default.
-    memory_gb_per_node: float | None = None
 
 
 @dataclass

@@ -15,7 +15,6 @@ from typing import Any
 from areal_tasks.config.build import format_problems
 from areal_tasks.config.checks import (
     Problems,
-    check_cluster,
     check_data_and_loop,
     check_engine,
     check_experiment,
@@ -23,6 +22,7 @@ from areal_tasks.config.checks import (
     check_scheduler,
     check_storage,
 )
+from areal_tasks.config.cluster import check_cluster
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
 from areal_tasks.errors import AllocationError, ConfigError
@@ -176,6 +176,13 @@ def _check_allocation(p: Problems, cfg: JobConfig) -> None:
             f"{cfg.allocation!r} needs {alloc.total_gpus} GPUs but the cluster has "
             f"cluster.nodes * cluster.gpus_per_node = {cluster.nodes * cluster.gpus_per_node}",
         )
+    elif len(alloc.inference()) == 1 and alloc.training() and isinstance(cluster.nodes, int) and cluster.nodes >= 1:
+        from areal_tasks.launch.placement import plan_placement
+
+        try:  # a server larger than a node, or GPUs that do not divide among the nodes
+            plan_placement(cfg.allocation, cluster)
+        except ConfigError as exc:
+            p.add("allocation", str(exc))
     inference = alloc.inference()
     if not inference:
         p.add(

@@ -88,6 +88,11 @@ class DevicePool:
         return list(own) + [d for d in self._all if d not in own]
 
     @property
+    def size(self) -> int:
+        """How many ids the pool holds, free or not."""
+        return len(self._all)
+
+    @property
     def free(self) -> list[str]:
         """The ids not held by any worker."""
         with self._lock:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -56,19 +55,16 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from areal_tasks.api.jobs import JobStatus
 from areal_tasks.errors import SchedulerError
 from areal_tasks.launch.process import kill_tree, read_log_tail, tree_pids, with_marker
 from storage.redact import redact_argv
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TERMINAL_STATES", "JobState", "JobStatus", "LocalJobs", "validate_job_name"]
-
-JobState = Literal["running", "succeeded", "failed", "cancelled", "missing"]
-#: states after which a job never changes again.
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+__all__ = ["LocalJobs", "validate_job_name"]
 
 RECORD_FILE = "job.json"
 LOG_FILE = "job.log"
@@ -92,32 +88,6 @@ _PROC = Path("/proc")
 _ATTEMPT_RE = re.compile(rf"^{ATTEMPT_PREFIX}(\d+)$")
 # Wrapper processes this process started: polled so that they do not stay zombies here.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class JobStatus:
-    """What is known about a job: its state, why, and where it runs.
-
-    ``pid`` is the wrapper's pid, which is also the job's process group id. ``attempt`` counts
-    submissions of the name (1 for the first; 0 when the job is missing).
-    """
-
-    name: str
-    state: JobState
-    reason: str
-    run_dir: str | None = None
-    exit_code: int | None = None
-    pid: int | None = None
-    attempt: int = 0
-    log_path: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the job has ended (succeeded, failed or cancelled)."""
-        return self.state in TERMINAL_STATES
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def validate_job_name(name: str) -> str:

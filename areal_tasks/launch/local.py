@@ -14,20 +14,25 @@ import copy
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
+    NODE_ADDR_ENV,
     OWN_DEVICES_ENV,
+    NodeInfo,
     Scheduler,
     WorkerGroupSpec,
     WorkerInfo,
     WorkerStatus,
     expand_placeholders,
+    torch_distributed_env,
 )
 from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
@@ -35,6 +40,9 @@ from areal_tasks.launch.devices import DevicePool, detect_devices
 from areal_tasks.launch.ports import PortAllocator
 from areal_tasks.launch.process import WorkerProcess, stop_processes
 from areal_tasks.launch.readiness import probe
+
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +94,32 @@ class LocalScheduler(Scheduler):
         self._lock = threading.RLock()
         cleanup.register(self, handle_signals=handle_signals)
 
+    @classmethod
+    def from_config(cls, cfg: JobConfig) -> LocalScheduler:
+        """The scheduler of a job: on its run directory, with the devices this machine has."""
+        return cls(cfg.experiment.run_dir or ".")
+
     # -- Scheduler API -------------------------------------------------------------------------
 
+    def nodes(self) -> list[NodeInfo]:
+        """This machine, as the one node: its host name, ``host``, its cores and the device pool."""
+        return [
+            NodeInfo(
+                index=0,
+                name=socket.gethostname(),
+                address=self.host,
+                cpus=float(len(os.sched_getaffinity(0))),
+                gpus=self._devices.size,
+            )
+        ]
+
     def start_group(self, spec: WorkerGroupSpec) -> list[WorkerInfo]:
+        elsewhere = sorted({node for node in spec.placement or [] if node != 0})
+        if elsewhere:
+            raise SchedulerError(
+                f"group {spec.name!r} places ranks on nodes {elsewhere}, but the local scheduler has only "
+                "node 0 (this machine); use cluster.scheduler=ray or slurm for several nodes"
+            )
         with self._lock:
             previous = self._groups.get(spec.name)
             if previous is not None:
@@ -234,6 +265,7 @@ class LocalScheduler(Scheduler):
             "rank": rank,
             "world_size": spec.replicas,
             "host": self.host,
+            "node": 0,
             "run_dir": self.run_dir,
             "group": spec.name,
         }
@@ -247,15 +279,9 @@ class LocalScheduler(Scheduler):
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update({key: expand_placeholders(value, values) for key, value in spec.env.items()})
+        env[NODE_ADDR_ENV] = self.host
         if master_port is not None:
-            env.update(
-                MASTER_ADDR=self.host,
-                MASTER_PORT=str(master_port),
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(spec.replicas),
-                LOCAL_WORLD_SIZE=str(spec.replicas),
-            )
+            env.update(torch_distributed_env(spec, rank, self.host, master_port))
         if spec.devices_per_worker > 0:  # own first, then the others (for NCCL's peer-to-peer path)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self._devices.visible_to(devices))
             env[OWN_DEVICES_ENV] = str(len(devices))

@@ -4,8 +4,11 @@ The one list of scheduler kinds. ``make_scheduler`` builds from it, the Airflow 
 (``operators/hooks/cluster.py``) look their kind up in it, config validation refuses a
 ``cluster.scheduler`` that is not in it, and the DAGs offer its names as the ``scheduler`` Param.
 The config grammar also knows the kinds in :data:`PLANNED_SCHEDULERS` (``cluster.scheduler`` may
-name them); they are refused, before anything starts, as planned but not built. A new backend
-implements :class:`~areal_tasks.api.scheduler.Scheduler` and registers itself here.
+name them); they are refused, before anything starts, as planned but not built, and the
+:data:`LAUNCHERS` (``skypilot``), which provision machines and then run the job with a scheduler:
+they are refused with the command that uses them. A new backend implements
+:class:`~areal_tasks.api.scheduler.Scheduler` (with a ``from_config(cfg)`` class method) and a
+:class:`~areal_tasks.api.jobs.JobBackend`, and registers both here.
 
 Torch-free, and importing this module imports no implementation.
 """
@@ -14,19 +17,27 @@ from __future__ import annotations
 
 import difflib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from areal_tasks.api.jobs import JobBackend
 from areal_tasks.api.scheduler import Scheduler
 from areal_tasks.errors import SchedulerError
 from areal_tasks.registry import Registry
 
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "JOB_BACKENDS",
+    "LAUNCHERS",
     "PLANNED_SCHEDULERS",
     "SCHEDULERS",
     "check_scheduler",
+    "make_job_backend",
     "make_scheduler",
+    "make_scheduler_for",
     "scheduler_kinds",
     "unsupported_reason",
 ]
@@ -36,8 +47,21 @@ SCHEDULERS: Registry[type[Scheduler]] = Registry(
     "scheduler", {"local": "areal_tasks.launch.local:LocalScheduler"}, error=SchedulerError
 )
 
+#: built scheduler kind -> its detached-job backend (:class:`~areal_tasks.api.jobs.JobBackend`).
+JOB_BACKENDS: Registry[Any] = Registry(
+    "job backend", {"local": "areal_tasks.launch.jobs:LocalJobs"}, error=SchedulerError
+)
+
 #: kinds that ``cluster.scheduler`` accepts but that have no implementation yet.
-PLANNED_SCHEDULERS: tuple[str, ...] = ("ray", "slurm", "skypilot")
+PLANNED_SCHEDULERS: tuple[str, ...] = ("ray", "slurm")
+
+#: kinds the config grammar names that are launchers, not schedulers: kind -> how to use it.
+LAUNCHERS: dict[str, str] = {
+    "skypilot": (
+        "SkyPilot provisions machines and then runs the job on them with the ray scheduler: write its task "
+        "with `areal launch skypilot --config FILE` and start it with `sky launch`"
+    ),
+}
 
 
 def scheduler_kinds() -> tuple[str, ...]:
@@ -50,6 +74,8 @@ def unsupported_reason(kind: object) -> str | None:
     if kind in SCHEDULERS:
         return None
     supported = ", ".join(scheduler_kinds())
+    if isinstance(kind, str) and kind in LAUNCHERS:
+        return f"{kind!r} is a launcher, not a scheduler: {LAUNCHERS[kind]}; supported schedulers: {supported}"
     if kind in PLANNED_SCHEDULERS:
         return f"scheduler {kind!r} (planned, not built yet) is not supported; supported schedulers: {supported}"
     close = difflib.get_close_matches(str(kind), scheduler_kinds(), n=1, cutoff=0.5)
@@ -71,3 +97,28 @@ def make_scheduler(kind: str, **kwargs: Any) -> Scheduler:
     if not isinstance(scheduler, Scheduler):
         raise SchedulerError(f"scheduler {kind!r} built {type(scheduler).__name__}, which is not a Scheduler")
     return scheduler
+
+
+def make_scheduler_for(cfg: JobConfig) -> Scheduler:
+    """The scheduler ``cfg.cluster.scheduler`` names, built from the job's config (its ``from_config``)."""
+    kind = cfg.cluster.scheduler
+    check_scheduler(kind)
+    cls = SCHEDULERS.get(kind)
+    from_config = getattr(cls, "from_config", None)
+    if from_config is None:
+        raise SchedulerError(f"scheduler {kind!r} ({cls.__name__}) has no from_config(cfg); it cannot run a job")
+    scheduler = from_config(cfg)
+    if not isinstance(scheduler, Scheduler):
+        raise SchedulerError(f"scheduler {kind!r} built {type(scheduler).__name__}, which is not a Scheduler")
+    return scheduler
+
+
+def make_job_backend(kind: str, **kwargs: Any) -> JobBackend:
+    """The detached-job backend of scheduler ``kind``; ``kwargs`` go to its constructor."""
+    check_scheduler(kind)
+    if kind not in JOB_BACKENDS:
+        raise SchedulerError(f"scheduler {kind!r} has no job backend registered; it cannot run detached jobs")
+    backend = JOB_BACKENDS.build(kind, **kwargs)
+    if not isinstance(backend, JobBackend):
+        raise SchedulerError(f"job backend {kind!r} built {type(backend).__name__}, which is not a JobBackend")
+    return backend

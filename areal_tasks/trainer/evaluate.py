@@ -87,9 +87,9 @@ def evaluate(
     runner = RewardRunner(reward.fn, max_workers=reward.workers, timeout_s=reward.timeout_s)
     owned = scheduler is None
     if scheduler is None:
-        from areal_tasks.launch import LocalScheduler
+        from areal_tasks.launch.registry import make_scheduler_for
 
-        scheduler = LocalScheduler(cfg.experiment.run_dir or ".")
+        scheduler = make_scheduler_for(cfg)
     on_gpus = cfg.cluster.gpus_per_node > 0
     fleet = ServerFleet(
         scheduler,

@@ -31,6 +31,7 @@ from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.launch.placement import plan_placement
 from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
 
@@ -121,6 +122,7 @@ def rl_worker_spec(
         hide_devices=not on_gpus,
         shared_devices=shared_devices,
         torch_distributed=True,
+        placement=list(plan_placement(cfg.allocation, cfg.cluster).actor),
     )
 
 
@@ -135,10 +137,11 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     started = time.perf_counter()
     owned = scheduler is None
     if scheduler is None:
-        from areal_tasks.launch import LocalScheduler
+        from areal_tasks.launch.registry import make_scheduler_for
 
-        scheduler = LocalScheduler(run_dir)
+        scheduler = make_scheduler_for(cfg)
     try:
+        node_names = [node.name for node in scheduler.nodes()]
         model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
         config_path = paths.rl_config
@@ -166,6 +169,8 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
         "algorithm": cfg.algorithm.name,
         "max_head_offpolicyness": cfg.rollout.max_head_offpolicyness,
         "wall_seconds": time.perf_counter() - started,
+        "scheduler": cfg.cluster.scheduler,
+        "placement": plan_placement(cfg.allocation, cfg.cluster).to_dict(node_names),
     }
     paths.summary.write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
     return summary

@@ -22,6 +22,7 @@ from areal_tasks.api.scheduler import Scheduler, WorkerGroupSpec
 from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
+from areal_tasks.launch.placement import plan_placement
 from areal_tasks.models.tiny.spec import TINY_PREFIX
 
 if TYPE_CHECKING:
@@ -80,14 +81,15 @@ def sft_worker_spec(
         devices_per_worker=1 if on_gpus else 0,
         hide_devices=not on_gpus,
         torch_distributed=True,
+        placement=list(plan_placement(cfg.allocation, cfg.cluster).actor),
     )
 
 
 def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float | None = None) -> Path:
     """Run ``train.sft_warmup_steps`` SFT steps on the actor's dp ranks; return the HF model directory.
 
-    With no ``scheduler`` a :class:`~areal_tasks.launch.LocalScheduler` on the run dir is used and
-    stopped at the end.
+    With no ``scheduler`` the job's own (``cluster.scheduler``, on the run dir) is used and stopped
+    at the end.
     """
     if cfg.train.sft_warmup_steps < 1:
         raise ConfigError(f"train.sft_warmup_steps={cfg.train.sft_warmup_steps} must be >= 1 to run SFT")
@@ -96,9 +98,9 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
     replicas = actor_world_size(cfg)
     owned = scheduler is None
     if scheduler is None:
-        from areal_tasks.launch import LocalScheduler
+        from areal_tasks.launch.registry import make_scheduler_for
 
-        scheduler = LocalScheduler(run_dir)
+        scheduler = make_scheduler_for(cfg)
     try:
         logger.info("SFT: %d steps on %d rank(s); logs under %s/logs", cfg.train.sft_warmup_steps, replicas, run_dir)
         scheduler.start_group(sft_worker_spec(cfg, config_path, replicas, secrets))

@@ -2,7 +2,7 @@
 
 :class:`ClusterHook` is the interface, one implementation per scheduler kind: :data:`CLUSTER_HOOKS`
 maps a kind to its hook class. Which kinds exist, and the refusal of those that are planned but not
-built (``ray``, ``slurm``, ``skypilot``), come from the one scheduler registry,
+built and of launchers that are not schedulers (``skypilot``), come from the one scheduler registry,
 :mod:`areal_tasks.launch.registry`, which :func:`get_cluster_hook` asks first. ``local``
 (:class:`LocalClusterHook`, over :class:`areal_tasks.launch.jobs.LocalJobs`) runs the job detached on
 this machine; it outlives the Airflow task that submitted it.
@@ -21,7 +21,8 @@ from airflow.sdk import BaseHook
 from operators.exceptions import ArealAirflowError
 
 if TYPE_CHECKING:
-    from areal_tasks.launch.jobs import JobStatus, LocalJobs
+    from areal_tasks.api.jobs import JobStatus
+    from areal_tasks.launch.jobs import LocalJobs
 
 __all__ = ["CLUSTER_HOOKS", "ClusterHook", "LocalClusterHook", "get_cluster_hook"]
 

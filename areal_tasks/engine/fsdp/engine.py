@@ -499,6 +499,9 @@ def _init_default_group() -> None:
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        from areal_tasks.launch.netif import pin_socket_interface
+
+        pin_socket_interface()  # ranks on several nodes: listen on the node's address, not loopback
         dist.init_process_group(backend)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

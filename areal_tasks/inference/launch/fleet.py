@@ -54,9 +54,14 @@ class ServerFleet:
         max_restarts: int = 2,
         unhealthy_limit: int = 3,
         health_timeout_s: float = 5.0,
+        nodes: list[int] | None = None,
     ) -> None:
         if n_servers < 1:
             raise InferenceServerFailedError(f"a server fleet needs n_servers >= 1, got {n_servers}")
+        if nodes is not None and len(nodes) != n_servers:
+            raise InferenceServerFailedError(f"nodes={nodes} must name one node per server ({n_servers})")
+        #: the node index (into ``scheduler.nodes()``) each server runs on; None = all on node 0.
+        self.nodes = list(nodes) if nodes is not None else [0] * n_servers
         self.scheduler = scheduler
         self.command = command
         self.n_servers = n_servers
@@ -84,6 +89,8 @@ class ServerFleet:
         ``model_path`` holds the weights of policy version ``weight_version``. A restarted server
         comes back with these weights: re-apply the latest weight update to it.
         """
+        from areal_tasks.launch.placement import plan_placement
+
         layout = server_layout(cfg)
         on_gpus = cfg.cluster.gpus_per_node > 0
         return cls(
@@ -95,6 +102,7 @@ class ServerFleet:
             hide_devices=not on_gpus,
             startup_timeout_s=cfg.rollout.server.startup_timeout_s,
             max_restarts=cfg.rollout.server.max_restarts,
+            nodes=list(plan_placement(cfg.allocation, cfg.cluster).servers),
         )
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -166,6 +174,7 @@ class ServerFleet:
             replicas=1,
             ports_per_worker=1,
             readiness=ReadinessCheck.http(health),
+            placement=[self.nodes[index]],
             **self._spec_kwargs,
         )
 

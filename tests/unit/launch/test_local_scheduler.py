@@ -217,3 +217,19 @@ def test_stale_readiness_file_is_removed_before_start(local: LocalScheduler, wor
     )
     assert not marker.exists()
     assert local.status("stale")[0].status is WorkerStatus.STARTING
+
+
+def test_torch_distributed_env_counts_local_ranks_per_node() -> None:
+    from areal_tasks.api.scheduler import torch_distributed_env
+
+    spec = WorkerGroupSpec(name="t", command=["x"], replicas=4, placement=[1, 1, 0, 0], torch_distributed=True)
+    envs = [torch_distributed_env(spec, rank, "10.0.0.2", 29500) for rank in range(4)]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]  # node order: as ranks first appear
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"} and {e["MASTER_ADDR"] for e in envs} == {"10.0.0.2"}
+
+
+@pytest.mark.parametrize("placement", [[0], [0, 1, 2], [0, -1], [0, True]])
+def test_a_placement_must_name_one_node_per_rank(placement: list[int]) -> None:
+    with pytest.raises(ConfigError, match="placement="):
+        WorkerGroupSpec(name="t", command=["x"], replicas=2, placement=placement)

@@ -194,3 +194,48 @@ def test_context_manager_stops_every_group(scheduler: Scheduler, worker_cmd: Cmd
         assert all(pid is not None and pid_alive(pid) for pid in pids)
     assert not any(pid_alive(pid) for pid in pids if pid is not None)
     assert {w.status for g in ("a", "b") for w in scheduler.status(g)} == {WorkerStatus.STOPPED}
+
+
+def test_nodes_are_numbered_in_placement_order(scheduler: Scheduler) -> None:
+    nodes = scheduler.nodes()
+    assert nodes and [n.index for n in nodes] == list(range(len(nodes)))
+    assert all(n.address and n.name and n.cpus > 0 and n.gpus >= 0 for n in nodes)
+
+
+def test_ranks_run_on_their_placement_with_per_node_local_ranks(
+    scheduler: Scheduler, worker_cmd: Cmd, tmp_path: Path
+) -> None:
+    """Ranks spread over every node the scheduler has (one node locally): each sees its node's
+    address, and LOCAL_RANK / NODE_RANK are counted per node."""
+    nodes = scheduler.nodes()
+    placement = [rank * len(nodes) // 4 for rank in range(4)]
+    spec = WorkerGroupSpec(
+        name="placed",
+        command=worker_cmd("dump", str(tmp_path / "placed-{rank}.json"), "{node}", "{host}"),
+        replicas=4,
+        ports_per_worker=0,
+        torch_distributed=True,
+        placement=placement,
+        cpus_per_worker=0.1,
+    )
+    infos = scheduler.start_group(spec)
+    finals = scheduler.wait("placed", timeout_s=WAIT_S)
+    assert [w.status for w in finals] == [WorkerStatus.SUCCEEDED] * 4
+    assert [info.node for info in infos] == placement
+    dumps = [json.loads((tmp_path / f"placed-{rank}.json").read_text()) for rank in range(4)]
+    for rank, (info, dumped) in enumerate(zip(infos, dumps)):
+        env = dumped["env"]
+        node = nodes[placement[rank]]
+        assert dumped["argv"] == [str(node.index), node.address] and info.host == node.address
+        assert env["AREAL_NODE_ADDR"] == node.address
+        assert env["MASTER_ADDR"] == nodes[placement[0]].address
+        assert env["NODE_RANK"] == str(sorted(set(placement)).index(placement[rank]))
+        assert env["LOCAL_RANK"] == str(placement[:rank].count(placement[rank]))
+        assert env["LOCAL_WORLD_SIZE"] == str(placement.count(placement[rank]))
+
+
+def test_a_placement_beyond_the_nodes_is_refused(scheduler: Scheduler, worker_cmd: Cmd) -> None:
+    missing = len(scheduler.nodes())
+    spec = WorkerGroupSpec(name="nowhere", command=worker_cmd("sleep"), placement=[missing])
+    with pytest.raises(SchedulerError, match=rf"nodes? \[?{missing}"):
+        scheduler.start_group(spec)

@@ -8,10 +8,12 @@ import typing
 import pytest
 
 from areal_tasks.api.scheduler import Scheduler
-from areal_tasks.config.sections import ClusterConfig
+from areal_tasks.config.cluster import ClusterConfig
 from areal_tasks.errors import SchedulerError
 from areal_tasks.launch import LocalScheduler, make_scheduler
 from areal_tasks.launch.registry import (
+    JOB_BACKENDS,
+    LAUNCHERS,
     PLANNED_SCHEDULERS,
     SCHEDULERS,
     check_scheduler,
@@ -30,7 +32,7 @@ def test_local_is_the_only_built_kind() -> None:
 def test_the_config_grammar_knows_the_built_and_the_planned_kinds() -> None:
     """``cluster.scheduler`` accepts exactly the built kinds plus the planned ones (refused by validation)."""
     hint = typing.get_type_hints(ClusterConfig)["scheduler"]
-    assert set(typing.get_args(hint)) == set(scheduler_kinds()) | set(PLANNED_SCHEDULERS)
+    assert set(typing.get_args(hint)) == set(scheduler_kinds()) | set(PLANNED_SCHEDULERS) | set(LAUNCHERS)
     assert not set(scheduler_kinds()) & set(PLANNED_SCHEDULERS)
 
 
@@ -62,3 +64,32 @@ def test_a_registered_kind_is_built_by_make_scheduler(tmp_path) -> None:
         SCHEDULERS.unregister("fake")
     with pytest.raises(SchedulerError, match="unknown"):
         make_scheduler("fake")
+
+
+def test_skypilot_is_refused_as_a_launcher_naming_the_command() -> None:
+    with pytest.raises(SchedulerError, match=r"'skypilot' is a launcher, not a scheduler: .*areal launch skypilot"):
+        check_scheduler("skypilot")
+
+
+def test_every_built_scheduler_has_a_job_backend_and_a_from_config() -> None:
+    assert set(JOB_BACKENDS.names()) == set(scheduler_kinds())
+    for kind in scheduler_kinds():
+        assert callable(getattr(SCHEDULERS.get(kind), "from_config", None)), kind
+
+
+def test_make_scheduler_for_builds_the_configured_kind_on_the_run_dir(tmp_path) -> None:
+    from areal_tasks.config import JobConfig
+    from areal_tasks.launch.registry import make_job_backend, make_scheduler_for
+
+    cfg = JobConfig()
+    cfg.experiment.run_dir = str(tmp_path / "run")
+    scheduler = make_scheduler_for(cfg)
+    try:
+        assert isinstance(scheduler, LocalScheduler)
+        assert scheduler.run_dir == (tmp_path / "run").resolve()
+        (node,) = scheduler.nodes()
+        assert (node.index, node.address) == (0, "127.0.0.1") and node.cpus >= 1
+    finally:
+        scheduler.stop_all()
+    backend = make_job_backend("local", root=tmp_path / "jobs")
+    assert backend.status("nothing").state == "missing"

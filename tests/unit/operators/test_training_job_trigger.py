@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from areal_tasks.launch.jobs import JobStatus, LocalJobs
+from areal_tasks.api.jobs import JobStatus
+from areal_tasks.launch.jobs import LocalJobs
 from operators.triggers.training_job import TrainingJobTrigger, _Progress
 
 PY = sys.executable
