@@ -1,0 +1,29 @@
+"""Fixtures of the namespace-cluster tests: ``netns_cluster``, two namespace nodes for the package.
+
+The tests need root (network namespaces, a bridge, mounts); without it, or where namespaces are
+refused (a container without CAP_SYS_ADMIN), they skip with the reason
+:meth:`~tests.fixtures.netns.NamespaceCluster.unavailable_reason` gives. Nothing here changes the
+suite's ordering (``tests/conftest.py``): the cluster is cheap and stopped at the end of the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fixtures.netns import NamespaceCluster
+
+
+@pytest.fixture(scope="package")
+def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    """Two nodes on a private bridge, the host as login node (10.231.K.1); stopped (and checked) at the end."""
+    reason = NamespaceCluster.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = NamespaceCluster(n_nodes=2, host_address=True, base=tmp_path_factory.mktemp("netns"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
