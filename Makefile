@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup lint vllm-env browser
+test: setup lint vllm-env sky-env browser
 	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 
 # ruff's lint and format checks (configured in pyproject.toml); `make format` applies the formatter
@@ -107,4 +107,21 @@ $(VLLM_VENV)/.installed: $(VLLM_VENV)/.vllm-installed pyproject.toml
 		eps = [e.value for e in md.entry_points(group='vllm.general_plugins')]; \
 		assert 'areal_tasks.inference.vllm_plugin:register' in eps, eps; \
 		print('vllm', vllm.__version__, 'with plugin', eps)"
+	@touch $@
+
+# ---- SkyPilot's parser for the task-file test (own venv: its pins do not fit constraints.txt) -------
+# `make sky-env` builds .venv-sky once (about 30 s): skypilot from constraints-sky.txt, nothing else.
+# tests/unit/launch/test_skypilot_yaml.py loads the task `areal launch skypilot` writes with
+# sky.Task.from_yaml (no network, a temporary HOME); areal itself never imports sky.
+SKY_VENV ?= .venv-sky
+SKY_PY := $(SKY_VENV)/bin/python
+
+.PHONY: sky-env
+
+sky-env: $(SKY_VENV)/.installed
+
+$(SKY_VENV)/.installed: constraints-sky.txt
+	@test -x $(SKY_PY) || $(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_PY) -m pip install -q -r constraints-sky.txt
+	$(SKY_PY) -c "import sky; print('skypilot', sky.__version__)"
 	@touch $@

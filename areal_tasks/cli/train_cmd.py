@@ -1,7 +1,16 @@
-"""``areal train --config FILE [overrides]``: run an RL job (SFT warm start, servers, RL workers).
+"""``areal train --config FILE [overrides] [--detach]``: run an RL job (SFT warm start, servers, RL workers).
 
 Overrides are dotted ``key=value`` pairs (``train.total_steps=20``); the config is validated before
-anything starts. The run's figures go to ``<run_dir>/summary.json`` and a table is printed at the end.
+anything starts. Where the controller runs depends on ``cluster.scheduler``:
+
+* here, when the scheduler allows it (``local`` always; ``ray`` on a node of the Ray cluster;
+  ``slurm`` inside a batch job): the run's figures go to ``<run_dir>/summary.json`` and a table is
+  printed at the end;
+* otherwise (a login node, a laptop) the command runs the scheduler's preflight, submits itself as
+  the detached job ``<experiment>-<trial>`` and follows it: the job's log is relayed, Ctrl-C cancels
+  it, and the exit code is the job's (0 succeeded, 1 failed, 130 cancelled). ``--detach`` prints the
+  job's name and returns once it is submitted (see :mod:`areal_tasks.launch.submit`).
+
 Heavy imports happen inside the handler, so ``areal --help`` stays torch-free.
 """
 
@@ -14,10 +23,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="run an RL job: SFT warm start, inference servers, train workers",
-        description="Train a policy with asynchronous RL as the config says; writes <run_dir>/summary.json.",
+        description=(
+            "Train a policy with asynchronous RL as the config says; writes <run_dir>/summary.json. "
+            "Outside the scheduler's cluster (ray, slurm), submits itself as a detached job and follows it."
+        ),
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="job YAML, e.g. configs/demo_grpo.yaml")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. train.total_steps=20")
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="when the job is submitted to a cluster: print its name and return instead of following it",
+    )
     parser.set_defaults(handler=run_train_cmd)
 
 
@@ -25,10 +42,23 @@ def run_train_cmd(args: argparse.Namespace) -> int:
     import logging
 
     from areal_tasks.config import load_config
-    from areal_tasks.trainer.rl import format_summary, run_train
+    from areal_tasks.launch.registry import runs_here
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
+    if not runs_here(cfg):
+        from areal_tasks.launch.submit import check_not_resubmitting, submit_and_follow
+
+        check_not_resubmitting(cfg)
+        return submit_and_follow(cfg, detach=args.detach)
+    if args.detach:
+        logging.getLogger(__name__).warning(
+            "--detach is for jobs submitted to a cluster; the %s scheduler runs the job here, in the foreground "
+            "(for a detached local job use the Airflow DAG or `areal launch local`)",
+            cfg.cluster.scheduler,
+        )
+    from areal_tasks.trainer.rl import format_summary, run_train
+
     summary = run_train(cfg)
     print(format_summary(summary))
     print(f"summary written to {cfg.experiment.run_dir}/summary.json")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClusterConfig", "RayConfig", "SkyPilotConfig", "SlurmConfig", "check_cluster"]
+__all__ = ["ClusterConfig", "RayConfig", "SkyPilotConfig", "SlurmConfig", "check_cluster", "check_skypilot"]
 
 #: SLURM's ``--time`` forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes and days-hours:minutes:seconds.
@@ -101,8 +101,8 @@ class SkyPilotConfig:
     use_spot: bool = False
     #: shell lines run on every node after the project is installed.
     setup: list[str] = field(default_factory=list)
-    #: port of the job's own Ray cluster on the nodes (SkyPilot runs its own Ray on 6379).
-    ray_port: int = 6380
+    #: port of the job's own Ray cluster on the nodes (SkyPilot runs its own Ray on 6380).
+    ray_port: int = 6379
 
 
 @dataclass
@@ -128,6 +128,10 @@ class ClusterConfig:
     #: settings of ``areal launch skypilot``.
     skypilot: SkyPilotConfig = field(default_factory=SkyPilotConfig)
 
+
+#: ports of SkyPilot's own Ray cluster on the nodes it provisions (``sky.skylet.constants``:
+#: ``SKY_REMOTE_RAY_PORT``, ``SKY_REMOTE_RAY_DASHBOARD_PORT``; SkyPilot 0.14).
+SKYPILOT_OWN_PORTS = (6380, 8266)
 
 #: schedulers that can place workers on more than one node.
 MULTI_NODE_SCHEDULERS = ("ray", "slurm")
@@ -179,9 +183,37 @@ def check_cluster(p: Problems, cluster: ClusterConfig) -> None:
         if not isinstance(mount, str) or ":" not in mount or "," in mount:
             p.add(f"cluster.slurm.container_mounts[{index}]", f"must be 'src:dst' (no commas), got {mount!r}")
     p.number("cluster.skypilot.ray_port", sky.ray_port, low=1024, high=65535)
-    if sky.ray_port == 6379:
-        p.add("cluster.skypilot.ray_port", "6379 is SkyPilot's own Ray port; pick another (default 6380)")
+    if sky.ray_port in SKYPILOT_OWN_PORTS:
+        p.add(
+            "cluster.skypilot.ray_port",
+            f"{sky.ray_port} is taken by SkyPilot's own Ray on the nodes (GCS 6380, dashboard 8266); pick "
+            "another (default 6379)",
+        )
     _warn_unused_sections(cluster)
+
+
+def check_skypilot(p: Problems, cluster: ClusterConfig) -> None:
+    """The checks only ``areal launch skypilot`` needs (the task it writes asks SkyPilot for the machines):
+    an accelerator type for the GPUs, and one shell line per setup item. The rest of the config is
+    validated as for the ray scheduler, which runs the job on the machines SkyPilot provisions."""
+    sky = cluster.skypilot
+    if isinstance(cluster.gpus_per_node, int) and cluster.gpus_per_node > 0 and not sky.accelerator:
+        p.add(
+            "cluster.skypilot.accelerator",
+            f"required with cluster.gpus_per_node={cluster.gpus_per_node}: the accelerator type SkyPilot asks "
+            "the cloud for, e.g. H100 or A100-80GB",
+        )
+    for path, value in (
+        ("cluster.skypilot.accelerator", sky.accelerator),
+        ("cluster.skypilot.cloud", sky.cloud),
+        ("cluster.skypilot.region", sky.region),
+    ):
+        p.non_empty(path, value, optional=True)
+        if isinstance(value, str) and value.strip() and not re.match(r"^[A-Za-z0-9_.\-]+$", value):
+            p.add(path, f"must be a plain name (letters, digits, '_', '.', '-'), got {value!r}")
+    for index, line in enumerate(sky.setup):
+        if not isinstance(line, str) or "\n" in line:
+            p.add(f"cluster.skypilot.setup[{index}]", f"each item is one shell line, got {line!r}")
 
 
 def _warn_unused_sections(cluster: ClusterConfig) -> None:

@@ -55,16 +55,19 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.jobs import JobStatus
 from areal_tasks.errors import SchedulerError
 from areal_tasks.launch.process import kill_tree, read_log_tail, tree_pids, with_marker
 from storage.redact import redact_argv
 
+if TYPE_CHECKING:
+    from areal_tasks.config.job import JobConfig
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["LocalJobs", "validate_job_name"]
+__all__ = ["JOBS_ROOT_ENV", "LocalJobs", "jobs_root_for", "validate_job_name"]
 
 RECORD_FILE = "job.json"
 LOG_FILE = "job.log"
@@ -82,6 +85,10 @@ ESCAPED_GRACE_S = 2.0
 KILL_WAIT_S = 10.0
 #: log lines quoted in the reason of a failed job.
 REASON_TAIL_LINES = 5
+#: where job records go when set (also read by the Airflow operators); else next to the run directory.
+JOBS_ROOT_ENV = "AREAL_JOBS_ROOT"
+#: the folder of job records next to the run directory: ``<run_dir>/../areal_jobs``.
+JOBS_DIR_NAME = "areal_jobs"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PROC = Path("/proc")
@@ -100,11 +107,26 @@ def validate_job_name(name: str) -> str:
     return name
 
 
+def jobs_root_for(cfg: JobConfig) -> Path:
+    """Where the job records of ``cfg`` go: ``$AREAL_JOBS_ROOT``, else ``areal_jobs`` next to the
+    run directory (``<run_dir>/../areal_jobs``), so every trial of an experiment folder shares one."""
+    if os.environ.get(JOBS_ROOT_ENV):
+        return Path(os.environ[JOBS_ROOT_ENV]).expanduser().absolute()
+    run_dir = Path(cfg.experiment.run_dir or ".").expanduser().absolute()
+    return run_dir.parent / JOBS_DIR_NAME
+
+
 class LocalJobs:
     """Named detached jobs on this machine, recorded under ``root`` (see the module docstring)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig) -> LocalJobs:
+        """The job backend of a job: records under :func:`jobs_root_for` (``$AREAL_JOBS_ROOT`` or next
+        to the run directory)."""
+        return cls(jobs_root_for(cfg))
 
     # ------------------------------------------------------------------ public API
 

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
@@ -98,6 +98,33 @@ class LocalScheduler(Scheduler):
     def from_config(cls, cfg: JobConfig) -> LocalScheduler:
         """The scheduler of a job: on its run directory, with the devices this machine has."""
         return cls(cfg.experiment.run_dir or ".")
+
+    @classmethod
+    def can_run_controller_here(cls, cfg: JobConfig) -> bool:
+        """Always: the local scheduler's workers run on this machine, next to the controller."""
+        return True
+
+    @classmethod
+    def preflight(cls, cfg: JobConfig) -> dict[str, Any]:
+        """This machine's CPUs, GPUs, memory and free ports against ``cfg.allocation``
+        (:func:`~areal_tasks.launch.resources.check_local_resources`); SchedulerError listing every
+        shortage. ``cluster.gpus_per_node`` is the GPU count asked for (0 = a CPU run) and
+        ``cluster.memory_gb_per_node`` the memory that must be available (None = no minimum)."""
+        from areal_tasks.errors import AllocationError
+        from areal_tasks.launch.resources import check_local_resources
+
+        gpus = int(cfg.cluster.gpus_per_node or 0)
+        memory = cfg.cluster.memory_gb_per_node
+        try:
+            report = check_local_resources(cfg.allocation, gpus, 0.0 if memory is None else float(memory))
+        except AllocationError as exc:
+            raise SchedulerError(f"allocation {cfg.allocation!r} is not valid: {exc}") from exc
+        problems = report.pop("problems")
+        for warning in report["warnings"]:
+            logger.warning("%s", warning)
+        if problems:
+            raise SchedulerError("this machine cannot run the job:\n- " + "\n- ".join(problems))
+        return {"scheduler": "local", "nodes": 1, **report}
 
     # -- Scheduler API -------------------------------------------------------------------------
 

@@ -35,9 +35,12 @@ __all__ = [
     "PLANNED_SCHEDULERS",
     "SCHEDULERS",
     "check_scheduler",
+    "job_backend_for",
     "make_job_backend",
     "make_scheduler",
     "make_scheduler_for",
+    "preflight_for",
+    "runs_here",
     "scheduler_kinds",
     "unsupported_reason",
 ]
@@ -122,3 +125,40 @@ def make_job_backend(kind: str, **kwargs: Any) -> JobBackend:
     if not isinstance(backend, JobBackend):
         raise SchedulerError(f"job backend {kind!r} built {type(backend).__name__}, which is not a JobBackend")
     return backend
+
+
+def _class_method(cls: type, kind: str, what: str, name: str) -> Any:
+    method = getattr(cls, name, None)
+    if method is None:
+        raise SchedulerError(f"{what} {kind!r} ({cls.__name__}) has no {name}(cfg); add it (see launch/registry.py)")
+    return method
+
+
+def job_backend_for(cfg: JobConfig) -> JobBackend:
+    """The detached-job backend of ``cfg.cluster.scheduler``, built from the job's config (its ``from_config``)."""
+    kind = cfg.cluster.scheduler
+    check_scheduler(kind)
+    if kind not in JOB_BACKENDS:
+        raise SchedulerError(f"scheduler {kind!r} has no job backend registered; it cannot run detached jobs")
+    backend = _class_method(JOB_BACKENDS.get(kind), kind, "job backend", "from_config")(cfg)
+    if not isinstance(backend, JobBackend):
+        raise SchedulerError(f"job backend {kind!r} built {type(backend).__name__}, which is not a JobBackend")
+    return backend
+
+
+def runs_here(cfg: JobConfig) -> bool:
+    """Whether this process may run the job's controller itself (``can_run_controller_here`` of the
+    kind's scheduler class): always for ``local``; inside the cluster for the others. When False,
+    ``areal train`` submits itself as a detached job and follows it."""
+    kind = cfg.cluster.scheduler
+    check_scheduler(kind)
+    return bool(_class_method(SCHEDULERS.get(kind), kind, "scheduler", "can_run_controller_here")(cfg))
+
+
+def preflight_for(cfg: JobConfig) -> dict[str, Any]:
+    """The live checks of ``cfg.cluster.scheduler`` before anything starts (the scheduler class's
+    ``preflight``): a small report, or SchedulerError naming what is short."""
+    kind = cfg.cluster.scheduler
+    check_scheduler(kind)
+    report = _class_method(SCHEDULERS.get(kind), kind, "scheduler", "preflight")(cfg)
+    return dict(report)

@@ -77,6 +77,46 @@ def test_every_built_scheduler_has_a_job_backend_and_a_from_config() -> None:
         assert callable(getattr(SCHEDULERS.get(kind), "from_config", None)), kind
 
 
+def test_every_built_kind_has_the_class_level_contract() -> None:
+    """What ``areal train`` and Airflow call without an instance: inside or outside, preflight, the job backend."""
+    for kind in scheduler_kinds():
+        cls = SCHEDULERS.get(kind)
+        for name in ("can_run_controller_here", "preflight"):
+            assert callable(getattr(cls, name, None)), f"{kind}: {cls.__name__}.{name}"
+        assert callable(getattr(JOB_BACKENDS.get(kind), "from_config", None)), kind
+
+
+def test_local_runs_here_and_its_jobs_live_next_to_the_run_dir(tmp_path, monkeypatch) -> None:
+    from areal_tasks.config import JobConfig
+    from areal_tasks.launch.jobs import LocalJobs
+    from areal_tasks.launch.registry import job_backend_for, preflight_for, runs_here
+
+    monkeypatch.delenv("AREAL_JOBS_ROOT", raising=False)
+    cfg = JobConfig()
+    cfg.experiment.run_dir = str(tmp_path / "exp" / "trial")
+    assert runs_here(cfg) is True
+    backend = job_backend_for(cfg)
+    assert isinstance(backend, LocalJobs) and backend.root == tmp_path / "exp" / "areal_jobs"
+    monkeypatch.setenv("AREAL_JOBS_ROOT", str(tmp_path / "j"))
+    assert job_backend_for(cfg).root == tmp_path / "j"
+    report = preflight_for(cfg)
+    assert report["ok"] and report["nodes"] == 1 and report["processes"] >= 1
+
+
+def test_local_preflight_names_what_is_short(monkeypatch) -> None:
+    from areal_tasks.config import JobConfig
+    from areal_tasks.launch.registry import preflight_for
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cfg = JobConfig()
+    cfg.cluster.gpus_per_node = 8
+    cfg.cluster.memory_gb_per_node = 1e9
+    with pytest.raises(
+        SchedulerError, match=r"this machine cannot run the job:(.|\n)*this machine shows 0(.|\n)*GB required"
+    ):
+        preflight_for(cfg)
+
+
 def test_make_scheduler_for_builds_the_configured_kind_on_the_run_dir(tmp_path) -> None:
     from areal_tasks.config import JobConfig
     from areal_tasks.launch.registry import make_job_backend, make_scheduler_for
