@@ -1,4 +1,6 @@
-"""``areal storage validate``: JSON report on stdout, exit 0/1/2, multi-node probe through the LocalScheduler."""
+"""``areal storage validate``: JSON report on stdout, exit 0/1/2, the multi-node probe through the
+LocalScheduler (local processes play the nodes: the one-machine fallback of ``--scheduler local``);
+the probe on real nodes is tested in ``tests/integration/cluster/test_storage_nodes.py``."""
 
 from __future__ import annotations
 
@@ -75,6 +77,22 @@ def test_two_nodes_with_private_paths_fail(tmp_path: Path, capsys: pytest.Captur
     assert code == 1
     assert report is not None
     failed = [c for c in report["checks"] if c["status"] == "fail"]
-    assert [c["check"] for c in failed] == ["multinode.visibility", "multinode.visibility"]
-    assert failed[1]["node"].startswith("node 1") and "written by node 0" in failed[1]["message"]
+    assert [c["check"] for c in failed] == ["multinode.visibility"]  # only the odd node, not both
+    assert failed[0]["node"].startswith("node 1") and f"does not share file://{b} with node 0" in failed[0]["message"]
     assert "[multinode.visibility] on node 1" in err
+
+
+def test_scheduler_and_nodes_default_to_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text(f"experiment:\n  run_dir: {tmp_path / 'run'}\ncluster:\n  scheduler: local\n  nodes: 1\n")
+    code, report, _ = _run(capsys, str(tmp_path / "data"), "--config", str(config), "--probe-mb", "1")
+    assert code == 0 and report is not None and report["nodes"] == 1
+    code, report, err = _run(capsys, str(tmp_path / "data"), "--config", str(tmp_path / "missing.yaml"))
+    assert code == 2 and report is None and "missing.yaml" in err
+
+
+def test_an_unbuilt_scheduler_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["storage", "validate", str(tmp_path), "--nodes", "2", "--scheduler", "nope"])
+    assert info.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
