@@ -176,19 +176,25 @@ def _validate_multinode(args: argparse.Namespace, options: dict[str, Any], thres
 
 
 def _cluster_scheduler(args: argparse.Namespace) -> Scheduler:
-    """The ``--scheduler`` kind built from the job's config, set to ``--nodes`` (and ``--run-dir``)."""
-    from areal_tasks.config import load_config
-    from areal_tasks.errors import ConfigError
-    from areal_tasks.launch.registry import SCHEDULERS, make_scheduler_for
+    """The ``--scheduler`` kind built (its ``from_config``) from the job's config (``--config``, else
+    the defaults) set to ``--scheduler``, ``--nodes`` and ``--run-dir``."""
+    import dataclasses
 
-    overrides = [f"cluster.scheduler={args.scheduler}", f"cluster.nodes={args.nodes}"]
-    if args.run_dir:
-        overrides.append(f"experiment.run_dir={args.run_dir}")
+    from areal_tasks.config import load_config
+    from areal_tasks.errors import ConfigError, SchedulerError
+    from areal_tasks.launch.registry import SCHEDULERS
+
+    overrides = [f"experiment.run_dir={args.run_dir}"] if args.run_dir else []
     job = load_config(args.config, overrides)
-    can_run_here = getattr(SCHEDULERS.get(args.scheduler), "can_run_controller_here", None)
+    job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, scheduler=args.scheduler, nodes=args.nodes))
+    cls = SCHEDULERS.get(args.scheduler)
+    can_run_here = getattr(cls, "can_run_controller_here", None)
     if can_run_here is not None and not can_run_here(job):
         raise ConfigError(
             f"the {args.scheduler} scheduler cannot start the probe from this machine: run this command on a node "
             "of the cluster (inside the allocation or as a job of the cluster)"
         )
-    return make_scheduler_for(job)
+    from_config = getattr(cls, "from_config", None)
+    if from_config is None:
+        raise SchedulerError(f"scheduler {args.scheduler!r} has no from_config(cfg); it cannot run the probe")
+    return from_config(job)

@@ -10,23 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from areal_tasks.api.scheduler import NodeInfo
 from areal_tasks.config import load_config
 from areal_tasks.errors import SchedulerError
 from areal_tasks.launch import LocalScheduler
 from areal_tasks.launch.probe_runner import PROBE_CPUS, SchedulerProbeRunner, preflight_storage
+from tests.fixtures.two_nodes_scheduler import TwoNodes
 
 ECHO = [sys.executable, "-c", "import os, sys; print('rank', sys.argv[1], os.environ['AREAL_NODE_ADDR'])", "{rank}"]
-
-
-class TwoNodes(LocalScheduler):
-    """Says it has two nodes; node 1 is this machine again (the hooks a multi-node backend overrides)."""
-
-    def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(0, "n0", "127.0.0.1", 1.0, 0), NodeInfo(1, "n1", "127.0.0.2", 1.0, 0)]
-
-    def _node_address(self, node: int) -> str:
-        return self.nodes()[node].address
 
 
 def test_one_worker_per_node_named_by_the_scheduler(tmp_path: Path) -> None:

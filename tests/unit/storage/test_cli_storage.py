@@ -5,11 +5,14 @@ the probe on real nodes is tested in ``tests/integration/cluster/test_storage_no
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from areal_tasks.cli import main
+from areal_tasks.launch.registry import SCHEDULERS
+from tests.fixtures.two_nodes_scheduler import TwoNodes
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | None, str]:
@@ -96,3 +99,40 @@ def test_an_unbuilt_scheduler_is_refused(tmp_path: Path, capsys: pytest.CaptureF
         main(["storage", "validate", str(tmp_path), "--nodes", "2", "--scheduler", "nope"])
     assert info.value.code == 2
     assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def two_nodes_kind() -> Iterator[str]:
+    """``twonodes`` registered as a scheduler kind for the test."""
+    SCHEDULERS.register("twonodes", TwoNodes)
+    try:
+        yield "twonodes"
+    finally:
+        SCHEDULERS.unregister("twonodes")
+
+
+def test_a_registered_kind_probes_one_worker_per_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], two_nodes_kind: str
+) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text("cluster:\n  scheduler: local\n")
+    args = ["--config", str(config), "--scheduler", two_nodes_kind, "--run-dir", str(tmp_path / "run"), "--probe-mb"]
+    code, report, err = _run(capsys, str(tmp_path / "shared"), *args, "1", "--nodes", "2")
+    assert code == 0, err
+    assert report is not None and report["nodes"] == 2
+    visibility = [(c["node"], c["status"]) for c in report["checks"] if c["check"] == "multinode.visibility"]
+    assert visibility == [("node 0 (n0, 127.0.0.1)", "pass"), ("node 1 (n1, 127.0.0.2)", "pass")]
+    assert any(p.name.startswith("storage-probe-") for p in (tmp_path / "run" / "logs").iterdir())
+
+    code, report, err = _run(capsys, str(tmp_path / "shared"), *args, "1", "--nodes", "3")
+    assert code == 1 and report is None
+    assert "the storage probe needs 3 nodes, but the scheduler has 2 (node 0 (n0, 127.0.0.1)" in err
+
+
+def test_a_kind_whose_controller_runs_elsewhere_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], two_nodes_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(TwoNodes, "here", False)
+    code, report, err = _run(capsys, str(tmp_path), "--scheduler", two_nodes_kind, "--nodes", "2")
+    assert code == 2 and report is None
+    assert "cannot start the probe from this machine: run this command on a node of the cluster" in err
