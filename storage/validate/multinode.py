@@ -167,6 +167,8 @@ def _record_visibility(
             status = Status.FAIL
         else:
             message, status = f"node {outcome.node} read the probes of nodes {parsed.get('seen')}", Status.PASS
+            if parsed.get("missing"):  # only probes of nodes outside the sharing group: their failure
+                message += f" (not those of the odd node(s) {parsed['missing']})"
         fix = _NOT_SHARED_FIX if status is Status.FAIL else None
         add(CheckResult("multinode.visibility", status, label, where, message, fix, details=parsed or {}))
 
