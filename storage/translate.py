@@ -70,6 +70,10 @@ def translate_error(exc: BaseException, what: str, location: str) -> BaseExcepti
             f"{what} {location}: no usable S3 credentials ({detail}); set AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the key/secret storage options"
         )
+    if code is None and names & _CONNECTION_CLASS_NAMES:
+        # before the PermissionError test: connect() failing with EACCES (a route or firewall that
+        # prohibits the endpoint) is a network problem, not the identity's permissions
+        return StorageConnectionError(f"{what} {location}: cannot connect to the storage endpoint ({detail})")
     if code in _AUTH_CODES or any(isinstance(err, PermissionError) for err in exception_chain(exc)):
         hint = _AUTH_HINTS.get(code or "", "check that this identity or user may do this here")
         return StoragePermissionError(f"{what} {location}: permission denied ({code or detail}): {hint}")

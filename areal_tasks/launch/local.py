@@ -141,12 +141,10 @@ class LocalScheduler(Scheduler):
         ]
 
     def start_group(self, spec: WorkerGroupSpec) -> list[WorkerInfo]:
-        elsewhere = sorted({node for node in spec.placement or [] if node != 0})
+        have = len(self.nodes())
+        elsewhere = sorted({node for node in spec.placement or [] if node >= have})
         if elsewhere:
-            raise SchedulerError(
-                f"group {spec.name!r} places ranks on nodes {elsewhere}, but the local scheduler has only "
-                "node 0 (this machine); use cluster.scheduler=ray or slurm for several nodes"
-            )
+            raise SchedulerError(f"group {spec.name!r} places ranks on nodes {elsewhere}, but {self._nodes_phrase()}")
         with self._lock:
             previous = self._groups.get(spec.name)
             if previous is not None:
@@ -226,6 +224,22 @@ class LocalScheduler(Scheduler):
             groups = list(self._groups.values())
         self._stop(groups, grace_s)
 
+    # -- what a subclass with several nodes overrides (the namespace-cluster test scheduler) ------
+
+    def _nodes_phrase(self) -> str:
+        """Completes "group X places ranks on nodes [..], but ..."."""
+        return (
+            "the local scheduler has only node 0 (this machine); use cluster.scheduler=ray or slurm for several nodes"
+        )
+
+    def _node_address(self, node: int) -> str:
+        """Where node ``node``'s workers are reached (``{host}``, ``AREAL_NODE_ADDR``, ``MASTER_ADDR``)."""
+        return self.host
+
+    def _node_command(self, node: int, argv: list[str], cwd: str | None) -> list[str]:
+        """The command line that runs ``argv`` on node ``node`` (here: as it is)."""
+        return argv
+
     # -- internals -----------------------------------------------------------------------------
 
     def _group(self, name: str) -> _Group:
@@ -275,7 +289,8 @@ class LocalScheduler(Scheduler):
                 for info, _, _, _, target in plans:
                     _remove_stale_marker(target, info.name)
             for info, argv, env, cwd, target in plans:
-                process = WorkerProcess.spawn(info.name, argv, env, cwd, Path(info.log_path))
+                command = self._node_command(info.node, argv, cwd)
+                process = WorkerProcess.spawn(info.name, command, env, cwd, Path(info.log_path))
                 info.pid = process.pid
                 info.status = WorkerStatus.RUNNING if spec.readiness.kind == "none" else WorkerStatus.STARTING
                 group.workers.append(_Worker(info=info, process=process, ready_target=target))
@@ -288,11 +303,13 @@ class LocalScheduler(Scheduler):
     def _plan(
         self, spec: WorkerGroupSpec, rank: int, ports: list[int], devices: list[str], master_port: int | None
     ) -> tuple[WorkerInfo, list[str], dict[str, str], str | None, str]:
+        node = spec.node_of(rank)
+        host = self._node_address(node)
         values: dict[str, object] = {
             "rank": rank,
             "world_size": spec.replicas,
-            "host": self.host,
-            "node": 0,
+            "host": host,
+            "node": node,
             "run_dir": self.run_dir,
             "group": spec.name,
         }
@@ -306,9 +323,9 @@ class LocalScheduler(Scheduler):
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update({key: expand_placeholders(value, values) for key, value in spec.env.items()})
-        env[NODE_ADDR_ENV] = self.host
+        env[NODE_ADDR_ENV] = host
         if master_port is not None:
-            env.update(torch_distributed_env(spec, rank, self.host, master_port))
+            env.update(torch_distributed_env(spec, rank, self._node_address(spec.node_of(0)), master_port))
         if spec.devices_per_worker > 0:  # own first, then the others (for NCCL's peer-to-peer path)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self._devices.visible_to(devices))
             env[OWN_DEVICES_ENV] = str(len(devices))
@@ -322,7 +339,7 @@ class LocalScheduler(Scheduler):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
         info = WorkerInfo(
-            group=spec.name, rank=rank, host=self.host, ports=ports, log_path=str(log_path), devices=devices
+            group=spec.name, rank=rank, host=host, ports=ports, log_path=str(log_path), devices=devices, node=node
         )
         return info, argv, env, cwd, target
 

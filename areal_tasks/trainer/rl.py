@@ -2,6 +2,9 @@
 
 Everything is started through one Scheduler and stopped at the end:
 
+0. with ``cluster.nodes > 1``, the storage preflight through that scheduler: ``experiment.run_dir``
+   and ``storage.url`` must be usable and shared from every node (``launch/probe_runner.py``), else
+   the job fails before anything starts, naming the node;
 1. resolve the model (``tiny:<family>`` is built by the kit);
 2. the SFT warm start when ``train.sft_warmup_steps > 0`` (``run_sft``; reused when the run
    directory already holds its model and recovery is on, so a resumed run does not redo it);
@@ -32,6 +35,7 @@ from areal_tasks.config.allocation import parse_allocation
 from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.launch.placement import plan_placement
+from areal_tasks.launch.probe_runner import preflight_storage
 from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
 
@@ -141,6 +145,7 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
 
         scheduler = make_scheduler_for(cfg)
     try:
+        preflight_storage(cfg, scheduler)  # several nodes: run dir and storage shared by all, else fail naming one
         node_names = [node.name for node in scheduler.nodes()]
         model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))

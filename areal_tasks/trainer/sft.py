@@ -102,6 +102,10 @@ def run_sft(cfg: JobConfig, scheduler: Scheduler | None = None, timeout_s: float
 
         scheduler = make_scheduler_for(cfg)
     try:
+        if owned:  # run_train probed the storage already when it passes its scheduler
+            from areal_tasks.launch.probe_runner import preflight_storage
+
+            preflight_storage(cfg, scheduler)
         logger.info("SFT: %d steps on %d rank(s); logs under %s/logs", cfg.train.sft_warmup_steps, replicas, run_dir)
         scheduler.start_group(sft_worker_spec(cfg, config_path, replicas, secrets))
         if timeout_s is None:

@@ -2,9 +2,12 @@
 
 Rounds run through the caller's :class:`~storage.validate.runner.ProbeRunner` (write, read, and
 clean unless the coordinator can remove every probe itself; see :mod:`storage.validate.probe`).
-``multinode.write`` fails naming each node that could not write; ``multinode.visibility`` gets one
-result per node, failing for each node that could not read another node's probe, which is what a
-path that is not shared between the nodes looks like.
+``multinode.write`` fails naming each node that could not write (a path it cannot create, an S3
+endpoint it cannot reach). Between the write and the read rounds the coordinator lists the probe
+directory; ``multinode.visibility`` then gets one result per node, and a location that is not
+shared fails the odd node(s) only: "node 1 (n1, 10.0.0.11) does not share <path> with node 0
+(n0, 10.0.0.10)" (see :mod:`storage.validate.visibility` for how the reference view is chosen).
+Nodes are named by the runner's ``NodeOutcome.host`` when it gives one.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageNotFoundError
 from storage.validate.context import CheckContext
 from storage.validate.probe import OPTIONS_ENV, PROBE_DIR, RESULT_PREFIX
 from storage.validate.report import CheckResult, Status
 from storage.validate.runner import RANK_PLACEHOLDER, NodeOutcome, ProbeRunner
+from storage.validate.visibility import nodes_in_listing, sharing_group
 
 __all__ = ["run_multinode_checks"]
 
@@ -44,9 +48,9 @@ def _parse(outcome: NodeOutcome) -> dict[str, Any] | None:
     return None
 
 
-def _label(node: int, parsed: dict[str, Any] | None) -> str:
-    host = (parsed or {}).get("host")
-    return f"node {node} ({host})" if host else f"node {node}"
+def _label(outcome: NodeOutcome, parsed: dict[str, Any] | None) -> str:
+    host = outcome.host or (parsed or {}).get("host")
+    return f"node {outcome.node} ({host})" if host else f"node {outcome.node}"
 
 
 def _no_result(outcome: NodeOutcome, timeout_s: float) -> str:
@@ -64,10 +68,11 @@ def _command(python: str, phase: str, run_id: str, nodes: int, urls: Sequence[st
     return command
 
 
-def _describe_read_failure(node: int, parsed: dict[str, Any]) -> str:
+def _describe_read_failure(node: int, parsed: dict[str, Any], group: frozenset[int] | None) -> str:
     parts = []
-    if parsed.get("missing"):
-        writers = ", ".join(f"node {n}" for n in parsed["missing"])
+    missing = [n for n in parsed.get("missing") or [] if group is None or n in group]
+    if missing:
+        writers = ", ".join(f"node {n}" for n in missing)
         parts.append(f"could not find the probe(s) written by {writers} under {parsed.get('path')}")
     if parsed.get("corrupt"):
         parts.append(f"read corrupt probe(s) from node(s) {parsed['corrupt']}")
@@ -76,6 +81,15 @@ def _describe_read_failure(node: int, parsed: dict[str, Any]) -> str:
     if parsed.get("error"):
         parts.append(str(parsed["error"]))
     return f"node {node} " + "; ".join(parts or ["failed"])
+
+
+def _read_failed(parsed: dict[str, Any], group: frozenset[int] | None) -> bool:
+    """Whether a node of the sharing group (or any node, without one) failed its read: a missing
+    probe of a node outside the group is that node's fault, not this one's."""
+    if parsed.get("ok"):
+        return False
+    missing = [n for n in parsed.get("missing") or [] if group is None or n in group]
+    return bool(missing or parsed.get("corrupt") or parsed.get("errors") or parsed.get("error"))
 
 
 def run_multinode_checks(
@@ -104,10 +118,11 @@ def run_multinode_checks(
                 CheckResult(
                     "multinode.write",
                     Status.FAIL,
-                    _label(outcome.node, parsed),
+                    _label(outcome, parsed),
                     path_of(outcome.node),
-                    f"could not write its probe: {why}",
-                    "make the path writable from every node (same user/permissions, mounted read-write)",
+                    f"{_label(outcome, parsed)} could not write its probe: {why}",
+                    "make the location writable and reachable from every node (same user and permissions, "
+                    "mounted read-write; for s3://, the endpoint reachable from the node)",
                 )
             )
     all_read = False
@@ -119,45 +134,54 @@ def run_multinode_checks(
                 "multinode.write", Status.PASS, f"all {nodes} nodes", urls[0], f"each of {nodes} nodes wrote a probe"
             )
         )
-        for outcome in runner.run_on_nodes(_command(python, "read", run_id, nodes, urls), nodes, env, timeout_s):
-            parsed = _parse(outcome)
-            label, where = _label(outcome.node, parsed), path_of(outcome.node)
-            if parsed is None:
-                add(
-                    CheckResult(
-                        "multinode.visibility",
-                        Status.FAIL,
-                        label,
-                        where,
-                        f"node {outcome.node} {_no_result(outcome, timeout_s)}",
-                        _NOT_SHARED_FIX,
-                    )
-                )
-            elif parsed.get("ok"):
-                add(
-                    CheckResult(
-                        "multinode.visibility",
-                        Status.PASS,
-                        label,
-                        where,
-                        f"node {outcome.node} read the probes of nodes {parsed.get('seen')}",
-                        details=parsed,
-                    )
-                )
-            else:
-                add(
-                    CheckResult(
-                        "multinode.visibility",
-                        Status.FAIL,
-                        label,
-                        where,
-                        _describe_read_failure(outcome.node, parsed),
-                        _NOT_SHARED_FIX,
-                        details=parsed,
-                    )
-                )
+        coordinator_sees = _coordinator_sees(ctx, run_id)
+        reads = runner.run_on_nodes(_command(python, "read", run_id, nodes, urls), nodes, env, timeout_s)
+        _record_visibility(ctx, reads, coordinator_sees, path_of, timeout_s)
         all_read = all(r.status is Status.PASS for r in ctx.report.results if r.check == "multinode.visibility")
     _clean(ctx, runner, _command(python, "clean", run_id, nodes, urls), env, timeout_s, run_id, all_read)
+
+
+def _record_visibility(
+    ctx: CheckContext,
+    reads: Sequence[NodeOutcome],
+    coordinator_sees: set[int] | None,
+    path_of: Callable[[int], str],
+    timeout_s: float,
+) -> None:
+    """One ``multinode.visibility`` result per node; a node outside the sharing group is named as
+    the one that does not share the location (see :mod:`storage.validate.visibility`)."""
+    parsed_of = {outcome.node: _parse(outcome) for outcome in reads}
+    labels = {outcome.node: _label(outcome, parsed_of[outcome.node]) for outcome in reads}
+    group = sharing_group(ctx.nodes, coordinator_sees, parsed_of)
+    add = ctx.report.results.append
+    for outcome in reads:
+        parsed, label, where = parsed_of[outcome.node], labels[outcome.node], path_of(outcome.node)
+        if parsed is None:
+            message, status = f"node {outcome.node} {_no_result(outcome, timeout_s)}", Status.FAIL
+        elif group is not None and outcome.node not in group.members:
+            reference = labels.get(group.reference, f"node {group.reference}")
+            also = f" and the coordinator ({ctx.node})" if group.by_coordinator else ""
+            message, status = f"{label} does not share {where} with {reference}{also}", Status.FAIL
+        elif _read_failed(parsed, None if group is None else group.members):
+            message = _describe_read_failure(outcome.node, parsed, None if group is None else group.members)
+            status = Status.FAIL
+        else:
+            message, status = f"node {outcome.node} read the probes of nodes {parsed.get('seen')}", Status.PASS
+            if parsed.get("missing"):  # only probes of nodes outside the sharing group: their failure
+                message += f" (not those of the odd node(s) {parsed['missing']})"
+        fix = _NOT_SHARED_FIX if status is Status.FAIL else None
+        add(CheckResult("multinode.visibility", status, label, where, message, fix, details=parsed or {}))
+
+
+def _coordinator_sees(ctx: CheckContext, run_id: str) -> set[int] | None:
+    """The nodes whose probe the coordinator finds in its own view of the location (None: it cannot list)."""
+    try:
+        return nodes_in_listing(ctx.storage.walk_files(f"{PROBE_DIR}/{run_id}"))
+    except StorageNotFoundError:
+        return set()
+    except StorageError as exc:
+        logger.info("the coordinator cannot list the probes (%s); node 0's view is the reference", exc)
+        return None
 
 
 def _coordinator_sees_all(ctx: CheckContext, run_id: str) -> bool:

@@ -2,8 +2,9 @@
 
 ``storage`` starts no processes of its own on nodes. The caller hands :func:`validate_storage` a
 :class:`ProbeRunner` that runs one command once per node, concurrently, with ``{rank}`` in the
-command replaced by the node's index: ``areal storage validate`` passes one backed by the project's
-Scheduler (with the LocalScheduler, separate processes play the nodes); tests may pass
+command replaced by the node's index: ``areal storage validate`` and ``areal train`` pass one
+backed by the project's Scheduler (``areal_tasks.launch.probe_runner``: one worker per node of the
+scheduler; with the LocalScheduler, separate processes play the nodes); tests may pass
 :class:`storage.testing.runner.LocalProcessRunner`.
 """
 
@@ -21,11 +22,16 @@ RANK_PLACEHOLDER = "{rank}"
 
 @dataclass(frozen=True)
 class NodeOutcome:
-    """One node's run of a command: its exit code (None if it had not finished in time) and output."""
+    """One node's run of a command: its exit code (None if it had not finished in time) and output.
+
+    ``host``: how the runner knows the node, e.g. ``arKn1, 10.231.7.11`` (its name and address);
+    messages then name it ``node 1 (arKn1, 10.231.7.11)``. None: the host name the probe reports.
+    """
 
     node: int
     exit_code: int | None
     output: str
+    host: str | None = None
 
 
 @runtime_checkable

@@ -1,5 +1,6 @@
 """Multi-node probe with local processes playing the nodes: a shared path passes, a path that is not
-shared between the nodes is caught naming the node that could not read, and a local filesystem warns."""
+shared between the nodes is caught naming the odd node (node 1 against node 0's view when the
+coordinator sees no probe; the node the coordinator cannot see otherwise), and a local filesystem warns."""
 
 from __future__ import annotations
 
@@ -43,9 +44,11 @@ def test_private_directory_per_node_is_caught(tmp_path: Path) -> None:
         tmp_path / "shared", thresholds=FAST, nodes=2, runner=LocalProcessRunner(), node_urls=node_paths
     )
     assert not report.ok
-    assert _visibility(report) == {"node 0": Status.FAIL, "node 1": Status.FAIL}
-    failure = report.result("multinode.visibility", node=report.failures()[1].node)
-    assert failure.message.startswith("node 1 could not find the probe(s) written by node 0")
+    # the coordinator's path holds no probe: node 0's view is the reference, node 1 is the odd one
+    assert _visibility(report) == {"node 0": Status.PASS, "node 1": Status.FAIL}
+    (failure,) = report.failures()
+    assert failure.message.startswith("node 1 (")
+    assert f"does not share file://{tmp_path}/node1 with node 0 (" in failure.message
     assert failure.path == f"file://{tmp_path}/node1"
     assert "mounted at the same path on every node" in (failure.fix or "")
     assert os.listdir(tmp_path / "node0") == [] and os.listdir(tmp_path / "node1") == []
@@ -73,11 +76,31 @@ def test_same_path_backed_by_different_directories_is_caught(tmp_path: Path) -> 
         return ["unshare", "-m", "sh", "-c", script, "sh", str(private[node]), str(shared), *argv]
 
     report = validate_storage(shared, thresholds=FAST, nodes=2, runner=LocalProcessRunner(wrap=own_mount))
-    assert _visibility(report) == {"node 0": Status.FAIL, "node 1": Status.FAIL}, report.to_json()
-    messages = [r.message for r in report.failures()]
-    assert messages[0].startswith("node 0 could not find the probe(s) written by node 1")
-    assert messages[1].startswith("node 1 could not find the probe(s) written by node 0")
+    assert _visibility(report) == {"node 0": Status.PASS, "node 1": Status.FAIL}, report.to_json()
+    (failure,) = report.failures()
+    assert failure.node.startswith("node 1") and f"does not share file://{shared} with node 0" in failure.message
     assert os.listdir(shared) == []  # nothing ever landed on the coordinator's view of the path
+
+
+@pytest.mark.skipif(not _can_unshare_mounts(), reason="needs root and unshare -m (mount namespaces)")
+def test_the_node_the_coordinator_cannot_see_is_named_even_when_it_is_node_0(tmp_path: Path) -> None:
+    """Node 0 alone has its own directory over the path; node 1 shares it with the coordinator."""
+    shared, disk0 = tmp_path / "shared", tmp_path / "disk0"
+    shared.mkdir()
+    disk0.mkdir()
+
+    def own_mount_on_node0(node: int, argv: list[str]) -> list[str]:
+        if node != 0:
+            return argv
+        script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        return ["unshare", "-m", "sh", "-c", script, "sh", str(disk0), str(shared), *argv]
+
+    report = validate_storage(shared, thresholds=FAST, nodes=2, runner=LocalProcessRunner(wrap=own_mount_on_node0))
+    assert _visibility(report) == {"node 0": Status.FAIL, "node 1": Status.PASS}, report.to_json()
+    (failure,) = report.failures()
+    assert f"does not share file://{shared} with node 1" in failure.message
+    assert "and the coordinator" in failure.message
+    assert os.listdir(shared) == [] and os.listdir(disk0) == []
 
 
 def test_a_node_that_cannot_write_is_named(tmp_path: Path) -> None:
@@ -88,7 +111,7 @@ def test_a_node_that_cannot_write_is_named(tmp_path: Path) -> None:
     )
     (failure,) = report.failures()
     assert failure.check == "multinode.write" and failure.node.startswith("node 1")
-    assert "could not write its probe" in failure.message
+    assert failure.message.startswith("node 1 (") and "could not write its probe" in failure.message
     assert report.result("multinode.visibility").status is Status.SKIP
 
 
