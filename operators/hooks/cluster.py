@@ -146,9 +146,14 @@ class LocalClusterHook(ClusterHook):
 CLUSTER_HOOKS: dict[str, type[ClusterHook]] = {LocalClusterHook.scheduler: LocalClusterHook}
 
 
-def get_cluster_hook(scheduler: str, **kwargs: Any) -> ClusterHook:
-    """The cluster hook of ``scheduler`` (``local`` takes ``jobs_root=``); ArealAirflowError, naming the
-    supported kinds, for a kind the scheduler registry has not built."""
+def get_cluster_hook(scheduler: str, *, jobs_root: str | os.PathLike[str], conn_id: str | None = None) -> ClusterHook:
+    """The cluster hook of ``scheduler``; ArealAirflowError, naming the supported kinds, for a kind the
+    scheduler registry has not built.
+
+    ``jobs_root`` is where job records live (the local hook keeps its jobs there; others may keep
+    their records there too). ``conn_id`` names the Airflow connection of a cluster hook (its
+    ``conn_name_attr``); None uses the hook's default connection (``areal_ray``, ``areal_slurm``).
+    """
     from areal_tasks.launch.registry import unsupported_reason
 
     reason = unsupported_reason(scheduler)
@@ -159,4 +164,12 @@ def get_cluster_hook(scheduler: str, **kwargs: Any) -> ClusterHook:
         raise ArealAirflowError(
             f"scheduler {scheduler!r} is built but has no cluster hook; register one in operators.hooks.cluster"
         )
+    kwargs: dict[str, Any] = {"jobs_root": jobs_root}
+    if conn_id:
+        attr = getattr(hook, "conn_name_attr", None)
+        if not attr:
+            raise ArealAirflowError(
+                f"scheduler {scheduler!r} takes no Airflow connection, but conn_id={conn_id!r} was given; drop it"
+            )
+        kwargs[attr] = conn_id
     return hook(**kwargs)

@@ -119,7 +119,10 @@ class AReaLTrainingOperator(BaseOperator):
 
     :param config: job YAML (absolute, or relative to the working directory or the repository).
     :param overrides: dotted ``key=value`` overrides, e.g. ``["train.total_steps=23"]``.
-    :param scheduler: cluster backend (only ``local`` exists).
+    :param scheduler: cluster backend, a built kind of ``areal_tasks.launch.registry`` (``local``,
+        ``ray``, ``slurm``).
+    :param conn_id: the Airflow connection of the cluster hook (``areal_ray``, ``areal_slurm`` when
+        None); ``local`` takes none.
     :param mlflow_run_id: MLflow run the trainer logs into (normally an upstream task's XCom).
     :param mlflow_tracking_uri: MLflow tracking URI; when None and ``mlflow_run_id`` is set, the
         :class:`~operators.hooks.mlflow.MlflowHook` resolution (connection ``areal_mlflow``, env).
@@ -138,6 +141,7 @@ class AReaLTrainingOperator(BaseOperator):
         "config",
         "overrides",
         "scheduler",
+        "conn_id",
         "mlflow_run_id",
         "mlflow_tracking_uri",
         "run_dir",
@@ -151,6 +155,7 @@ class AReaLTrainingOperator(BaseOperator):
         config: str,
         overrides: list[str] | None = None,
         scheduler: str = "local",
+        conn_id: str | None = None,
         mlflow_run_id: str | None = None,
         mlflow_tracking_uri: str | None = None,
         run_dir: str | None = None,
@@ -166,6 +171,7 @@ class AReaLTrainingOperator(BaseOperator):
         self.config = config
         self.overrides = list(overrides or [])
         self.scheduler = scheduler
+        self.conn_id = conn_id
         self.mlflow_run_id = mlflow_run_id
         self.mlflow_tracking_uri = mlflow_tracking_uri
         self.run_dir = run_dir
@@ -186,7 +192,7 @@ class AReaLTrainingOperator(BaseOperator):
         status = hook.get_job(name)
         if status.state == "running":
             self.log.info(
-                "job %s is already running (attempt %d, pid %s): reattaching", name, status.attempt, status.pid
+                "job %s is already running (attempt %d, %s): reattaching", name, status.attempt, status.handle
             )
         elif status.state == "succeeded":
             self.log.info("job %s already succeeded (attempt %d): not training again", name, status.attempt)
@@ -263,7 +269,12 @@ class AReaLTrainingOperator(BaseOperator):
     def _hook(self) -> ClusterHook:
         from operators.hooks.cluster import get_cluster_hook
 
-        return get_cluster_hook(self.scheduler, jobs_root=resolve_jobs_root(self.jobs_root))
+        return get_cluster_hook(self.scheduler, jobs_root=resolve_jobs_root(self.jobs_root), conn_id=self._conn_id())
+
+    def _conn_id(self) -> str | None:
+        """The connection id; a template that rendered to nothing (``"None"``, ``""``) means the default."""
+        value = self.conn_id
+        return None if value is None or str(value).strip() in ("", "None") else str(value).strip()
 
     def _given(self, key: str) -> str | None:
         """The value the task's own overrides give ``key`` (the last one wins), or None."""
@@ -340,10 +351,10 @@ class AReaLTrainingOperator(BaseOperator):
         env.update(_masked(secrets_env(cfg, secret)))
         status = hook.submit_job(name, argv, env, cfg.experiment.run_dir, cwd=os.getcwd())
         self.log.info(
-            "submitted job %s (attempt %d, pid %s), run dir %s, log %s",
+            "submitted job %s (attempt %d, %s), run dir %s, log %s",
             name,
             status.attempt,
-            status.pid,
+            status.handle,
             status.run_dir,
             status.log_path,
         )
@@ -356,6 +367,7 @@ class AReaLTrainingOperator(BaseOperator):
             self.scheduler,
             self.poll_interval,
             min(self.cancel_grace_s, TRIGGER_CANCEL_GRACE_S),
+            conn_id=self._conn_id(),
         )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete", timeout=self.execution_timeout)

@@ -36,7 +36,8 @@ __all__ = ["TrainingJobTrigger"]
 
 
 class TrainingJobTrigger(BaseTrigger):
-    """Poll job ``job_name`` (records under ``jobs_root``) on ``scheduler`` until it ends."""
+    """Poll job ``job_name`` on ``scheduler`` (through its cluster hook: records under ``jobs_root``,
+    the Airflow connection ``conn_id``) until it ends."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class TrainingJobTrigger(BaseTrigger):
         scheduler: str = "local",
         poll_interval: float = 5.0,
         cancel_grace_s: float = 20.0,
+        conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.job_name = job_name
@@ -52,6 +54,7 @@ class TrainingJobTrigger(BaseTrigger):
         self.scheduler = scheduler
         self.poll_interval = float(poll_interval)
         self.cancel_grace_s = float(cancel_grace_s)
+        self.conn_id = conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -62,13 +65,14 @@ class TrainingJobTrigger(BaseTrigger):
                 "scheduler": self.scheduler,
                 "poll_interval": self.poll_interval,
                 "cancel_grace_s": self.cancel_grace_s,
+                "conn_id": self.conn_id,
             },
         )
 
     def _hook(self) -> Any:
         from operators.hooks.cluster import get_cluster_hook
 
-        return get_cluster_hook(self.scheduler, jobs_root=self.jobs_root)
+        return get_cluster_hook(self.scheduler, jobs_root=self.jobs_root, conn_id=self.conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         progress = _Progress()
@@ -81,7 +85,7 @@ class TrainingJobTrigger(BaseTrigger):
                 if status.state == "missing":
                     yield self._event(
                         "error",
-                        f"job {self.job_name} has no record under {self.jobs_root}: "
+                        f"job {self.job_name} is no longer known to the {self.scheduler} scheduler: "
                         f"it was removed while the task waited ({status.reason})",
                         run_dir,
                     )

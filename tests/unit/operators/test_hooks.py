@@ -110,3 +110,8 @@ def test_local_hook_wraps_job_errors(tmp_path: Path) -> None:
         hook.get_job("bad/name")
     with pytest.raises(ArealAirflowError, match="cannot submit job x: .*argv is empty"):
         hook.submit_job("x", [])
+
+
+def test_a_connection_id_is_refused_by_a_hook_that_takes_none(tmp_path: Path) -> None:
+    with pytest.raises(ArealAirflowError, match=r"takes no Airflow connection, but conn_id='x' was given"):
+        get_cluster_hook("local", jobs_root=tmp_path, conn_id="x")

@@ -37,7 +37,9 @@ def trigger_for(jobs: LocalJobs, name: str, poll: float = 0.05) -> TrainingJobTr
 
 
 def test_serialize_round_trip() -> None:
-    trigger = TrainingJobTrigger("dag__run__train", "/tmp/jobs", "local", poll_interval=2.5, cancel_grace_s=7)
+    trigger = TrainingJobTrigger(
+        "dag__run__train", "/tmp/jobs", "ray", poll_interval=2.5, cancel_grace_s=7, conn_id="my_ray"
+    )
     classpath, kwargs = trigger.serialize()
     module, _, cls_name = classpath.rpartition(".")
     assert classpath == "operators.triggers.training_job.TrainingJobTrigger"
@@ -47,9 +49,10 @@ def test_serialize_round_trip() -> None:
     assert kwargs == {
         "job_name": "dag__run__train",
         "jobs_root": "/tmp/jobs",
-        "scheduler": "local",
+        "scheduler": "ray",
         "poll_interval": 2.5,
         "cancel_grace_s": 7.0,
+        "conn_id": "my_ray",
     }
 
 
@@ -89,7 +92,7 @@ def test_job_cancelled_while_polled(jobs: LocalJobs) -> None:
 def test_missing_job_is_an_error_event(jobs: LocalJobs) -> None:
     events = collect(trigger_for(jobs, "never_submitted"))
     assert len(events) == 1
-    assert events[0].payload["status"] == "error" and "no record" in events[0].payload["reason"]
+    assert events[0].payload["status"] == "error" and "is no longer known to the local scheduler" in events[0].payload["reason"]
 
 
 class _BrokenHook:
