@@ -365,6 +365,24 @@ def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, P
             "the job's processes on the Airflow worker.",
             section="Storage and cluster",
         ),
+        "nodes": Param(
+            None,
+            type=_optional("integer"),
+            minimum=1,
+            maximum=100000,
+            title="Nodes",
+            description="Nodes the job runs on (cluster.nodes); more than one needs the ray or slurm scheduler, a "
+            "shared run directory and shared storage. Empty: the config's.",
+            section="Storage and cluster",
+        ),
+        "cluster_conn_id": Param(
+            None,
+            type=_optional("string"),
+            title="Cluster connection",
+            description="The Airflow connection of the cluster (ray: areal_ray, slurm: areal_slurm when empty; "
+            "local takes none). docs/clusters.md lists its fields.",
+            section="Storage and cluster",
+        ),
         "n_gpus": Param(
             0,
             type="integer",
@@ -402,6 +420,8 @@ OVERRIDE_KEYS: dict[str, str] = {
     "sft_steps": "train.sft_warmup_steps",
     "eval_prompts": "evaluation.max_eval_prompts",
     "storage_url": "storage.url",
+    "scheduler": "cluster.scheduler",
+    "nodes": "cluster.nodes",
 }
 
 

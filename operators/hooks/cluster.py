@@ -58,8 +58,11 @@ class ClusterHook(BaseHook, abc.ABC):
         """The last ``lines`` lines of the job's log."""
 
     @abc.abstractmethod
-    def check_resources(self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0) -> dict[str, Any]:
-        """Check that the allocation fits; return a report, raise ArealAirflowError listing what is short."""
+    def check_resources(
+        self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0, *, nodes: int = 1
+    ) -> dict[str, Any]:
+        """Check that the allocation fits on ``nodes`` nodes of the cluster; return a report, raise
+        ArealAirflowError listing what is short."""
 
     def get_conn(self) -> Any:
         """The backend client (what the hook calls into)."""
@@ -121,13 +124,20 @@ class LocalClusterHook(ClusterHook):
     def job_log_tail(self, name: str, lines: int = 40) -> str:
         return self.get_conn().log_tail(name, lines)
 
-    def check_resources(self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0) -> dict[str, Any]:
+    def check_resources(
+        self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0, *, nodes: int = 1
+    ) -> dict[str, Any]:
         """CPUs, GPUs, memory and free loopback ports for ``allocation_mode`` on this machine
         (:func:`areal_tasks.launch.resources.check_local_resources`, also the local scheduler's preflight);
-        ArealAirflowError listing every shortage."""
+        ArealAirflowError listing every shortage. This machine is one node."""
         from areal_tasks.errors import AllocationError
         from areal_tasks.launch.resources import check_local_resources
 
+        if nodes != 1:
+            raise ArealAirflowError(
+                f"the local scheduler runs on this one machine, but nodes={nodes}; several nodes need the ray or "
+                "slurm scheduler"
+            )
         if n_gpus < 0:
             raise ArealAirflowError(f"n_gpus={n_gpus} must be >= 0 (0 = CPU only)")
         try:

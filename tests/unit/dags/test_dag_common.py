@@ -35,6 +35,12 @@ def test_job_overrides_keep_unset_params_and_apply_extra_last() -> None:
     ]
 
 
+def test_the_scheduler_and_node_params_reach_the_cluster_section() -> None:
+    """The scheduler Param is applied (it used to be shown but ignored); an empty nodes Param keeps the config's."""
+    assert common.job_overrides({"scheduler": "slurm", "nodes": 2}) == ["cluster.scheduler=slurm", "cluster.nodes=2"]
+    assert common.job_overrides({"scheduler": "local", "nodes": None}) == ["cluster.scheduler=local"]
+
+
 def test_job_overrides_refuse_an_extra_override_without_a_value() -> None:
     with pytest.raises(ValueError, match="not a dotted key=value"):
         common.job_overrides({"extra_overrides": ["train.total_steps"]})
