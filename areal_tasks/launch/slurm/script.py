@@ -7,7 +7,8 @@ asks for the job's nodes (whole nodes with ``--exclusive``: the steps then share
 ``--overlap``), GPUs per node through ``--gres``, ``--no-requeue`` unless ``slurm.requeue`` (a lost
 node fails the job and the retry resumes from the last checkpoint), an ``EXIT`` trap that writes the
 command's exit code atomically (SLURM forgets ended jobs after ``MinJobAge``; accounting is often
-off), the ``slurm.setup`` lines, and then the job's command: normally the controller,
+off), a ``TERM`` trap that keeps the shell waiting for the command's graceful stop, the
+``slurm.setup`` lines, and then the job's command: normally the controller,
 ``<python> -m areal_tasks.cli train --config <config> ... cluster.scheduler=slurm``
 (:func:`train_command`), which re-enters ``areal train`` inside the allocation.
 
@@ -132,7 +133,7 @@ def render_batch_script(spec: BatchScript) -> str:
     exit_file = spec.attempt_dir / EXIT_FILE
     temp = spec.attempt_dir / f".{EXIT_FILE}.tmp"
     trap = (
-        f'rc=$?; printf "%s\\n" "$rc" > {shlex.quote(str(temp))} && mv -f {shlex.quote(str(temp))} '
+        f'rc=$?; (umask 077; printf "%s\\n" "$rc" > {shlex.quote(str(temp))}) && mv -f {shlex.quote(str(temp))} '
         f"{shlex.quote(str(exit_file))}"
     )
     lines += [
@@ -140,6 +141,8 @@ def render_batch_script(spec: BatchScript) -> str:
         "set -uo pipefail",
         "# the exit code, written atomically when the script ends (SLURM forgets ended jobs after MinJobAge)",
         f"trap {shlex.quote(trap)} EXIT",
+        "# on SIGTERM (scancel --signal=TERM --full) the shell waits for the command's own graceful stop",
+        "trap 'echo \"areal job: SIGTERM received; waiting for the command to stop\" >&2' TERM",
     ]
     if spec.slurm.setup:
         lines += ["", "# cluster.slurm.setup", *spec.slurm.setup]
