@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ def test_submit_lookup_retry_and_the_script_in_the_run_dir(slurm_cluster: SlurmC
     assert (tmp_path / "out1").read_text() == f"{SECRET} {first.job_id}"  # the env reached the job
     with pytest.raises(SchedulerError, match="already running"):
         jobs.submit("exp-t0", argv, run_dir=str(run_dir))
+    shown = subprocess.run(
+        ["scontrol", "show", "job", str(first.job_id), "-o"], env=slurm_cluster.env, capture_output=True, text=True
+    )
+    assert "NumNodes=2 " in shown.stdout and "Requeue=0 " in shown.stdout and "OverSubscribe=NO" in shown.stdout
 
     trigger.touch()
     failed = _wait(jobs, "exp-t0", ("failed",))
@@ -136,6 +141,55 @@ def test_cancel_graceful_then_forced(slurm_cluster: SlurmCluster, tmp_path: Path
     assert forced.state == "cancelled", forced
     assert jobs.cancel("stubborn").state == "cancelled"  # nothing left to cancel
     assert jobs.cancel("absent").state == "missing"
+
+
+INSIDE = """
+import json, os, sys
+from areal_tasks.api.scheduler import WorkerGroupSpec
+from areal_tasks.config.cluster import SlurmConfig
+from areal_tasks.launch.slurm import SlurmScheduler
+run_dir, conf, worker, out = sys.argv[1:5]
+sched = SlurmScheduler(run_dir, slurm=SlurmConfig(slurm_conf=conf), handle_signals=False)
+assert sched.job_id == os.environ["SLURM_JOB_ID"], sched.job_id
+spec = WorkerGroupSpec(name="w", command=[sys.executable, worker, "dump", out + "-{rank}.json", "{host}"],
+                       replicas=2, placement=[0, 1], ports_per_worker=0, torch_distributed=True)
+sched.start_group(spec)
+print("workers:", [w.status.value for w in sched.wait("w", timeout_s=60)], flush=True)
+sched.stop_all()
+"""
+
+
+def test_a_batch_job_runs_its_workers_as_steps_of_its_own_allocation(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The path of ``areal train`` re-entered by the batch script: the scheduler uses the job's allocation."""
+    jobs = _jobs(slurm_cluster, tmp_path / "jobs", nodes=2)
+    worker = Path(__file__).parents[2] / "unit" / "launch" / "worker.py"
+    out = tmp_path / "dump"
+    argv = [sys.executable, "-c", INSIDE, str(tmp_path / "run"), str(slurm_cluster.conf), str(worker), str(out)]
+    jobs.submit("inside", argv, cwd=str(Path.cwd()))
+    done = _wait(jobs, "inside", ("succeeded", "failed"))
+    assert done.state == "succeeded", jobs.log_tail("inside")
+    assert "workers: ['succeeded', 'succeeded']" in jobs.log_tail("inside")
+    dumps = [json.loads(Path(f"{out}-{rank}.json").read_text()) for rank in range(2)]
+    addresses = [n.address for n in slurm_cluster.nodes]
+    assert [d["argv"] for d in dumps] == [[addresses[0]], [addresses[1]]]
+    assert {d["env"]["MASTER_ADDR"] for d in dumps} == {addresses[0]}
+    assert [d["env"]["SLURM_JOB_ID"] for d in dumps] == [done.job_id] * 2
+
+
+def test_the_hook_checks_resources_through_the_preflight(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from operators.exceptions import ArealAirflowError
+    from operators.hooks.slurm_cluster import SlurmClusterHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_AREAL_SLURM", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    report = SlurmClusterHook(jobs_root=tmp_path, nodes=2).check_resources("embedded:d1+fsdp:d2")
+    assert report["ok"] and report["partition"] == slurm_cluster.partition
+    with pytest.raises(ArealAirflowError, match=r"cannot run this job.*refuses a job of 3 node"):
+        SlurmClusterHook(jobs_root=tmp_path, nodes=3).check_resources("fsdp:d1")
 
 
 def test_preflight_accepts_the_cluster_and_refuses_what_it_lacks(slurm_cluster: SlurmCluster) -> None:
