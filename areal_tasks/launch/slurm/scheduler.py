@@ -1,18 +1,17 @@
 """SlurmScheduler: every worker is one ``srun`` step inside a SLURM allocation.
 
-Allocation. Inside a batch job (``SLURM_JOB_ID`` set: ``areal train`` re-entered by the job's
-script) the scheduler uses that job's allocation. Outside one (the CLI or the tests on the login
-node) it takes its own, ``salloc --no-shell --nodes=N --exclusive``, on first use, and cancels it in
-:meth:`stop_all`. Either way every step names the job: ``srun --jobid=ID --overlap``.
+Allocation (:mod:`.allocation`). Inside a batch job (``SLURM_JOB_ID`` set: ``areal train``
+re-entered by the job's script) the scheduler uses that job's allocation. Outside one (the CLI or
+the tests on the login node) it takes its own, ``salloc --no-shell --nodes=N --exclusive``, on
+first use, and cancels it in :meth:`stop_all`. Either way every step names the job: ``srun
+--jobid=ID --overlap``. Nodes come from the allocation, in SLURM's order.
 
-Nodes come from the allocation (``scontrol show job``, ``scontrol show hostnames``, ``scontrol show
-node``: ``NodeAddr``, ``CPUTot``, ``Gres``), in SLURM's order. Each worker is one ``srun`` client,
-a :class:`~areal_tasks.launch.process.WorkerProcess` on the controller's machine (like a local
-worker), whose task runs on the node of its rank (``spec.placement``); the client's exit code is the
-task's. The environment reaches the task through the client's environment (``--export=ALL``),
-never its command line. Ports are picked on the node where they will be bound, by a short step
-(``python -m areal_tasks.launch.ports``). ``MASTER_ADDR`` is rank 0's node address, and every worker
-gets ``AREAL_NODE_ADDR`` (its node's address).
+Workers. Each worker is one ``srun`` client, a :class:`~areal_tasks.launch.process.WorkerProcess` on
+the controller's machine (like a local worker), whose task runs on the node of its rank
+(``spec.placement``); the client's exit code is the task's. The environment reaches the task through
+the client's environment (``--export=ALL``), never its command line. Ports are picked on the node
+where they will be bound, by a short step (``python -m areal_tasks.launch.ports``). ``MASTER_ADDR``
+is rank 0's node address, and every worker gets ``AREAL_NODE_ADDR`` (its node's address).
 
 Readiness is probed from the controller (HTTP to the node's address; ``file`` through the shared run
 directory). A worker whose client exits uninvited has FAILED; the message names its node, quotes
@@ -31,7 +30,6 @@ import contextlib
 import copy
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -57,7 +55,8 @@ from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFail
 from areal_tasks.launch import cleanup
 from areal_tasks.launch.process import WorkerProcess, stop_processes
 from areal_tasks.launch.readiness import probe
-from areal_tasks.launch.slurm.commands import parse_key_values, parse_rows, resolve_slurm_conf, run_slurm, slurm_env
+from areal_tasks.launch.slurm.allocation import Allocation
+from areal_tasks.launch.slurm.commands import resolve_slurm_conf, slurm_env
 from areal_tasks.launch.slurm.script import container_wrapping, srun_step_argv
 
 if TYPE_CHECKING:
@@ -70,15 +69,8 @@ __all__ = ["SlurmScheduler"]
 LOG_TAIL_LINES = 40
 #: seconds a client may outlive ``scancel ID.STEP`` before it gets SIGKILL.
 CLIENT_KILL_WAIT_S = 10.0
-#: scancel's exit code when it signals a step (the signal is delivered; SLURM 22.05 says "Invalid job id").
-SCANCEL_STEP_QUIRK = 225
 #: seconds to wait for a just-started step to show in ``squeue`` before stopping its client instead.
 STEP_LOOKUP_S = 2.0
-#: seconds between two looks at the allocation's state while workers run (``scontrol show job``).
-ALLOCATION_POLL_S = 2.0
-#: allocation states in which its steps can still run.
-_LIVE_JOB_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
-_GRES_GPU = re.compile(r"gpu(?::[^:(,]+)?:(\d+)")
 
 
 @dataclass
@@ -128,16 +120,17 @@ class SlurmScheduler(Scheduler):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.slurm = slurm or SlurmConfig()
         self.slurm_conf = resolve_slurm_conf(self.slurm.slurm_conf)
-        self.n_nodes = nodes
-        self.gpus_per_node = gpus_per_node
-        self.alloc_timeout_s = alloc_timeout_s
-        self.name = name
         self.python = self.slurm.python or sys.executable
         given = job_id if job_id is not None else os.environ.get("SLURM_JOB_ID")
-        self._job_id: str | None = given or None
-        self._own_allocation = False
-        self._nodes: list[NodeInfo] | None = None
-        self._allocation_seen: tuple[float, str] = (0.0, "")
+        self.allocation = Allocation(
+            self.slurm_conf,
+            self.slurm,
+            job_id=given,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            name=name,
+            timeout_s=alloc_timeout_s,
+        )
         self._groups: dict[str, _Group] = {}
         self._lock = threading.RLock()
         cleanup.register(self, handle_signals=handle_signals)
@@ -168,79 +161,16 @@ class SlurmScheduler(Scheduler):
 
         return preflight(cfg.cluster.slurm, nodes=cfg.cluster.nodes, gpus_per_node=cfg.cluster.gpus_per_node)
 
-    # -- allocation and nodes ------------------------------------------------------------------
+    # -- Scheduler API -------------------------------------------------------------------------
 
     @property
     def job_id(self) -> str:
         """The allocation's job id (taken with ``salloc`` on first use when there is none)."""
-        with self._lock:
-            if self._job_id is None:
-                self._job_id = self._allocate()
-                self._own_allocation = True
-            return self._job_id
-
-    def _run(self, argv: list[str], timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run_slurm(argv, timeout, slurm_conf=self.slurm_conf, check=check)
-
-    def _allocate(self) -> str:
-        s = self.slurm
-        argv = [
-            "salloc",
-            "--no-shell",
-            f"--nodes={self.n_nodes}",
-            f"--job-name={self.name}-alloc",
-            f"--immediate={max(1, int(self.alloc_timeout_s))}",
-        ]
-        if s.exclusive:
-            argv.append("--exclusive")
-        if self.gpus_per_node > 0:
-            argv.append(f"--gres=gpu:{self.gpus_per_node}")
-        for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
-            if value:
-                argv.append(f"--{option}={value}")
-        if s.time_limit:
-            argv.append(f"--time={s.time_limit}")
-        done = self._run(argv, timeout=self.alloc_timeout_s + 30.0)
-        match = re.search(r"Granted job allocation (\d+)", done.stderr + done.stdout)
-        if match is None:
-            raise SchedulerError(
-                f"salloc did not grant an allocation of {self.n_nodes} node(s): {done.stderr.strip() or done.stdout}"
-            )
-        logger.info("took SLURM allocation %s (%d node(s)) for %s", match.group(1), self.n_nodes, self.run_dir)
-        return match.group(1)
+        return self.allocation.job_id
 
     def nodes(self) -> list[NodeInfo]:
         """The allocation's nodes in SLURM's order: name, ``NodeAddr``, ``CPUTot`` and the GPUs asked for."""
-        with self._lock:
-            if self._nodes is None:
-                self._nodes = self._read_nodes(self.job_id)
-            return list(self._nodes)
-
-    def _read_nodes(self, job_id: str) -> list[NodeInfo]:
-        job = parse_key_values(self._run(["scontrol", "show", "job", job_id, "-o"]).stdout.strip())
-        nodelist = job.get("NodeList", "")
-        if not nodelist or nodelist == "(null)":
-            raise SchedulerError(
-                f"SLURM job {job_id} has no nodes (JobState={job.get('JobState')}, Reason={job.get('Reason')}); "
-                "is the allocation still running?"
-            )
-        names = self._run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
-        out = []
-        for index, name in enumerate(names):
-            node = parse_key_values(self._run(["scontrol", "show", "node", name, "-o"]).stdout.strip())
-            gres = sum(int(n) for n in _GRES_GPU.findall(node.get("Gres", "")))
-            out.append(
-                NodeInfo(
-                    index=index,
-                    name=name,
-                    address=node.get("NodeAddr") or name,
-                    cpus=float(node.get("CPUTot") or node.get("CPUEfctv") or 1),
-                    gpus=min(gres, self.gpus_per_node),
-                )
-            )
-        return out
-
-    # -- Scheduler API -------------------------------------------------------------------------
+        return self.allocation.nodes()
 
     def start_group(self, spec: WorkerGroupSpec) -> list[WorkerInfo]:
         nodes = self.nodes()
@@ -335,12 +265,7 @@ class SlurmScheduler(Scheduler):
         try:
             self._stop(groups, grace_s)
         finally:
-            with self._lock:
-                if self._own_allocation and self._job_id is not None:
-                    job_id, self._job_id, self._own_allocation, self._nodes = self._job_id, None, False, None
-                    self._allocation_seen = (0.0, "")
-                    logger.info("cancelling SLURM allocation %s", job_id)
-                    self._run(["scancel", job_id])
+            self.allocation.release()
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -359,11 +284,11 @@ class SlurmScheduler(Scheduler):
                 return info.status
             code = worker.process.poll()
             if code is None:
-                ended = self._allocation_ended()
+                ended = self.allocation.ended()
                 if not ended:
                     return info.status
                 # The allocation is gone (NODE_FAIL...): a client whose node was lost may never notice.
-                worker.lost = f"SLURM ended allocation {self._job_id}: {ended}"
+                worker.lost = f"SLURM ended allocation {self.allocation.known_id}: {ended}"
                 stop_processes([worker.process], grace_s=0.0)
                 code = worker.process.poll()
             info.exit_code = code
@@ -374,52 +299,6 @@ class SlurmScheduler(Scheduler):
                 log = logger.info if info.status is WorkerStatus.SUCCEEDED else logger.error
                 log("%s on %s exited with code %s; log %s", info.name, worker.node.label, code, info.log_path)
             return info.status
-
-    def _allocation_ended(self) -> str:
-        """``"NODE_FAIL (reason)"`` once the allocation has ended, else '' (looked up every few seconds)."""
-        seen_at, ended = self._allocation_seen
-        if ended or self._job_id is None or time.monotonic() - seen_at < ALLOCATION_POLL_S:
-            return ended
-        done = self._run(["scontrol", "show", "job", self._job_id, "-o"], check=False, timeout=10.0)
-        fields = parse_key_values(done.stdout.strip()) if done.returncode == 0 else {}
-        state = fields.get("JobState", "")
-        if state and state not in _LIVE_JOB_STATES:
-            ended = f"{state} (Reason={fields.get('Reason', '?')})"
-            logger.error("SLURM allocation %s has ended: %s", self._job_id, ended)
-        self._allocation_seen = (time.monotonic(), ended)
-        return ended
-
-    def _pick_ports(self, node: NodeInfo, count: int, held: list[int]) -> list[int]:
-        """``count`` free ports on ``node``, probed there by a short step."""
-        argv = [
-            "srun",
-            f"--jobid={self.job_id}",
-            "--overlap",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={node.name}",
-            "--immediate=30",
-            f"--job-name={self.name}-ports",
-            self.python,
-            "-m",
-            "areal_tasks.launch.ports",
-            "--count",
-            str(count),
-            "--host",
-            node.address,
-        ]
-        if held:
-            argv += ["--exclude", ",".join(str(p) for p in held)]
-        done = self._run(argv, timeout=60.0)
-        try:
-            ports = [int(p) for p in done.stdout.split()]
-        except ValueError:
-            ports = []
-        if len(ports) != count:
-            raise SchedulerError(
-                f"picking {count} port(s) on {node.label} printed {done.stdout!r} (stderr: {done.stderr.strip()})"
-            )
-        return ports
 
     def _held_ports(self, node: int) -> list[int]:
         return [p for g in self._groups.values() for p in g.ports.get(node, []) if not self._group_done(g)]
@@ -437,7 +316,9 @@ class SlurmScheduler(Scheduler):
             wanted[master_node] = wanted.get(master_node, 0) + 1
         for index, count in wanted.items():
             if count:
-                group.ports[index] = self._pick_ports(nodes[index], count, self._held_ports(index))
+                group.ports[index] = self.allocation.pick_ports(
+                    nodes[index], count, self._held_ports(index), self.python
+                )
         free = {index: list(ports) for index, ports in group.ports.items()}
         master_port = free[master_node].pop(0) if spec.torch_distributed else None
         plans = []
@@ -510,22 +391,6 @@ class SlurmScheduler(Scheduler):
         )
         return info, srun, env, target
 
-    def _step_ids(self) -> dict[str, str]:
-        """``step name -> "<job>.<step>"`` of the allocation's running steps ({} when SLURM cannot say)."""
-        if self._job_id is None:
-            return {}
-        done = self._run(["squeue", "-h", "-s", "-j", self._job_id, "-o", "%i|%j"], check=False)
-        if done.returncode != 0:
-            logger.warning("squeue of the steps of %s failed: %s", self._job_id, done.stderr.strip())
-            return {}
-        return {row["name"]: row["id"] for row in parse_rows(done.stdout, ("id", "name"))}
-
-    def _scancel_step(self, step: str, signal_name: str | None) -> None:
-        argv = ["scancel", *([f"--signal={signal_name}"] if signal_name else []), step]
-        done = self._run(argv, check=False)
-        if done.returncode not in (0, SCANCEL_STEP_QUIRK):
-            logger.warning("%s exited %d: %s", " ".join(argv), done.returncode, done.stderr.strip())
-
     def _resolve_steps(self, workers: list[_Worker], wait_s: float = STEP_LOOKUP_S) -> None:
         """Fill ``info.job_id`` ("<job>.<step>") of ``workers`` whose client runs; a just-started step may
         take a moment to appear in ``squeue``, so look again for up to ``wait_s``."""
@@ -534,7 +399,7 @@ class SlurmScheduler(Scheduler):
             missing = [w for w in workers if not w.info.job_id and w.process.poll() is None]
             if not missing:
                 return
-            steps = self._step_ids()
+            steps = self.allocation.step_ids()
             for worker in missing:
                 worker.info.job_id = steps.get(f"{worker.info.group}-{worker.info.rank}")
             if all(w.info.job_id for w in missing) or time.monotonic() >= deadline:
@@ -553,7 +418,7 @@ class SlurmScheduler(Scheduler):
                     logger.info(
                         "stopping %s (step %s on %s): SIGTERM", worker.info.name, worker.info.job_id, worker.node.label
                     )
-                    self._scancel_step(worker.info.job_id, "TERM")
+                    self.allocation.scancel_step(worker.info.job_id, "TERM")
                 else:  # no step (yet): srun itself cancels its step on SIGTERM
                     logger.info("stopping %s (no step known): SIGTERM to its srun client", worker.info.name)
                     with contextlib.suppress(ProcessLookupError):
@@ -562,7 +427,7 @@ class SlurmScheduler(Scheduler):
             for worker in left:
                 logger.warning("%s did not stop within %.1fs of SIGTERM: cancelling it", worker.info.name, grace_s)
                 if worker.info.job_id:
-                    self._scancel_step(worker.info.job_id, None)
+                    self.allocation.scancel_step(worker.info.job_id, None)
                 else:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(worker.process.pid, signal.SIGTERM)
@@ -575,25 +440,14 @@ class SlurmScheduler(Scheduler):
                 for worker in group.workers:
                     self._refresh(worker)
 
-    def _node_note(self, node: NodeInfo) -> str:
-        """`` SLURM reports the node DOWN...`` when the node is not up ('' when it is, or SLURM cannot say)."""
-        done = self._run(["scontrol", "show", "node", node.name, "-o"], check=False, timeout=10.0)
-        fields = parse_key_values(done.stdout.strip()) if done.returncode == 0 else {}
-        state = fields.get("State", "")
-        if any(bad in state for bad in ("DOWN", "NOT_RESPONDING", "FAIL", "DRAIN")) or state.endswith("*"):
-            reason = fields.get("Reason", "")
-            return (
-                f"\nSLURM reports {node.label} as {state}" + (f" ({reason})" if reason else "") + ": the node was lost"
-            )
-        return ""
-
     def _failure_message(self, worker: _Worker, when: str) -> str:
         info = worker.info
         tail = worker.process.log_tail(LOG_TAIL_LINES)
         return (
-            f"worker {info.name} on {worker.node.label} (srun client pid {info.pid}, allocation {self._job_id}) "
-            f"{_describe_exit(info.exit_code)} {when}.{self._node_note(worker.node)}"
-            + (f"\n{worker.lost}" if worker.lost else "")
+            f"worker {info.name} on {worker.node.label} (srun client pid {info.pid}, "
+            f"allocation {self.allocation.known_id}) "
+            f"{_describe_exit(info.exit_code)} {when}."
+            + "".join(f"\n{note}" for note in (self.allocation.node_note(worker.node), worker.lost) if note)
             + "\n"
             f"log: {info.log_path}\n"
             f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}\n--- end of log ---\n"
