@@ -209,3 +209,26 @@ def test_a_missing_slurm_conf_is_named(tmp_path: Path, monkeypatch: pytest.Monke
     conf.write_text("ClusterName=x\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     assert resolve_slurm_conf(None) == str(conf)
+
+
+def test_class_level_contract_from_a_job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """from_config builds without touching SLURM; the controller runs here only inside a SLURM job."""
+    from areal_tasks.config.job import JobConfig
+    from areal_tasks.launch.slurm import SlurmScheduler
+    from areal_tasks.launch.slurm.jobs import SlurmJobs
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    cfg = JobConfig()
+    cfg.experiment.run_dir = str(tmp_path / "runs" / "exp" / "t0")
+    cfg.cluster.scheduler, cfg.cluster.nodes, cfg.cluster.slurm.slurm_conf = "slurm", 2, str(conf)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("AREAL_JOBS_ROOT", raising=False)
+    sched = SlurmScheduler.from_config(cfg)
+    assert sched.allocation.known_id is None and sched.allocation.n_nodes == 2 and sched.slurm_conf == str(conf)
+    assert not SlurmScheduler.can_run_controller_here(cfg)
+    jobs = SlurmJobs.from_config(cfg)
+    assert jobs.root == tmp_path / "runs" / "exp" / "jobs" and jobs.cluster.nodes == 2
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert SlurmScheduler.can_run_controller_here(cfg)
+    assert SlurmScheduler.from_config(cfg).allocation.known_id == "77"
