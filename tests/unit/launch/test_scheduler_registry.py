@@ -22,8 +22,8 @@ from areal_tasks.launch.registry import (
 )
 
 
-def test_local_is_the_only_built_kind() -> None:
-    assert scheduler_kinds() == ("local",)
+def test_local_and_slurm_are_the_built_kinds() -> None:
+    assert scheduler_kinds() == ("local", "slurm")
     assert SCHEDULERS.get("local") is LocalScheduler
     assert unsupported_reason("local") is None
     check_scheduler("local")
@@ -46,7 +46,7 @@ def test_planned_kinds_are_refused_naming_the_supported_ones(kind: str) -> None:
 
 def test_unknown_kinds_get_the_closest_built_name() -> None:
     assert unsupported_reason("lokal") == (
-        "scheduler 'lokal' (unknown) is not supported; did you mean 'local'? supported schedulers: local"
+        "scheduler 'lokal' (unknown) is not supported; did you mean 'local'? supported schedulers: local, slurm"
     )
     assert "did you mean" not in str(unsupported_reason("kubernetes"))
 

@@ -70,7 +70,7 @@ def test_provision_cluster_operator(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             task_id="p", allocation_mode="sglang:d1+fsdp:d2", n_gpus=3, jobs_root=str(tmp_path)
         ).execute(make_context())
     with pytest.raises(ArealAirflowError, match="supported schedulers: local"):
-        ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", scheduler="slurm").execute(make_context())
+        ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", scheduler="k8s").execute(make_context())
     with pytest.raises(ArealAirflowError, match="must be numbers"):
         ProvisionClusterOperator(task_id="p", allocation_mode="fsdp:d1", n_gpus="two").execute(make_context())
 

@@ -92,7 +92,10 @@ def test_job_cancelled_while_polled(jobs: LocalJobs) -> None:
 def test_missing_job_is_an_error_event(jobs: LocalJobs) -> None:
     events = collect(trigger_for(jobs, "never_submitted"))
     assert len(events) == 1
-    assert events[0].payload["status"] == "error" and "is no longer known to the local scheduler" in events[0].payload["reason"]
+    assert (
+        events[0].payload["status"] == "error"
+        and "is no longer known to the local scheduler" in events[0].payload["reason"]
+    )
 
 
 class _BrokenHook:
@@ -128,7 +131,7 @@ def test_polling_error_becomes_one_error_event(ok_polls: int) -> None:
 
 
 def test_unknown_scheduler_is_an_error_event() -> None:
-    events = collect(TrainingJobTrigger("j", "/tmp/x", scheduler="slurm", poll_interval=0.01))
+    events = collect(TrainingJobTrigger("j", "/tmp/x", scheduler="k8s", poll_interval=0.01))
     assert len(events) == 1 and events[0].payload["status"] == "error"
     assert "supported schedulers: local" in events[0].payload["reason"]
 
