@@ -90,7 +90,7 @@ def test_missing_action_is_a_usage_error(run) -> None:
     assert code == 2 and "usage:" in err
 
 
-@pytest.mark.parametrize("kind", ["ray", "slurm"])
+@pytest.mark.parametrize("kind", ["slurm"])
 def test_validate_refuses_a_scheduler_that_is_not_built(run, repo_root: Path, kind: str) -> None:
     """The config grammar knows the planned schedulers; validation refuses them before anything starts."""
     recipe = str(repo_root / "configs" / "demo_grpo.yaml")

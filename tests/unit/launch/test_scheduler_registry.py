@@ -22,8 +22,8 @@ from areal_tasks.launch.registry import (
 )
 
 
-def test_local_is_the_only_built_kind() -> None:
-    assert scheduler_kinds() == ("local",)
+def test_local_and_ray_are_built_kinds() -> None:
+    assert {"local", "ray"} <= set(scheduler_kinds())
     assert SCHEDULERS.get("local") is LocalScheduler
     assert unsupported_reason("local") is None
     check_scheduler("local")
@@ -45,8 +45,8 @@ def test_planned_kinds_are_refused_naming_the_supported_ones(kind: str) -> None:
 
 
 def test_unknown_kinds_get_the_closest_built_name() -> None:
-    assert unsupported_reason("lokal") == (
-        "scheduler 'lokal' (unknown) is not supported; did you mean 'local'? supported schedulers: local"
+    assert str(unsupported_reason("lokal")).startswith(
+        "scheduler 'lokal' (unknown) is not supported; did you mean 'local'? supported schedulers: local, ray"
     )
     assert "did you mean" not in str(unsupported_reason("kubernetes"))
 

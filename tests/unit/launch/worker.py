@@ -1,6 +1,7 @@
 """A tiny worker program for the scheduler tests; the first argument picks what it does.
 
-http PORT                       serve GET /health -> 200 on 127.0.0.1:PORT until killed
+http PORT                       serve GET /health -> 200 on $AREAL_NODE_ADDR:PORT (127.0.0.1 without it)
+                                until killed
 touch PATH                      create PATH, then sleep until killed
 crash CODE MESSAGE              print MESSAGE to stderr and exit with CODE
 ready-then-crash READY TRIGGER CODE
@@ -49,8 +50,9 @@ class _Health(http.server.BaseHTTPRequestHandler):
 def main(argv: list[str]) -> int:
     mode, args = argv[0], argv[1:]
     if mode == "http":
-        print(f"serving on 127.0.0.1:{args[0]}", flush=True)
-        http.server.HTTPServer(("127.0.0.1", int(args[0])), _Health).serve_forever()
+        host = os.environ.get("AREAL_NODE_ADDR", "127.0.0.1")
+        print(f"serving on {host}:{args[0]}", flush=True)
+        http.server.HTTPServer((host, int(args[0])), _Health).serve_forever()
     elif mode == "touch":
         _write(args[0], "ready")
         _sleep_forever()

@@ -86,7 +86,7 @@ def test_bad_allocation_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "match"),
-    [("ray", "planned"), ("slurm", "planned"), ("skypilot", "a launcher, not a scheduler"), ("k8s", "unknown")],
+    [("slurm", "planned"), ("skypilot", "a launcher, not a scheduler"), ("k8s", "unknown")],
 )
 def test_other_schedulers_are_refused_with_the_supported_list(kind: str, match: str) -> None:
     with pytest.raises(ArealAirflowError, match=rf"'{kind}' .*{match}.*supported schedulers: local"):
