@@ -5,7 +5,9 @@ maps a kind to its hook class. Which kinds exist, and the refusal of those that 
 built and of launchers that are not schedulers (``skypilot``), come from the one scheduler registry,
 :mod:`areal_tasks.launch.registry`, which :func:`get_cluster_hook` asks first. ``local``
 (:class:`LocalClusterHook`, over :class:`areal_tasks.launch.jobs.LocalJobs`) runs the job detached on
-this machine; it outlives the Airflow task that submitted it.
+this machine; it outlives the Airflow task that submitted it. ``ray``
+(:class:`~operators.hooks.ray_cluster.RayClusterHook`, connection ``areal_ray``) submits it to a Ray
+cluster's Jobs API.
 """
 
 from __future__ import annotations
@@ -192,8 +194,13 @@ class LocalClusterHook(ClusterHook):
         return report
 
 
+from operators.hooks.ray_cluster import RayClusterHook  # noqa: E402 - it subclasses ClusterHook above
+
 #: scheduler kind -> its hook class; every kind of the scheduler registry has one (a unit test checks).
-CLUSTER_HOOKS: dict[str, type[ClusterHook]] = {LocalClusterHook.scheduler: LocalClusterHook}
+CLUSTER_HOOKS: dict[str, type[ClusterHook]] = {
+    LocalClusterHook.scheduler: LocalClusterHook,
+    RayClusterHook.scheduler: RayClusterHook,
+}
 
 
 def get_cluster_hook(scheduler: str, **kwargs: Any) -> ClusterHook:
