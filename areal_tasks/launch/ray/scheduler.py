@@ -524,7 +524,7 @@ class RayScheduler(Scheduler):
             return info.status
         node = self._nodes[info.node] if info.node < len(self._nodes) else None
         where = node.label if node is not None else f"node {info.node} ({info.host})"
-        worker.reason = f"{where} lost or unreachable: {why}"
+        worker.reason = f"is gone with its supervisor on {where} ({why}; the node was lost, or the actor killed)"
         info.status = WorkerStatus.FAILED
         logger.error("%s failed: %s", info.name, worker.reason)
         return info.status

@@ -1,0 +1,59 @@
+"""RayJobs from the host (the login node) against the namespace Ray cluster's Jobs API (design-27 4.2).
+
+Submit and look up by name, attempt 2 after a failure (Ray never reuses a submission id), a failed
+job's exit code and log tail, refusal while running, cancel, and a name never submitted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from areal_tasks.errors import SchedulerError
+from areal_tasks.launch.ray.jobs import RayJobs
+from tests.fixtures.ray_cluster import RayCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _until_terminal(jobs: RayJobs, name: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        status = jobs.status(name)
+        if status.terminal or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
+def test_submit_fail_retry_cancel_and_lookup(ray_cluster: RayCluster) -> None:
+    jobs = RayJobs(ray_cluster.dashboard_url, request_timeout_s=10, stop_wait_s=15)
+    name = "exp-ray-jobs"
+    assert jobs.status(name).state == "missing"
+    crash = "import os, sys; print('token', os.environ['AREAL_TEST_ENV']); print('boom: bad config'); sys.exit(4)"
+    first = jobs.submit(
+        name,
+        [sys.executable, "-c", crash],
+        env={"AREAL_TEST_ENV": "v1"},
+        run_dir="/tmp/r",
+        cwd=str(ray_cluster.repo_root),
+    )
+    assert (first.state, first.attempt, first.job_id) == ("running", 1, f"{name}--1")
+    failed = _until_terminal(jobs, name)
+    assert (failed.state, failed.exit_code, failed.run_dir) == ("failed", 4, "/tmp/r")
+    assert "boom: bad config" in failed.reason and "boom: bad config" in jobs.log_tail(name)
+    assert "token v1" in jobs.log_tail(name)  # the env reached the job
+
+    second = jobs.submit(name, [sys.executable, "-c", "import time; time.sleep(120)"], cwd="/tmp")
+    assert (second.attempt, second.job_id) == (2, f"{name}--2")
+    with pytest.raises(SchedulerError, match="already running"):
+        jobs.submit(name, ["true"])
+    assert jobs.status(name).attempt == 2
+    cancelled = jobs.cancel(name, grace_s=5)
+    assert cancelled.state == "cancelled" and cancelled.attempt == 2
+
+    third = jobs.submit(name, [sys.executable, "-c", "print('fine')"])
+    done = _until_terminal(jobs, name)
+    assert (third.attempt, done.state, done.exit_code) == (3, "succeeded", 0)
+    assert RayJobs(ray_cluster.dashboard_url).status(name).attempt == 3  # a new client finds it by name
