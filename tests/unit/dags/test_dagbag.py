@@ -172,7 +172,8 @@ def test_param_choices_are_the_registries(parsed: dict[str, Any]) -> None:
     for dag_id in ("areal_rl_training", "areal_scheduled_retraining"):
         params = parsed["dags"][dag_id]["params"]
         assert params["algorithm"]["schema"]["enum"] == [None, *AlgorithmConfig.names()]
-        assert params["scheduler"]["schema"]["enum"] == list(scheduler_kinds()) == ["local"]
+        assert params["scheduler"]["schema"]["enum"] == list(scheduler_kinds())
+        assert {"local", "ray"} <= set(params["scheduler"]["schema"]["enum"])
 
 
 def test_tasks_retry_with_backoff_time_out_and_report_failures(parsed: dict[str, Any]) -> None:
