@@ -2,8 +2,8 @@
 
 The scheduler contract (tests/unit/launch/test_scheduler_contract.py) against ``ray``; 2 ranks on
 2 nodes all-reducing over gloo (MASTER_ADDR = node 0, AREAL_NODE_ADDR per node, the pinned socket
-interface); no orphan when a supervisor actor is killed; and, last because it kills node 1, a lost
-node turned into WorkerFailedError naming it.
+interface); no orphan when a supervisor actor is killed; and, last because it kills node 1 (restarted after),
+a lost node turned into WorkerFailedError naming it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_a_killed_supervisor_leaves_no_orphan(ray_cluster: RayCluster, tmp_path:
 
 
 def test_a_lost_node_fails_its_worker_naming_the_node(ray_cluster: RayCluster, tmp_path: Path) -> None:
-    """Kills node 1: keep this test last in the package (node 1 gets a fresh init, Ray is not restarted)."""
+    """Kills node 1, then brings it (and its Ray worker) back; last in this module all the same."""
     ready, out = tmp_path / "ready", tmp_path / "lost.json"
     proc = subprocess.Popen(
         ray_cluster.head.command([sys.executable, DRIVER, "node-loss", str(ready), str(out)], ray_cluster.repo_root),
@@ -88,7 +88,7 @@ def test_a_lost_node_fails_its_worker_naming_the_node(ray_cluster: RayCluster, t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        ray_cluster.netns.restart_node(1)
+        ray_cluster.restart_worker()  # node 1 and its Ray worker back, for the tests after this one
     assert proc.returncode == 0, output[-4000:]
     result = json.loads(out.read_text())
     assert result["failed"], result
