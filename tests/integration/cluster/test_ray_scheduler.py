@@ -1,8 +1,7 @@
 """RayScheduler on the 2-node namespace Ray cluster (design-27 4.1 and 10.1); drivers run in node 0.
 
-The scheduler contract (tests/unit/launch/test_scheduler_contract.py) against ``ray``; 2 ranks on
-2 nodes all-reducing over gloo (MASTER_ADDR = node 0, AREAL_NODE_ADDR per node, the pinned socket
-interface); no orphan when a supervisor actor is killed; and, last because it kills node 1 (restarted after),
+The scheduler contract (tests/unit/launch/test_scheduler_contract.py) against ``ray``; no orphan
+when a supervisor actor is killed; and, last because it kills node 1 (restarted after),
 a lost node turned into WorkerFailedError naming it.
 """
 
@@ -44,19 +43,6 @@ def test_the_scheduler_contract_passes_on_ray(ray_cluster: RayCluster, tmp_path:
     done = ray_cluster.driver(argv, env={"AREAL_TEST_SCHEDULER": "ray"}, timeout=200)
     assert done.returncode == 0, f"contract on ray failed:\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     assert "[ray]" in done.stdout or "passed" in done.stdout
-
-
-def test_gloo_all_reduce_across_two_nodes(ray_cluster: RayCluster, tmp_path: Path) -> None:
-    out = tmp_path / "gloo.json"
-    _drive(ray_cluster, "gloo", str(out))
-    result = json.loads(out.read_text())
-    head, worker = (n.address for n in ray_cluster.netns.nodes)
-    assert result["nodes"] == [head, worker] and result["status"] == ["succeeded", "succeeded"]
-    assert [r["sum"] for r in result["ranks"]] == [3.0, 3.0]
-    assert {r["MASTER_ADDR"] for r in result["ranks"]} == {head}
-    assert [r["AREAL_NODE_ADDR"] for r in result["ranks"]] == [head, worker]
-    assert [(r["NODE_RANK"], r["LOCAL_RANK"]) for r in result["ranks"]] == [("0", "0"), ("1", "0")]
-    assert {r["GLOO_SOCKET_IFNAME"] for r in result["ranks"]} == {"eth0"}
 
 
 def test_a_killed_supervisor_leaves_no_orphan(ray_cluster: RayCluster, tmp_path: Path) -> None:
