@@ -32,8 +32,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,26 +40,26 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
-    NODE_ADDR_ENV,
-    OWN_DEVICES_ENV,
     NodeInfo,
     Scheduler,
     WorkerGroupSpec,
     WorkerInfo,
     WorkerStatus,
-    expand_placeholders,
-    torch_distributed_env,
 )
 from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
-from areal_tasks.launch.process import MARKER_ENV, read_log_tail
+from areal_tasks.launch.process import read_log_tail
+from areal_tasks.launch.ray import messages
 from areal_tasks.launch.ray import preflight as ray_preflight
-from areal_tasks.launch.ray.supervisor import Supervisor, node_local_names
+from areal_tasks.launch.ray.cluster import job_placement_group, on_ray_node
+from areal_tasks.launch.ray.messages import LOG_TAIL_LINES
+from areal_tasks.launch.ray.plan import plan_worker
+from areal_tasks.launch.ray.supervisor import Supervisor
 from areal_tasks.launch.readiness import probe
 
 if TYPE_CHECKING:
@@ -71,30 +69,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RayScheduler", "on_ray_node"]
 
-LOG_TAIL_LINES = 40
 _POLL_S = 0.2
-_RAYLET_SOCKET = Path("session_latest") / "sockets" / "raylet"
 
 _RemoteSupervisor = ray.remote(Supervisor)
-
-
-def on_ray_node(temp_dir: str | None = None) -> bool:
-    """Whether this process may be a Ray driver: started by the Jobs API (``RAY_ADDRESS`` names a
-    GCS, not a dashboard URL) or on a machine with a live raylet. Never calls ``ray.init``."""
-    address = os.environ.get("RAY_ADDRESS", "")
-    if address and not address.startswith(("http://", "https://", "ray://")):
-        return True
-    root = Path(temp_dir or os.environ.get("RAY_TMPDIR") or "/tmp/ray")
-    sock_path = root / _RAYLET_SOCKET
-    if not sock_path.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(str(sock_path))
-        except OSError:  # a stale socket of a stopped Ray
-            return False
-    return True
 
 
 @dataclass
@@ -310,49 +287,9 @@ class RayScheduler(Scheduler):
     # -- placement -----------------------------------------------------------------------------
 
     def _make_placement_group(self) -> None:
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        cpus = self.cpus_per_node
-        if cpus is None:
-            cpus = min((n["Resources"].get("CPU", 0.0) for n in alive), default=0.0) or 1.0
-        bundle: dict[str, float] = {"CPU": float(cpus)}
-        if self.gpus_per_node > 0:
-            bundle["GPU"] = float(self.gpus_per_node)
-        strategy = "STRICT_SPREAD" if self.n_nodes > 1 else "PACK"
-        bundles = [dict(bundle) for _ in range(self.n_nodes)]
-        here = ray.util.get_node_ip_address()
-        mine = [n for n in alive if n.get("NodeManagerAddress") == here]
-        if mine and all(mine[0]["Resources"].get(k, 0.0) >= v for k, v in bundle.items()):
-            # node 0 is the controller's own node when it fits: rank 0 and the controller then share it
-            bundles[0][f"node:{here}"] = 0.001
-        pg = placement_group(bundles, strategy=strategy)
-        if not pg.wait(self.placement_timeout_s):
-            remove_placement_group(pg)
-            have = ", ".join(
-                f"{n.get('NodeManagerHostname')} ({n.get('NodeManagerAddress')}): "
-                f"CPU {n['Resources'].get('CPU', 0):g}, GPU {n['Resources'].get('GPU', 0):g}"
-                for n in alive
-            )
-            raise SchedulerError(
-                f"the Ray cluster could not place {self.n_nodes} node bundle(s) of {bundle} ({strategy}) within "
-                f"{self.placement_timeout_s:g}s; alive nodes: {have or 'none'}. Lower cluster.nodes, "
-                "cluster.cpus_per_node or cluster.gpus_per_node, add nodes, or raise cluster.ray.placement_timeout_s"
-            )
-        table = placement_group_table(pg)
-        by_id = {n["NodeID"]: n for n in ray.nodes()}
-        nodes = []
-        for index in range(self.n_nodes):
-            node = by_id[table["bundles_to_node_id"][index]]
-            nodes.append(
-                NodeInfo(
-                    index=index,
-                    name=str(node.get("NodeManagerHostname") or node["NodeManagerAddress"]),
-                    address=str(node["NodeManagerAddress"]),
-                    cpus=float(cpus),
-                    gpus=int(self.gpus_per_node),
-                )
-            )
-        self._pg, self._nodes = pg, nodes
-        logger.info("Ray placement group ready: %s", "; ".join(n.label for n in nodes))
+        self._pg, self._nodes = job_placement_group(
+            self.n_nodes, self.cpus_per_node, self.gpus_per_node, self.placement_timeout_s
+        )
 
     # -- launching -----------------------------------------------------------------------------
 
@@ -404,7 +341,8 @@ class RayScheduler(Scheduler):
             worker.info.ports = ports
         starts = []
         for worker in group.workers:
-            argv, env, cwd, target = self._plan(spec, worker.info, nodes, master_port)
+            plan = plan_worker(spec, worker.info, nodes, master_port, self.run_dir)
+            argv, env, cwd, target = plan.argv, plan.env, plan.cwd, plan.ready_target
             worker.ready_target = target
             ready_file = target if spec.readiness.kind == "file" else None
             starts.append(
@@ -423,35 +361,6 @@ class RayScheduler(Scheduler):
     def _held_ports(self, node: int) -> list[int]:
         with self._lock:
             return [p for g in self._groups.values() if not g.released for p in g.ports.get(node, [])]
-
-    def _plan(
-        self, spec: WorkerGroupSpec, info: WorkerInfo, nodes: list[NodeInfo], master_port: int | None
-    ) -> tuple[list[str], dict[str, str], str | None, str]:
-        values: dict[str, object] = {
-            "rank": info.rank,
-            "world_size": spec.replicas,
-            "host": info.host,
-            "node": info.node,
-            "run_dir": self.run_dir,
-            "group": spec.name,
-        }
-        values.update({f"port_{i}": port for i, port in enumerate(info.ports)})
-        if info.ports:
-            values["port"] = info.ports[0]
-        if master_port is not None:
-            values["master_port"] = master_port
-        argv = [expand_placeholders(part, values) for part in spec.command]
-        cwd = expand_placeholders(spec.cwd, values) if spec.cwd is not None else os.getcwd()
-        skip = {*node_local_names(), MARKER_ENV, NODE_ADDR_ENV, OWN_DEVICES_ENV}
-        env = {k: v for k, v in os.environ.items() if k not in skip and not k.startswith("RAY_")}
-        env.update({key: expand_placeholders(value, values) for key, value in spec.env.items()})
-        env[NODE_ADDR_ENV] = info.host
-        if master_port is not None:
-            env.update(torch_distributed_env(spec, info.rank, nodes[spec.node_of(0)].address, master_port))
-        target = expand_placeholders(spec.readiness.target, values)
-        if spec.readiness.kind == "file":
-            target = os.path.join(cwd, target)
-        return argv, env, cwd, target
 
     # -- remote calls --------------------------------------------------------------------------
 
@@ -492,7 +401,7 @@ class RayScheduler(Scheduler):
                     timeout=self.call_timeout_s if timeout is None else timeout,
                 )
             except ActorDiedError as exc:
-                return self._lost(worker, f"its supervisor actor died ({_first_line(exc)})")
+                return self._lost(worker, f"its supervisor actor died ({messages.first_line(exc)})")
             except (ActorUnavailableError, GetTimeoutError) as exc:
                 now = time.monotonic()
                 worker.unhealthy_since = worker.unhealthy_since or now
@@ -504,7 +413,7 @@ class RayScheduler(Scheduler):
                     )
                 return info.status
             except RayActorError as exc:
-                return self._lost(worker, f"its supervisor actor failed ({_first_line(exc)})")
+                return self._lost(worker, f"its supervisor actor failed ({messages.first_line(exc)})")
             worker.unhealthy_since = None
             if code is None:
                 return info.status
@@ -559,7 +468,9 @@ class RayScheduler(Scheduler):
             try:
                 code = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (RayActorError, GetTimeoutError) as exc:  # its reaper kills the tree once the actor is gone
-                logger.warning("stopping %s through its supervisor failed: %s", worker.info.name, _first_line(exc))
+                logger.warning(
+                    "stopping %s through its supervisor failed: %s", worker.info.name, messages.first_line(exc)
+                )
                 code = None
             except Exception as exc:  # noqa: BLE001 - reported below with the worker's name
                 problems.append(f"{worker.info.name}: {exc}")
@@ -584,44 +495,17 @@ class RayScheduler(Scheduler):
             return read_log_tail(worker.info.log_path, LOG_TAIL_LINES)
 
     def _failure_message(self, worker: _Worker, when: str) -> str:
-        info = worker.info
-        node = self._nodes[info.node] if info.node < len(self._nodes) else None
-        where = node.label if node is not None else f"node {info.node} ({info.host})"
-        what = worker.reason or _describe_exit(info.exit_code)
-        fix = (
-            "fix: the node left the Ray cluster (killed, out of memory, network): check it and `ray status`; a retry "
-            "resumes from the last checkpoint"
-            if worker.reason
-            else "fix: read the error in the log above; rerun the worker's command by hand to reproduce it"
-        )
-        return (
-            f"worker {info.name} (pid {info.pid} on {where}) {what} {when}.\n"
-            f"log: {info.log_path}\n"
-            f"--- last {LOG_TAIL_LINES} log lines ---\n{self._tail(worker)}\n--- end of log ---\n{fix}"
-        )
+        return messages.failure(worker.info, self._where(worker.info), worker.reason, self._tail(worker), when)
 
     def _timeout_message(
         self, spec: WorkerGroupSpec, pending: list[_Worker], last_probe: dict[int, str], timeout: float
     ) -> str:
-        lines = [f"{len(pending)} worker(s) of group {spec.name!r} not ready after {timeout:.1f}s:"]
-        for worker in pending:
-            detail = last_probe.get(worker.info.rank, "not probed yet")
-            lines.append(
-                f"  {worker.info.name} (pid {worker.info.pid} on {worker.info.host}): last probe: {detail}; "
-                f"log: {worker.info.log_path}"
-            )
-        first = pending[0]
-        lines += [
-            f"--- last {LOG_TAIL_LINES} log lines of {first.info.name} ---",
-            self._tail(first),
-            "--- end of log ---",
-        ]
-        lines.append(
-            f"fix: check that the worker serves its {spec.readiness.kind} readiness target "
-            f"({spec.readiness.target}), or raise the timeout (ready_timeout_s; this wait used {timeout:.1f}s) "
-            "if it is just slow"
-        )
-        return "\n".join(lines)
+        infos = [w.info for w in pending]
+        return messages.readiness_timeout(spec, infos, last_probe, timeout, self._tail(pending[0]))
+
+    def _where(self, info: WorkerInfo) -> str:
+        node = self._nodes[info.node] if info.node < len(self._nodes) else None
+        return node.label if node is not None else f"node {info.node} ({info.host})"
 
     def _group(self, name: str) -> _Group:
         with self._lock:
@@ -634,18 +518,3 @@ class RayScheduler(Scheduler):
 
 def _label(nodes: list[NodeInfo], worker: _Worker) -> str:
     return nodes[worker.info.node].label
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None or code >= 0:
-        return f"exited with exit code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    return f"was killed by {name} (exit code {code})"

@@ -30,9 +30,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Supervisor", "free_ports"]
 
-#: variables of the actor's own environment that never reach a worker from the controller's.
-_NODE_LOCAL = ("CUDA_VISIBLE_DEVICES", "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_")
-
 
 def free_ports(count: int, host: str, exclude: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """``count`` distinct ports free on ``host`` now, none of them in ``exclude``."""
@@ -128,8 +125,3 @@ class Supervisor:
         stop_processes([self._process], grace_s)
         kill_tree(None, self._process.marker)
         return self._process.poll()
-
-
-def node_local_names() -> tuple[str, ...]:
-    """Names of variables the scheduler does not copy from the controller's environment to a worker."""
-    return _NODE_LOCAL

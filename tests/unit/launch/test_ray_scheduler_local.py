@@ -45,3 +45,36 @@ def test_free_ports_skip_the_excluded_ones() -> None:
     assert len(set(again)) == 5 and not taken & set(again)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", again[0]))  # it was free
+
+
+def test_a_worker_plan_carries_the_controllers_env_minus_node_local_parts(tmp_path: Path) -> None:
+    from areal_tasks.api.scheduler import NodeInfo, ReadinessCheck, WorkerGroupSpec, WorkerInfo
+    from areal_tasks.launch.ray.plan import plan_worker
+
+    nodes = [NodeInfo(0, "n0", "10.0.0.10", 4, 0), NodeInfo(1, "n1", "10.0.0.11", 4, 0)]
+    spec = WorkerGroupSpec(
+        name="train",
+        command=["python", "w.py", "{host}:{port}", "{node}", "{rank}/{world_size}"],
+        env={"MY_PORT": "{port}"},
+        replicas=2,
+        torch_distributed=True,
+        placement=[0, 1],
+        readiness=ReadinessCheck.file("ready-{rank}"),
+    )
+    info = WorkerInfo(group="train", rank=1, host="10.0.0.11", ports=[7001], log_path="x", node=1)
+    controller = {
+        "PATH": "/usr/bin",
+        "AREAL_CONFIG_SECRETS": "s",
+        "RAY_ADDRESS": "10.0.0.10:6379",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "AREAL_PROCESS_MARKERS": "job-1",
+        "AREAL_NODE_ADDR": "10.0.0.10",
+    }
+    plan = plan_worker(spec, info, nodes, 6000, tmp_path, controller, "/srv/proj")
+    assert plan.argv == ["python", "w.py", "10.0.0.11:7001", "1", "1/2"]
+    assert plan.cwd == "/srv/proj" and plan.ready_target == "/srv/proj/ready-1"
+    env = plan.env
+    assert env["PATH"] == "/usr/bin" and env["AREAL_CONFIG_SECRETS"] == "s" and env["MY_PORT"] == "7001"
+    assert not {"RAY_ADDRESS", "CUDA_VISIBLE_DEVICES", "AREAL_PROCESS_MARKERS"} & set(env)
+    assert env["AREAL_NODE_ADDR"] == "10.0.0.11" and env["MASTER_ADDR"] == "10.0.0.10"
+    assert (env["MASTER_PORT"], env["RANK"], env["NODE_RANK"], env["LOCAL_RANK"]) == ("6000", "1", "1", "0")
