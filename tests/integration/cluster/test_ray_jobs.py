@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from areal_tasks.errors import SchedulerError
+from areal_tasks.launch.ray import preflight
 from areal_tasks.launch.ray.jobs import RayJobs
+from areal_tasks.launch.ray.rest import RayDashboard
 from tests.fixtures.ray_cluster import RayCluster
 
 DRIVER = str(Path(__file__).with_name("ray_driver.py"))
@@ -64,6 +66,16 @@ def test_submit_fail_retry_cancel_and_lookup(ray_cluster: RayCluster) -> None:
     done = _until_terminal(jobs, name)
     assert (third.attempt, done.state, done.exit_code) == (3, "succeeded", 0)
     assert RayJobs(ray_cluster.dashboard_url).status(name).attempt == 3  # a new client finds it by name
+
+
+def test_preflight_sees_the_two_nodes_from_the_host(ray_cluster: RayCluster) -> None:
+    board = RayDashboard(ray_cluster.dashboard_url, timeout_s=10)
+    report = preflight.check_resources(board, nodes=2, cpus_per_node=2)
+    assert report["fit"] == 2 and {n["address"] for n in report["nodes"]} == {
+        n.address for n in ray_cluster.netns.nodes
+    }
+    with pytest.raises(SchedulerError, match=r"has 2 alive node\(s\) .*asks for 3"):
+        preflight.check_resources(board, nodes=3)
 
 
 def test_a_submitted_job_drives_the_scheduler_gloo_across_two_nodes(ray_cluster: RayCluster, tmp_path: Path) -> None:

@@ -243,3 +243,19 @@ def test_preflight_counts_alive_nodes_and_names_what_is_short(fake: tuple[FakeRa
         preflight.check_resources(board, nodes=1, gpus_per_node=1)
     with pytest.raises(SchedulerError, match=r">= 8 CPU"):
         preflight.check_resources(board, nodes=1, cpus_per_node=8)
+
+
+def test_the_jobs_client_and_the_hook_import_neither_ray_nor_torch() -> None:
+    """Airflow workers, triggerers and login nodes use them without ray installed (and without torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import areal_tasks.launch.ray.jobs, areal_tasks.launch.ray.preflight\n"
+        "from operators.hooks.ray_cluster import RayClusterHook\n"
+        "RayClusterHook().get_conn()\n"
+        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stderr
