@@ -48,19 +48,27 @@ __all__ = [
 #: built scheduler kind -> its :class:`Scheduler` class (imported on first use).
 SCHEDULERS: Registry[type[Scheduler]] = Registry(
     "scheduler",
-    {"local": "areal_tasks.launch.local:LocalScheduler", "slurm": "areal_tasks.launch.slurm:SlurmScheduler"},
+    {
+        "local": "areal_tasks.launch.local:LocalScheduler",
+        "ray": "areal_tasks.launch.ray.scheduler:RayScheduler",
+        "slurm": "areal_tasks.launch.slurm:SlurmScheduler",
+    },
     error=SchedulerError,
 )
 
 #: built scheduler kind -> its detached-job backend (:class:`~areal_tasks.api.jobs.JobBackend`).
 JOB_BACKENDS: Registry[Any] = Registry(
     "job backend",
-    {"local": "areal_tasks.launch.jobs:LocalJobs", "slurm": "areal_tasks.launch.slurm.jobs:SlurmJobs"},
+    {
+        "local": "areal_tasks.launch.jobs:LocalJobs",
+        "ray": "areal_tasks.launch.ray.jobs:RayJobs",
+        "slurm": "areal_tasks.launch.slurm.jobs:SlurmJobs",
+    },
     error=SchedulerError,
 )
 
 #: kinds that ``cluster.scheduler`` accepts but that have no implementation yet.
-PLANNED_SCHEDULERS: tuple[str, ...] = ("ray",)
+PLANNED_SCHEDULERS: tuple[str, ...] = ()
 
 #: kinds the config grammar names that are launchers, not schedulers: kind -> how to use it.
 LAUNCHERS: dict[str, str] = {

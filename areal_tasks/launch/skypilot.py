@@ -42,8 +42,8 @@ __all__ = ["STORAGE_MOUNT", "check_skypilot_config", "render_task_yaml", "skypil
 
 #: where an object-store ``storage.url`` is mounted on every node.
 STORAGE_MOUNT = "/areal/storage"
-#: the project's extras installed on every node (``ray[default]`` gives the ``ray`` command).
-SETUP_EXTRAS = "train,serve,storage"
+#: the project's extras installed on every node (``cluster`` is the pinned ``ray[default]``: the ``ray`` command).
+SETUP_EXTRAS = "train,serve,storage,cluster"
 #: storage URL schemes SkyPilot can mount.
 MOUNTABLE_SCHEMES = ("s3://", "gs://")
 #: the variables a job reading S3 takes its credentials from.
@@ -147,7 +147,7 @@ def render_task_yaml(task: dict[str, Any]) -> str:
 def _setup(lines: list[str]) -> str:
     script = [
         "set -euo pipefail",
-        f"pip install -c constraints.txt -e '.[{SETUP_EXTRAS}]' 'ray[default]'",
+        f"pip install -c constraints.txt -e '.[{SETUP_EXTRAS}]'",
         *lines,
     ]
     return "\n".join(script) + "\n"

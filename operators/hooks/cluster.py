@@ -5,9 +5,10 @@ maps a kind to its hook class. Which kinds exist, and the refusal of those that 
 built and of launchers that are not schedulers (``skypilot``), come from the one scheduler registry,
 :mod:`areal_tasks.launch.registry`, which :func:`get_cluster_hook` asks first. ``local``
 (:class:`LocalClusterHook`, over :class:`areal_tasks.launch.jobs.LocalJobs`) runs the job detached on
-this machine; it outlives the Airflow task that submitted it. ``slurm``
-(:class:`~operators.hooks.slurm_cluster.SlurmClusterHook`, connection ``areal_slurm``) submits it as a
-SLURM batch job.
+this machine; it outlives the Airflow task that submitted it. ``ray``
+(:class:`~operators.hooks.ray_cluster.RayClusterHook`, connection ``areal_ray``) submits it to a Ray
+cluster's Jobs API; ``slurm`` (:class:`~operators.hooks.slurm_cluster.SlurmClusterHook`, connection
+``areal_slurm``) as a SLURM batch job.
 """
 
 from __future__ import annotations
@@ -189,4 +190,5 @@ def get_cluster_hook(scheduler: str, *, jobs_root: str | os.PathLike[str], conn_
 
 # The hooks of the other kinds live in modules of their own and add themselves to CLUSTER_HOOKS; a plain
 # import (not `from ... import`) also works when one of them is imported first and imports this module.
+import operators.hooks.ray_cluster  # noqa: E402, F401
 import operators.hooks.slurm_cluster  # noqa: E402, F401

@@ -1,5 +1,6 @@
 """Fixtures of the namespace-cluster tests: ``netns_cluster``, two namespace nodes for the package, and
-``slurm_cluster``, a real SLURM on two namespace nodes of its own.
+``slurm_cluster``, a real SLURM on two namespace nodes of its own;
+``ray_cluster``, a 2-node Ray cluster in them (tests/fixtures/ray_cluster.py).
 
 The tests need root (network namespaces, a bridge, mounts); without it, or where namespaces are
 refused (a container without CAP_SYS_ADMIN), they skip with the reason
@@ -10,11 +11,13 @@ suite's ordering (``tests/conftest.py``): the cluster is cheap and stopped at th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.fixtures.netns import NamespaceCluster
 from tests.fixtures.slurm_cluster import SlurmCluster
+from tests.fixtures.ray_cluster import RayCluster
 
 
 @pytest.fixture(scope="package")
@@ -49,3 +52,18 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
             cluster.stop()
     finally:
         nodes.stop()
+
+
+def ray_cluster(
+    netns_cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFactory, repo_root: Path
+) -> Iterator[RayCluster]:
+    """A 2-node Ray cluster (head on node 0, worker on node 1) for the package; skips without ray."""
+    reason = RayCluster.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = RayCluster(netns_cluster, repo_root, tmp_path_factory.mktemp("ray-logs"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

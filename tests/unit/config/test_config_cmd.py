@@ -90,16 +90,6 @@ def test_missing_action_is_a_usage_error(run) -> None:
     assert code == 2 and "usage:" in err
 
 
-@pytest.mark.parametrize("kind", ["ray"])
-def test_validate_refuses_a_scheduler_that_is_not_built(run, repo_root: Path, kind: str) -> None:
-    """The config grammar knows the planned schedulers; validation refuses them before anything starts."""
-    recipe = str(repo_root / "configs" / "demo_grpo.yaml")
-    code, out, err = run("config", "validate", recipe, f"cluster.scheduler={kind}")
-    assert code == 2 and out == ""
-    assert f"cluster.scheduler: scheduler '{kind}' (planned, not built yet) is not supported" in err
-    assert "supported schedulers: local" in err
-
-
 def test_validate_refuses_skypilot_as_a_scheduler_naming_the_launch_command(run, repo_root: Path) -> None:
     recipe = str(repo_root / "configs" / "demo_grpo.yaml")
     code, out, err = run("config", "validate", recipe, "cluster.scheduler=skypilot")

@@ -173,7 +173,7 @@ def test_param_choices_are_the_registries(parsed: dict[str, Any]) -> None:
         params = parsed["dags"][dag_id]["params"]
         assert params["algorithm"]["schema"]["enum"] == [None, *AlgorithmConfig.names()]
         assert params["scheduler"]["schema"]["enum"] == list(scheduler_kinds())
-        assert {"local", "slurm"} <= set(scheduler_kinds())
+        assert {"local", "ray", "slurm"} <= set(scheduler_kinds())
 
 
 def test_tasks_retry_with_backoff_time_out_and_report_failures(parsed: dict[str, Any]) -> None:

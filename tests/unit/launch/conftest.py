@@ -1,11 +1,15 @@
 """Fixtures for the scheduler tests: the worker program and schedulers that clean up after themselves.
 
 ``scheduler`` is parametrized by kind so that the contract tests run against every backend that can
-run on a single CPU machine (today: ``local``).
+run on a single CPU machine (today: ``local``). ``AREAL_TEST_SCHEDULER=ray`` runs them against a
+``RayScheduler`` instead (on ``address=auto``, ``AREAL_TEST_RAY_NODES`` nodes, default 2): the Ray
+integration tests do that inside a node of their namespace Ray cluster
+(``tests/integration/cluster/test_ray_scheduler.py``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,10 +32,27 @@ def worker_cmd() -> Callable[..., list[str]]:
     return build
 
 
-@pytest.fixture(params=["local"])
+#: the scheduler kind the contract runs against (``local`` unless the environment says otherwise).
+SCHEDULER_KIND = os.environ.get("AREAL_TEST_SCHEDULER", "local")
+
+
+def _make(kind: str, run_dir: Path) -> Scheduler:
+    if kind == "ray":
+        return make_scheduler(
+            "ray",
+            run_dir=run_dir,
+            nodes=int(os.environ.get("AREAL_TEST_RAY_NODES", "2")),
+            placement_timeout_s=30.0,
+            call_timeout_s=30.0,
+            handle_signals=False,
+        )
+    return make_scheduler(kind, run_dir=run_dir, devices=[], handle_signals=False)
+
+
+@pytest.fixture(params=[SCHEDULER_KIND])
 def scheduler(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scheduler]:
     """A scheduler of each testable kind, stopped (all groups) after the test."""
-    sched = make_scheduler(request.param, run_dir=tmp_path / "run", devices=[], handle_signals=False)
+    sched = _make(request.param, tmp_path / "run")
     try:
         yield sched
     finally:

@@ -86,7 +86,7 @@ def test_bad_allocation_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "match"),
-    [("ray", "planned"), ("skypilot", "a launcher, not a scheduler"), ("k8s", "unknown")],
+    [("skypilot", "a launcher, not a scheduler"), ("k8s", "unknown")],
 )
 def test_other_schedulers_are_refused_with_the_supported_list(kind: str, match: str) -> None:
     with pytest.raises(ArealAirflowError, match=rf"'{kind}' .*{match}.*supported schedulers: local"):
@@ -115,3 +115,62 @@ def test_local_hook_wraps_job_errors(tmp_path: Path) -> None:
 def test_a_connection_id_is_refused_by_a_hook_that_takes_none(tmp_path: Path) -> None:
     with pytest.raises(ArealAirflowError, match=r"takes no Airflow connection, but conn_id='x' was given"):
         get_cluster_hook("local", jobs_root=tmp_path, conn_id="x")
+
+
+def test_ray_hook_defaults_without_a_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``areal_ray`` connection: the dashboard from $RAY_API_SERVER_ADDRESS, else loopback; no token."""
+    import sys
+
+    from operators.hooks.ray_cluster import RayClusterHook
+
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    hook = get_cluster_hook("ray", jobs_root="/tmp/unused")
+    assert isinstance(hook, RayClusterHook) and hook.ray_conn_id == "areal_ray"
+    conn = hook.connection
+    assert (conn.url, conn.token, conn.python, conn.request_timeout_s) == (
+        "http://127.0.0.1:8265",
+        None,
+        sys.executable,
+        30.0,
+    )
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://head:8265")
+    assert RayClusterHook().get_conn().url == "http://head:8265"
+
+
+def test_ray_hook_reads_the_connection_and_masks_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from operators.hooks.ray_cluster import RayClusterHook
+
+    extra = {"python": "/opt/venv/bin/python", "workdir": "/srv/proj", "env": {"HF_HOME": "/data/hf"}}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MY_RAY",
+        json.dumps(
+            {"conn_type": "http", "host": "head", "port": 8266, "schema": "https", "password": "t0k", "extra": extra}
+        ),
+    )
+    masked: list[str] = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", masked.append)
+    hook = RayClusterHook(ray_conn_id="my_ray")
+    conn = hook.connection
+    assert (conn.url, conn.token, conn.python, conn.workdir) == (
+        "https://head:8266",
+        "t0k",
+        "/opt/venv/bin/python",
+        "/srv/proj",
+    )
+    assert conn.env == {"HF_HOME": "/data/hf"} and "t0k" in masked
+    jobs = hook.get_conn()
+    assert jobs.dashboard.token == "t0k" and jobs.workdir == "/srv/proj"
+
+
+def test_ray_hook_turns_scheduler_errors_into_airflow_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from operators.hooks.ray_cluster import RayClusterHook
+
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:9")
+    hook = RayClusterHook()
+    hook.get_conn().dashboard.timeout_s = 2
+    with pytest.raises(ArealAirflowError, match="cannot look up job j: .*unreachable"):
+        hook.get_job("j")
+    with pytest.raises(ArealAirflowError, match="allocation_mode 'fsdp:d2x' is not valid"):
+        hook.check_resources("fsdp:d2x")

@@ -207,8 +207,8 @@ def test_bad_config_fails_before_submitting_and_without_retries(op_factory, jobs
 
 
 def test_unknown_scheduler_names_the_supported_ones(op_factory) -> None:
-    with pytest.raises(ArealAirflowError, match=r"'ray' \(planned, not built yet\) .* supported schedulers: local"):
-        op_factory(scheduler="ray").execute(make_context())
+    with pytest.raises(ArealAirflowError, match=r"'k8s' \(unknown\) .* supported schedulers: local"):
+        op_factory(scheduler="k8s").execute(make_context())
 
 
 def test_templated_absent_run_id_means_none(op_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
