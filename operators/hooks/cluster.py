@@ -190,5 +190,5 @@ def get_cluster_hook(scheduler: str, *, jobs_root: str | os.PathLike[str], conn_
 
 # The hooks of the other kinds live in modules of their own and add themselves to CLUSTER_HOOKS; a plain
 # import (not `from ... import`) also works when one of them is imported first and imports this module.
-import operators.hooks.ray_cluster  # noqa: E402, F401
+import operators.hooks.ray_cluster  # noqa: E402
 import operators.hooks.slurm_cluster  # noqa: E402, F401

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.netns import NamespaceCluster
-from tests.fixtures.slurm_cluster import SlurmCluster
 from tests.fixtures.ray_cluster import RayCluster
+from tests.fixtures.slurm_cluster import SlurmCluster
 
 
 @pytest.fixture(scope="package")
