@@ -114,7 +114,7 @@ def test_file_probe(tmp_path: Path) -> None:
 def test_make_scheduler(tmp_path: Path) -> None:
     sched = make_scheduler("local", run_dir=tmp_path, devices=[], handle_signals=False)
     assert isinstance(sched, LocalScheduler)
-    with pytest.raises(SchedulerError, match=r"'ray' \(planned.*supported schedulers: local"):
-        make_scheduler("ray")
+    with pytest.raises(SchedulerError, match=r"'skypilot' is a launcher.*supported schedulers: local, ray, slurm"):
+        make_scheduler("skypilot")
     with pytest.raises(SchedulerError, match="supported schedulers: local"):
         make_scheduler("kubernetes")
