@@ -16,45 +16,19 @@ cores.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
+from tests.fixtures.dag_runner import DAG_ID, dag_env, run_dag_test
+
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[3]
-DAG_ID = "areal_rl_training"
 MODEL_NAME = "areal-e2e-policy"
 SFT_STEPS = 10
 RL_STEPS = 3
-
-# Runs in the child: migrate the database, parse dags/ as Airflow does, dag.test(), report states.
-DAG_TEST_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from airflow.utils.db import initdb
-    from airflow.dag_processing.dagbag import BundleDagBag
-
-    dags, conf, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-    initdb()
-    bag = BundleDagBag(dag_folder=dags, bundle_path=dags, bundle_name="dags-folder")
-    assert not bag.import_errors, bag.import_errors
-    dag_run = bag.get_dag("areal_rl_training").test(run_conf=conf)
-    states = {}
-    for ti in dag_run.get_task_instances():
-        key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
-        states[key] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
-    with open(out, "w") as handle:
-        json.dump({"state": str(dag_run.state), "run_id": dag_run.run_id, "tasks": states}, handle)
-    """
-)
 
 
 @pytest.fixture(scope="module")
@@ -63,23 +37,8 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("airflow", reason="Airflow is not installed: pip install -e '.[airflow]'")
     pytest.importorskip("mlflow", reason="MLflow is not installed: pip install -e '.[tracking]'")
     base = tmp_path_factory.mktemp("dag_e2e")
-    run_dir, home, result = base / "run", base / "airflow", base / "result.json"
+    run_dir = base / "run"
     tracking_uri = f"sqlite:///{base / 'mlflow.db'}"
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AREAL_PROJECT_DIR": str(ROOT),
-        "AREAL_RUNS_DIR": str(base / "runs"),
-        "AREAL_JOBS_ROOT": str(base / "jobs"),
-        "AREAL_DAG_RETRIES": "0",  # a failure shows at once, with its cause, instead of after backoffs
-        "AREAL_JOB_POLL_INTERVAL_S": "2",  # a finished job is noticed within 2 s, not 10
-        "MLFLOW_TRACKING_URI": tracking_uri,
-        "PYTHONPATH": str(ROOT),
-    }
-    env.pop("AIRFLOW_CONN_AREAL_MLFLOW", None)
     conf = {
         "config": "configs/demo_grpo.yaml",
         "run_dir": str(run_dir),
@@ -90,28 +49,13 @@ def dag_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # 2 prompts x 8 samples a step (and 16 demonstrations a SFT step): the pipeline, not learning
         "extra_overrides": ["train.batch_size=16"],
     }
-    home.mkdir()
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", DAG_TEST_SCRIPT, str(ROOT / "dags"), json.dumps(conf), str(result)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    wall = time.perf_counter() - started
-    (base / "dag_test.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    assert done.returncode == 0 and result.is_file(), (
-        f"dag.test() exited {done.returncode} after {wall:.0f} s; last output:\n{(done.stdout + done.stderr)[-6000:]}"
-    )
+    report = run_dag_test(base, conf, dag_env(base, tracking_uri))
+    wall = report["wall_s"]
     print(f"\n[dag_e2e] {DAG_ID} with dag.test(): {wall:.0f} s (log {base / 'dag_test.log'})")
-    report = json.loads(result.read_text(encoding="utf-8"))
     summary_path = run_dir / "summary.json"
     report.update(
         run_dir=run_dir,
         tracking_uri=tracking_uri,
-        log=done.stdout + done.stderr,
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else None,
     )
     return report

@@ -1,6 +1,6 @@
 """Fixtures of the namespace-cluster tests: ``netns_cluster``, two namespace nodes for the package, and
-``slurm_cluster``, a real SLURM on two namespace nodes of its own;
-``ray_cluster``, a 2-node Ray cluster in them (tests/fixtures/ray_cluster.py).
+``ray_cluster``, a 2-node Ray cluster in them (tests/fixtures/ray_cluster.py), and ``slurm_cluster``, a
+real SLURM on two namespace nodes of its own (tests/fixtures/slurm_cluster.py).
 
 The tests need root (network namespaces, a bridge, mounts); without it, or where namespaces are
 refused (a container without CAP_SYS_ADMIN), they skip with the reason
@@ -54,6 +54,7 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         nodes.stop()
 
 
+@pytest.fixture(scope="package")
 def ray_cluster(
     netns_cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFactory, repo_root: Path
 ) -> Iterator[RayCluster]:
