@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -67,10 +68,12 @@ def evaluate(
     """
     from areal_tasks.inference.client import RemoteInferenceEngine
     from areal_tasks.inference.launch import ServerFleet, build_server_command
+    from areal_tasks.inference.launch.commands import key_servers_off_loopback
     from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.rollout.rewards import RewardRunner
     from areal_tasks.rollout.side import workflow_of
 
+    cfg = key_servers_off_loopback(cfg, os.environ)  # servers on a cluster's nodes need an API key
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts
     if n_prompts is not None and n_prompts < 1:

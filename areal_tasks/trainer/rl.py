@@ -133,7 +133,9 @@ def rl_worker_spec(
 def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, Any]:
     """Run the whole job (see the module docstring); returns the summary also written to the run dir."""
     from areal_tasks.inference.launch import ServerFleet
+    from areal_tasks.inference.launch.commands import key_servers_off_loopback
 
+    cfg = key_servers_off_loopback(cfg, os.environ)  # servers on a cluster's nodes need an API key
     check_before_start(cfg)
     paths = RunPaths.of(cfg.experiment.run_dir)
     run_dir = paths.root

@@ -25,6 +25,7 @@ from operators.exceptions import ArealAirflowError
 
 if TYPE_CHECKING:
     from areal_tasks.api.jobs import JobStatus
+    from areal_tasks.config.cluster import ClusterConfig
     from areal_tasks.launch.jobs import LocalJobs
 
 __all__ = ["CLUSTER_HOOKS", "ClusterHook", "LocalClusterHook", "get_cluster_hook"]
@@ -66,6 +67,11 @@ class ClusterHook(BaseHook, abc.ABC):
     ) -> dict[str, Any]:
         """Check that the allocation fits on ``nodes`` nodes of the cluster; return a report, raise
         ArealAirflowError listing what is short."""
+
+    def size_jobs(self, cluster: ClusterConfig) -> None:
+        """Size the jobs submitted next by the job config's ``cluster`` section (nodes, GPUs, CPUs and
+        memory per node). Only hooks whose job asks the cluster for its size use it (a SLURM batch
+        job is as large as its ``--nodes``); the default does nothing."""
 
     def get_conn(self) -> Any:
         """The backend client (what the hook calls into)."""

@@ -67,6 +67,8 @@ class SlurmClusterHook(ClusterHook):
         self.conn_id = conn_id
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
+        self.cpus_per_node: int | None = None
+        self.memory_gb_per_node: float | None = None
         self._jobs_root = None if jobs_root is None else str(jobs_root)
         self._settings: dict[str, Any] | None = None
         self._jobs: SlurmJobs | None = None
@@ -120,7 +122,23 @@ class SlurmClusterHook(ClusterHook):
             setup=s["setup"],
             slurm_conf=s["slurm_conf"],
         )
-        return ClusterConfig(scheduler="slurm", nodes=self.nodes, gpus_per_node=self.gpus_per_node, slurm=slurm)
+        return ClusterConfig(
+            scheduler="slurm",
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            cpus_per_node=self.cpus_per_node,
+            memory_gb_per_node=self.memory_gb_per_node,
+            slurm=slurm,
+        )
+
+    def size_jobs(self, cluster: ClusterConfig) -> None:
+        """The batch jobs submitted next ask for ``cluster``'s nodes, GPUs, CPUs and memory per node
+        (the connection still gives partition, account, qos, python, workdir, setup, slurm.conf)."""
+        self.nodes = cluster.nodes
+        self.gpus_per_node = cluster.gpus_per_node
+        self.cpus_per_node = cluster.cpus_per_node
+        self.memory_gb_per_node = cluster.memory_gb_per_node
+        self._jobs = None  # rebuilt with the new shape
 
     def get_conn(self) -> SlurmJobs:
         if self._jobs is None:

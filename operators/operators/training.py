@@ -349,6 +349,7 @@ class AReaLTrainingOperator(BaseOperator):
         run_id = self._mlflow_run_id()
         env = {MLFLOW_RUN_ID_ENV: run_id} if run_id else {}
         env.update(_masked(secrets_env(cfg, secret)))
+        hook.size_jobs(cfg.cluster)  # e.g. a SLURM batch job asks for cluster.nodes nodes
         status = hook.submit_job(name, argv, env, cfg.experiment.run_dir, cwd=os.getcwd())
         self.log.info(
             "submitted job %s (attempt %d, %s), run dir %s, log %s",

@@ -27,14 +27,16 @@ Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from areal_tasks.api.run_dir import RunPaths
+from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV, RunPaths, ensure_server_admin_key
 from areal_tasks.errors import ConfigError
 from areal_tasks.weights.roots import WEIGHT_ROOTS_ENV
 
@@ -49,12 +51,31 @@ __all__ = [
     "ServerLayout",
     "build_server_command",
     "job_queue_bound",
+    "key_servers_off_loopback",
     "server_args",
     "server_layout",
 ]
 
 #: ``areal serve``'s own defaults, below which a job never sets its servers' limits.
 SERVER_DEFAULT_QUEUE, SERVER_DEFAULT_MAX_N = 256, 64
+
+
+def key_servers_off_loopback(cfg: JobConfig, environ: MutableMapping[str, str]) -> JobConfig:
+    """``cfg`` with an API key for servers that bind a node's address instead of loopback.
+
+    A cluster scheduler (any kind but ``local``) starts the servers on its nodes, reached at the
+    node's address, and ``areal serve`` refuses a non-loopback ``--host`` without an API key. When
+    ``rollout.server.api_key_env`` is unset there, the job's generated server key
+    (``AREAL_SERVER_ADMIN_KEY``, made in ``environ`` now when absent) becomes their API key too; the
+    servers, the train workers and their clients inherit it through the environment (never argv).
+    vLLM already takes the generated key as its API key (:meth:`InferenceServerConfig.key_envs`).
+    """
+    server = cfg.rollout.server
+    if cfg.cluster.scheduler == "local" or server.api_key_env is not None or cfg.rollout.backend == "vllm":
+        return cfg
+    ensure_server_admin_key(environ)
+    keyed = dataclasses.replace(server, api_key_env=SERVER_ADMIN_KEY_ENV)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, server=keyed))
 
 
 def job_queue_bound(max_concurrent_rollouts: int) -> int:

@@ -196,3 +196,34 @@ def test_fleet_from_config(tmp_path) -> None:
     assert spec.readiness.target == "http://{host}:{port}/health" and "sglang.launch_server" in spec.command
     cpu = ServerFleet.from_config(LocalScheduler(tmp_path, devices=[], handle_signals=False), JobConfig(), "/m")
     assert cpu._spec(0).devices_per_worker == 0 and cpu._spec(0).hide_devices
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "ray"])
+def test_servers_of_a_cluster_scheduler_get_the_job_key_as_their_api_key(scheduler: str) -> None:
+    """Found by ``areal train cluster.scheduler=slurm cluster.nodes=2``: the servers bind their node's
+    address and ``areal serve`` refused to start without an API key, so the job never ran."""
+    from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV
+    from areal_tasks.inference.launch.commands import key_servers_off_loopback
+
+    cfg = config("embedded:d1+fsdp:d2", "embedded")
+    cfg.cluster.scheduler = scheduler
+    environ: dict[str, str] = {}
+    keyed = key_servers_off_loopback(cfg, environ)
+    assert keyed.rollout.server.api_key_env == SERVER_ADMIN_KEY_ENV and environ[SERVER_ADMIN_KEY_ENV]
+    argv = build_server_command(keyed, "/m").argv
+    assert argv[argv.index("--api-key-env") + 1] == SERVER_ADMIN_KEY_ENV
+    assert environ[SERVER_ADMIN_KEY_ENV] not in argv
+    assert keyed.rollout.server.read_keys(environ)[0] == environ[SERVER_ADMIN_KEY_ENV]  # the clients send it
+    assert cfg.rollout.server.api_key_env is None  # the caller's config is left as it was
+
+
+def test_local_servers_and_a_configured_api_key_are_left_alone() -> None:
+    from areal_tasks.inference.launch.commands import key_servers_off_loopback
+
+    local = config("embedded:d1+fsdp:d2", "embedded")
+    environ: dict[str, str] = {}
+    assert key_servers_off_loopback(local, environ) is local and not environ
+    own = config("embedded:d1+fsdp:d2", "embedded")
+    own.cluster.scheduler = "slurm"
+    own.rollout.server.api_key_env = "MY_KEY"
+    assert key_servers_off_loopback(own, environ) is own and not environ

@@ -81,3 +81,37 @@ def test_scheduler_errors_become_airflow_errors(tmp_path: Path, monkeypatch: pyt
         hook.get_job("bad/name")
     with pytest.raises(ArealAirflowError, match="allocation_mode 'fsdp:d2x' is not valid"):
         hook.check_resources("fsdp:d2x")
+
+
+def test_the_training_operator_sizes_the_batch_job_by_the_job_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the DAG on SLURM with ``nodes=2``: the batch job asked for the hook's default of one
+    node, so the job's storage probe (and its second train rank) had no second node."""
+    from areal_tasks.api.jobs import JobStatus
+    from areal_tasks.launch.slurm.jobs import SlurmJobs
+    from operators.operators.training import AReaLTrainingOperator
+
+    monkeypatch.delenv(CONN_ENV, raising=False)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    shapes: list[tuple[int, int, int | None]] = []
+
+    def submit(self: SlurmJobs, name: str, argv: list[str], env=None, run_dir=None, *, cwd=None) -> JobStatus:
+        shapes.append((self.cluster.nodes, self.cluster.gpus_per_node, self.cluster.cpus_per_node))
+        return JobStatus(name, "running", "submitted", attempt=1, backend="slurm")
+
+    monkeypatch.setattr(SlurmJobs, "submit", submit)
+    hook = SlurmClusterHook(jobs_root=tmp_path / "jobs")
+    operator = AReaLTrainingOperator(
+        task_id="train",
+        config="configs/demo_grpo.yaml",
+        overrides=["cluster.scheduler=slurm", "cluster.nodes=2", "cluster.cpus_per_node=2"],
+        jobs_root=str(tmp_path / "jobs"),
+        run_dir=str(tmp_path / "run"),
+        scheduler="slurm",
+    )
+    operator._submit(hook, "areal-job", recover=False)
+    assert shapes == [(2, 0, 2)]
+    assert hook.cluster_config().nodes == 2 and hook.cluster_config().slurm.slurm_conf == str(conf)
