@@ -37,7 +37,6 @@ __all__ = [
     "RL_SUMMARY",
     "ROLLOUT_EPISODES",
     "SERVER_ADMIN_KEY_ENV",
-    "SERVER_API_KEY_ENV",
     "SFT_CONFIG",
     "SFT_METRICS",
     "SFT_MODEL_DIR",
@@ -81,10 +80,6 @@ INFERENCE_ADDRESSES_ENV = "AREAL_INFERENCE_ADDRESSES"
 #: which has no admin key), used where ``rollout.server.admin_api_key_env`` (vLLM: ``api_key_env``)
 #: names no variable. The servers, the train workers and the client read it from the environment.
 SERVER_ADMIN_KEY_ENV = "AREAL_SERVER_ADMIN_KEY"
-#: the API key of a job's servers that listen on a node address (a cluster scheduler), where
-#: ``rollout.server.api_key_env`` names no variable: ``areal serve`` refuses a non-loopback host
-#: without one. The fleet sets it (to the generated key); the clients in the job send it.
-SERVER_API_KEY_ENV = "AREAL_SERVER_API_KEY"
 
 
 def ensure_server_admin_key(environ: MutableMapping[str, str]) -> None:

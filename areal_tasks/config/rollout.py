@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV, SERVER_API_KEY_ENV
+from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV
 from areal_tasks.config.sections import DType
 from areal_tasks.errors import ConfigError
 
@@ -74,16 +74,13 @@ class InferenceServerConfig:
     #: run's ``weights/`` (a disk update elsewhere is refused).
     weight_roots: list[str] = field(default_factory=list)
 
-    def key_envs(self, backend: str, networked: bool = False) -> tuple[str | None, str | None]:
+    def key_envs(self, backend: str) -> tuple[str | None, str | None]:
         """``(API key variable, admin key variable)`` of ``backend``'s servers: the configured
         names, with the job's generated key (``AREAL_SERVER_ADMIN_KEY``) as the admin key (vLLM:
-        as the API key, when ``api_key_env`` is unset), so a job's servers are never open.
-        ``networked`` (servers on a node address, not loopback): without ``api_key_env`` the API
-        key is ``AREAL_SERVER_API_KEY`` (the fleet sets it to the generated key)."""
+        as the API key, when ``api_key_env`` is unset), so a job's servers are never open."""
         if backend == "vllm":
             return self.api_key_env or SERVER_ADMIN_KEY_ENV, self.admin_api_key_env
-        api = self.api_key_env or (SERVER_API_KEY_ENV if networked else None)
-        return api, self.admin_api_key_env or SERVER_ADMIN_KEY_ENV
+        return self.api_key_env, self.admin_api_key_env or SERVER_ADMIN_KEY_ENV
 
     def read_keys(self, environ: Mapping[str, str], backend: str = "embedded") -> tuple[str | None, str | None]:
         """``(api_key, admin_api_key)`` of ``backend``'s servers read from ``environ`` (e.g.
@@ -94,13 +91,12 @@ class InferenceServerConfig:
         called while a config is loaded: loading stays pure.
         """
         keys: list[str | None] = []
-        networked = bool(environ.get(SERVER_API_KEY_ENV))  # set by a fleet whose servers are off loopback
-        for field_name, name in zip(("api_key_env", "admin_api_key_env"), self.key_envs(backend, networked)):
+        for field_name, name in zip(("api_key_env", "admin_api_key_env"), self.key_envs(backend)):
             if name is None:
                 keys.append(None)
                 continue
             value = environ.get(name, "")
-            if name in (SERVER_ADMIN_KEY_ENV, SERVER_API_KEY_ENV) and name != getattr(self, field_name):
+            if name == SERVER_ADMIN_KEY_ENV and name != getattr(self, field_name):
                 keys.append(value or None)
                 continue
             if not value:

@@ -30,14 +30,14 @@ from operators.exceptions import ArealAirflowError, ArealConfigError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["EvaluateCheckpointOperator", "here", "split_checkpoint_url"]
+__all__ = ["EvaluateCheckpointOperator", "on_this_machine", "split_checkpoint_url"]
 
 EXPORTS_DIR = "hf_exports"
 #: sample completions kept in the XCom.
 XCOM_SAMPLES = 2
 
 
-def here(cfg: Any) -> Any:
+def on_this_machine(cfg: Any) -> Any:
     """``cfg`` for an evaluation in this process: its one server runs here (the local scheduler, one
     node), whatever scheduler the training job ran on: a Ray or SLURM scheduler refuses to run
     outside its cluster, and the Airflow worker is not in it."""
@@ -109,7 +109,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         model_dir = self._export(cfg, url, step, layout)
         n_prompts = self._n_prompts(cfg)
         self.log.info("evaluating %s (%s) on %s eval prompts", url, model_dir, n_prompts or "all")
-        result = evaluate(here(cfg), str(model_dir), n_prompts, name=f"eval_step_{step}")
+        result = evaluate(on_this_machine(cfg), str(model_dir), n_prompts, name=f"eval_step_{step}")
         metrics = {
             "eval/reward": result["mean_reward"],
             "eval/accuracy": result["accuracy"],

@@ -160,8 +160,7 @@ def server_args(
     holding the weights of policy version ``weight_version``."""
     server = cfg.rollout.server
     dtype = server.dtype if server.dtype != "auto" else cfg.model.dtype
-    # a cluster scheduler's servers listen on their node's address: they need an API key
-    api_key_env, admin_api_key_env = server.key_envs(cfg.rollout.backend, networked=cfg.cluster.scheduler != "local")
+    api_key_env, admin_api_key_env = server.key_envs(cfg.rollout.backend)
     roots = [RunPaths.of(cfg.experiment.run_dir).weights, *server.weight_roots]
     return ServerArgs(
         backend=cfg.rollout.backend,

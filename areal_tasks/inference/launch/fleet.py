@@ -16,7 +16,7 @@ import os
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from areal_tasks.api.run_dir import SERVER_ADMIN_KEY_ENV, SERVER_API_KEY_ENV, ensure_server_admin_key
+from areal_tasks.api.run_dir import ensure_server_admin_key
 from areal_tasks.api.scheduler import ReadinessCheck, Scheduler, WorkerGroupSpec, WorkerStatus
 from areal_tasks.errors import InferenceServerFailedError, SchedulerError, WorkerFailedError
 from areal_tasks.inference.launch.commands import ServerCommand, build_server_command, server_layout
@@ -128,8 +128,6 @@ class ServerFleet:
         server key (``AREAL_SERVER_ADMIN_KEY``) is made first when this process has none: the
         servers, and the workers and clients started after them, read it from the environment."""
         ensure_server_admin_key(os.environ)
-        # the API key of servers off loopback (rollout.server.key_envs): the same generated key
-        os.environ.setdefault(SERVER_API_KEY_ENV, os.environ[SERVER_ADMIN_KEY_ENV])
         for i in range(self.n_servers):
             self._launch(i)
         for i in range(self.n_servers):

@@ -37,19 +37,3 @@ def test_check_before_start_names_an_unset_key_variable(monkeypatch: pytest.Monk
         check_before_start(cfg)
     monkeypatch.setenv("AREAL_TEST_UNSET_KEY", "k")
     check_before_start(cfg)
-
-
-def test_servers_of_a_cluster_scheduler_get_the_jobs_key_as_their_api_key() -> None:
-    """A cluster scheduler's servers listen on a node address, which ``areal serve`` refuses without an
-    API key: the generated key (``AREAL_SERVER_API_KEY``, set by the fleet) is their API key, and the
-    job's clients send it; a local job's servers stay as they were."""
-    from areal_tasks.inference.launch.commands import server_args
-
-    cfg = load_config("configs/demo_grpo.yaml", ["cluster.scheduler=ray", "cluster.nodes=2"])
-    assert server_args(cfg, "/m").api_key_env == "AREAL_SERVER_API_KEY"
-    assert server_args(load_config("configs/demo_grpo.yaml"), "/m").api_key_env is None
-    server = cfg.rollout.server
-    assert server.read_keys({"AREAL_SERVER_ADMIN_KEY": "k", "AREAL_SERVER_API_KEY": "k"}) == ("k", "k")
-    assert server.read_keys({"AREAL_SERVER_ADMIN_KEY": "k"}) == (None, "k")
-    server.api_key_env = "MINE"
-    assert server.read_keys({"MINE": "m", "AREAL_SERVER_API_KEY": "k"})[0] == "m"

@@ -228,10 +228,10 @@ def test_a_checkpoint_of_a_cluster_job_is_evaluated_on_the_local_scheduler() -> 
     """The evaluation's one server runs in the Airflow worker, which is no node of the job's Ray or
     SLURM cluster (their schedulers refuse to start there)."""
     from areal_tasks.config import load_config
-    from operators.operators.evaluation import here
+    from operators.operators.evaluation import on_this_machine
 
     cfg = load_config("configs/demo_grpo.yaml", ["cluster.scheduler=ray", "cluster.nodes=2"])
-    local = here(cfg)
+    local = on_this_machine(cfg)
     assert (local.cluster.scheduler, local.cluster.nodes) == ("local", 1)
     assert (cfg.cluster.scheduler, cfg.cluster.nodes) == ("ray", 2)  # the job's config is left as it was
     assert local.experiment == cfg.experiment and local.rollout == cfg.rollout
