@@ -54,8 +54,15 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         nodes.stop()
 
 
+@pytest.fixture
+def ray_cluster(ray_cluster_package: RayCluster) -> RayCluster:
+    """The package's Ray cluster, with both nodes up (a test that killed node 1 may have left it down)."""
+    ray_cluster_package.ensure_healthy()
+    return ray_cluster_package
+
+
 @pytest.fixture(scope="package")
-def ray_cluster(
+def ray_cluster_package(
     netns_cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFactory, repo_root: Path
 ) -> Iterator[RayCluster]:
     """A 2-node Ray cluster (head on node 0, worker on node 1) for the package; skips without ray."""
@@ -68,3 +75,17 @@ def ray_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Within this package, the tests that kill a node run last (those that run a whole job or DAG
+    last of all), so that every other test finds both nodes of its cluster as they started."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(str(item.path)).parents]
+
+    def rank(item: pytest.Item) -> int:
+        return 0 if "kills_nodes" not in item.keywords else (2 if "airflow" in item.keywords else 1)
+
+    ordered = sorted((items[i] for i in slots), key=rank)
+    for slot, item in zip(slots, ordered):
+        items[slot] = item

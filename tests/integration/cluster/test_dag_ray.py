@@ -49,6 +49,7 @@ def _ray_jobs_of(dashboard_url: str, run_dir: Path) -> list[dict[str, Any]]:
     return sorted(mine, key=lambda j: int(j["metadata"]["attempt"]))
 
 
+@pytest.mark.kills_nodes
 def test_dag_on_ray_survives_a_killed_worker_node(ray_cluster: RayCluster, warm_start: str, tmp_path: Path) -> None:
     pytest.importorskip("airflow", reason="Airflow is not installed: pip install -e '.[airflow]'")
     pytest.importorskip("mlflow", reason="MLflow is not installed: pip install -e '.[tracking]'")

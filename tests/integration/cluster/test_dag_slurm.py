@@ -72,6 +72,7 @@ def _train_tries(airflow_db: Path) -> list[tuple[int, str]]:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.kills_nodes
 def test_dag_on_slurm_survives_a_lost_worker_node(slurm_cluster: SlurmCluster, warm_start: str, tmp_path: Path) -> None:
     pytest.importorskip("airflow", reason="Airflow is not installed: pip install -e '.[airflow]'")
     pytest.importorskip("mlflow", reason="MLflow is not installed: pip install -e '.[tracking]'")

@@ -51,6 +51,7 @@ def test_a_killed_supervisor_leaves_no_orphan(ray_cluster: RayCluster, tmp_path:
     assert json.loads(out.read_text()) == {"before": True, "after": False}
 
 
+@pytest.mark.kills_nodes
 def test_a_lost_node_fails_its_worker_naming_the_node(ray_cluster: RayCluster, tmp_path: Path) -> None:
     """Kills node 1, then brings it (and its Ray worker) back; last in this module all the same."""
     ready, out = tmp_path / "ready", tmp_path / "lost.json"

@@ -45,6 +45,7 @@ def test_an_own_allocation_is_taken_and_cancelled(slurm_cluster: SlurmCluster, t
     assert state in ("CANCELLED", "COMPLETED", "COMPLETING"), state
 
 
+@pytest.mark.kills_nodes
 def test_a_lost_node_fails_its_worker_naming_the_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """Kills node 1 (its slurmd and the worker's task), then restarts both."""
     sched = _scheduler(slurm_cluster, tmp_path / "run")
