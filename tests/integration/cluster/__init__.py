@@ -1,0 +1,1 @@
+"""The namespace-cluster tests: a package, so that its package-scoped clusters stop when its last test ends."""
