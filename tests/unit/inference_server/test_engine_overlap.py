@@ -160,7 +160,11 @@ def test_a_control_call_sees_every_sampled_token(overlap_engine) -> None:
     """A pause reads the step in flight first: the aborted output is whole, with nothing unread."""
     req = make_request(PROMPTS[1], temperature=0.0, max_new_tokens=400, ignore_eos=True)
     overlap_engine.submit(req.seqs)
-    time.sleep(0.2)
+    (running,) = req.seqs
+    deadline = time.monotonic() + 30
+    while len(running.output_ids) < 2:  # decoding has begun (a fixed sleep let a fast machine finish all 400)
+        assert time.monotonic() < deadline, "the engine produced no tokens"
+        time.sleep(0.005)
     aborted = overlap_engine.call(lambda: overlap_engine.pause("abort")).result(timeout=30)
     (seq,) = req.wait()
     overlap_engine.call(overlap_engine.resume).result(timeout=30)
