@@ -70,7 +70,7 @@ def _engine(url: str, **config: float) -> RemoteInferenceEngine:
 
 def test_a_timed_out_request_stops_on_the_server(server_url_with_env_key: str) -> None:
     async def scenario() -> None:
-        async with _engine(server_url_with_env_key, request_timeout_s=1.0, max_retries=0) as engine:
+        async with _engine(server_url_with_env_key, request_timeout_s=0.5, max_retries=0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
             await _until(
                 lambda: _gauge(server_url_with_env_key, "sglang:num_running_reqs") >= 1, 30.0, "the request running"
