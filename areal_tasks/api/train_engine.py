@@ -33,7 +33,8 @@ counts those units. The engine backpropagates ``loss * weight / total_weight`` w
 micro-batches and dp=1 vs dp=2 give the same gradients.
 
 Data-parallel contract: ``batch`` is the share of this rank's data-parallel group; ranks that differ
-only in their tensor- or sequence-parallel coordinate must pass the same batch.
+only in their tensor-, sequence- or pipeline-parallel coordinate must pass the same batch, and get
+the same outputs and stats back (a pipeline engine hands the last stage's results to every stage).
 
 This module is torch-free at import (torch types only under ``TYPE_CHECKING``).
 """
@@ -98,11 +99,16 @@ class ParallelInfo:
     tp_rank: int = 0
     sp_size: int = 1
     sp_rank: int = 0
+    pp_size: int = 1
+    pp_rank: int = 0
+    ep_size: int = 1
+    ep_rank: int = 0
 
     @property
     def is_dp_head(self) -> bool:
-        """Whether this rank is the first of its data-parallel group (tp_rank == sp_rank == 0)."""
-        return self.tp_rank == 0 and self.sp_rank == 0
+        """Whether this rank speaks for its data-parallel share: the first of the ranks that hold the
+        same share (tp_rank == sp_rank == pp_rank == 0). Expert parallelism splits no batch."""
+        return self.tp_rank == 0 and self.sp_rank == 0 and self.pp_rank == 0
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from areal_tasks.config.algorithm import AlgorithmConfig
 from areal_tasks.config.cluster import ClusterConfig, RayConfig, SkyPilotConfig, SlurmConfig
-from areal_tasks.config.engine import EngineConfig, LoRAConfig, LRScheduleConfig, OptimizerConfig
+from areal_tasks.config.engine import ArchonConfig, EngineConfig, LoRAConfig, LRScheduleConfig, OptimizerConfig
 from areal_tasks.config.job import JobConfig
 from areal_tasks.config.loader import load_config, resolve_paths
 from areal_tasks.config.micro_batch import MicroBatchSpec
@@ -36,6 +36,7 @@ from areal_tasks.config.serialize import config_hash, config_to_dict, dump_confi
 from areal_tasks.config.validate import validate_config
 
 __all__ = [
+    "ArchonConfig",
     "AlgorithmConfig",
     "ClusterConfig",
     "DatasetConfig",

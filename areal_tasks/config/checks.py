@@ -140,6 +140,11 @@ def check_engine(p: Problems, role: str, engine: EngineConfig, *, trains: bool) 
     p.number(f"{role}.ppo_n_minibatches", engine.ppo_n_minibatches, low=1, cap=MAX_SAMPLES)
     if engine.compile_blocks_per_graph != "auto":
         p.number(f"{role}.compile_blocks_per_graph", engine.compile_blocks_per_graph, low=1)
+    archon = engine.archon
+    if archon.pp_stages_per_rank != "auto":
+        p.number(f"{role}.archon.pp_stages_per_rank", archon.pp_stages_per_rank, low=1, cap=64)
+    if archon.moe_aux_loss_coef != "auto":
+        p.number(f"{role}.archon.moe_aux_loss_coef", archon.moe_aux_loss_coef, low=0)
     if engine.value_head and role != "critic":
         p.add(f"{role}.value_head", f"only the critic has a value head; set {role}.value_head=false")
     if role == "critic" and not engine.value_head:

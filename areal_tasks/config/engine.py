@@ -67,6 +67,32 @@ class LoRAConfig:
 
 
 @dataclass
+class ArchonConfig:
+    """What only the ``archon`` backend reads: the pipeline schedule and stage split, and the MoE
+    expert kernel and auxiliary loss. The layout itself (d, t, p, c, e) comes from the allocation."""
+
+    #: pipeline schedule (with ``p`` > 1): ``1f1b``; ``interleaved_1f1b`` (several stages a rank,
+    #: smaller bubble); ``gpipe`` (all forwards, then all backwards); ``zbv`` (zero-bubble, V-shaped:
+    #: two stages a rank); ``interleaved_zb`` (zero-bubble, interleaved). Micro-batches are at least
+    #: the number of stages (the batch is split further when it would be fewer).
+    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe", "zbv", "interleaved_zb"] = "1f1b"
+    #: pipeline stages per rank: 1 for ``1f1b``/``gpipe``, 2 for ``zbv``, at least 2 for the
+    #: interleaved schedules; ``auto`` = what the schedule needs (2 for the interleaved ones).
+    pp_stages_per_rank: int | Literal["auto"] = "auto"
+    #: how layers are split into stages: balanced by ``params`` (the embedding and the LM head count
+    #: on the first and last stage), by ``flops`` per token (MoE layers count their active experts),
+    #: or by ``layers`` (equal counts).
+    pp_balance: Literal["params", "flops", "layers"] = "params"
+    #: the experts' matmuls: ``grouped_mm`` (one grouped GEMM a projection; CUDA, bf16), ``loop``
+    #: (one matmul an expert; any device), ``auto`` = ``grouped_mm`` where it runs, else ``loop``.
+    moe_kernel: Literal["auto", "grouped_mm", "loop"] = "auto"
+    #: weight of the MoE load-balancing loss added to the training loss (HF's
+    #: ``load_balancing_loss_func``); ``auto`` = the model config's ``router_aux_loss_coef`` when its
+    #: ``output_router_logits`` is true, else 0 (as HF trains). Dense models ignore it.
+    moe_aux_loss_coef: float | Literal["auto"] = "auto"
+
+
+@dataclass
 class EngineConfig:
     """One train engine (``actor``, ``ref`` or ``critic``)."""
 
@@ -132,3 +158,5 @@ class EngineConfig:
     ppo_n_minibatches: int = 1
     #: add a scalar value head (critic engines).
     value_head: bool = False
+    #: settings of the ``archon`` backend (ignored by ``fsdp``).
+    archon: ArchonConfig = field(default_factory=ArchonConfig)

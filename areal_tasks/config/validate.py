@@ -133,7 +133,14 @@ def _check_engine_backends(p: Problems, cfg: JobConfig) -> None:
 def _check_training_layout(p: Problems, cfg: JobConfig, alloc: Any) -> None:
     """The allocation's training components name built backends with dims they run, and every one
     runs on the actor's ranks (the trainer builds all engines there, SPMD)."""
-    from areal_tasks.engine.registry import built_backends, describe_dims, supported_dims, unsupported_dims
+    from areal_tasks.engine.registry import (
+        built_backends,
+        describe_dims,
+        engine_dims,
+        flat_dims,
+        supported_dims,
+        unsupported_dims,
+    )
 
     built = built_backends()
     actor = alloc.actor()
@@ -152,6 +159,11 @@ def _check_training_layout(p: Problems, cfg: JobConfig, alloc: Any) -> None:
                 f"training backend {comp.backend!r} does not run {', '.join(bad)} (component {comp.to_spec()!r}); "
                 f"it runs {describe_dims(supported_dims(comp.backend))}",
             )
+        else:
+            try:  # a hybrid form that does not fold into one layout, e that does not divide d*c
+                engine_dims(comp.backend, flat_dims(comp))
+            except ConfigError as exc:
+                p.add("allocation", str(exc))
         if comp is not actor and comp.name in ("ref", "critic") and comp.dims.world_size != actor.dims.world_size:
             p.add(
                 "allocation",

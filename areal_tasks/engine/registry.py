@@ -1,9 +1,9 @@
 """Training backends by name: ``actor.backend`` (and ``ref``/``critic``) -> the engine class, and the
 parallel dims each one runs.
 
-Only ``fsdp`` is built. The allocation grammar knows ``megatron`` and ``archon`` too; validation
-(``config/validate.py``) refuses every backend and every dim that is not registered here, before
-anything starts, naming what is. Entries are ``"module:Class"`` strings imported on first use, so
+Built: ``fsdp`` (d, t, c) and ``archon`` (d, t, p, c, e). The allocation grammar knows ``megatron``
+too; validation (``config/validate.py``) refuses every backend and every dim that is not registered
+here, before anything starts, naming what is. Entries are ``"module:Class"`` strings imported on first use, so
 this module (and validation) imports no torch.
 
 An engine class is called as ``cls(config, model_path, *, parallel, total_steps, trainable,
@@ -26,6 +26,7 @@ from areal_tasks.registry import Registry
 
 if TYPE_CHECKING:
     from areal_tasks.api.train_engine import TrainEngine
+    from areal_tasks.config.allocation.model import Component
     from areal_tasks.config.allocation.model import ParallelDims as AllocationDims
     from areal_tasks.config.engine import EngineConfig
     from areal_tasks.engine.parallel.mesh import ParallelDims
@@ -38,6 +39,8 @@ __all__ = [
     "build_engine",
     "built_backends",
     "engine_dims",
+    "flat_dims",
+    "hybrid_backends",
     "register_engine",
     "supported_dims",
     "unregister_engine",
@@ -50,11 +53,16 @@ ROLES: tuple[str, ...] = ("actor", "ref", "critic")
 
 #: the training backends that are built: name -> engine class.
 ENGINES: Registry[type[TrainEngine]] = Registry(
-    "training backend", {"fsdp": "areal_tasks.engine.fsdp.engine:FSDPEngine"}, error=ConfigError
+    "training backend",
+    {"fsdp": "areal_tasks.engine.fsdp.engine:FSDPEngine", "archon": "areal_tasks.engine.archon.engine:ArchonEngine"},
+    error=ConfigError,
 )
 
 #: the allocation dims (``d``, ``t``, ``p``, ``c``, ``e``) each built backend runs, in that order.
-_DIMS: dict[str, str] = {"fsdp": "dtc"}
+_DIMS: dict[str, str] = {"fsdp": "dtc", "archon": "dtpce"}
+
+#: built backends that take the MoE hybrid form ``backend:(attn:...|ffn:...)`` (:func:`flat_dims`).
+_HYBRID: set[str] = {"archon"}
 
 _DIM_WORDS = {"d": "data", "t": "tensor", "p": "pipeline", "c": "context (Ulysses sp)", "e": "expert"}
 
@@ -62,6 +70,33 @@ _DIM_WORDS = {"d": "data", "t": "tensor", "p": "pipeline", "c": "context (Ulysse
 def built_backends() -> tuple[str, ...]:
     """The names of the built training backends, sorted."""
     return ENGINES.names()
+
+
+def hybrid_backends() -> tuple[str, ...]:
+    """The built backends that take the MoE hybrid form, sorted."""
+    return tuple(sorted(_HYBRID))
+
+
+def flat_dims(component: Component) -> AllocationDims:
+    """An allocation component's dims as one layout: its plain dims, or a hybrid form
+    ``archon:(attn:dAtTpPcC|ffn:dDtTpPeE)`` folded into ``dAtTpPcCeE``. Experts are split over the
+    data- and context-parallel ranks of attention, so the two halves must agree on t and p
+    (ConfigError naming them otherwise)."""
+    from areal_tasks.config.allocation.model import ParallelDims as Dims
+
+    hybrid = component.hybrid
+    if hybrid is None:
+        return component.dims
+    attn, ffn = hybrid.attn, hybrid.ffn
+    # the grammar already made both halves span the same ranks (d*t*p*c == d*t*p*e), so equal t
+    # and p leave the ffn's d*e equal to the attention's d*c
+    if attn.t != ffn.t or attn.p != ffn.p:
+        raise ConfigError(
+            f"hybrid layout {component.to_spec()!r}: t and p must be equal in both halves "
+            f"(attn t{attn.t}p{attn.p}, ffn t{ffn.t}p{ffn.p}): archon splits experts over the attention's "
+            "data- and context-parallel ranks"
+        )
+    return Dims(d=attn.d, t=attn.t, p=attn.p, c=attn.c, e=ffn.e)
 
 
 def supported_dims(backend: str) -> str:
@@ -95,18 +130,24 @@ def unregister_engine(name: str) -> None:
     """Remove a backend (tests register temporary ones)."""
     ENGINES.unregister(name)
     _DIMS.pop(name, None)
+    _HYBRID.discard(name)
 
 
 def engine_dims(backend: str, dims: AllocationDims) -> ParallelDims:
     """The engine's rank layout for an allocation component's dims: ``d`` -> dp, ``t`` -> tp,
-    ``c`` -> Ulysses sp. Refuses (ConfigError) a dim the backend does not run."""
+    ``c`` -> Ulysses sp, ``p`` -> pp, ``e`` -> ep. Refuses (ConfigError) a dim the backend does not run."""
     from areal_tasks.engine.parallel.mesh import ParallelDims
 
     bad = unsupported_dims(backend, dims)
     if bad:
         runs = describe_dims(supported_dims(backend))
         raise ConfigError(f"training backend {backend!r} does not run {', '.join(bad)}; it runs {runs}")
-    return ParallelDims(dp=dims.d, sp=dims.c, tp=dims.t)
+    from areal_tasks.errors import EngineError
+
+    try:
+        return ParallelDims(dp=dims.d, sp=dims.c, tp=dims.t, pp=dims.p, ep=dims.e)
+    except EngineError as exc:
+        raise ConfigError(f"allocation {dims.to_spec()!r}: {exc}") from exc
 
 
 def build_engine(

@@ -32,15 +32,15 @@ def logprob_temperature(cfg: JobConfig) -> float:
 def actor_layout(cfg: JobConfig) -> ParallelDims:
     """The actor's rank layout: its allocation component's dims."""
     from areal_tasks.config.allocation import parse_allocation
-    from areal_tasks.engine.registry import engine_dims
+    from areal_tasks.engine.registry import engine_dims, flat_dims
 
-    return engine_dims(cfg.actor.backend, parse_allocation(cfg.allocation).actor().dims)
+    return engine_dims(cfg.actor.backend, flat_dims(parse_allocation(cfg.allocation).actor()))
 
 
 def engine_layouts(cfg: JobConfig) -> dict[str, ParallelDims]:
     """Per role (``actor``, ``ref``, ``critic``) the rank layout the allocation gives it."""
     from areal_tasks.config.allocation import parse_allocation
-    from areal_tasks.engine.registry import engine_dims
+    from areal_tasks.engine.registry import engine_dims, flat_dims
 
     allocation = parse_allocation(cfg.allocation)
     actor = allocation.actor()
@@ -51,14 +51,14 @@ def engine_layouts(cfg: JobConfig) -> dict[str, ParallelDims]:
         if section is None:
             continue
         if component is None:
-            out[role] = engine_dims(section.backend, actor.dims)
+            out[role] = engine_dims(section.backend, flat_dims(actor))
             continue
         if component.dims.world_size != actor.dims.world_size:
             raise ConfigError(
                 f"allocation {cfg.allocation!r}: the {role} component {component.to_spec()} spans "
                 f"{component.dims.world_size} ranks, but every engine runs on the actor's {actor.dims.world_size}"
             )
-        out[role] = engine_dims(section.backend, component.dims)
+        out[role] = engine_dims(section.backend, flat_dims(component))
     return out
 
 

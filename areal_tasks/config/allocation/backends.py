@@ -14,7 +14,7 @@ import difflib
 from dataclasses import dataclass
 
 from areal_tasks.config.allocation.model import ComponentKind
-from areal_tasks.engine.registry import built_backends, supported_dims
+from areal_tasks.engine.registry import built_backends, hybrid_backends, supported_dims
 from areal_tasks.inference.registry import inference_backend, inference_backend_names
 
 
@@ -33,7 +33,6 @@ class PlannedTrainingBackend:
 #: training backends the grammar knows that are not built yet (their issues are open).
 PLANNED_TRAINING_BACKENDS: dict[str, PlannedTrainingBackend] = {
     "megatron": PlannedTrainingBackend(dims="dtpce", hybrid=True, gpu_only=True),
-    "archon": PlannedTrainingBackend(dims="dtpce", hybrid=True, gpu_only=False),
 }
 
 INFERENCE_BACKENDS: tuple[str, ...] = inference_backend_names()
@@ -42,7 +41,9 @@ TRAINING_BACKENDS: tuple[str, ...] = BUILT_TRAINING_BACKENDS + tuple(PLANNED_TRA
 ALL_BACKENDS: tuple[str, ...] = INFERENCE_BACKENDS + TRAINING_BACKENDS
 
 #: training backends that accept the MoE hybrid form ``backend:(attn:...|ffn:...)``.
-HYBRID_BACKENDS: tuple[str, ...] = tuple(name for name, plan in PLANNED_TRAINING_BACKENDS.items() if plan.hybrid)
+HYBRID_BACKENDS: tuple[str, ...] = tuple(name for name, plan in PLANNED_TRAINING_BACKENDS.items() if plan.hybrid) + (
+    hybrid_backends()
+)
 #: training backends that cannot run without GPUs.
 GPU_ONLY_TRAINING_BACKENDS: frozenset[str] = frozenset(
     name for name, plan in PLANNED_TRAINING_BACKENDS.items() if plan.gpu_only

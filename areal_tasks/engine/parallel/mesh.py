@@ -1,4 +1,6 @@
-"""The dp x sp x tp device mesh of a train engine (the FSDP2 engine builds its shards on it).
+"""The dp x sp x tp device mesh of a train engine (the FSDP2 engine builds its shards on it), and
+:class:`ParallelDims`, the rank layout every engine is built with (``pp`` and ``ep`` are run by the
+archon engine, whose mesh is ``engine/archon/parallel/mesh.py``).
 
 Ranks are laid out row-major over ``(dp, sp, tp)``: tensor-parallel peers are adjacent (on one node,
 over NVLink), sequence-parallel peers next, data-parallel replicas outermost. Parameters are sharded
@@ -25,21 +27,30 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Degrees of data, sequence (Ulysses) and tensor parallelism; their product is the world size."""
+    """Degrees of data, sequence (Ulysses), tensor and pipeline parallelism, whose product is the
+    world size, and of expert parallelism, which adds no ranks: experts are split over groups of
+    ``ep`` ranks taken from the ``dp x sp`` ranks of one pipeline stage and tensor coordinate."""
 
     dp: int = 1
     sp: int = 1
     tp: int = 1
+    pp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "sp", "tp"):
+        for name in ("dp", "sp", "tp", "pp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise EngineError(f"ParallelDims.{name} must be an integer >= 1, got {value!r}")
+        if (self.dp * self.sp) % self.ep:
+            raise EngineError(
+                f"expert parallelism ep={self.ep} must divide dp*sp = {self.dp}*{self.sp}: experts are split "
+                "over data- (and context-) parallel ranks; choose e dividing d*c"
+            )
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.sp * self.tp
+        return self.dp * self.sp * self.tp * self.pp
 
     @classmethod
     def for_world(cls, world_size: int, *, sp: int = 1, tp: int = 1) -> ParallelDims:
@@ -59,6 +70,11 @@ class EngineMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
         world = dist.get_world_size()
+        if dims.pp > 1 or dims.ep > 1:
+            raise EngineError(
+                f"this mesh runs dp x sp x tp only, got pp={dims.pp} ep={dims.ep}: pipeline and expert "
+                "parallelism need the archon engine"
+            )
         if dims.world_size != world:
             raise EngineError(
                 f"parallel dims dp={dims.dp} x sp={dims.sp} x tp={dims.tp} = {dims.world_size} "

@@ -103,9 +103,9 @@ def test_validate_refuses_skypilot_as_a_scheduler_naming_the_launch_command(run,
     [
         (
             "actor.backend=megatron",
-            "actor.backend: training backend 'megatron' is not built; built training backends: fsdp",
+            "actor.backend: training backend 'megatron' is not built; built training backends: archon, fsdp",
         ),
-        ("allocation=embedded:d1+archon:d2", "training backend 'archon' (component 'archon:d2') is not built"),
+        ("allocation=embedded:d1+megatron:d2", "training backend 'megatron' (component 'megatron:d2') is not built"),
         ("allocation=embedded:d1+fsdp:d2p2", "fsdp runs d (data), t (tensor) and c (context)"),
         ("allocation=embedded:d1+fsdp:d2e2", "fsdp runs d (data), t (tensor) and c (context)"),
     ],

@@ -39,15 +39,15 @@ CASES: list[tuple[list[str], str]] = [
     # training backends and dims that are not built (the engine registry's)
     (
         ["actor.backend=megatron"],
-        "actor.backend: training backend 'megatron' is not built; built training backends: fsdp",
+        "actor.backend: training backend 'megatron' is not built; built training backends: archon, fsdp",
     ),
     (
-        ["algorithm.kl_coef=0.1", "ref.backend=archon"],
-        "ref.backend: training backend 'archon' is not built; built training backends: fsdp",
+        ["algorithm.kl_coef=0.1", "ref.backend=megatron"],
+        "ref.backend: training backend 'megatron' is not built; built training backends: archon, fsdp",
     ),
     (
-        ["allocation=embedded:d1+archon:d2"],
-        "allocation: training backend 'archon' (component 'archon:d2') is not built; built training backends: fsdp",
+        ["allocation=embedded:d1+archon:d2e4", "actor.backend=archon"],
+        "allocation: invalid allocation spec: expert parallelism e4 does not divide d*c = 2",
     ),
     (["allocation=embedded:d1+fsdp:d2p2"], "fsdp runs d (data), t (tensor) and c (context)"),
     (["allocation=embedded:d1+fsdp:d2e2"], "fsdp runs d (data), t (tensor) and c (context)"),

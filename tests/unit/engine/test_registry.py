@@ -16,14 +16,16 @@ from areal_tasks.engine.parallel.mesh import ParallelDims
 from areal_tasks.errors import ConfigError
 
 
-def test_only_fsdp_is_built_with_d_t_c():
-    assert registry.built_backends() == ("fsdp",)
+def test_fsdp_and_archon_are_built_with_their_dims():
+    assert registry.built_backends() == ("archon", "fsdp")
     assert registry.supported_dims("fsdp") == "dtc"
+    assert registry.supported_dims("archon") == "dtpce"
+    assert registry.hybrid_backends() == ("archon",)
     assert registry.ENGINES.get("fsdp").__name__ == "FSDPEngine"
 
 
 def test_an_unbuilt_backend_is_refused_naming_the_built_ones():
-    with pytest.raises(ConfigError, match=r"unknown training backend 'megatron'; known: fsdp"):
+    with pytest.raises(ConfigError, match=r"unknown training backend 'megatron'.*known: archon, fsdp"):
         registry.supported_dims("megatron")
     with pytest.raises(ConfigError, match=r"did you mean 'fsdp'\?"):
         registry.build_engine("actor", EngineConfig(backend="fsdpp"), "/m", parallel=None, total_steps=1)  # type: ignore[arg-type]
@@ -35,6 +37,21 @@ def test_allocation_dims_become_the_engine_layout():
     assert registry.engine_dims("fsdp", AllocationDims(d=1, c=2)) == ParallelDims(dp=1, sp=2, tp=1)
     with pytest.raises(ConfigError, match=r"'fsdp' does not run p2, e2; it runs d \(data\), t \(tensor\), c "):
         registry.engine_dims("fsdp", AllocationDims(d=2, p=2, e=2))
+    assert registry.engine_dims("archon", AllocationDims(d=2, p=2, e=2)) == ParallelDims(dp=2, pp=2, ep=2)
+    with pytest.raises(ConfigError, match=r"ep=4 must divide dp\*sp = 2\*1"):
+        registry.engine_dims("archon", AllocationDims(d=2, e=4))
+
+
+def test_a_hybrid_archon_layout_folds_into_one():
+    from areal_tasks.config.allocation import parse_allocation
+
+    def folded(spec: str) -> AllocationDims:
+        return registry.flat_dims(parse_allocation(spec).actor())
+
+    assert folded("embedded:d1+archon:(attn:d4|ffn:e4)") == AllocationDims(d=4, e=4)
+    assert folded("embedded:d1+archon:(attn:d2c2p2|ffn:d2e2p2)") == AllocationDims(d=2, c=2, p=2, e=2)
+    with pytest.raises(ConfigError, match=r"t and p must be equal in both halves \(attn t2p1, ffn t1p1\)"):
+        folded("embedded:d1+archon:(attn:d2t2|ffn:e4)")
 
 
 class _Recorder:
