@@ -1,0 +1,5 @@
+"""Parallelisms specific to the archon engine: expert parallelism for MoE layers
+(``expert_parallel.py``: token dispatch to the experts of an ep group and back).
+
+Importing this package imports no torch; the modules in it do.
+"""
