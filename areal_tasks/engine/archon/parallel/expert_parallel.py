@@ -25,7 +25,8 @@ ep dispatcher's sent and received counts concatenated). Everything else stays on
 
 Autograd: the row all-to-alls are
 ``torch.distributed._functional_collectives.all_to_all_single_autograd`` (its backward is the
-reverse all-to-all with the splits swapped; it handles uneven and empty splits on gloo and NCCL).
+reverse all-to-all with the splits swapped; the CPU tests prove it with uneven and empty splits on
+gloo; NCCL runs the same op).
 ``torch.distributed.nn.functional.all_to_all_single`` works too but is deprecated in favour of the
 functional collectives. Gradients reach ``x``, ``top_k_weight`` and, through ``compute``, the
 expert weights. Every rank of the ep group must call the dispatcher (and run its backward) the
