@@ -1,0 +1,1 @@
+"""The archon train engine: a plain-PyTorch decoder, torch pipelining, expert parallelism, TP/CP with FSDP2."""
