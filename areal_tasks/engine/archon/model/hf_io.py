@@ -12,7 +12,7 @@ classification head ``score`` (archon: ``value_head``). With tied embeddings HF 
 
 :func:`hf_to_archon` converts a whole state dict (loading); :func:`archon_to_hf` one tensor at a
 time (export and weight updates stream tensor by tensor); :func:`hf_names` lists the HF names of a
-model in the order transformers registers them.
+model, layer by layer.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def _mlp_names(args: ArchonArgs, layer: int) -> list[str]:
 
 
 def hf_names(args: ArchonArgs, *, role: str = "actor") -> list[str]:
-    """Every HF (on-disk) tensor name of the model, in transformers' registration order."""
+    """Every HF (on-disk) tensor name of the model: the embedding, layer by layer (attention, MLP,
+    norms; experts one by one), the final norm, the head (none when tied; ``score`` for a critic)."""
     names = ["model.embed_tokens.weight"]
     for i in range(args.n_layers):
         layer = [
