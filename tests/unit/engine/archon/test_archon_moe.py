@@ -155,12 +155,13 @@ def test_grouped_mm_matches_loop_cpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_grouped_mm_matches_loop_cuda():
-    x, counts, weights = _kernel_case(torch.float32, "cuda")
+    """bf16, the case the kernel is for (tests/gpu/test_archon_model_gpu.py has more)."""
+    x, counts, weights = _kernel_case(torch.bfloat16, "cuda")
     y_loop, g_loop = _run("loop", x, counts, weights)
     y_gmm, g_gmm = _run("grouped_mm", x, counts, weights, counts_as_tensor=True)
-    torch.testing.assert_close(y_gmm, y_loop, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y_gmm, y_loop, atol=2e-2, rtol=2e-2)
     for a, b in zip(g_gmm, g_loop):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
 def test_unknown_kernel_is_refused():
