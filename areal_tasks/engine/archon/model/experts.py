@@ -102,6 +102,13 @@ def experts_forward(
     return _loop(x_sorted, counts, gate_proj, up_proj, down_proj)
 
 
+def _local(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    local = weight.to_local() if isinstance(weight, DTensor) else weight
+    return local if local.dtype == dtype else local.to(dtype)
+
+
 class LocalDispatcher:
     """Dispatch to experts that all live on this rank: sort the (token, choice) pairs by expert, run
     ``compute`` once, weight every result by its router weight and sum over the ``k`` choices."""
@@ -114,12 +121,17 @@ class LocalDispatcher:
         n_experts: int,
         compute: ExpertCompute,
     ) -> torch.Tensor:
+        from areal_tasks.engine.archon.parallel.expert_parallel import check_dispatch_inputs, check_expert_output
+
+        check_dispatch_inputs(x, top_k_index, top_k_weight)
         k = top_k_index.shape[1]
         flat = top_k_index.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token_of = order // k
         counts = torch.bincount(flat, minlength=n_experts)
-        y = compute(x.index_select(0, token_of), counts)
+        x_sorted = x.index_select(0, token_of)
+        y = compute(x_sorted, counts)
+        check_expert_output(y, x_sorted)
         y = (y * top_k_weight.reshape(-1)[order].unsqueeze(-1)).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, token_of, y)
 
@@ -138,8 +150,13 @@ class GroupedExperts(nn.Module):
         self.dispatcher: Callable[..., torch.Tensor] = LocalDispatcher()
 
     def compute(self, x_sorted: torch.Tensor, counts: Counts) -> torch.Tensor:
-        """The local experts on tokens sorted by local expert (the dispatcher's ``compute``)."""
-        return experts_forward(x_sorted, counts, self.gate_proj, self.up_proj, self.down_proj, self.kernel)
+        """The local experts on tokens sorted by local expert (the dispatcher's ``compute``).
+
+        Split over an expert-parallel group the weights are DTensors: their local shard holds this
+        rank's experts. Weights outside an FSDP unit (one replica of each expert) stay in the
+        master dtype and are cast to the tokens' dtype here."""
+        weights = [_local(w, x_sorted.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj)]
+        return experts_forward(x_sorted, counts, *weights, self.kernel)
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight: torch.Tensor) -> torch.Tensor:
         """``x [N, H]`` routed to ``top_k_index [N, k]`` with ``top_k_weight [N, k]`` -> ``[N, H]``."""

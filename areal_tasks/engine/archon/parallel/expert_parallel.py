@@ -83,7 +83,7 @@ def local_expert_range(n_experts: int, ep: int, ep_rank: int) -> range:
     return range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
 
 
-def _check_inputs(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight: torch.Tensor) -> None:
+def check_dispatch_inputs(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight: torch.Tensor) -> None:
     if x.dim() != 2:
         raise EngineError(f"x must be [N, H], got shape {tuple(x.shape)}")
     if top_k_index.dim() != 2 or top_k_index.shape[0] != x.shape[0]:
@@ -96,7 +96,7 @@ def _check_inputs(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weight: torc
         )
 
 
-def _check_output(y: torch.Tensor, x_sorted: torch.Tensor) -> None:
+def check_expert_output(y: torch.Tensor, x_sorted: torch.Tensor) -> None:
     if y.shape != x_sorted.shape:
         raise EngineError(f"expert compute returned shape {tuple(y.shape)} for input shape {tuple(x_sorted.shape)}")
 
@@ -127,26 +127,6 @@ def _combine(y_perm: torch.Tensor, order: torch.Tensor, top_k_weight: torch.Tens
     return (y * top_k_weight.to(dtype).unsqueeze(-1)).sum(dim=1)
 
 
-class LocalDispatcher:
-    """All experts on this rank: sort the (token, expert) pairs by expert, compute, unsort."""
-
-    def __call__(
-        self,
-        x: torch.Tensor,
-        top_k_index: torch.Tensor,
-        top_k_weight: torch.Tensor,
-        n_experts: int,
-        compute: ExpertCompute,
-    ) -> torch.Tensor:
-        _check_inputs(x, top_k_index, top_k_weight)
-        validate_expert_parallel(n_experts, 1)
-        x_perm, order, counts = _permute(x, top_k_index, n_experts)
-        counts_host: list[int] = counts.tolist()  # the one host read of this call
-        y_perm = compute(x_perm, counts_host)
-        _check_output(y_perm, x_perm)
-        return _combine(y_perm, order, top_k_weight, x.dtype)
-
-
 class ExpertParallelDispatcher:
     """Experts split evenly over ``ep_group``; tokens travel to their experts' ranks and back."""
 
@@ -172,7 +152,7 @@ class ExpertParallelDispatcher:
         import torch.distributed as dist
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-        _check_inputs(x, top_k_index, top_k_weight)
+        check_dispatch_inputs(x, top_k_index, top_k_weight)
         ep, n_local = self.ep, validate_expert_parallel(n_experts, self.ep)
         x_perm, order, counts = _permute(x, top_k_index, n_experts)
 
@@ -194,7 +174,7 @@ class ExpertParallelDispatcher:
         x_sorted = x_recv.index_select(0, regroup)
 
         y_sorted = compute(x_sorted, counts_local)
-        _check_output(y_sorted, x_sorted)
+        check_expert_output(y_sorted, x_sorted)
 
         y_recv = y_sorted.index_select(0, _inverse(regroup))
         y_perm = all_to_all_single_autograd(y_recv, input_splits, output_splits, self.group)

@@ -1,8 +1,7 @@
 """The MoE token dispatchers of the archon engine on one process: :class:`LocalDispatcher` (and the
 ep dispatcher over a one-rank group) against a naive loop over tokens and their chosen experts, in
 output and in the gradients to the tokens, the routing weights and each expert's weights; the
-layout ``compute`` receives; empty inputs and idle experts; dtypes; the errors; and the padded
-grouped-GEMM layout (``grouped_layout``, ``pad_rows``, ``unpad_rows``)."""
+layout ``compute`` receives; empty inputs and idle experts; dtypes; the errors."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ import torch
 
 from areal_tasks.engine.archon.parallel.expert_parallel import (
     ExpertParallelDispatcher,
-    LocalDispatcher,
     local_expert_range,
     validate_expert_parallel,
 )
-from areal_tasks.engine.archon.parallel.grouped_layout import grouped_layout, pad_rows, unpad_rows
+from areal_tasks.engine.archon.model.experts import LocalDispatcher
 from areal_tasks.errors import EngineError
 
 H, E, K = 8, 6, 2
@@ -29,7 +27,8 @@ def expert(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def loop_compute(weights: torch.Tensor):
     """Local experts over rows sorted by expert, one slice per expert (as the model's loop kernel)."""
 
-    def compute(x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def compute(x_sorted: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
+        counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
         assert len(counts) == weights.shape[0] and sum(counts) == x_sorted.shape[0]
         return torch.cat([expert(w, part) for w, part in zip(weights, x_sorted.split(counts), strict=True)])
 
@@ -115,7 +114,7 @@ def test_compute_sees_rows_sorted_by_expert():
     seen = {}
 
     def compute(x_sorted, counts):
-        seen["rows"], seen["counts"] = x_sorted[:, 0].tolist(), counts
+        seen["rows"], seen["counts"] = x_sorted[:, 0].tolist(), [int(c) for c in counts]
         return x_sorted
 
     LocalDispatcher()(x, index, torch.ones(5, 2), E, compute)
@@ -152,48 +151,3 @@ def test_validate_expert_parallel_names_the_fields():
     with pytest.raises(EngineError, match="ep must be an integer >= 1"):
         validate_expert_parallel(8, 0)
     assert local_expert_range(8, 4, 3) == range(6, 8)
-
-
-def test_grouped_layout_pads_each_group_to_the_alignment():
-    layout = grouped_layout([3, 0, 8, 9], alignment=8)
-    assert layout.padded_counts == (8, 0, 8, 16)
-    assert layout.starts == (0, 8, 8, 16)
-    assert layout.offsets == (8, 8, 16, 32) and layout.total == 32
-    assert layout.offsets_tensor("cpu").dtype == torch.int32
-    assert grouped_layout([0, 2], alignment=4, min_rows=1).padded_counts == (4, 4)
-    assert grouped_layout([], alignment=8).total == 0
-    with pytest.raises(EngineError, match="alignment must be an integer >= 1"):
-        grouped_layout([1], alignment=0)
-    with pytest.raises(EngineError, match="group counts must be >= 0"):
-        grouped_layout([1, -1])
-
-
-def test_pad_and_unpad_rows_round_trip_with_gradients():
-    counts = [3, 0, 1, 9]
-    layout = grouped_layout(counts, alignment=4)
-    x = torch.randn(sum(counts), H, requires_grad=True)
-    padded = pad_rows(x, layout)
-    assert padded.shape == (layout.total, H)
-    for g, (start, count, size) in enumerate(zip(layout.starts, counts, layout.padded_counts, strict=True)):
-        group = padded[start : start + size]
-        first = sum(counts[:g])
-        torch.testing.assert_close(group[:count], x[first : first + count].detach(), atol=0, rtol=0)
-        assert not group[count:].any(), "padding rows are zero"
-    back = unpad_rows(padded * 2, layout)
-    torch.testing.assert_close(back, x.detach() * 2, atol=0, rtol=0)
-    back.sum().backward()
-    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0), atol=0, rtol=0)
-    with pytest.raises(EngineError, match="the layout's counts sum to 13"):
-        pad_rows(x[:2], layout)
-
-
-@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch._grouped_mm is missing")
-def test_the_padded_layout_feeds_grouped_mm():
-    """``torch._grouped_mm`` over the padded rows with the layout's offsets equals a matmul per group."""
-    counts = [5, 0, 11, 2]
-    layout = grouped_layout(counts, alignment=8)
-    x = torch.randn(sum(counts), H)
-    weights = torch.randn(len(counts), H, 16)
-    y = unpad_rows(torch._grouped_mm(pad_rows(x, layout), weights, offs=layout.offsets_tensor("cpu")), layout)
-    want = torch.cat([part @ w for part, w in zip(x.split(counts), weights, strict=True)])
-    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
