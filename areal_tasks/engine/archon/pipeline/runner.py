@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from areal_tasks.engine.archon.pipeline.forward_only import broadcast_outputs, forward_pass
 from areal_tasks.engine.archon.pipeline.padding import (
     PaddedMicroBatch,
@@ -50,7 +52,6 @@ from areal_tasks.engine.archon.pipeline.stages import StagePlan
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
     from torch.distributed import ProcessGroup
 
@@ -85,6 +86,29 @@ class _Step:
     total_weight: float
     grad_scale: float
     recorded: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+
+class ContiguousGrad(torch.autograd.Function):
+    """Identity forward; the gradient made contiguous on the way back.
+
+    The zero-bubble schedules compute a stage's input gradients with ``torch.autograd.grad``, which can
+    hand back an expanded (non-contiguous) view (the backward of a sum, say); torch sends it as it is
+    and the process group refuses it ("input tensor has to be contiguous"). Applied to the received
+    activations that need a gradient; free when the gradient is contiguous already.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def contiguous_grad(t: Any) -> Any:
+    """``t`` through :class:`ContiguousGrad` when it needs a gradient, else ``t`` itself."""
+    return ContiguousGrad.apply(t) if isinstance(t, torch.Tensor) and t.requires_grad else t
 
 
 class PipelineRunner:
@@ -161,8 +185,6 @@ class PipelineRunner:
         Micro-batch ``k``'s loss is backpropagated as ``loss * weights[k] / total_weight * grad_scale``
         (``grad_scale``: what the data-parallel reduction divides by, e.g. the FSDP group size).
         """
-        import torch
-
         if len(weights) != len(micro_batches) or not micro_batches:
             raise EngineError(f"{len(micro_batches)} micro-batches with {len(weights)} weights")
         if not (total_weight > 0 and math.isfinite(total_weight)):
@@ -223,6 +245,7 @@ class PipelineRunner:
             return None
         index = int(kwargs[MB_INDEX_KWARG].reshape(-1)[0])
         rest = {k: v for k, v in kwargs.items() if k != MB_INDEX_KWARG}
+        args = tuple(contiguous_grad(a) for a in args)
         aux = args[1] if self.io.n_experts and len(args) > 1 else None
         return (args[0],), {**self.stage_kwargs(stage, self._ctx[index], aux), **rest}
 
@@ -256,7 +279,6 @@ class PipelineRunner:
         return loss * (weight / step.total_weight * step.grad_scale)
 
     def _broadcast_stats(self, n: int) -> PipelineStepResult:
-        import torch
         import torch.distributed as dist
 
         per_mb: list[dict[str, float] | None] = [None] * n
@@ -277,8 +299,6 @@ class PipelineRunner:
     ) -> list[dict[str, torch.Tensor]]:
         """Per-token outputs ``[T_k]`` of every micro-batch (``logprobs``/``entropy`` or ``values``), no
         gradients, on every pp rank."""
-        import torch
-
         if not micro_batches:
             raise EngineError("forward needs at least one micro-batch")
         length = padded_length(micro_batches, self.multiple)
