@@ -16,7 +16,7 @@ from tests.fixtures.archon_pp_toy import make_toy
 pytestmark = pytest.mark.distributed
 
 ATOL = 1e-6
-N_MBS = (2, 4)
+N_MBS = (1, 2, 3, 4)
 
 
 def reference(n_mbs: int, *, n_layers: int, n_experts: int, role: str) -> dict:
@@ -54,7 +54,9 @@ def reference(n_mbs: int, *, n_layers: int, n_experts: int, role: str) -> dict:
     return {"per_mb": per_mb, "grads": grads, "forward": forward, "weights": weights}
 
 
-def check(tmp_path, world: int, *, n_layers: int = 4, n_experts: int = 0, role: str = "actor") -> None:
+def check(
+    tmp_path, world: int, *, n_layers: int = 4, n_experts: int = 0, role: str = "actor", grad_scale: float = 1.0
+) -> None:
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     batch_losses = []
     for n_mbs in N_MBS:
@@ -78,11 +80,11 @@ def check(tmp_path, world: int, *, n_layers: int = 4, n_experts: int = 0, role: 
             grads.update(res["grads"])
         assert grads.keys() == ref["grads"].keys()
         for name, want in ref["grads"].items():
-            torch.testing.assert_close(grads[name], want, atol=ATOL, rtol=0, msg=f"gradient of {name}")
+            torch.testing.assert_close(grads[name], want * grad_scale, atol=ATOL, rtol=0, msg=f"gradient of {name}")
         res = ranks[0]["results"][n_mbs]
         batch_losses.append(res["train_sums"]["loss"] / sum(res["weights"]))
     if not n_experts:  # the MoE balance term is not linear in the tokens: it depends on the split
-        assert batch_losses[0] == pytest.approx(batch_losses[1], abs=ATOL)
+        assert batch_losses == pytest.approx([batch_losses[0]] * len(N_MBS), abs=ATOL)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -105,6 +107,12 @@ def test_moe_aux_travels_with_the_activations(schedule, tmp_path):
     args = {"schedule": schedule, "stages_per_rank": v, "n_experts": 3}
     run_workers("workers_archon_pp:pipeline_step", 2, tmp_path, args, timeout_s=120)
     check(tmp_path, 2, n_experts=3)
+
+
+def test_grad_scale_multiplies_the_gradients(tmp_path):
+    """``grad_scale`` (the FSDP group size the data-parallel mean divides by) scales every gradient."""
+    run_workers("workers_archon_pp:pipeline_step", 2, tmp_path, {"schedule": "1f1b", "grad_scale": 2.0}, timeout_s=120)
+    check(tmp_path, 2, grad_scale=2.0)
 
 
 def test_critic(tmp_path):

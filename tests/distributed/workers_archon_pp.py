@@ -61,7 +61,7 @@ def pipeline_step(
     n_layers: int = 4,
     n_experts: int = 0,
     role: str = "actor",
-    n_mbs_list: tuple[int, ...] = (2, 4),
+    n_mbs_list: tuple[int, ...] = (1, 2, 3, 4),
     grad_scale: float = 1.0,
 ) -> None:
     spec = schedule_spec(schedule, stages_per_rank)
