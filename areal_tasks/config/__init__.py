@@ -36,8 +36,8 @@ from areal_tasks.config.serialize import config_hash, config_to_dict, dump_confi
 from areal_tasks.config.validate import validate_config
 
 __all__ = [
-    "ArchonConfig",
     "AlgorithmConfig",
+    "ArchonConfig",
     "ClusterConfig",
     "DatasetConfig",
     "EngineConfig",

@@ -118,9 +118,7 @@ def build_parts(
             partial += apply.apply_tensor_parallel(part, mesh.mesh["tp"])
         if dims.sp > 1:
             apply.apply_context_parallel(part, mesh.group("cp"))
-        apply.apply_fsdp(
-            part, mesh, param_dtype=param_dtype, cpu_offload=config.cpu_offload, experts_split=dims.ep > 1
-        )
+        apply.apply_fsdp(part, mesh, param_dtype=param_dtype, cpu_offload=config.cpu_offload, experts_split=dims.ep > 1)
     return BuiltParts(
         args=args,
         hf_config=hf_config,

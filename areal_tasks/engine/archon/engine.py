@@ -116,12 +116,11 @@ class ArchonEngine(TrainEngine):
             n_experts=built.n_experts,
             n_moe_layers=built.n_moe_layers,
         )
-        self.pipeline = None
+        self.pipeline = self.forward_mb = None
         if dims.pp > 1:
             from areal_tasks.engine.archon.pipeline_step import build_pipeline
 
             self.pipeline = build_pipeline(self, built)
-            self.forward_mb = None
         else:
             cp_group = self.mesh.group("cp") if dims.sp > 1 else None
             self.forward_mb = ArchonForward(self.parts[0], self.spec, cp_group)
@@ -423,5 +422,7 @@ def _micro_batch_spec(config: EngineConfig, dims: ParallelDims) -> Any:
 
     spec = config.micro_batch
     multiple = math.lcm(spec.pad_to_multiple_of, dims.sp)
-    n_stages = dims.pp * (stages_per_rank(config.archon.pp_schedule, config.archon.pp_stages_per_rank) if dims.pp > 1 else 1)
+    n_stages = dims.pp * (
+        stages_per_rank(config.archon.pp_schedule, config.archon.pp_stages_per_rank) if dims.pp > 1 else 1
+    )
     return dataclasses.replace(spec, pad_to_multiple_of=multiple, n_mbs=max(spec.n_mbs, n_stages if dims.pp > 1 else 1))

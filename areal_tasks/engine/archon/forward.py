@@ -142,7 +142,9 @@ class ArchonForward:
             out, aux = out
         scores = out[0]
         if self.cp > 1:
-            scores = torch.stack([gather_sequence(scores[:, i].contiguous(), self.cp_group) for i in range(scores.shape[1])], 1)
+            scores = torch.stack(
+                [gather_sequence(scores[:, i].contiguous(), self.cp_group) for i in range(scores.shape[1])], 1
+            )
         result = outputs_from_scores(scores, cu, self.spec, with_entropy=with_entropy)
         if aux is not None and self.spec.n_experts:
             if self.cp > 1:

@@ -57,7 +57,9 @@ def sharded_state(parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optim
     return {"model": model, "optim": optim}
 
 
-def load_sharded(parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer | None, state: dict[str, Any]) -> None:
+def load_sharded(
+    parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+) -> None:
     """Apply a :func:`sharded_state` template that DCP filled."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 

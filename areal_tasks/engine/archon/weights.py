@@ -43,7 +43,12 @@ def iter_archon_weights(engine: ArchonEngine) -> Iterator[tuple[str, torch.Tenso
 
     pp_group, pp_rank = _pp(engine)
     return iter_full_weights(
-        engine.parts, engine.weight_order, owner_of=engine.owner_of, pp_group=pp_group, pp_rank=pp_rank, device=engine.device
+        engine.parts,
+        engine.weight_order,
+        owner_of=engine.owner_of,
+        pp_group=pp_group,
+        pp_rank=pp_rank,
+        device=engine.device,
     )
 
 

@@ -33,7 +33,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_fsdp", "apply_tensor_parallel", "sync_partial_grads"]
+__all__ = [
+    "apply_context_parallel",
+    "apply_expert_parallel",
+    "apply_fsdp",
+    "apply_tensor_parallel",
+    "sync_partial_grads",
+]
 
 _EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 

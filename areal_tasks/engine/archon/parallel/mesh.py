@@ -55,7 +55,13 @@ class ArchonMesh:
         ranks = torch.arange(world).reshape(dims.pp, edp, dims.ep, dims.tp)
         self.expert_mesh: DeviceMesh = DeviceMesh(device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
         logger.info(
-            "archon mesh pp=%d dp=%d cp=%d tp=%d (experts: edp=%d ep=%d)", dims.pp, dims.dp, dims.sp, dims.tp, edp, dims.ep
+            "archon mesh pp=%d dp=%d cp=%d tp=%d (experts: edp=%d ep=%d)",
+            dims.pp,
+            dims.dp,
+            dims.sp,
+            dims.tp,
+            edp,
+            dims.ep,
         )
 
     def group(self, name: str) -> ProcessGroup:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from areal_tasks.engine.archon.model.experts import LocalDispatcher
 from areal_tasks.engine.archon.parallel.expert_parallel import (
     ExpertParallelDispatcher,
     local_expert_range,
     validate_expert_parallel,
 )
-from areal_tasks.engine.archon.model.experts import LocalDispatcher
 from areal_tasks.errors import EngineError
 
 H, E, K = 8, 6, 2
