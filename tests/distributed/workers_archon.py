@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 LR = 1e-3
 
 
-def build(model_dir: str, dims: dict, *, n_mbs: int = 2, archon: dict | None = None, critic: bool = False) -> ArchonEngine:
+def build(
+    model_dir: str, dims: dict, *, n_mbs: int = 2, archon: dict | None = None, critic: bool = False
+) -> ArchonEngine:
     cfg = EngineConfig(
         backend="archon",
         optimizer=OptimizerConfig(lr=LR, grad_clip=0.0),

@@ -238,6 +238,8 @@ class ArchonEngine(TrainEngine):
         self._require_trainable()
         self._train_mode(True)
         pending = self._run(batch, loss_fn, loss_weight_fn, backward=True)
+        if self.mesh.dims.ep > 1:
+            _unscale_expert_grads(self.parts, self.mesh.dims.ep)
         if self.partial_grad_modules:
             sync_partial_grads(self.partial_grad_modules, self.mesh.mesh["tp"])
         return pending
@@ -411,6 +413,24 @@ class ArchonEngine(TrainEngine):
         self._weight_specs = None
         self.forward_mb = None
         self._initialized = False
+
+
+def _unscale_expert_grads(parts: list[torch.nn.Module], ep: int) -> None:
+    """Divide the experts' gradients by ``ep``. Every loss is scaled by the FSDP group size
+    (``dp x cp``) to cancel FSDP's mean; an expert's gradient already sums the tokens of its whole
+    ep group (the all-to-all's backward brings them), and FSDP averages it over ``edp`` only, so it
+    comes out ``dp x cp / edp = ep`` times too large."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for part in parts:
+            for layer in part.layers.values():
+                experts = getattr(layer.mlp, "experts", None)
+                for param in () if experts is None else experts.parameters():
+                    if param.grad is not None:
+                        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                        grad.div_(ep)
 
 
 def _micro_batch_spec(config: EngineConfig, dims: ParallelDims) -> Any:
