@@ -11,7 +11,7 @@ import torch
 from launch import run_workers
 from workers_archon_ep import loop_compute, make_case
 
-from areal_tasks.engine.archon.parallel.expert_parallel import LocalDispatcher
+from areal_tasks.engine.archon.model.experts import LocalDispatcher
 
 pytestmark = pytest.mark.distributed
 

@@ -28,7 +28,8 @@ def expert(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def loop_compute(weights: torch.Tensor) -> Callable[[torch.Tensor, list[int]], torch.Tensor]:
     """Local experts over rows sorted by local expert, one slice per expert."""
 
-    def compute(x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def compute(x_sorted: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
+        counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
         assert len(counts) == weights.shape[0] and sum(counts) == x_sorted.shape[0], (counts, x_sorted.shape)
         return torch.cat([expert(w, part) for w, part in zip(weights, x_sorted.split(counts), strict=True)])
 
