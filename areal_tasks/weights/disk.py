@@ -218,11 +218,15 @@ def load_safetensors_dir(
 ) -> dict[str, torch.Tensor]:
     """Read and check a HF safetensors directory into tensors on ``device`` in the served dtypes.
 
-    Tensors the served model has no weight for are skipped; every required one must be there.
-    ``roots``: as :func:`safetensors_files`.
+    Per-expert checkpoint tensors are stacked into the served model's expert weights
+    (:mod:`~areal_tasks.weights.expert_fold`); tensors the served model has no weight for are
+    skipped; every required one must be there. ``roots``: as :func:`safetensors_files`.
     """
+    from areal_tasks.weights.expert_fold import fold_expert_tensors
+
     named: dict[str, torch.Tensor] = {}
-    for name, tensor in iter_safetensors(safetensors_files(path, roots)):
+    stored = fold_expert_tensors(dict(iter_safetensors(safetensors_files(path, roots))), served.specs)
+    for name, tensor in stored.items():
         if name in served.specs:
             named[name] = tensor
         else:
