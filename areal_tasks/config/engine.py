@@ -72,12 +72,13 @@ class ArchonConfig:
     expert kernel and auxiliary loss. The layout itself (d, t, p, c, e) comes from the allocation."""
 
     #: pipeline schedule (with ``p`` > 1): ``1f1b``; ``interleaved_1f1b`` (several stages a rank,
-    #: smaller bubble); ``gpipe`` (all forwards, then all backwards); ``zbv`` (zero-bubble, V-shaped:
-    #: two stages a rank); ``interleaved_zb`` (zero-bubble, interleaved). Micro-batches are at least
-    #: the number of stages (the batch is split further when it would be fewer).
-    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe", "zbv", "interleaved_zb"] = "1f1b"
-    #: pipeline stages per rank: 1 for ``1f1b``/``gpipe``, 2 for ``zbv``, at least 2 for the
-    #: interleaved schedules; ``auto`` = what the schedule needs (2 for the interleaved ones).
+    #: smaller bubble); ``gpipe`` (all forwards, then all backwards). Micro-batches are at least the
+    #: number of stages (the batch is split further when it would be fewer). torch's zero-bubble
+    #: schedules are not offered: under FSDP2 their separate weight-gradient pass left the loss
+    #: stage without gradients (docs/engines.md).
+    pp_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
+    #: pipeline stages per rank: 1 for ``1f1b``/``gpipe``, at least 2 for ``interleaved_1f1b``;
+    #: ``auto`` = what the schedule needs (2 for ``interleaved_1f1b``).
     pp_stages_per_rank: int | Literal["auto"] = "auto"
     #: how layers are split into stages: balanced by ``params`` (the embedding and the LM head count
     #: on the first and last stage), by ``flops`` per token (MoE layers count their active experts),

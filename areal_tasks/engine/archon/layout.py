@@ -22,16 +22,14 @@ __all__ = ["ARCHON_FAMILIES", "MOE_FAMILIES", "check_archon_layout", "layout_pro
 ARCHON_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
 MOE_FAMILIES: tuple[str, ...] = ("qwen2_moe", "qwen3_moe", "mixtral")
 
-_INTERLEAVED = ("interleaved_1f1b", "interleaved_zb")
+_INTERLEAVED = ("interleaved_1f1b",)
 
 
 def stages_per_rank(schedule: str, setting: int | str) -> int:
     """The pipeline stages one rank holds for ``schedule`` (``setting``: ``auto`` or a number)."""
     if setting == "auto":
-        return 2 if schedule in _INTERLEAVED or schedule == "zbv" else 1
+        return 2 if schedule in _INTERLEAVED else 1
     v = int(setting)
-    if schedule == "zbv" and v != 2:
-        raise EngineError(f"archon.pp_schedule=zbv runs exactly 2 stages a rank, got pp_stages_per_rank={v}")
     if schedule in _INTERLEAVED and v < 2:
         raise EngineError(
             f"archon.pp_schedule={schedule} needs pp_stages_per_rank >= 2 (got {v}); use 1f1b for one stage a rank"
