@@ -12,6 +12,9 @@ from launch import run_workers
 
 LR = 1e-3
 
+#: tiny models other than the kit's default shape, by test name
+TIED = {"tie_word_embeddings": True}
+
 LAYOUTS = [
     ("qwen3", {"dp": 2}, {}),
     ("qwen3", {"tp": 2}, {}),
@@ -24,7 +27,14 @@ LAYOUTS = [
     ("qwen3", {"pp": 2, "dp": 2}, {}),
     ("qwen3", {"tp": 2, "pp": 2}, {}),
     ("qwen3_moe", {"dp": 4, "ep": 2}, {}),
+    ("qwen2-tied", {"pp": 2}, {}),
+    ("qwen2-tied", {"pp": 2}, {"pp_schedule": "interleaved_1f1b"}),
 ]
+
+
+def _model(factory, family: str):
+    base, _, variant = family.partition("-")
+    return factory(base, num_hidden_layers=4, **(TIED if variant == "tied" else {}))
 
 
 def _world(dims: dict) -> int:
@@ -80,7 +90,7 @@ def _merged(tmp_path, world: int) -> tuple[dict, list[dict]]:
     ],
 )
 def test_layout_matches_transformers(family, dims, archon, tiny_model_factory, tmp_path):
-    model_dir = tiny_model_factory(family, num_hidden_layers=4)
+    model_dir = _model(tiny_model_factory, family)
     world = _world(dims)
     run_workers(
         "workers_archon:layout_run", world, tmp_path, {"model_dir": str(model_dir), "dims": dims, "archon": archon}
@@ -105,6 +115,8 @@ def test_layout_matches_transformers(family, dims, archon, tiny_model_factory, t
 
 RESHARDS = [
     ("qwen3", {"pp": 2}, {"dp": 2}),
+    ("qwen2-tied", {"pp": 2}, {"dp": 2}),
+    ("qwen2-tied", {"dp": 2}, {"pp": 2}),
     ("qwen3", {"dp": 2}, {"tp": 2}),
     ("qwen3_moe", {"dp": 2, "ep": 2}, {"pp": 2}),
 ]
@@ -116,7 +128,7 @@ def test_a_checkpoint_reshards_to_another_layout(family, saved_at, loaded_at, ti
     """Saved after two steps at one layout, loaded at another: every parameter, every AdamW moment
     and step count, and the version are exactly the saved ones, and the next step's loss equals the
     one the saving layout computes."""
-    model_dir = str(tiny_model_factory(family, num_hidden_layers=4))
+    model_dir = str(_model(tiny_model_factory, family))
     args = {"model_dir": model_dir}
     run_workers("workers_archon:reshard_save", _world(saved_at), tmp_path, {**args, "dims": saved_at})
     run_workers("workers_archon:reshard_load", _world(loaded_at), tmp_path, {**args, "dims": loaded_at})

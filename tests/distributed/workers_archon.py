@@ -57,16 +57,20 @@ def layout_run(
     n_mbs: int = 2,
     archon: dict | None = None,
     critic: bool = False,
+    load_hf_from: str | None = None,
 ) -> None:
-    """Loss, gradients, grad norm and forward of one batch, then the weights after one AdamW step."""
+    """Loss, gradients, grad norm and forward of one batch, then the weights after one AdamW step
+    (``load_hf_from``: first load these HF weights into the built engine)."""
     engine = build(model_dir, dims, n_mbs=n_mbs, archon=archon, critic=critic)
+    if load_hf_from:
+        engine.load(load_hf_from, "hf")
     batch = make_batch(seed=0)
     loss_fn = value_loss if critic else token_mean_loss
     share = local_share(engine, batch)
     stats = engine.accumulate_gradients(share, loss_fn, token_weight)
     grads = hf_grads(engine)
     pp_group = engine.mesh.group("pp") if engine.mesh.dims.pp > 1 else None
-    norm = float(grad_norm_across_stages(engine.params, pp_group))
+    norm = float(grad_norm_across_stages(engine.norm_params, pp_group))
     forward = engine.forward_batch(batch, with_entropy=not critic)
     step = engine.train_batch(share, loss_fn, token_weight)
     params = {} if critic else {name: t.detach().clone() for name, t in engine.iter_weights()}
@@ -87,6 +91,8 @@ def _full_state(engine: ArchonEngine) -> dict[str, torch.Tensor]:
     out = {}
     for part in engine.parts:
         for name, param in part.named_parameters():
+            if name not in engine.owner_of:  # a tied head's copy: the embedding holds the same
+                continue
             out[f"param/{name}"] = full(param)
             for key, value in engine.optimizer.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:

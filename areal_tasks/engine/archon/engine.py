@@ -126,6 +126,14 @@ class ArchonEngine(TrainEngine):
             self.forward_mb = ArchonForward(self.parts[0], self.spec, cp_group)
         self.mb_spec = _micro_batch_spec(self.config, dims)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
+        self.tied = None
+        if dims.pp > 1 and self.args.tie_word_embeddings:
+            from areal_tasks.engine.archon.tied import TiedEmbeddings
+
+            self.tied = TiedEmbeddings(self.mesh, self.parts)
+        duplicates = self.tied.head_copies(self.parts) if self.tied is not None else set()
+        #: the parameters the gradient norm counts (a tied head's copy is the embedding's twin)
+        self.norm_params = [p for p in self.params if p not in duplicates]
         self.optimizer = self.lr_scheduler = None
         if self.trainable:
             from areal_tasks.engine.archon.optim import build_archon_optimizer
@@ -240,6 +248,8 @@ class ArchonEngine(TrainEngine):
         pending = self._run(batch, loss_fn, loss_weight_fn, backward=True)
         if self.mesh.dims.ep > 1:
             _unscale_expert_grads(self.parts, self.mesh.dims.ep)
+        if self.tied is not None:
+            self.tied.sync_grads()
         if self.partial_grad_modules:
             sync_partial_grads(self.partial_grad_modules, self.mesh.mesh["tp"])
         return pending
@@ -264,7 +274,9 @@ class ArchonEngine(TrainEngine):
         pending = self._accumulate(batch, loss_fn, loss_weight_fn)
         lr = float(self.optimizer.param_groups[0]["lr"])
         pp_group = self.mesh.group("pp") if self.mesh.dims.pp > 1 else None
-        grad_norm = float(clip_grad_norm_across_stages(self.params, self.config.optimizer.grad_clip, pp_group))
+        grad_norm = float(
+            clip_grad_norm_across_stages(self.norm_params, self.config.optimizer.grad_clip, pp_group, also=self.params)
+        )
         stepped = math.isfinite(grad_norm)
         if stepped:
             self.optimizer.step()
@@ -276,14 +288,15 @@ class ArchonEngine(TrainEngine):
         return CompletedStep(stats)
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """``{archon name: full gradient}`` of this rank's stages, gathered from every shard."""
+        """``{archon name: full gradient}`` of this rank's stages, gathered from every shard (a tied LM
+        head's copy is reported as the embedding it shares, by the first stage)."""
         from torch.distributed.tensor import DTensor
 
         self._require_init()
         out = {}
         for part in self.parts:
             for name, param in part.named_parameters():
-                if param.grad is not None:
+                if param.grad is not None and name in self.owner_of:
                     grad = param.grad
                     out[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().clone()
         return out
@@ -341,13 +354,13 @@ class ArchonEngine(TrainEngine):
         from areal_tasks.engine.archon.state import sharded_state
 
         self._require_init()
-        return sharded_state(self.parts, self.optimizer)
+        return sharded_state(self.parts, self.optimizer, tied=self.args.tie_word_embeddings)
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         from areal_tasks.engine.archon.state import load_sharded
 
         self._require_init()
-        load_sharded(self.parts, self.optimizer, state)
+        load_sharded(self.parts, self.optimizer, state, tied=self.args.tie_word_embeddings)
 
     def engine_state(self) -> dict[str, Any]:
         self._require_init()

@@ -89,11 +89,6 @@ def layout_problems(
             problems.append(f"{field}={experts} is not divisible by expert parallelism e{ep}")
         if tp > 1:
             problems.append(f"expert parallelism e{ep} with tensor parallelism t{tp} is not supported: drop t or e")
-    if n_stages > 1 and config.get("tie_word_embeddings"):
-        problems.append(
-            "tie_word_embeddings=true shares the embedding (first stage) with the LM head (last stage), which "
-            "pipeline parallelism does not support yet: drop p for this model"
-        )
     return problems
 
 

@@ -71,10 +71,16 @@ def grad_norm_across_stages(params: list[torch.nn.Parameter], pp_group: ProcessG
 
 
 def clip_grad_norm_across_stages(
-    params: list[torch.nn.Parameter], max_norm: float, pp_group: ProcessGroup | None
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    pp_group: ProcessGroup | None,
+    *,
+    also: list[torch.nn.Parameter] | None = None,
 ) -> torch.Tensor:
     """Scale the gradients so that their global norm is at most ``max_norm`` (0: only measure it);
-    returns the norm before clipping. A non-finite norm leaves them untouched (the step is skipped)."""
+    returns the norm before clipping. A non-finite norm leaves them untouched (the step is skipped).
+    ``also``: the parameters to scale when they are more than those the norm counts (a tied
+    weight's second copy)."""
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -82,7 +88,7 @@ def clip_grad_norm_across_stages(
     coef = clip_coefficient(norm, max_norm)
     if coef is not None:
         with torch.no_grad():
-            for p in params:
+            for p in also if also is not None else params:
                 if p.grad is not None:
                     grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                     grad.mul_(coef.to(grad.device, grad.dtype))

@@ -38,44 +38,77 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
 
 
-def sharded_state(parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """``{"model": {name: shard}, "optim": {flat key: shard}}`` of this rank's stage modules (live
-    references; no ``optim`` without an optimizer). Taking it changes nothing."""
+_HEAD, _EMBED = "lm_head.weight", "embed_tokens.weight"
+
+
+def _canonical(key: str, part: torch.nn.Module, tied: bool) -> str | None:
+    """The checkpoint key of a state key: a tied LM head is saved as the embedding it shares (one
+    entry whatever the layout); None where the part's embedding entry already covers it."""
+    if not tied or _HEAD not in key:
+        return key
+    if getattr(part, "embed_tokens", None) is not None:
+        return None
+    return key.replace(_HEAD, _EMBED)
+
+
+def _source(key: str, part: torch.nn.Module, tied: bool) -> str:
+    """The checkpoint key a state key is loaded from (:func:`_canonical`, the head's alias included)."""
+    return key.replace(_HEAD, _EMBED) if tied and _HEAD in key else key
+
+
+def _part_states(
+    part: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    model = get_model_state_dict(part, options=_options())
+    optim = None if optimizer is None else get_optimizer_state_dict(part, optimizer, options=_options())
+    return model, optim
+
+
+def sharded_state(
+    parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer | None, *, tied: bool = False
+) -> dict[str, Any]:
+    """``{"model": {name: shard}, "optim": {flat key: shard}}`` of this rank's stage modules (live
+    references; no ``optim`` without an optimizer). Taking it changes nothing. ``tied``: the model
+    ties its LM head to its embedding (saved once, under the embedding's name)."""
+    started = optimizer is not None and bool(optimizer.state)
     model: dict[str, Any] = {}
-    for part in parts:
-        model.update(get_model_state_dict(part, options=_options()))
-    if optimizer is None:
-        return {"model": model}
-    started = bool(optimizer.state)
     optim: dict[str, Any] = {}
     for part in parts:
-        optim.update(get_optimizer_state_dict(part, optimizer, options=_options()))
+        part_model, part_optim = _part_states(part, optimizer)
+        for key, value in part_model.items():
+            if (name := _canonical(key, part, tied)) is not None:
+                model[name] = value
+        for key, value in (part_optim or {}).items():
+            if (name := _canonical(key, part, tied)) is not None:
+                optim[name] = value
+    if optimizer is None:
+        return {"model": model}
     if not started:  # the call initialises an empty state with a zero-lr step; keep "not started"
         optimizer.state.clear()
     return {"model": model, "optim": optim}
 
 
 def load_sharded(
-    parts: Sequence[torch.nn.Module], optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
+    parts: Sequence[torch.nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    state: dict[str, Any],
+    *,
+    tied: bool = False,
 ) -> None:
     """Apply a :func:`sharded_state` template that DCP filled."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    for part in parts:
-        names = set(_state_names(part))
-        set_model_state_dict(part, {k: v for k, v in state["model"].items() if k in names}, options=_options())
-    if optimizer is None:
-        return
-    if "optim" not in state:
+    if optimizer is not None and "optim" not in state:
         raise EngineError("the checkpoint holds no optimizer state for an engine that has an optimizer")
     for part in parts:
-        set_optimizer_state_dict(part, optimizer, state["optim"], options=_options(strict=False))
-
-
-def _state_names(part: torch.nn.Module) -> list[str]:
-    return [name for name, _ in part.named_parameters()] + [name for name, _ in part.named_buffers()]
+        own_model, own_optim = _part_states(part, optimizer)
+        model = {key: state["model"][_source(key, part, tied)] for key in own_model}
+        set_model_state_dict(part, model, options=_options())
+        if optimizer is not None:
+            optim = {key: state["optim"][_source(key, part, tied)] for key in own_optim or {}}
+            set_optimizer_state_dict(part, optimizer, optim, options=_options())
 
 
 def owned_names(parts: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:

@@ -111,9 +111,11 @@ def load_hf(engine: ArchonEngine, path: str) -> None:
     with torch.no_grad():
         for part in engine.parts:
             for name, param in part.named_parameters():
-                if name not in state:
-                    raise EngineError(f"{path} has no weights for {name!r}")
-                full = state[name].to(param.dtype)
+                # a pipeline's last stage holds its own copy of a tied head: the embedding's weights
+                source = "embed_tokens.weight" if name == "lm_head.weight" and engine.args.tie_word_embeddings else name
+                if source not in state:
+                    raise EngineError(f"{path} has no weights for {source!r}")
+                full = state[source].to(param.dtype)
                 if isinstance(param, DTensor):
                     param.copy_(distribute_tensor(full.to(param.device), param.device_mesh, param.placements))
                 else:
@@ -131,7 +133,9 @@ def save_dcp(engine: ArchonEngine, path: str, *, with_optimizer: bool = True) ->
     box = [str(staging_directory(path)) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     staging = Path(box[0])
-    dcp.save(sharded_state(engine.parts, engine.optimizer if with_optimizer else None), checkpoint_id=str(staging))
+    tied = engine.args.tie_word_embeddings
+    state = sharded_state(engine.parts, engine.optimizer if with_optimizer else None, tied=tied)
+    dcp.save(state, checkpoint_id=str(staging))
     dist.barrier()
     if dist.get_rank() == 0:
         (staging / TRAIN_STATE).write_text(json.dumps(engine.engine_state(), indent=2, sort_keys=True))
@@ -149,7 +153,8 @@ def load_dcp(engine: ArchonEngine, path: str, *, with_optimizer: bool = True) ->
     if not (target / TRAIN_STATE).is_file():
         raise EngineError(f"{target} is not a complete archon DCP checkpoint (no {TRAIN_STATE})")
     optimizer = engine.optimizer if with_optimizer else None
-    state = sharded_state(engine.parts, optimizer)
+    tied = engine.args.tie_word_embeddings
+    state = sharded_state(engine.parts, optimizer, tied=tied)
     dcp.load(state, checkpoint_id=str(target))
-    load_sharded(engine.parts, optimizer, state)
+    load_sharded(engine.parts, optimizer, state, tied=tied)
     engine.load_engine_state(json.loads((target / TRAIN_STATE).read_text()))
