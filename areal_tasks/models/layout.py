@@ -6,8 +6,15 @@ Rules (deliberately simple; the per-GPU memory figures come from the one estimat
 1. GPUs are split between inference and training, half and half (training gets the odd one).
    One GPU cannot be split and colocating both on it is not supported, so with 0 or 1 GPUs the
    recommendation is the CPU layout ``embedded:d1+fsdp:d1`` (fine for tiny models and the demo).
-2. MoE models train with Megatron and expert parallelism: EP is the largest power of two that
-   divides the expert count and the data-parallel size (Megatron shards experts over data ranks).
+2. MoE models of the families the archon engine defines (:data:`ARCHON_MOE_FAMILIES`) train with
+   archon and expert parallelism: ``archon:d{dp}e{ep}``, EP the largest power of two dividing the
+   expert count and ``dp * cp`` (archon splits experts over the data- and context-parallel ranks).
+   The archon estimate (:mod:`areal_tasks.models.memory_archon`: fp32 states sharded over every
+   data-parallel rank, experts over EP, no activation recomputation) decides. When ``d x e`` does not
+   fit, pipeline stages are tried (``p`` = 2, 4, ... dividing the training GPUs, at most one stage a
+   layer, never for tied embeddings), then Ulysses ``c`` (dividing the attention heads; not with
+   ``p``). Never ``t`` (archon does not combine it with ``e`` yet). Other MoE families (DeepSeek)
+   are planned like dense models on FSDP, which holds every expert on every rank.
 3. Dense models train with FSDP over all training GPUs when the engine's estimate (sharded states,
    gathered layers, activations with checkpointing) fits; otherwise the TP degree is raised
    (powers of two dividing the attention and KV heads, at most 8) until it does.
@@ -15,7 +22,9 @@ Rules (deliberately simple; the per-GPU memory figures come from the one estimat
    leave room for the KV cache; the remaining factor is data parallel.
 
 When nothing fits, the largest layout is returned with ``fits=False`` and the reasons say why.
-The allocation strings follow ``docs/allocation.md`` (``e`` divides ``d``; omitted dims are 1).
+The allocation strings follow ``docs/allocation.md`` (``e`` divides ``d x c``; omitted dims are 1);
+``tests/unit/models/test_layout_archon.py`` checks every MoE recommendation against the archon
+engine's own layout checker.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 
 from areal_tasks.errors import ModelError
 from areal_tasks.models import memory as mem
+from areal_tasks.models import memory_archon
 from areal_tasks.models.families import traits
 from areal_tasks.models.info import ModelInfo
 
@@ -37,6 +47,11 @@ MAX_TP = 8
 TRAIN_DTYPES = ("bfloat16", "float16", "float32")
 #: parameters above which CPU training is impractically slow
 CPU_PRACTICAL_PARAMETERS = 1_000_000_000
+#: the MoE families the archon engine defines (``engine/archon/layout.py``'s ``MOE_FAMILIES``; a
+#: test keeps the two equal).
+ARCHON_MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+#: the largest Ulysses degree the MoE plan tries.
+MAX_CP = 8
 
 
 @dataclass
@@ -58,14 +73,17 @@ class LayoutRecommendation:
     reasons: list[str] = field(default_factory=list)
     train_gib_per_gpu: float = 0.0
     inference_weights_gib_per_gpu: float = 0.0
+    train_pp: int = 1
+    train_cp: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
         return asdict(self)
 
 
-def _dims(d: int, t: int = 1, e: int = 1) -> str:
-    return f"d{d}" + (f"t{t}" if t > 1 else "") + (f"e{e}" if e > 1 else "")
+def _dims(d: int, t: int = 1, e: int = 1, p: int = 1, c: int = 1) -> str:
+    """``d4t2p2c2e4`` in the grammar's order, dims of 1 left out (``d`` always written)."""
+    return f"d{d}" + "".join(f"{name}{size}" for name, size in (("t", t), ("p", p), ("c", c), ("e", e)) if size > 1)
 
 
 def _tp_candidates(info: ModelInfo, n: int, need_kv: bool) -> list[int]:
@@ -159,8 +177,9 @@ def _plan_dense(
         need = _fsdp_bytes(info, n_train, tp, dtype, tokens)
         if need <= usable:
             why = "fits with pure data parallelism" if tp == 1 else f"needs tp={tp} to fit (activations split by TP)"
+            kind = "MoE" if info.is_moe else "dense"
             reasons.append(
-                f"train: dense model -> fsdp; ~{need / mem.GIB:.1f} GiB per GPU ({mem.TRAIN_STATE_BYTES} B/param of "
+                f"train: {kind} model -> fsdp; ~{need / mem.GIB:.1f} GiB per GPU ({mem.TRAIN_STATE_BYTES} B/param of "
                 f"sharded params, grads and AdamW states over {n_train} GPUs, plus gathered layers and activations "
                 f"with checkpointing): {why}"
             )
@@ -175,33 +194,93 @@ def _plan_dense(
     return tp, False, need
 
 
-def _plan_moe(
-    info: ModelInfo, n_train: int, usable: float, dtype: str, tokens: int, reasons: list[str]
-) -> tuple[int, int, bool, float]:
-    candidates = _tp_candidates(info, n_train, need_kv=True) or [1]
+@dataclass(frozen=True)
+class _ArchonPlan:
+    dp: int
+    pp: int
+    cp: int
+    ep: int
+    need: int
+
+    @property
+    def spec(self) -> str:
+        return _dims(self.dp, e=self.ep, p=self.pp, c=self.cp)
+
+
+def _archon_shapes(info: ModelInfo, n_train: int) -> list[tuple[int, int]]:
+    """``(pp, cp)`` in the order tried: neither, then pipeline stages, then Ulysses."""
+    dims = info.dims
+    shapes = [(1, 1)]
+    pp = 2
+    while pp <= n_train and pp <= dims.num_layers and not dims.tie_word_embeddings:
+        if n_train % pp == 0:
+            shapes.append((pp, 1))
+        pp *= 2
+    cp = 2
+    while cp <= min(n_train, MAX_CP):
+        if n_train % cp == 0 and dims.num_attention_heads % cp == 0:
+            shapes.append((1, cp))
+        cp *= 2
+    return shapes
+
+
+def _plan_archon(info: ModelInfo, n_train: int, usable: float, dtype: str, tokens: int) -> tuple[_ArchonPlan, bool]:
     dims = info.dims
     plans = []
-    for tp in candidates:
-        dp = n_train // tp
-        ep = _largest_power_of_two_dividing(dims.num_experts, dp)
-        need = mem.megatron_train_bytes(
-            dims, dp=dp, tp=tp, ep=ep, dtype=dtype, tokens_per_gpu=tokens, extra_params=info.num_vision_parameters
+    for pp, cp in _archon_shapes(info, n_train):
+        dp = n_train // (pp * cp)
+        ep = _largest_power_of_two_dividing(dims.num_experts, dp * cp)
+        need = memory_archon.archon_train_bytes(
+            dims,
+            dp=dp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            dtype=dtype,
+            tokens_per_gpu=tokens,
+            extra_params=info.num_vision_parameters,
         )
-        plans.append((tp, ep, need))
-    for tp, ep, need in plans:
+        plan = _ArchonPlan(dp=dp, pp=pp, cp=cp, ep=ep, need=need)
         if need <= usable:
-            reasons.append(
-                f"train: MoE ({dims.num_experts} experts, top-{dims.experts_per_token}) -> megatron with expert "
-                f"parallelism ep={ep} (largest power of two dividing the experts and dp={n_train // tp}), tp={tp}: "
-                f"~{need / mem.GIB:.1f} GiB per GPU"
-            )
-            return tp, ep, True, need
-    tp, ep, need = min(plans, key=lambda plan: plan[2])
-    reasons.append(
-        f"train: MoE does not fit: ~{need / mem.GIB:.1f} GiB per GPU at tp={tp}, ep={ep} exceeds "
-        f"{usable / mem.GIB:.1f} GiB usable; add GPUs (or pipeline parallelism, not planned here)"
+            return plan, True
+        plans.append(plan)
+    return plans[0], False  # d x e: the layout to shrink the micro-batches at
+
+
+def _archon_reason(info: ModelInfo, plan: _ArchonPlan, fits: bool, usable: float, dtype: str, tokens: int) -> str:
+    dims = info.dims
+    head = (
+        f"train: MoE ({dims.num_experts} experts, top-{dims.experts_per_token}) -> archon:{plan.spec}: expert "
+        f"parallelism ep={plan.ep} (largest power of two dividing the experts and the {plan.dp * plan.cp} data-"
+        f"parallel ranks; no t, which archon does not combine with e)"
     )
-    return tp, ep, False, need
+    extra = []
+    if plan.pp > 1:
+        extra.append(f"p={plan.pp} pipeline stages because d x e alone does not fit")
+    if plan.cp > 1:
+        extra.append(f"Ulysses c={plan.cp} splits the {tokens}-token micro-batches because d x e and p do not fit")
+    if dims.tie_word_embeddings:
+        extra.append("no p: tied word embeddings")
+    head += "".join(f"; {text}" for text in extra)
+    figures = (
+        f"~{plan.need / mem.GIB:.1f} GiB per GPU ({memory_archon.ARCHON_STATE_BYTES} B/param of fp32 params, grads "
+        f"and AdamW states sharded over every data-parallel rank, experts over ep, plus activations of "
+        f"{tokens}-token micro-batches, which archon does not recompute)"
+    )
+    if fits:
+        return f"{head}: {figures}"
+    during, _ = memory_archon.archon_static_bytes(
+        dims, dp=plan.dp, pp=plan.pp, cp=plan.cp, ep=plan.ep, dtype=dtype, extra_params=info.num_vision_parameters
+    )
+    per_token = memory_archon.archon_bytes_per_token(dims, dtype=dtype, pp=plan.pp, cp=plan.cp)
+    room = int((usable - during) // per_token)
+    advice = (
+        f"at this layout micro-batches of at most ~{room} tokens fit (micro_batch.max_tokens_per_mb); "
+        "or add GPUs (p and c did not make it fit either)"
+        if room > 0
+        else "the states alone exceed it: add training GPUs"
+    )
+    return f"{head}: does not fit: {figures} exceeds {usable / mem.GIB:.1f} GiB usable; {advice}"
 
 
 def recommend_layout(
@@ -231,16 +310,24 @@ def recommend_layout(
     reasons = [f"split {n_gpus} GPUs: {n_infer} for inference, {n_train} for training"]
     infer_tp, infer_fits = _plan_inference(info, n_infer, usable, reasons)
     infer_dims = _dims(n_infer // infer_tp, infer_tp)
-    if info.is_moe:
-        tp, ep, train_fits, need = _plan_moe(info, n_train, usable, train_dtype, tokens_per_gpu, reasons)
-        backend = "megatron"
+    pp = cp = 1
+    if info.is_moe and info.dims.family in ARCHON_MOE_FAMILIES:
+        plan, train_fits = _plan_archon(info, n_train, usable, train_dtype, tokens_per_gpu)
+        reasons.append(_archon_reason(info, plan, train_fits, usable, train_dtype, tokens_per_gpu))
+        backend, train_spec, need = "archon", plan.spec, plan.need
+        dp, tp, pp, cp, ep = plan.dp, 1, plan.pp, plan.cp, plan.ep
     else:
+        if info.is_moe:
+            reasons.append(
+                f"train: the archon engine does not define {info.dims.family!r} (it runs "
+                f"{', '.join(ARCHON_MOE_FAMILIES)} among MoE families): fsdp, every expert on every rank"
+            )
         tp, train_fits, need = _plan_dense(info, n_train, usable, train_dtype, tokens_per_gpu, reasons)
-        ep, backend = 1, "fsdp"
-    dp = n_train // tp
+        backend, dp, ep = "fsdp", n_train // tp, 1
+        train_spec = _dims(dp, tp)
     recommendation = LayoutRecommendation(
         train_backend=backend,
-        allocation=f"sglang:{infer_dims}+{backend}:{_dims(dp, tp, ep)}",
+        allocation=f"sglang:{infer_dims}+{backend}:{train_spec}",
         inference_backend="sglang",
         device="cuda",
         n_inference_gpus=n_infer,
@@ -254,6 +341,8 @@ def recommend_layout(
         reasons=reasons,
         train_gib_per_gpu=round(need / mem.GIB, 2),
         inference_weights_gib_per_gpu=round(mem.inference_weight_bytes(info.num_parameters, infer_tp) / mem.GIB, 2),
+        train_pp=pp,
+        train_cp=cp,
     )
     logger.debug("layout for %s on %d GPUs: %s", info.family, n_gpus, recommendation.allocation)
     return recommendation

@@ -3,10 +3,10 @@ per-GPU figures the layout recommendation plans with.
 
 The one estimator. The FSDP engine sizes its micro-batches with :func:`estimate_memory` and
 :func:`resolve_max_tokens_per_mb`; :func:`~areal_tasks.models.layout.recommend_layout` plans with
-:func:`fsdp_train_bytes` (the same estimate), :func:`megatron_train_bytes` and
-:func:`inference_weight_bytes`. The model's sizes come from one
-:class:`~areal_tasks.models.dims.ModelDims`. Torch-free at import (torch is imported only to read
-the device). Everything is bytes per GPU.
+:func:`fsdp_train_bytes` (the same estimate) and :func:`inference_weight_bytes`, and for the
+archon engine with :mod:`areal_tasks.models.memory_archon` (built on :func:`layer_activation_bytes`).
+The model's sizes come from one :class:`~areal_tasks.models.dims.ModelDims`. Torch-free at import
+(torch is imported only to read the device). Everything is bytes per GPU.
 
 Notation. From the model config: ``h`` hidden size, ``L`` layers, ``a`` attention heads, ``g``
 key/value heads, ``d`` head dim, ``I`` MLP intermediate size, ``V`` vocabulary; for MoE ``E``
@@ -81,16 +81,13 @@ tokens is::
 Layout planning (rules of thumb for a first allocation, not a guarantee). FSDP training: the
 estimate above with activation checkpointing on, and the chunked cross-entropy of the engine's LM
 head where the family allows it (else the full-vocabulary term); a vision tower's parameters are
-sharded like the rest. Megatron (distributed optimizer):
-each GPU holds its parameter slice in the compute dtype and fp32 gradients (``c + 4``), and ``1/dp``
-of the fp32 master weights and moments (12 bytes; 8 when the parameters are fp32); dense weights
-are sliced by TP, routed experts by EP; activations as above, with checkpointing and a fused
-(chunked) cross-entropy. Inference: bf16
-weights (2 bytes a parameter) divided by TP, which must leave a share of the GPU for the KV cache.
+sharded like the rest. Archon (MoE, expert and pipeline parallelism): ``memory_archon.py``.
+Inference: bf16 weights (2 bytes a parameter) divided by TP, which must leave a share of the GPU
+for the KV cache.
 
-Not modelled: expert parallelism in the engine estimate, the activations of latent attention
-(estimated as multi-head attention of head dim ``d``), vision-tower activations, the ``T x T``
-mask of SDPA fallbacks, allocator fragmentation (hence the 0.9 fraction of
+Not modelled here: expert parallelism and pipeline stages (``memory_archon.py`` has them), the
+activations of latent attention (estimated as multi-head attention of head dim ``d``),
+vision-tower activations, the ``T x T`` mask of SDPA fallbacks, allocator fragmentation (hence the 0.9 fraction of
 :func:`device_memory_budget` and :data:`USABLE_FRACTION`).
 """
 
@@ -233,7 +230,7 @@ def estimate_memory(
     opt_per_param = {"adamw": 8 + (4 if p < 4 else 0), "adamw_pure": 2 * p, "none": 0}[optimizer]
     step_per_param = {"adamw": 4, "adamw_pure": p, "none": 0}[optimizer]
 
-    layer, largest_layer = _layer_activation_bytes(dims, c)
+    layer, largest_layer = layer_activation_bytes(dims, c)
     h = dims.hidden_size
     head = h * (4 + c) + c * h
     chunked = ce_chunk_tokens is not None
@@ -400,34 +397,12 @@ def fsdp_train_bytes(
     return estimate.total_bytes(tokens_per_gpu) + -(-extra_params * TRAIN_STATE_BYTES // (dp * tp))
 
 
-def megatron_train_bytes(
-    dims: ModelDims, *, dp: int, tp: int, ep: int, dtype: str, tokens_per_gpu: int, extra_params: int = 0
-) -> int:
-    """Peak bytes of one Megatron training GPU (distributed optimizer; routed experts over EP, the
-    rest, ``extra_params`` included, over TP) with activation checkpointing and a chunked
-    cross-entropy."""
-    c = dtype_bytes(dtype)
-    experts = dims.routed_expert_params
-    local = (dims.num_params + extra_params - experts) / tp + experts / ep
-    optimizer = 12 if c < 4 else 8
-    states = local * (c + 4) + local * optimizer / dp
-    activations = estimate_memory(
-        dims,
-        param_dtype=dtype,
-        tp=tp,
-        fsdp_shard=False,
-        gradient_checkpointing=True,
-        ce_chunk_tokens=planning_chunk_tokens(dims.vocab_size, tokens_per_gpu),
-    )
-    return int(states) + activations.fixed_overhead_bytes + tokens_per_gpu * activations.activation_bytes_per_token_ckpt
-
-
 def inference_weight_bytes(num_params: int, tp: int) -> int:
     """bf16 weights of one inference server rank."""
     return -(-num_params * 2 // tp)
 
 
-def _layer_activation_bytes(dims: ModelDims, c: int) -> tuple[int, int]:
+def layer_activation_bytes(dims: ModelDims, c: int) -> tuple[int, int]:
     """Bytes a decoder layer keeps for backward per token: the mean over layers and the largest."""
     h, a, g, d = dims.hidden_size, dims.num_attention_heads, dims.num_kv_heads, dims.head_dim
     norm = h * (4 + c)

@@ -1,4 +1,5 @@
-"""Layout recommendations for a 0.5B, a 7B and a 70B dense model and a 30B MoE, on several GPU counts.
+"""Layout recommendations for a 0.5B, a 7B and a 70B dense model and a 30B MoE, on several GPU counts
+(the MoE families on archon in detail: ``test_layout_archon.py``).
 
 Every recommended spec must also parse under the project's allocation grammar with the given GPUs.
 """
@@ -64,7 +65,7 @@ def _check_consistent(rec: Any, n_gpus: int) -> None:
     mode = parse_allocation(rec.allocation, total_gpus=n_gpus)
     assert mode.total_gpus == rec.n_inference_gpus + rec.n_train_gpus <= n_gpus
     assert rec.inference_dp * rec.inference_tp == rec.n_inference_gpus
-    assert rec.train_dp * rec.train_tp == rec.n_train_gpus
+    assert rec.train_dp * rec.train_tp * rec.train_pp * rec.train_cp == rec.n_train_gpus
     assert rec.reasons
 
 
@@ -103,11 +104,22 @@ def test_more_memory_per_gpu_needs_less_tp() -> None:
     assert recommend_layout(_info(LLAMA3_70B), 64, gpu_memory_gb=141.0).train_tp == 1
 
 
-def test_moe_uses_megatron_with_expert_parallel() -> None:
+def test_moe_uses_archon_with_expert_parallel() -> None:
+    """Was megatron:d8e8 on 16 GPUs (megatron is not built); archon runs MoE with e over d x c."""
+    rec = recommend_layout(_info(QWEN3_30B_A3B), 64)
+    assert (rec.train_backend, rec.fits, rec.train_ep, rec.train_tp) == ("archon", True, 32, 1)
+    assert rec.allocation == "sglang:d16t2+archon:d8c4e32"
+    assert (rec.train_dp * rec.train_cp) % rec.train_ep == 0 and 128 % rec.train_ep == 0
+    assert any("Ulysses c=4" in reason for reason in rec.reasons)
+    _check_consistent(rec, 64)
+
+
+def test_moe_that_does_not_fit_says_which_micro_batch_would() -> None:
+    """archon recomputes no activations: 16K-token micro-batches of a 30B MoE overflow 8 training
+    GPUs, so the recommendation keeps d x e and names the micro-batch size that fits."""
     rec = recommend_layout(_info(QWEN3_30B_A3B), 16)
-    assert (rec.train_backend, rec.fits, rec.train_ep) == ("megatron", True, 8)
-    assert rec.allocation == "sglang:d4t2+megatron:d8e8"
-    assert rec.train_dp % rec.train_ep == 0 and 128 % rec.train_ep == 0
+    assert (rec.allocation, rec.fits) == ("sglang:d4t2+archon:d8e8", False)
+    assert "max_tokens_per_mb" in rec.reasons[-1]
     _check_consistent(rec, 16)
 
 

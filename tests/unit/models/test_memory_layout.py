@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from areal_tasks.models import memory as mem
-from areal_tasks.models import model_info_from_config, recommend_layout
+from areal_tasks.models import memory_archon, model_info_from_config, recommend_layout
 from areal_tasks.models.dims import ModelDims
 from areal_tasks.models.families import FAMILIES, traits
 
@@ -65,25 +65,38 @@ def test_a_vision_tower_is_sharded_training_state() -> None:
     assert with_tower - plain == 400 * mem.TRAIN_STATE_BYTES // 4
 
 
-def test_megatron_states_by_hand() -> None:
-    """Routed experts over EP, the rest over TP; bf16 params + fp32 grads, 1/dp of fp32 master and moments."""
+def test_archon_states_by_hand() -> None:
+    """Replaces the Megatron check (megatron is not built; MoE plans with archon). fp32 params, grads
+    and moments over every data-parallel rank of the stage; experts gathered 1/ep of them a layer."""
     dims = ModelDims.from_config(QWEN3_MOE)
     experts = dims.routed_expert_params
     assert experts == 48 * 128 * 3 * 2048 * 768
-    for dp, tp, ep in [(8, 1, 8), (4, 2, 4)]:
-        local = (dims.num_params - experts) / tp + experts / ep
-        states = int(local * 6 + local * 12 / dp)
-        activations = mem.estimate_memory(
-            dims,
-            param_dtype="bfloat16",
-            tp=tp,
-            fsdp_shard=False,
-            gradient_checkpointing=True,
-            ce_chunk_tokens=mem.planning_chunk_tokens(dims.vocab_size, 4096),
-        )
-        assert mem.megatron_train_bytes(dims, dp=dp, tp=tp, ep=ep, dtype="bfloat16", tokens_per_gpu=4096) == (
-            states + activations.fixed_overhead_bytes + 4096 * activations.activation_bytes_per_token_ckpt
-        )
+    layer_experts = 128 * 3 * 2048 * 768
+    for dp, pp, cp, ep in [(8, 1, 1, 8), (4, 2, 1, 4), (2, 1, 4, 8)]:
+        local = dims.num_params / (pp * dp * cp)
+        moe_layer = dims.layer_params(True) - layer_experts + layer_experts / ep
+        root = dims.root_params if pp == 1 else dims.vocab_size * 2048 + 2048
+        fixed = (root + 2 * moe_layer) * 2 + moe_layer * 6
+        static, late = memory_archon.archon_static_bytes(dims, dp=dp, pp=pp, cp=cp, ep=ep, dtype="bfloat16")
+        assert static == int(local * 16 + fixed)
+        assert late == int(local * 16 + max(local * 4, root * 6))  # the AdamW step's temporary moment
+        per_token = memory_archon.archon_bytes_per_token(dims, dtype="bfloat16", pp=pp, cp=cp)
+        total = memory_archon.archon_train_bytes(dims, dp=dp, pp=pp, cp=cp, ep=ep, dtype="bfloat16", tokens_per_gpu=64)
+        assert total == max(static + 64 * per_token, late)
+    # activations: every layer kept (no recomputation), Ulysses splits them; more experts per rank never less memory
+    assert memory_archon.archon_bytes_per_token(
+        dims, dtype="bfloat16", cp=4
+    ) * 4 >= memory_archon.archon_bytes_per_token(dims, dtype="bfloat16")
+    e8 = memory_archon.archon_train_bytes(dims, dp=8, ep=8, dtype="bfloat16", tokens_per_gpu=1024)
+    e1 = memory_archon.archon_train_bytes(dims, dp=8, ep=1, dtype="bfloat16", tokens_per_gpu=1024)
+    assert e8 < e1
+
+
+def test_archon_ep_must_divide_the_data_parallel_ranks() -> None:
+    from areal_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ep=8"):
+        memory_archon.archon_static_bytes(ModelDims.from_config(QWEN3_MOE), dp=4, ep=8, dtype="bfloat16")
 
 
 def test_inference_weights_are_bf16_over_tp() -> None:

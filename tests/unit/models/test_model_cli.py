@@ -34,7 +34,7 @@ def test_detect_prints_info_and_recommendation(tiny_dirs: dict[str, Path]) -> No
         1024,
     )
     assert data["num_parameters"] > data["num_active_parameters"] > 0
-    assert data["recommended"]["allocation"] == "sglang:d4+megatron:d4e4"
+    assert data["recommended"]["allocation"] == "sglang:d4+archon:d4e4"  # was megatron (not built)
 
 
 def test_detect_without_gpus_has_no_recommendation(tiny_dirs: dict[str, Path]) -> None:
