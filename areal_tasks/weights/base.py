@@ -18,7 +18,11 @@ The receiving side is the transport's :class:`WeightReceiver` (:meth:`WeightTran
 what a server does with one load (:class:`WeightLoad`): read and check a safetensors directory,
 receive a bucket over the group, or read the shared buffer. It returns the new tensors staged,
 checked against the served model (:class:`ServedWeights`) when one is given, so a server copies
-them in between two decode steps or not at all. The embedded server and the vLLM plugin use
+them in between two decode steps or not at all. Given the served model, a receiver hands tensors
+over in its names: per-expert MoE tensors (as the archon engine publishes them) come out stacked
+as the served module holds them (:mod:`areal_tasks.weights.expert_fold`); without it (vLLM), as
+they came. An update of several loads (a collective one's buckets) ends with
+:meth:`WeightReceiver.finish_update`. The embedded server and the vLLM plugin use
 these receivers; nothing on the server side imports an engine.
 
 Torch is imported inside functions: the module imports without it.
@@ -152,6 +156,12 @@ class WeightReceiver(ABC):
         """The tensors of ``load`` on this receiver's device, staged; checked against ``served``
         when given (names and shapes; a disk or shared load must also be complete). Raises
         :class:`WeightTransportError` naming what does not fit; nothing is applied here."""
+
+    def finish_update(self) -> None:  # noqa: B027 - optional hook; one-load receivers keep the default
+        """The last load of an update was received: raise :class:`WeightTransportError` when the
+        loads did not make a whole update (a collective one's buckets that left a MoE layer's
+        experts incomplete), and forget the update either way. Default: nothing (a disk or shared
+        load is a whole update, checked by :meth:`receive`)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook; receivers without state keep the default
         """Release what the receiver holds (groups, mappings). Default: nothing."""

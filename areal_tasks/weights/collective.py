@@ -18,7 +18,11 @@ SGLang servers, the embedded server and vLLM (through our plugin) alike:
   broadcast. With more buckets nothing is staged (holding every bucket would cost the model's
   bytes again): the broadcast packs bucket by bucket while the servers are paused.
 * **Receive.** :class:`CollectiveReceiver` is a server's end: it joins groups by name and receives
-  a bucket (one flattened broadcast, or one broadcast per tensor) into fresh tensors.
+  a bucket (one flattened broadcast, or one broadcast per tensor) into fresh tensors. For the
+  embedded server (a served model given) a bucket may hold only some experts of a MoE layer in
+  their per-expert names: the receiver keeps them until the layer is complete, hands them over
+  stacked as the served model holds them, and refuses an update that ends with a layer incomplete
+  (:mod:`.expert_fold`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from areal_tasks.weights.base import (
     rank_barrier,
 )
 from areal_tasks.weights.buckets import dtype_of, flat_bytes, flatten_bucket, split_flat
+from areal_tasks.weights.expert_fold import ExpertFold
 from areal_tasks.weights.group import WeightGroup, join_as_server, join_as_trainer
 
 if TYPE_CHECKING:
@@ -265,6 +270,8 @@ class CollectiveReceiver(WeightReceiver):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.groups: dict[str, WeightGroup] = {}
+        #: the per-expert tensors of the update under way, until their layers are complete
+        self._fold: ExpertFold | None = None
 
     def join(
         self,
@@ -312,15 +319,30 @@ class CollectiveReceiver(WeightReceiver):
         return None if group is None else group.destroy(timeout_s)
 
     def receive(self, load: WeightLoad, served: ServedWeights | None = None) -> dict[str, torch.Tensor]:
-        """Receive one bucket over ``load.group_name`` (checked by name and shape against ``served``;
-        a bucket is part of an update, so it need not be complete)."""
+        """Receive one bucket over ``load.group_name``. With ``served``: in the served names, per-expert
+        tensors held back until their layer's experts are all here and then handed over stacked
+        (:class:`~areal_tasks.weights.expert_fold.ExpertFold`; :meth:`finish_update` refuses an
+        update that ends with some held back), checked by name and shape (a bucket is part of an
+        update, so it need not be complete). Without: every tensor as it came (vLLM loads
+        per-expert names itself)."""
         group = self.groups.get(load.group_name or "")
         if group is None:
             raise WeightTransportError(f"group {load.group_name!r} is not initialized")
         received = receive_bucket(group, load.names, load.dtypes, load.shapes, load.load_format)
-        if served is not None:
-            served.check(received, complete=False)
-        return received
+        if served is None:
+            return received
+        if self._fold is None or self._fold.specs != served.specs:
+            self._fold = ExpertFold(served.specs)
+        folded = self._fold.add(received)
+        served.check(folded, complete=False)
+        return folded
+
+    def finish_update(self) -> None:
+        """Refuse an update whose buckets left a layer's experts incomplete, naming them (see
+        :meth:`ExpertFold.finish`); the next update starts afresh either way."""
+        fold, self._fold = self._fold, None
+        if fold is not None:
+            fold.finish()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Leave every group (server shutdown); each leave is bounded (``timeout_s``, default

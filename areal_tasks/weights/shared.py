@@ -13,6 +13,9 @@ copies the weights out of the buffer on its own device.
 * **Server** (:class:`SharedReceiver`): opens the buffer on its device once and keeps the mapping
   while the trainer names the same buffer; the views of one layout are made once and checked
   against the served model the first time (slicing 291 tensors anew cost more than the copy).
+  Per-expert MoE tensors (the archon engine's names) are stacked into the served model's expert
+  weights on every read (:mod:`.expert_fold`): a copy of the experts, as the buffer's views cannot
+  be stacked in place.
 * **Where it works**: only the embedded server reads buffers; :meth:`SharedTransport.placement_problems`
   refuses other backends, GPU servers that are not colocated with the actor, and multi-node CPU jobs.
 """
@@ -38,6 +41,7 @@ from areal_tasks.weights.base import (
     rank_barrier,
 )
 from areal_tasks.weights.buckets import dtype_of, split_flat
+from areal_tasks.weights.expert_fold import fold_expert_tensors
 from areal_tasks.weights.shared_buffer import SharedWeightBuffer, open_shared_buffer, pick_buffer, shared_layout
 
 if TYPE_CHECKING:
@@ -188,16 +192,21 @@ class SharedReceiver(WeightReceiver):
 
     def receive(self, load: WeightLoad, served: ServedWeights | None = None) -> dict[str, torch.Tensor]:
         """Views of the buffer's tensors (the caller copies them in and waits for the copy before
-        it answers, so the trainer may pack the next update at once); a buffer or layout seen
-        for the first time is checked against ``served``, and must be complete."""
+        it answers, so the trainer may pack the next update at once); with ``served``, in its
+        names: per-expert MoE tensors come out stacked (fresh tensors,
+        :func:`~areal_tasks.weights.expert_fold.fold_expert_tensors`). A buffer or layout seen for
+        the first time is checked against ``served``, and must be complete."""
         named, fresh = self.read(load.shared_buffers, load.names, load.dtypes, load.shapes)
-        if fresh and served is not None:  # the same buffer and layout as the last update: checked then
-            try:
-                served.check(named, complete=True)
-            except WeightTransportError:
-                self._views = None  # validate the next read's views again
-                raise
-        return named
+        if served is None:
+            return named
+        try:
+            folded = fold_expert_tensors(named, served.specs)
+            if fresh:  # the same buffer and layout as the last update: checked then
+                served.check(folded, complete=True)
+        except WeightTransportError:
+            self._views = None  # validate the next read's views again
+            raise
+        return folded
 
     def close(self) -> None:
         self._opened = self._views = None

@@ -22,6 +22,10 @@
   The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
 * **Sessions.** ``/update_weights_from_distributed`` runs only inside
   ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
+  ``/end_weight_update`` fails when the buckets left a MoE layer's per-expert tensors incomplete
+  (:meth:`~areal_tasks.weights.base.WeightReceiver.finish_update`), naming the missing experts;
+  the buckets applied before stay loaded (a collective update is applied bucket by bucket) and
+  the version is not bumped.
 * **Receivers.** What each kind of load reads and checks is the transport's receiving side
   (``areal_tasks.weights``): :class:`~areal_tasks.weights.disk.DiskReceiver` (a safetensors
   directory), :class:`~areal_tasks.weights.collective.CollectiveReceiver` (the groups this server
@@ -322,6 +326,11 @@ class WeightService:
         if self.session is None:
             return False, "no weight-update session is open; call begin_weight_update() first"
         session, self.session = self.session, None
+        try:
+            self.collective.finish_update()
+        except WeightTransportError as exc:
+            logger.error("end_weight_update: the update is incomplete, the buckets applied before stay loaded: %s", exc)
+            return False, f"Failed to update weights: {exc}"
         if session.loaded and not session.versioned:
             async with self._lock:
                 version = self._next_version()
@@ -412,7 +421,7 @@ class WeightService:
         if not success:
             return success, message
         try:
-            return await self.update_from_distributed(
+            loaded = await self.update_from_distributed(
                 req.names,
                 req.dtypes,
                 req.shapes,
@@ -423,7 +432,8 @@ class WeightService:
                 req.flush_cache,
             )
         finally:
-            await self.end()  # close the session either way, so the next update can open one
+            ended = await self.end()  # close the session either way, so the next update can open one
+        return ended if loaded[0] and not ended[0] else loaded
 
     async def set_version(self, new_version: str, abort_all: bool) -> None:
         if abort_all:

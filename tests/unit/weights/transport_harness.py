@@ -4,7 +4,9 @@
 tensors on one rank, floating-point ones kept in fp32 (master weights) and published in bf16.
 :func:`serve` is a server process: it takes the update the trainer's transport says the servers
 get (its meta and bucket plan), opens the mode's receiver, receives every bucket checked against the
-served model it is given, and saves what it got (or the error that refused it).
+served model it is given, finishes the update, and saves what it got (or the error that refused it).
+:class:`CheckpointSource` publishes a HF checkpoint's tensors under their on-disk names (per-expert
+MoE weights, as the archon engine does). :func:`publish` is the trainer's side of one update.
 
 Run as a script by the test: ``python transport_harness.py <request.json> <result.pt>``.
 """
@@ -68,6 +70,76 @@ class TinySource:
         return PretrainedConfig()
 
 
+class CheckpointSource(TinySource):
+    """A WeightSource on one rank publishing the tensors of the HF checkpoint ``model_dir`` in their
+    on-disk names and dtypes (``drop``: names left out, specs and stream alike)."""
+
+    def __init__(self, model_dir: Path, drop: str | None = None) -> None:
+        from safetensors.torch import load_file
+
+        super().__init__()
+        stored = load_file(str(model_dir / "model.safetensors"))
+        self.tensors = {n: stored[n] for n in sorted(stored) if drop is None or drop not in n}
+        self.model_path = str(model_dir)
+
+    def weight_specs(self) -> list[ParamSpec]:
+        return [ParamSpec(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in self.tensors.items()]
+
+    def hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_path)
+
+
+def publish(transport: Any, version: int, tmp_path: Path, served: dict, bucket_bytes: int | None = None) -> dict:
+    """One update of ``version`` (``bucket_bytes``: the collective bucket size, else the default):
+    the trainer's sequence here, the server's in another process; what the server saved."""
+    import dataclasses
+    import subprocess
+    import threading
+
+    meta = transport.plan(version)
+    if bucket_bytes is not None:
+        meta = dataclasses.replace(meta, bucket_bytes=bucket_bytes)
+    parts = transport.prepare(meta)
+    assert all(k.startswith("perf/") and v >= 0 for k, v in parts.items()), parts
+    if not transport.sends_while_paused:
+        transport.send(meta)
+    server_meta, buckets = transport.server_update(meta)
+    request = tmp_path / f"request-{version}.json"
+    result = tmp_path / f"result-{version}.pt"
+    request.write_text(
+        json.dumps(
+            {
+                "mode": transport.name,
+                "meta": server_meta.to_dict(),
+                "buckets": None
+                if buckets is None
+                else [[[s.name, s.dtype, list(s.shape)] for s in b] for b in buckets],
+                "served": served,
+            }
+        )
+    )
+    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(request), str(result)])
+    sender_error: list[BaseException] = []
+    if transport.sends_while_paused:  # the servers receive while the trainer sends
+
+        def send() -> None:
+            try:
+                transport.send(meta)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                sender_error.append(exc)
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the trainer's send did not finish"
+    assert server.wait(timeout=180) == 0, "the server process failed"
+    assert not sender_error, sender_error
+    transport.retire(meta)
+    return torch.load(result, weights_only=False)
+
+
 def served_specs(tensors: dict[str, torch.Tensor], *, reshape: str | None = None) -> dict[str, list]:
     """The served model as JSON: name -> [shape, dtype name]; ``reshape`` names one weight served
     with another shape (the update must be refused, naming it)."""
@@ -105,6 +177,11 @@ def serve(request: dict[str, Any], out: Path) -> None:
                 torch.save({"error": str(exc)}, out)
                 return
             got.update({n: t.clone() for n, t in received.items()})
+        try:
+            receiver.finish_update()
+        except WeightTransportError as exc:
+            torch.save({"error": str(exc)}, out)
+            return
         torch.save({"tensors": got}, out)
     finally:
         receiver.close()
