@@ -29,12 +29,19 @@ LAYOUTS = [
     ("qwen3_moe", {"dp": 4, "ep": 2}, {}),
     ("qwen2-tied", {"pp": 2}, {}),
     ("qwen2-tied", {"pp": 2}, {"pp_schedule": "interleaved_1f1b"}),
+    ("qwen3_moe-recompute", {"dp": 2, "ep": 2}, {}),
+    ("qwen3-recompute", {"pp": 2}, {}),
 ]
 
 
 def _model(factory, family: str):
     base, _, variant = family.partition("-")
     return factory(base, num_hidden_layers=4, **(TIED if variant == "tied" else {}))
+
+
+def _options(family: str) -> dict:
+    """Engine options a test name asks for (``-recompute``: activation checkpointing)."""
+    return {"gradient_checkpointing": True} if family.endswith("-recompute") else {}
 
 
 def _world(dims: dict) -> int:
@@ -92,9 +99,8 @@ def _merged(tmp_path, world: int) -> tuple[dict, list[dict]]:
 def test_layout_matches_transformers(family, dims, archon, tiny_model_factory, tmp_path):
     model_dir = _model(tiny_model_factory, family)
     world = _world(dims)
-    run_workers(
-        "workers_archon:layout_run", world, tmp_path, {"model_dir": str(model_dir), "dims": dims, "archon": archon}
-    )
+    args = {"model_dir": str(model_dir), "dims": dims, "archon": archon, "options": _options(family)}
+    run_workers("workers_archon:layout_run", world, tmp_path, args)
     ref = reference(model_dir)
     grads, results = _merged(tmp_path, world)
     assert set(grads) == set(ref["grads"]), sorted(set(grads) ^ set(ref["grads"]))

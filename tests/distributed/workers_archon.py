@@ -24,7 +24,13 @@ LR = 1e-3
 
 
 def build(
-    model_dir: str, dims: dict, *, n_mbs: int = 2, archon: dict | None = None, critic: bool = False
+    model_dir: str,
+    dims: dict,
+    *,
+    n_mbs: int = 2,
+    archon: dict | None = None,
+    critic: bool = False,
+    options: dict | None = None,
 ) -> ArchonEngine:
     cfg = EngineConfig(
         backend="archon",
@@ -32,6 +38,7 @@ def build(
         micro_batch=MicroBatchSpec(n_mbs=n_mbs),
         archon=ArchonConfig(**(archon or {})),
         value_head=critic,
+        **(options or {}),
     )
     engine = ArchonEngine(cfg, model_dir, parallel=ParallelDims(**dims), total_steps=4)
     engine.initialize()
@@ -58,10 +65,11 @@ def layout_run(
     archon: dict | None = None,
     critic: bool = False,
     load_hf_from: str | None = None,
+    options: dict | None = None,
 ) -> None:
     """Loss, gradients, grad norm and forward of one batch, then the weights after one AdamW step
     (``load_hf_from``: first load these HF weights into the built engine)."""
-    engine = build(model_dir, dims, n_mbs=n_mbs, archon=archon, critic=critic)
+    engine = build(model_dir, dims, n_mbs=n_mbs, archon=archon, critic=critic, options=options)
     if load_hf_from:
         engine.load(load_hf_from, "hf")
     batch = make_batch(seed=0)

@@ -49,6 +49,8 @@ class BuiltParts:
     n_moe_layers: int
     aux_coef: float
     partial_grad_modules: list[torch.nn.Module] = field(default_factory=list)
+    #: which compile, expert-kernel and recompute paths the engine runs (logs and benchmarks)
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 def hf_config_for(model_path: str, role: str) -> Any:
@@ -82,6 +84,7 @@ def build_parts(
     from areal_tasks.engine.archon.model.build import build_decoder
     from areal_tasks.engine.archon.parallel import apply
     from areal_tasks.engine.fsdp.build import compute_dtype_name
+    from areal_tasks.engine.fsdp.compile import should_compile
 
     dims = mesh.dims
     archon = config.archon
@@ -111,6 +114,8 @@ def build_parts(
     param_dtype_name = compute_dtype_name(config.dtype, device)
     param_dtype = None if param_dtype_name == "float32" else getattr(torch, param_dtype_name)
     partial: list[torch.nn.Module] = []
+    compile_on, compile_reason = should_compile(config.compile, device, tp=dims.tp, lora=False)
+    compiled: list[str] = []
     for part in parts:
         if dims.ep > 1:
             apply.apply_expert_parallel(part, mesh)
@@ -118,6 +123,10 @@ def build_parts(
             partial += apply.apply_tensor_parallel(part, mesh.mesh["tp"])
         if dims.sp > 1:
             apply.apply_context_parallel(part, mesh.group("cp"))
+        if compile_on:
+            compiled += apply.compile_pointwise(part)
+        if config.gradient_checkpointing:
+            apply.apply_activation_checkpointing(part)
         apply.apply_fsdp(part, mesh, param_dtype=param_dtype, cpu_offload=config.cpu_offload, experts_split=dims.ep > 1)
     return BuiltParts(
         args=args,
@@ -131,6 +140,11 @@ def build_parts(
         n_moe_layers=args.n_moe_layers if args.is_moe else 0,
         aux_coef=_aux_coef(archon.moe_aux_loss_coef, hf_config),
         partial_grad_modules=partial,
+        kernels={
+            "compile": f"{len(compiled)} modules (pointwise)" if compiled else f"off ({compile_reason})",
+            "moe_kernel": archon.moe_kernel,
+            "activation_checkpointing": str(config.gradient_checkpointing),
+        },
     )
 
 

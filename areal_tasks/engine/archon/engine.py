@@ -109,6 +109,8 @@ class ArchonEngine(TrainEngine):
         self.parts, self.partial_grad_modules = built.parts, built.partial_grad_modules
         self.weight_order, self.owner_of = built.weight_order, built.owner_of
         self.aux_coef = built.aux_coef
+        #: which compile, expert-kernel and recompute paths the engine runs (logs and benchmarks)
+        self.kernels = built.kernels
         self.spec = HeadSpec(
             role=self.role,
             temperature=self.temperature,

@@ -153,4 +153,5 @@ class ArchonDecoder(nn.Module):
             return logits
         logprob, entropy = next_token_stats(logits[0], labels.reshape(-1), temperature=temperature, with_entropy=True)
         assert entropy is not None
-        return torch.stack([logprob, entropy], dim=-1).unsqueeze(0)
+        # stacked from [1, T] rows: a fresh tensor, not a view (FSDP2 warns about module outputs that are views)
+        return torch.stack([logprob.unsqueeze(0), entropy.unsqueeze(0)], dim=-1)

@@ -21,7 +21,7 @@ same experts), or none when ``edp`` is 1 (nothing to shard or reduce: no other r
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import EngineError
 
@@ -131,6 +131,38 @@ def apply_context_parallel(model: torch.nn.Module, cp_group: object) -> None:
     """Give every attention the context-parallel group (Ulysses over heads inside the model)."""
     for layer in _layers(model):
         layer.self_attn.cp_group = cp_group
+
+
+def apply_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute every layer's activations in the backward (non-reentrant ``torch.utils.checkpoint``):
+    the forward keeps only each layer's input. The layer's ``forward`` is replaced on the instance,
+    so FSDP2's hooks and the parameter names are untouched."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    def run(forward: Any, *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    for layer in _layers(model):
+        layer.forward = functools.partial(run, layer.forward)
+
+
+def compile_pointwise(model: torch.nn.Module) -> list[str]:
+    """``torch.compile`` (dynamic shapes) the element-wise modules of every layer: the norms (q/k
+    norms too) and the dense or shared-expert MLP; the attention kernel, the router and the expert
+    dispatch stay eager. Returns the compiled modules' names."""
+    from areal_tasks.models.compile import length_agnostic_options
+
+    compiled = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        pointwise = leaf in ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm", "norm")
+        dense_mlp = leaf in ("mlp", "shared_expert") and not _is_moe(module)
+        if pointwise or dense_mlp:
+            module.compile(dynamic=True, options=length_agnostic_options())
+            compiled.append(name)
+    return compiled
 
 
 def apply_fsdp(
