@@ -41,6 +41,7 @@ __all__ = [
     "engine_dims",
     "flat_dims",
     "hybrid_backends",
+    "model_problems",
     "register_engine",
     "supported_dims",
     "unregister_engine",
@@ -60,6 +61,10 @@ ENGINES: Registry[type[TrainEngine]] = Registry(
 
 #: the allocation dims (``d``, ``t``, ``p``, ``c``, ``e``) each built backend runs, in that order.
 _DIMS: dict[str, str] = {"fsdp": "dtc", "archon": "dtpce"}
+
+#: per backend, ``"module:function"`` of ``fn(hf_config: dict, dims: ParallelDims, config: EngineConfig)
+#: -> list[str]``: why a model cannot run at a layout (checked before a job starts).
+_MODEL_CHECKS: dict[str, str] = {"archon": "areal_tasks.engine.archon.layout:model_problems"}
 
 #: built backends that take the MoE hybrid form ``backend:(attn:...|ffn:...)`` (:func:`flat_dims`).
 _HYBRID: set[str] = {"archon"}
@@ -148,6 +153,19 @@ def engine_dims(backend: str, dims: AllocationDims) -> ParallelDims:
         return ParallelDims(dp=dims.d, sp=dims.c, tp=dims.t, pp=dims.p, ep=dims.e)
     except EngineError as exc:
         raise ConfigError(f"allocation {dims.to_spec()!r}: {exc}") from exc
+
+
+def model_problems(backend: str, hf_config: dict, dims: ParallelDims, config: EngineConfig) -> list[str]:
+    """Why the model whose ``config.json`` is ``hf_config`` cannot run on ``backend`` at ``dims``
+    (empty: it can, or the backend checks nothing before it builds)."""
+    import importlib
+
+    ENGINES.check(backend)
+    target = _MODEL_CHECKS.get(backend)
+    if target is None:
+        return []
+    module, _, function = target.partition(":")
+    return list(getattr(importlib.import_module(module), function)(hf_config, dims, config))
 
 
 def build_engine(

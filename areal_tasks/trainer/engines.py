@@ -102,10 +102,33 @@ def build_engines(cfg: JobConfig, model_dir: str, n_steps: int) -> dict[str, Tra
 
 
 def engine_layout(engines: dict[str, ForwardEngine]) -> dict[str, dict[str, int]]:
-    """What each engine actually runs, from its own ``parallel``: world size, dp, tp and sp (for the
-    run's summary: ``engine_layout`` in ``rl_summary.json`` and ``summary.json``)."""
+    """What each engine actually runs, from its own ``parallel``: world size, dp, tp and sp, and pp
+    and ep where they are above 1 (for the run's summary: ``engine_layout`` in ``rl_summary.json``
+    and ``summary.json``)."""
     out = {}
     for name, engine in engines.items():
         info = engine.parallel
-        out[name] = {"world_size": info.world_size, "dp": info.dp_size, "tp": info.tp_size, "sp": info.sp_size}
+        layout = {"world_size": info.world_size, "dp": info.dp_size, "tp": info.tp_size, "sp": info.sp_size}
+        layout.update({dim: size for dim, size in (("pp", info.pp_size), ("ep", info.ep_size)) if size > 1})
+        out[name] = layout
     return out
+
+
+def check_layouts_fit_model(cfg: JobConfig, model_dir: str) -> None:
+    """Refuse (ConfigError naming the model fields and the dims) a layout the model cannot run, as
+    the engine registry's backends check it (archon: layers against pipeline stages, heads against
+    t and c, experts against e). Reads only ``config.json``: fails before any server or worker starts."""
+    import json
+    from pathlib import Path
+
+    from areal_tasks.engine.registry import model_problems
+
+    sections = {"actor": cfg.actor, "ref": cfg.ref or cfg.actor, "critic": cfg.critic}
+    hf_config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    for role, dims in engine_layouts(cfg).items():
+        section = sections.get(role)
+        problems = [] if section is None else model_problems(section.backend, hf_config, dims, section)
+        if problems:
+            raise ConfigError(
+                f"allocation {cfg.allocation!r}: the {role} cannot run {model_dir}: " + "; ".join(problems)
+            )

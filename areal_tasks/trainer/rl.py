@@ -149,6 +149,9 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
     try:
         preflight_storage(cfg, scheduler)  # several nodes: run dir and storage shared by all, else fail naming one
         node_names = [node.name for node in scheduler.nodes()]
+        from areal_tasks.trainer.engines import check_layouts_fit_model
+
+        check_layouts_fit_model(cfg, resolve_model_dir(cfg))  # before any server or worker starts
         model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
         config_path = paths.rl_config

@@ -48,7 +48,7 @@ def resolve_model_dir(cfg: JobConfig) -> str:
 
 
 def actor_world_size(cfg: JobConfig) -> int:
-    """The actor's ranks in the allocation (d * t * c): one SFT worker each."""
+    """The actor's ranks in the allocation (d * t * p * c): one SFT worker each."""
     return parse_allocation(cfg.allocation).actor().dims.world_size
 
 

@@ -16,7 +16,14 @@ from areal_tasks.errors import EngineError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ARCHON_FAMILIES", "MOE_FAMILIES", "check_archon_layout", "layout_problems", "stages_per_rank"]
+__all__ = [
+    "ARCHON_FAMILIES",
+    "MOE_FAMILIES",
+    "check_archon_layout",
+    "layout_problems",
+    "model_problems",
+    "stages_per_rank",
+]
 
 #: model types the archon decoder defines.
 ARCHON_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe", "mixtral")
@@ -108,3 +115,14 @@ def check_archon_layout(
     if problems:
         name = config.get("_name_or_path") or config.get("model_type")
         raise EngineError(f"the archon engine cannot run {name} at this layout: " + "; ".join(problems))
+
+
+def model_problems(config: Mapping[str, Any], dims: Any, engine_config: Any) -> list[str]:
+    """:func:`layout_problems` of an engine section (``EngineConfig``) at ``dims`` (``ParallelDims``):
+    what the engine registry asks before a job starts."""
+    archon = engine_config.archon
+    try:
+        v = stages_per_rank(archon.pp_schedule, archon.pp_stages_per_rank) if dims.pp > 1 else 1
+    except EngineError as exc:
+        return [str(exc)]
+    return layout_problems(config, tp=dims.tp, pp=dims.pp, cp=dims.sp, ep=dims.ep, stages_per_rank=v)

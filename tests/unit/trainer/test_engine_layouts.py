@@ -44,3 +44,18 @@ def test_a_ref_pool_of_another_size_is_refused():
     cfg = dataclasses.replace(valid, allocation="embedded[rollout]:d1+fsdp[actor]:d2+fsdp[ref]:d1")
     with pytest.raises(ConfigError, match="every engine runs on the actor's 2"):
         engine_layouts(cfg)
+
+
+def test_an_archon_layout_the_model_cannot_run_is_refused_before_anything_starts(tiny_model_factory):
+    from areal_tasks.trainer.engines import check_layouts_fit_model
+
+    moe = str(tiny_model_factory("qwen3_moe"))  # 2 layers, 4 experts
+    archon = ("actor.backend=archon",)
+    check_layouts_fit_model(_cfg("embedded:d1+archon:d4e4", *archon), moe)
+    with pytest.raises(ConfigError, match=r"num_experts=4 is not divisible by expert parallelism e8"):
+        check_layouts_fit_model(_cfg("embedded:d1+archon:d8e8", *archon), moe)
+    with pytest.raises(ConfigError, match=r"num_hidden_layers=2 cannot fill 4 pipeline stages"):
+        check_layouts_fit_model(_cfg("embedded:d1+archon:p4", *archon), moe)
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=2 is not divisible by tensor parallelism t4"):
+        check_layouts_fit_model(_cfg("embedded:d1+archon:t4", *archon), str(tiny_model_factory("qwen3")))
+    check_layouts_fit_model(_cfg("embedded:d1+fsdp:d8"), moe)  # fsdp checks nothing here
