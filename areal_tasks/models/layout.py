@@ -12,8 +12,8 @@ Rules (deliberately simple; the per-GPU memory figures come from the one estimat
    The archon estimate (:mod:`areal_tasks.models.memory_archon`: fp32 states sharded over every
    data-parallel rank, experts over EP, no activation recomputation) decides. When ``d x e`` does not
    fit, pipeline stages are tried (``p`` = 2, 4, ... dividing the training GPUs, at most one stage a
-   layer, never for tied embeddings), then Ulysses ``c`` (dividing the attention heads; not with
-   ``p``). Never ``t`` (archon does not combine it with ``e`` yet). Other MoE families (DeepSeek)
+   layer), then Ulysses ``c`` alone (dividing the attention heads). Never ``t``: archon runs the MoE
+   layers whole on every tensor-parallel rank, so ``t`` splits no expert. Other MoE families (DeepSeek)
    are planned like dense models on FSDP, which holds every expert on every rank.
 3. Dense models train with FSDP over all training GPUs when the engine's estimate (sharded states,
    gathered layers, activations with checkpointing) fits; otherwise the TP degree is raised
@@ -212,7 +212,7 @@ def _archon_shapes(info: ModelInfo, n_train: int) -> list[tuple[int, int]]:
     dims = info.dims
     shapes = [(1, 1)]
     pp = 2
-    while pp <= n_train and pp <= dims.num_layers and not dims.tie_word_embeddings:
+    while pp <= n_train and pp <= dims.num_layers:
         if n_train % pp == 0:
             shapes.append((pp, 1))
         pp *= 2
@@ -252,15 +252,13 @@ def _archon_reason(info: ModelInfo, plan: _ArchonPlan, fits: bool, usable: float
     head = (
         f"train: MoE ({dims.num_experts} experts, top-{dims.experts_per_token}) -> archon:{plan.spec}: expert "
         f"parallelism ep={plan.ep} (largest power of two dividing the experts and the {plan.dp * plan.cp} data-"
-        f"parallel ranks; no t, which archon does not combine with e)"
+        f"parallel ranks; no t: it would run the MoE layers whole on every tensor-parallel rank)"
     )
     extra = []
     if plan.pp > 1:
         extra.append(f"p={plan.pp} pipeline stages because d x e alone does not fit")
     if plan.cp > 1:
         extra.append(f"Ulysses c={plan.cp} splits the {tokens}-token micro-batches because d x e and p do not fit")
-    if dims.tie_word_embeddings:
-        extra.append("no p: tied word embeddings")
     head += "".join(f"; {text}" for text in extra)
     figures = (
         f"~{plan.need / mem.GIB:.1f} GiB per GPU ({memory_archon.ARCHON_STATE_BYTES} B/param of fp32 params, grads "

@@ -30,6 +30,10 @@ LAYOUTS = [
     ("qwen2-tied", {"pp": 2}, {}),
     ("qwen2-tied", {"pp": 2}, {"pp_schedule": "interleaved_1f1b"}),
     ("qwen3_moe-recompute", {"dp": 2, "ep": 2}, {}),
+    ("qwen3_moe", {"dp": 2, "tp": 2, "ep": 2}, {}),
+    ("qwen3_moe", {"dp": 2, "pp": 2, "ep": 2}, {}),
+    ("qwen3", {"pp": 2, "sp": 2}, {}),
+    ("qwen3_moe", {"sp": 2, "ep": 2}, {}),
     ("qwen3-recompute", {"pp": 2}, {}),
 ]
 
@@ -149,3 +153,40 @@ def test_a_checkpoint_reshards_to_another_layout(family, saved_at, loaded_at, ti
     assert set(loaded) == set(saved), sorted(set(loaded) ^ set(saved))
     for key, value in saved.items():
         assert torch.equal(loaded[key], value), key
+
+
+def critic_reference(model_dir) -> dict:
+    """The value loss, its gradients and the values of the single-process token-classification critic."""
+    from engine_helpers import sequences, value_loss
+
+    from areal_tasks.models.critic import load_critic
+
+    model = load_critic(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    batch = make_batch(seed=0)
+    values = []
+    for ids in sequences(batch):  # the value of token t is the head on the state after token t - 1
+        per_position = model(input_ids=ids[None]).logits.reshape(-1).float()
+        values.append(torch.cat([per_position.new_zeros(1), per_position[:-1]]))
+    values = torch.cat(values)
+    loss, _ = value_loss({"values": values}, batch)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": float(loss.detach()), "grads": grads, "values": values.detach()}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("dims", [{"dp": 2}, {"pp": 2}], ids=["dp2", "pp2"])
+def test_a_critic_matches_the_token_classification_model(dims, tiny_model_factory, tmp_path):
+    model_dir = tiny_model_factory("qwen3", num_hidden_layers=4)
+    world = _world(dims)
+    run_workers(
+        "workers_archon:layout_run", world, tmp_path, {"model_dir": str(model_dir), "dims": dims, "critic": True}
+    )
+    ref = critic_reference(model_dir)
+    grads, results = _merged(tmp_path, world)
+    assert set(grads) == set(ref["grads"]), sorted(set(grads) ^ set(ref["grads"]))
+    for name, grad in ref["grads"].items():
+        torch.testing.assert_close(grads[name], grad, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"grad {n}: {m}")
+    for result in results:
+        assert result["stats"]["loss"] == pytest.approx(ref["loss"], abs=ATOL)
+        torch.testing.assert_close(result["forward"]["values"], ref["values"], atol=ATOL, rtol=RTOL)

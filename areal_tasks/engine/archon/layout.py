@@ -85,8 +85,6 @@ def layout_problems(
             f"num_attention_heads={heads} / t{tp} = {heads // max(tp, 1)} heads a rank is not divisible by "
             f"context parallelism c{cp} (Ulysses splits heads)"
         )
-    if cp > 1 and n_stages > 1:
-        problems.append(f"context parallelism c{cp} with pipeline parallelism p{pp} is not supported: drop c or p")
     if ep > 1:
         experts = _n_experts(config)
         if model_type not in MOE_FAMILIES or experts == 0:
@@ -94,8 +92,6 @@ def layout_problems(
         elif experts % ep:
             field = "num_local_experts" if model_type == "mixtral" else "num_experts"
             problems.append(f"{field}={experts} is not divisible by expert parallelism e{ep}")
-        if tp > 1:
-            problems.append(f"expert parallelism e{ep} with tensor parallelism t{tp} is not supported: drop t or e")
     return problems
 
 

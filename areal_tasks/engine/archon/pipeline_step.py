@@ -96,5 +96,6 @@ def build_pipeline(engine: ArchonEngine, built: BuiltParts) -> PipelinedSteps:
         temperature=engine.temperature,
         grad_entropy=engine.grad_entropy,
         pad_to_multiple_of=max(engine.config.micro_batch.pad_to_multiple_of, 8),
+        cp_group=engine.mesh.group("cp") if engine.mesh.dims.sp > 1 else None,
     )
     return PipelinedSteps(runner, engine.spec)

@@ -10,6 +10,11 @@ before the loss sees anything. A micro-batch the schedule needed but the batch d
 Only the token ids travel through the schedule as a stacked ``[n_mb, T_pad]`` tensor; the rest of a
 micro-batch (sequence bounds, positions, labels) stays here, looked up by its index on every stage,
 so sequence bounds of different lengths never need stacking.
+
+With context parallelism (``cp`` ranks, Ulysses) each rank keeps its contiguous ``T_pad / cp`` slice
+of the per-token tensors (ids, positions, labels, mask) while the sequence bounds stay global (the
+attention runs on the whole row after its all-to-all); the last stage's scores are gathered back
+to ``T_pad`` and the MoE statistics summed over the ``cp`` ranks before the loss sees them.
 """
 
 from __future__ import annotations
@@ -59,9 +64,19 @@ def padded_length(micro_batches: Sequence[dict[str, Any]], multiple: int = 1) ->
 
 
 def pad_micro_batches(
-    micro_batches: Sequence[dict[str, torch.Tensor]], n_total: int, length: int, device: torch.device
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    n_total: int,
+    length: int,
+    device: torch.device,
+    *,
+    cp: int = 1,
+    cp_rank: int = 0,
 ) -> list[PaddedMicroBatch]:
-    """``micro_batches`` padded to ``length`` tokens, plus ``n_total - len(micro_batches)`` all-pad ones."""
+    """``micro_batches`` padded to ``length`` tokens, plus ``n_total - len(micro_batches)`` all-pad
+    ones; with ``cp`` > 1 the per-token tensors are this context-parallel rank's slice."""
+    if length % cp:
+        raise EngineError(f"the padded length {length} is not a multiple of the context-parallel size c{cp}")
+    part = slice(cp_rank * (length // cp), (cp_rank + 1) * (length // cp))
     import torch
 
     from areal_tasks.engine.microbatch import position_ids_from_cu_seqlens
@@ -94,14 +109,14 @@ def pad_micro_batches(
             PaddedMicroBatch(
                 mb=mb,
                 n_real=n,
-                input_ids=_pad(ids.to(device=device, dtype=torch.long), pad, 0),
+                input_ids=_pad(ids.to(device=device, dtype=torch.long), pad, 0)[part],
                 position_ids=torch.cat(
                     [positions.to(device=device, dtype=torch.long), torch.arange(pad, device=device)]
-                ).unsqueeze(0),
+                )[part].unsqueeze(0),
                 cu_seqlens=torch.tensor(full_bounds, dtype=torch.int32, device=device),
                 bounds=full_bounds,
-                labels=_pad(labels.to(device=device, dtype=torch.long), pad, 0).unsqueeze(0),
-                token_mask=(torch.arange(length, device=device) < n).unsqueeze(0),
+                labels=_pad(labels.to(device=device, dtype=torch.long), pad, 0)[part].unsqueeze(0),
+                token_mask=(torch.arange(length, device=device) < n)[part].unsqueeze(0),
                 cu_real=cu.to(device) if mb is not None else None,
             )
         )
@@ -138,13 +153,24 @@ def per_token_outputs(
     role: str,
     with_entropy: bool,
     grad_entropy: bool,
+    cp_group: Any = None,
 ) -> dict[str, torch.Tensor]:
     """The last stage's ``[1, T_pad, 2 | 1]`` output -> the loss contract's per-token ``[T]`` outputs
-    (aligned to the tokens as ``api/batch.py`` says), plus ``moe_aux`` ``[2, E]`` for MoE models."""
+    (aligned to the tokens as ``api/batch.py`` says), plus ``moe_aux`` ``[2, E]`` for MoE models.
+    ``cp_group``: this rank holds a context-parallel slice (gathered, the statistics summed, here)."""
+    import torch
+
     from areal_tasks.kernels.logprobs import align_to_tokens
 
     if p.cu_real is None:
         raise EngineError("a padding micro-batch has no outputs")
+    if cp_group is not None:
+        from areal_tasks.engine.archon.forward import sum_over_group
+        from areal_tasks.engine.parallel.ulysses import gather_sequence
+
+        columns = [gather_sequence(out[0, :, i].contiguous(), cp_group) for i in range(out.shape[-1])]
+        out = torch.stack(columns, dim=-1).unsqueeze(0)
+        aux = sum_over_group(aux, cp_group) if aux is not None else None
     head = out[0, : p.n_real]
     if role == "critic":
         result = {"values": align_to_tokens(head[:, 0].float(), p.cu_real)}

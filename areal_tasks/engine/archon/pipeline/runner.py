@@ -127,11 +127,13 @@ class PipelineRunner:
         grad_entropy: bool = False,
         pad_to_multiple_of: int = 1,
         cache_size: int = 2,
+        cp_group: ProcessGroup | None = None,
     ) -> None:
         """``stages``: ``(stage index, module)`` of this rank (``stages.build_stage_modules``);
         ``pp_group``: the pipeline's process group (None: the default group); ``pad_to_multiple_of``:
         round the padded length up (fewer distinct lengths, fewer rebuilt stage objects);
-        ``cache_size``: how many (micro-batch count, length) schedule builds to keep."""
+        ``cache_size``: how many (micro-batch count, length) schedule builds to keep; ``cp_group``:
+        the context-parallel group (each rank runs its slice of every micro-batch's tokens)."""
         import torch.distributed as dist
 
         self.spec = schedule_spec(schedule, plan.stages_per_rank)
@@ -149,7 +151,10 @@ class PipelineRunner:
             raise EngineError(f"pp rank {self.pp_rank} must hold stages {expected}, got {[s for s, _ in stages]}")
         self.stages = list(stages)
         self.temperature, self.grad_entropy = temperature, grad_entropy
-        self.multiple, self.cache_size = pad_to_multiple_of, cache_size
+        self.cp_group = cp_group
+        self.cp = 1 if cp_group is None else dist.get_world_size(cp_group)
+        self.cp_rank = 0 if cp_group is None else dist.get_rank(cp_group)
+        self.multiple, self.cache_size = math.lcm(pad_to_multiple_of, self.cp), cache_size
         self._schedules: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._ctx: list[PaddedMicroBatch] = []
         self._step: _Step | None = None
@@ -194,12 +199,12 @@ class PipelineRunner:
         if n_total != n:
             logger.debug("pipeline schedule %s: %d micro-batches padded to %d", self.spec.name, n, n_total)
         length = padded_length(micro_batches, self.multiple)
-        self._ctx = pad_micro_batches(micro_batches, n_total, length, self.device)
+        self._ctx = self._pad(micro_batches, n_total, length)
         all_weights = [float(w) for w in weights] + [0.0] * (n_total - n)
         self._step = _Step(loss_fn, all_weights, float(total_weight), float(grad_scale))
         try:
             if backward:
-                schedule = self._schedule(n_total, length)
+                schedule = self._schedule(n_total, length // self.cp)
                 index = torch.arange(n_total)
                 args = (torch.stack([p.input_ids for p in self._ctx]),) if self.stages[0][0] == 0 else ()
                 schedule.step(*args, target=index, return_outputs=False, **{MB_INDEX_KWARG: index})
@@ -211,6 +216,11 @@ class PipelineRunner:
             return self._broadcast_stats(n)
         finally:
             self._ctx, self._step = [], None
+
+    def _pad(
+        self, micro_batches: Sequence[dict[str, torch.Tensor]], n_total: int, length: int
+    ) -> list[PaddedMicroBatch]:
+        return pad_micro_batches(micro_batches, n_total, length, self.device, cp=self.cp, cp_rank=self.cp_rank)
 
     def _schedule(self, n_total: int, length: int) -> Any:
         from torch.distributed.pipelining import PipelineStage
@@ -273,7 +283,9 @@ class PipelineRunner:
         if weight <= 0 or p.mb is None:
             zero = out.sum() * 0.0
             return zero + aux.sum() * 0.0 if aux is not None else zero
-        outputs = per_token_outputs(out, aux, p, role=self.io.role, with_entropy=True, grad_entropy=self.grad_entropy)
+        outputs = per_token_outputs(
+            out, aux, p, role=self.io.role, with_entropy=True, grad_entropy=self.grad_entropy, cp_group=self.cp_group
+        )
         loss, stats = step.loss_fn(outputs, p.mb)
         step.recorded[index] = (loss.detach(), dict(stats))
         return loss * (weight / step.total_weight * step.grad_scale)
@@ -302,7 +314,7 @@ class PipelineRunner:
         if not micro_batches:
             raise EngineError("forward needs at least one micro-batch")
         length = padded_length(micro_batches, self.multiple)
-        ctx = pad_micro_batches(micro_batches, len(micro_batches), length, self.device)
+        ctx = self._pad(micro_batches, len(micro_batches), length)
         self._ctx = ctx
         try:
             with torch.no_grad():
@@ -314,6 +326,7 @@ class PipelineRunner:
                         role=self.io.role,
                         with_entropy=with_entropy,
                         grad_entropy=False,
+                        cp_group=self.cp_group,
                     )
                     for k, out in last.items()
                 }
