@@ -190,3 +190,28 @@ def test_a_critic_matches_the_token_classification_model(dims, tiny_model_factor
     for result in results:
         assert result["stats"]["loss"] == pytest.approx(ref["loss"], abs=ATOL)
         torch.testing.assert_close(result["forward"]["values"], ref["values"], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("family", "dims"),
+    [("qwen3_moe", {"dp": 2, "ep": 2}), ("qwen2-tied", {"pp": 2}), ("mixtral", {"pp": 2})],
+    ids=["qwen3_moe-d2e2", "qwen2-tied-p2", "mixtral-p2"],
+)
+def test_the_hf_export_is_the_checkpoint_it_was_built_from(family, dims, tiny_model_factory, tmp_path):
+    """Exported from sharded stages and experts, the HF directory holds exactly the source
+    checkpoint's tensors under its names (per-expert, no LM head when tied), loads in plain
+    transformers, and survives a load back into the engine."""
+    from transformers import AutoModelForCausalLM
+
+    from areal_tasks.models.safetensors_dir import read_safetensors_dir
+
+    model_dir = _model(tiny_model_factory, family)
+    run_workers("workers_archon:export_run", _world(dims), tmp_path, {"model_dir": str(model_dir), "dims": dims})
+    source = read_safetensors_dir(model_dir)
+    for exported in (tmp_path / "hf", tmp_path / "hf_again"):
+        tensors = read_safetensors_dir(exported)
+        assert set(tensors) == set(source), sorted(set(tensors) ^ set(source))
+        for name, tensor in source.items():
+            assert torch.equal(tensors[name], tensor), name
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))

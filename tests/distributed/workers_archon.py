@@ -132,3 +132,12 @@ def reshard_load(rank: int, world: int, out_dir: Path, model_dir: str, dims: dic
     state["next_loss"] = torch.tensor(stats["loss"])
     torch.save(state, out_dir / f"loaded_rank{rank}.pt")
     engine.destroy()
+
+
+def export_run(rank: int, world: int, out_dir: Path, model_dir: str, dims: dict) -> None:
+    """The HF export of a freshly built engine, and the same weights loaded back through ``load``."""
+    engine = build(model_dir, dims)
+    engine.save(str(out_dir / "hf"), "hf")
+    engine.load(str(out_dir / "hf"), "hf")
+    engine.save(str(out_dir / "hf_again"), "hf")
+    engine.destroy()
