@@ -39,6 +39,14 @@ from areal_tasks.engine.archon.forward import AUX_LOSS_KEY, ArchonForward, HeadS
 from areal_tasks.engine.archon.parallel.mesh import ArchonMesh
 from areal_tasks.engine.fsdp.step_stats import PendingStats, WeightedSums
 from areal_tasks.engine.parallel.mesh import ParallelDims
+from areal_tasks.engine.step_common import (
+    all_reduce_sum,
+    backward_micro_batch,
+    init_default_group,
+    local_device,
+    loss_weights,
+    plan_micro_batches,
+)
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -96,11 +104,10 @@ class ArchonEngine(TrainEngine):
         import torch.distributed as dist
 
         from areal_tasks.engine.archon.build_parts import build_parts
-        from areal_tasks.engine.fsdp.engine import _init_default_group, _local_device
 
         if not dist.is_initialized():
-            _init_default_group()
-        self.device = _local_device()
+            init_default_group()
+        self.device = local_device()
         dims = self._requested_dims or ParallelDims.for_world(dist.get_world_size())
         self.mesh = ArchonMesh(dims, self.device.type)
         torch.manual_seed(self.seed)
@@ -168,31 +175,12 @@ class ArchonEngine(TrainEngine):
 
     # ------------------------------------------------------------- batches
     def _plan(self, batch: Batch) -> tuple[Any, list[Batch], list[tuple[int, ...]]]:
-        """(the plan, split on the host; its micro-batches on the device; their host sequence bounds)."""
-        from areal_tasks.api.batch import CU_SEQLENS
-        from areal_tasks.engine.fsdp.engine import _to_device
-        from areal_tasks.engine.microbatch import agree_on_n_mbs, split_into_micro_batches
-
-        host = {k: v if v.device.type == "cpu" else v.cpu() for k, v in batch.items()}
-        plan = split_into_micro_batches(host, self.mb_spec)
-        # every pipeline rank of a data-parallel replica holds the same batch: agreeing over dp suffices
-        n = agree_on_n_mbs(plan.n_micro_batches, self.mesh.group("dp"))
-        if n != plan.n_micro_batches:
-            plan = split_into_micro_batches(host, self.mb_spec, n_mbs_override=n)
-        on_device = [_to_device(mb, self.device) for mb in plan.micro_batches]
-        bounds = [tuple(mb[CU_SEQLENS].tolist()) for mb in plan.micro_batches]
-        return plan, on_device, bounds
+        """(the plan, split on the host; its micro-batches on the device; their host sequence bounds).
+        Every pipeline rank of a data-parallel replica holds the same batch: agreeing over dp suffices."""
+        return plan_micro_batches(batch, self.mb_spec, self.mesh.group("dp"), self.device)
 
     def _all_reduce_dp(self, values: list[float]) -> list[float]:
-        import torch
-        import torch.distributed as dist
-
-        group = self.mesh.group("dp")
-        if dist.get_world_size(group) == 1:
-            return list(values)
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, group=group)
-        return tensor.tolist()
+        return all_reduce_sum(values, self.mesh.group("dp"), self.device)
 
     def _loss_with_aux(self, loss_fn: LossFn) -> LossFn:
         """``loss_fn`` plus the weighted MoE load-balancing loss (reported as ``moe_aux_loss``)."""
@@ -211,9 +199,7 @@ class ArchonEngine(TrainEngine):
         import torch
 
         plan, device_mbs, bounds = self._plan(batch)
-        weights = [float(loss_weight_fn(mb)) for mb in plan.micro_batches]
-        if any(w < 0 or not math.isfinite(w) for w in weights):
-            raise EngineError(f"loss_weight_fn returned an invalid weight in {weights}")
+        weights = loss_weights(plan.micro_batches, loss_weight_fn)
         total_weight, n_tokens = self._all_reduce_dp([sum(weights), float(plan.n_tokens)])
         if total_weight <= 0:
             raise EngineError("the loss weights of the whole batch sum to 0 on every rank: nothing to train on")
@@ -230,10 +216,7 @@ class ArchonEngine(TrainEngine):
                 outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
                 loss, stats = full_loss(outputs, mb)
                 if backward:
-                    if weight > 0:
-                        (loss * (weight / total_weight * grad_scale)).backward()
-                    else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
-                        (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+                    backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
             if weight > 0:
                 sums.add({"loss": loss, **stats}, weight)
         return PendingStats(self._all_reduce_dp, sums, total_weight, n_tokens)

@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.train_engine import (
@@ -51,6 +50,14 @@ from areal_tasks.engine.fsdp.optim import (
 )
 from areal_tasks.engine.fsdp.step_stats import PendingStats, QueuedStep, WeightedSums
 from areal_tasks.engine.parallel.mesh import EngineMesh, ParallelDims
+from areal_tasks.engine.step_common import (
+    all_reduce_sum,
+    backward_micro_batch,
+    init_default_group,
+    local_device,
+    loss_weights,
+    plan_micro_batches,
+)
 from areal_tasks.errors import EngineError
 
 if TYPE_CHECKING:
@@ -112,8 +119,8 @@ class FSDPEngine(TrainEngine):
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            _init_default_group()
-        self.device = _local_device()
+            init_default_group()
+        self.device = local_device()
         dims = self._requested_dims or ParallelDims.for_world(dist.get_world_size())
         self.mesh = EngineMesh(dims, self.device.type)
         torch.manual_seed(self.seed)
@@ -198,27 +205,10 @@ class FSDPEngine(TrainEngine):
     # ------------------------------------------------------------- batches
     def _plan(self, batch: Batch) -> tuple[MicroBatchPlan, list[Batch], list[tuple[int, ...]]]:
         """(the plan, split on the host; its micro-batches on the device; their host sequence bounds)."""
-        from areal_tasks.api.batch import CU_SEQLENS
-        from areal_tasks.engine.microbatch import agree_on_n_mbs, split_into_micro_batches
-
-        host = {k: v if v.device.type == "cpu" else v.cpu() for k, v in batch.items()}
-        plan = split_into_micro_batches(host, self.mb_spec)
-        n = agree_on_n_mbs(plan.n_micro_batches, self.mesh.dp_group)
-        if n != plan.n_micro_batches:
-            plan = split_into_micro_batches(host, self.mb_spec, n_mbs_override=n)
-        on_device = [_to_device(mb, self.device) for mb in plan.micro_batches]
-        bounds = [tuple(mb[CU_SEQLENS].tolist()) for mb in plan.micro_batches]
-        return plan, on_device, bounds
+        return plan_micro_batches(batch, self.mb_spec, self.mesh.dp_group, self.device)
 
     def _all_reduce_dp(self, values: list[float]) -> list[float]:
-        import torch
-        import torch.distributed as dist
-
-        if dist.get_world_size(self.mesh.dp_group) == 1:
-            return list(values)  # nothing to reduce, and no device round trip (two synchronisations)
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, group=self.mesh.dp_group)
-        return tensor.tolist()
+        return all_reduce_sum(values, self.mesh.dp_group, self.device)
 
     def _run(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, *, backward: bool) -> PendingStats:
         """Forward (and backward) of every micro-batch; the stats stay on the device until
@@ -234,9 +224,7 @@ class FSDPEngine(TrainEngine):
         import torch
 
         plan, device_mbs, bounds = self._plan(batch)
-        weights = [float(loss_weight_fn(mb)) for mb in plan.micro_batches]  # host copies: no device sync
-        if any(w < 0 or not math.isfinite(w) for w in weights):
-            raise EngineError(f"loss_weight_fn returned an invalid weight in {weights}")
+        weights = loss_weights(plan.micro_batches, loss_weight_fn)  # host copies: no device sync
         total_weight, n_tokens = self._all_reduce_dp([sum(weights), float(plan.n_tokens)])
         if total_weight <= 0:
             raise EngineError("the loss weights of the whole batch sum to 0 on every rank: nothing to train on")
@@ -254,10 +242,7 @@ class FSDPEngine(TrainEngine):
                     outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
                     loss, stats = loss_fn(outputs, mb)
                     if backward:
-                        if weight > 0:
-                            (loss * (weight / total_weight * grad_scale)).backward()
-                        else:  # a padding micro-batch: keep FSDP's collectives in step, add nothing
-                            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+                        backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
                 if backward and self._flat is not None:
                     self._flat.accumulate()  # into the fp32 master gradients
                 if weight > 0:
@@ -474,49 +459,11 @@ class FSDPEngine(TrainEngine):
         self._initialized = False
 
 
-def _to_device(mb: Batch, device: torch.device) -> Batch:
-    """A host micro-batch on ``device``: pinned, non-blocking copies on CUDA (no wait for queued work)."""
-    if device.type != "cuda":
-        return {k: v.to(device) for k, v in mb.items()}
-    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in mb.items()}
-
-
 def _hf_config_of(model: torch.nn.Module) -> Any:
     config = getattr(model, "config", None)
     if config is None and hasattr(model, "get_base_model"):  # peft
         config = getattr(model.get_base_model(), "config", None)
     return config
-
-
-def _init_default_group() -> None:
-    """Join the default process group: ``env://`` under a launcher, else a world of one.
-
-    A world of one rendezvouses through an in-process ``HashStore``: nothing to share with another
-    process, so no file store (which left a ``/tmp/areal_pg_*`` directory behind per engine).
-    """
-    import torch
-    import torch.distributed as dist
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from areal_tasks.launch.netif import pin_socket_interface
-
-        pin_socket_interface()  # ranks on several nodes: listen on the node's address, not loopback
-        dist.init_process_group(backend)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-
-
-def _local_device() -> torch.device:
-    import torch
-
-    if torch.cuda.is_available():
-        from areal_tasks.api.scheduler import local_device_index
-
-        index = local_device_index()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
 
 
 def _settle_keep_logits(config: EngineConfig, built: BuiltModel, device: torch.device, *, trainable: bool) -> None:

@@ -20,12 +20,12 @@ _SCRIPT = textwrap.dedent(
     import os
     import torch
     import torch.distributed as dist
-    from areal_tasks.engine.fsdp.engine import _init_default_group
+    from areal_tasks.engine.step_common import init_default_group
 
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(key, None)
     for _ in range(2):
-        _init_default_group()
+        init_default_group()
         value = torch.ones(3)
         dist.all_reduce(value)
         assert dist.get_world_size() == 1 and value.tolist() == [1.0, 1.0, 1.0]
