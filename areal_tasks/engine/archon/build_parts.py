@@ -51,6 +51,8 @@ class BuiltParts:
     partial_grad_modules: list[torch.nn.Module] = field(default_factory=list)
     #: which compile, expert-kernel and recompute paths the engine runs (logs and benchmarks)
     kernels: dict[str, str] = field(default_factory=dict)
+    #: one rank without FSDP: the flat fp32 master and compute-dtype buffers (``fsdp/flat_params.py``)
+    flat: Any = None
 
 
 def hf_config_for(model_path: str, role: str) -> Any:
@@ -127,7 +129,16 @@ def build_parts(
             compiled += apply.compile_pointwise(part)
         if config.gradient_checkpointing:
             apply.apply_activation_checkpointing(part)
-        apply.apply_fsdp(part, mesh, param_dtype=param_dtype, cpu_offload=config.cpu_offload, experts_split=dims.ep > 1)
+    flat = None
+    if _runs_flat(config, dims, device):
+        from areal_tasks.engine.fsdp.flat_params import FlatParams
+
+        flat = FlatParams(parts[0], param_dtype or torch.float32)
+    else:
+        for part in parts:
+            apply.apply_fsdp(
+                part, mesh, param_dtype=param_dtype, cpu_offload=config.cpu_offload, experts_split=dims.ep > 1
+            )
     return BuiltParts(
         args=args,
         hf_config=hf_config,
@@ -144,8 +155,25 @@ def build_parts(
             "compile": f"{len(compiled)} modules (pointwise)" if compiled else f"off ({compile_reason})",
             "moe_kernel": archon.moe_kernel,
             "activation_checkpointing": str(config.gradient_checkpointing),
+            "fsdp_wrap": "none (flat buffers)" if flat is not None else "block",
         },
+        flat=flat,
     )
+
+
+def _runs_flat(config: EngineConfig, dims: Any, device: torch.device) -> bool:
+    """Whether one rank skips FSDP for the flat buffers: ``fsdp_wrap=none`` (refused with more than
+    one rank or with CPU offload), or ``auto`` on one GPU (FSDP2's per-parameter host work shards
+    nothing there: docs/benchmarks.md, "MoE train throughput"). ``root``/``block`` keep FSDP2."""
+    one_rank = dims.world_size == 1
+    if config.fsdp_wrap == "none":
+        if not one_rank or config.cpu_offload:
+            raise EngineError(
+                "fsdp_wrap=none runs the archon engine on one rank without CPU offload; "
+                f"got {dims} with cpu_offload={config.cpu_offload}: use fsdp_wrap=auto"
+            )
+        return True
+    return config.fsdp_wrap == "auto" and one_rank and device.type == "cuda" and not config.cpu_offload
 
 
 def _owners(weight_order: list[tuple[str, tuple[int, ...]]], plan: StagePlan) -> dict[str, int]:

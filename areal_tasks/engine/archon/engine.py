@@ -20,6 +20,7 @@ global gradient norm sums every stage's share. A MoE model adds the load-balanci
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,8 @@ class ArchonEngine(TrainEngine):
         self.aux_coef = built.aux_coef
         #: which compile, expert-kernel and recompute paths the engine runs (logs and benchmarks)
         self.kernels = built.kernels
+        #: one rank without FSDP: the flat master/compute buffers every step runs through, else None
+        self._flat = built.flat
         self.spec = HeadSpec(
             role=self.role,
             temperature=self.temperature,
@@ -211,15 +214,23 @@ class ArchonEngine(TrainEngine):
             )
             return PendingStats(self._all_reduce_dp, sums, total_weight, n_tokens)
         sums = WeightedSums()
-        for mb, mb_bounds, weight in zip(device_mbs, bounds, weights):
-            with torch.set_grad_enabled(backward):
-                outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                loss, stats = full_loss(outputs, mb)
-                if backward:
-                    backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
-            if weight > 0:
-                sums.add({"loss": loss, **stats}, weight)
+        with self._computing():
+            for mb, mb_bounds, weight in zip(device_mbs, bounds, weights):
+                with torch.set_grad_enabled(backward):
+                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                    loss, stats = full_loss(outputs, mb)
+                    if backward:
+                        backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
+                if backward and self._flat is not None:
+                    self._flat.accumulate()  # into the fp32 master gradients
+                if weight > 0:
+                    sums.add({"loss": loss, **stats}, weight)
         return PendingStats(self._all_reduce_dp, sums, total_weight, n_tokens)
+
+    def _computing(self) -> contextlib.AbstractContextManager[None]:
+        """Around a step's forwards and backwards: with the flat buffers the modules hold the
+        compute-dtype copy of the weights; with FSDP nothing (its hooks do it)."""
+        return self._flat.computing() if self._flat is not None else contextlib.nullcontext()
 
     def _train_mode(self, on: bool) -> None:
         for part in self.parts:
@@ -245,7 +256,10 @@ class ArchonEngine(TrainEngine):
 
     def zero_grad(self) -> None:
         self._require_trainable()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._flat is not None:
+            self._flat.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> TrainStats:
         return self.submit_train_batch(batch, loss_fn, loss_weight_fn).result()
@@ -297,7 +311,7 @@ class ArchonEngine(TrainEngine):
         self._require_init()
         self._train_mode(False)
         plan, device_mbs, bounds = self._plan(batch)
-        with torch.no_grad():
+        with torch.no_grad(), self._computing():
             if self.pipeline is not None:
                 outs = self.pipeline.forward(device_mbs, bounds, with_entropy=with_entropy)
             else:
