@@ -71,7 +71,12 @@ class InferenceError(AReaLError):
 
 
 class InferenceRequestError(InferenceError):
-    """A server refused a generation request (a 4xx answer or an abort carrying an error); not retried."""
+    """A server refused a generation request (a 4xx answer or an abort carrying an error); not retried.
+    ``param`` names the request field at fault when one is (OpenAI's error ``param``)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class InferenceLimitError(InferenceRequestError):

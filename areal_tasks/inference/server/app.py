@@ -61,8 +61,25 @@ def _result(success: bool, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"success": success, "message": message, **extra}, status_code=status)
 
 
-def _error(message: str, status: int = HTTPStatus.BAD_REQUEST, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status, headers=headers)
+def _error(
+    message: str,
+    status: int = HTTPStatus.BAD_REQUEST,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> JSONResponse:
+    """An error in OpenAI's shape (``message``, ``type``, ``param``, ``code``), which SGLang's
+    clients read too (they take ``error.message``)."""
+    kind = "invalid_request_error" if status < HTTPStatus.INTERNAL_SERVER_ERROR else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _error_param(errors: list[Any]) -> str | None:
+    """The field of the first pydantic problem (OpenAI's ``param``), dotted, or None."""
+    for error in errors[:1]:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        return ".".join(loc) or None
+    return None
 
 
 def validation_message(errors: list[Any]) -> str:
@@ -88,11 +105,11 @@ def create_app(server: EmbeddedServer) -> FastAPI:
     async def over_limit(_: Request, exc: InferenceLimitError) -> JSONResponse:
         retry = exc.retry_after_s
         headers = None if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
-        return _error(str(exc), exc.status_code, headers)
+        return _error(str(exc), exc.status_code, headers, exc.param)
 
     @app.exception_handler(InferenceRequestError)
     async def bad_request(_: Request, exc: InferenceRequestError) -> JSONResponse:
-        return _error(str(exc))
+        return _error(str(exc), param=exc.param)
 
     @app.exception_handler(InferenceError)
     async def unavailable(request: Request, exc: InferenceError) -> JSONResponse:
@@ -102,7 +119,8 @@ def create_app(server: EmbeddedServer) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(validation_message(list(exc.errors())))
+        errors = list(exc.errors())
+        return _error(validation_message(errors), param=_error_param(errors))
 
     @app.exception_handler(BodyTooLargeError)
     async def body_too_large(_: Request, exc: BodyTooLargeError) -> JSONResponse:

@@ -5,7 +5,8 @@ up left its sequences queued and decoding for nobody (a flood of ``n=20000`` the
 request up). :func:`run_while_connected` races the handler's work against the request's ASGI
 ``receive``, which yields ``http.disconnect`` once the body has been read and the client is gone
 (vLLM's ``with_cancellation`` does the same); the cancelled generation aborts its sequences in the
-engine (``service.py``). Used by ``/generate``, ``/v1/completions`` and ``/v1/chat/completions``.
+engine (``service.py``). Used by ``/generate``, ``/v1/completions`` and ``/v1/chat/completions``;
+a streamed answer is cancelled by Starlette itself when its client leaves (``openai_stream.py``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
-"""OpenAI-compatible ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` (non-streaming).
+"""OpenAI-compatible ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions``.
 
 Chat requests are rendered with the tokenizer's chat template: ``messages``, ``tools`` (omitted when
 ``tool_choice`` is ``"none"``, as SGLang does), ``add_generation_prompt`` and the
 ``chat_template_kwargs`` the server allows (``limits.py``: booleans, integers or short strings
 under allowed names; never a template of the caller's). Rendering and tokenising run on the
 server's tokenize lane within its time limit, after the text was measured against the context.
-Bodies are strict like the native ones (``protocol.py``): a value of the wrong type is a 400.
-Sampling fields map onto SGLang's ``sampling_params`` (``max_tokens`` ->
-``max_new_tokens``, ``seed`` -> ``sampling_seed``; SGLang's extensions ``top_k``, ``min_p``,
-``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim`` are accepted too).
-Every answer carries ``usage`` (prompt, completion, total tokens; for ``n > 1`` the prompt counts
-once) and SGLang's ``metadata.weight_version``. With the server's ``tool_call_parser`` set to
-``qwen25`` (Hermes/Qwen style ``<tool_call>{"name", "arguments"}</tool_call>`` blocks), tool calls
-in the output are returned as ``message.tool_calls`` with finish reason ``tool_calls``.
+Bodies, the sampling fields and the refusals (400 in OpenAI's error shape naming the field) are
+in ``openai_bodies.py``.
+
+``n`` gives independent samples of each prompt (choice ``index`` prompt-major); ``logprobs`` gives
+the sampled tokens' log-probs in OpenAI's shapes (``openai_logprobs.py``); ``stream: true`` answers
+Server-Sent Events (``openai_stream.py``). Every answer carries ``usage`` (prompt, completion, total
+tokens; for ``n > 1`` the prompt counts once) and SGLang's ``metadata.weight_version``. With the
+server's ``tool_call_parser`` set to ``qwen25`` (Hermes/Qwen style
+``<tool_call>{"name", "arguments"}</tool_call>`` blocks), tool calls in the output are returned as
+``message.tool_calls`` with finish reason ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -22,86 +24,26 @@ import logging
 import re
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.disconnect import while_connected
 from areal_tasks.inference.server.limits import (
-    MAX_TEMPLATE_STRING_CHARS,
     check_chat_template_kwargs,
     check_prompt_chars,
     check_request_size,
 )
+from areal_tasks.inference.server.openai_bodies import ChatCompletionRequest, CompletionRequest
+from areal_tasks.inference.server.openai_logprobs import chat_logprobs, completion_logprobs
+from areal_tasks.inference.server.openai_stream import OpenAIStream, SSEResponse, finish_of
 from areal_tasks.inference.server.request import Sequence
 
 logger = logging.getLogger(__name__)
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 TOOL_CALL_PARSERS = ("qwen25",)
-
-
-#: the value of one allowed chat-template argument.
-TemplateValue = bool | int | Annotated[str, StringConstraints(max_length=MAX_TEMPLATE_STRING_CHARS)]
-
-
-class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    stream: bool = False
-    rid: str | None = None
-
-    def sampling_params(self, max_tokens: int | None) -> dict[str, Any]:
-        if self.stream:
-            raise InferenceRequestError("stream=true is not supported by the embedded server")
-        params: dict[str, Any] = {
-            "max_new_tokens": max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "n": self.n,
-            "stop": self.stop,
-            "stop_token_ids": self.stop_token_ids,
-            "sampling_seed": self.seed,
-            "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": self.skip_special_tokens,
-            "no_stop_trim": self.no_stop_trim,
-        }
-        return {k: v for k, v in params.items() if v is not None}
-
-
-class CompletionRequest(_OpenAIBody):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
-
-
-class ChatCompletionRequest(_OpenAIBody):
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, TemplateValue] | None = None
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -133,11 +75,6 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     if not calls:
         return text, []
     return content.strip() or None, calls
-
-
-def _finish(seq: Sequence) -> tuple[str, Any]:
-    reason = seq.finish_reason or {}
-    return reason.get("type", "stop"), reason.get("matched")
 
 
 def _usage(seqs: list[Sequence], prompts: list[list[int]]) -> dict[str, int]:
@@ -184,6 +121,16 @@ def render_chat(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def _envelope(prefix: str, kind: str, server: Any) -> dict[str, Any]:
+    """What every answer and every chunk of one answer starts with: ``id``, ``object``, ``created``, ``model``."""
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": server.served_model_name,
+    }
+
+
 def openai_router() -> APIRouter:
     """The router; it reaches the server through ``request.app.state.server``."""
     router = APIRouter()
@@ -207,11 +154,13 @@ def openai_router() -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        return await while_connected(request, _completions(req, request.app.state.server))
+        server = request.app.state.server
+        req.check(server.limits)
+        if req.stream:
+            return await _completions_stream(req, server)
+        return await while_connected(request, _completions(req, server))
 
-    async def _completions(req: CompletionRequest, server: Any) -> dict[str, Any]:
-        if req.echo:
-            raise InferenceRequestError("echo=true is not supported by the embedded server")
+    async def _completion_items(req: CompletionRequest, server: Any) -> tuple[list[list[int]], list[dict[str, Any]]]:
         texts = _strings(req.prompt)
         if texts:
             check_request_size(server.limits, [1] * len(texts))
@@ -230,19 +179,17 @@ def openai_router() -> APIRouter:
             }
             for p in prompts
         ]
+        return prompts, items
+
+    async def _completions(req: CompletionRequest, server: Any) -> dict[str, Any]:
+        prompts, items = await _completion_items(req, server)
         seqs = await server.generate_sequences(items)
         choices = []
         for index, seq in enumerate(seqs):
-            reason, matched = _finish(seq)
+            reason, matched = finish_of(seq)
             logprobs = None
             if req.logprobs is not None:
-                tokens = [server.tokenizer.decode([t]) for t in seq.output_ids]
-                logprobs = {
-                    "tokens": tokens,
-                    "token_logprobs": list(seq.output_logprobs),
-                    "top_logprobs": [None] * len(tokens),
-                    "text_offset": [],
-                }
+                logprobs, _ = completion_logprobs(server.tokenizer, seq.output_ids, seq.output_logprobs)
             choices.append(
                 {
                     "index": index,
@@ -253,58 +200,64 @@ def openai_router() -> APIRouter:
                 }
             )
         return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": server.served_model_name,
+            **_envelope("cmpl", "text_completion", server),
             "choices": choices,
             "usage": _usage(seqs, prompts),
             "metadata": {"weight_version": seqs[-1].finish_version},
         }
 
+    async def _completions_stream(req: CompletionRequest, server: Any) -> SSEResponse:
+        prompts, items = await _completion_items(req, server)
+        seqs, futures = server.submit_sequences(items)
+        stream = OpenAIStream(
+            tokenizer=server.tokenizer,
+            seqs=seqs,
+            futures=futures,
+            final_text=server.output_text,
+            chat=False,
+            logprobs=req.logprobs is not None,
+            include_usage=req.include_usage,
+            prompt_tokens=sum(len(p) for p in prompts),
+            envelope=_envelope("cmpl", "text_completion", server),
+        )
+        return SSEResponse(stream.events(), on_close=lambda: server.abort_abandoned(seqs))
+
     @router.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
-        return await while_connected(request, _chat_completions(req, request.app.state.server))
+        server = request.app.state.server
+        req.check(server.limits)
+        if req.stream:
+            return await _chat_stream(req, server)
+        return await while_connected(request, _chat_completions(req, server))
 
-    async def _chat_completions(req: ChatCompletionRequest, server: Any) -> dict[str, Any]:
-        if req.top_logprobs:
-            raise InferenceRequestError("top_logprobs > 0 is not supported by the embedded server")
+    async def _chat_items(req: ChatCompletionRequest, server: Any) -> tuple[list[int], list[dict[str, Any]]]:
         check_chat_template_kwargs(server.limits, req.chat_template_kwargs)
         # the rendering holds every message and tool: longer text than the context holds cannot fit
         check_prompt_chars(server.limits, ["".join(_strings([req.messages, req.tools or []]))], "chat")
         prompt = await server.off_loop(render_chat, req, server.tokenizer, what="rendering the chat")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = req.sampling_params(max_tokens)
-        items = [
-            {
-                "input_ids": prompt,
-                "sampling_params": params,
-                "rid": req.rid,
-                "return_logprob": req.logprobs,
-                "logprob_start_len": -1,
-            }
-        ]
+        item = {
+            "input_ids": prompt,
+            "sampling_params": req.sampling_params(max_tokens),
+            "rid": req.rid,
+            "return_logprob": req.logprobs,
+            "logprob_start_len": -1,
+        }
+        return prompt, [item]
+
+    async def _chat_completions(req: ChatCompletionRequest, server: Any) -> dict[str, Any]:
+        prompt, items = await _chat_items(req, server)
         seqs = await server.generate_sequences(items)
         choices = []
         for index, seq in enumerate(seqs):
-            reason, matched = _finish(seq)
+            reason, matched = finish_of(seq)
             content, calls = server.output_text(seq), []
             if req.tools and server.tool_call_parser:
                 content, calls = parse_tool_calls(content)
             message = {"role": "assistant", "content": content, "tool_calls": calls or None, "reasoning_content": None}
             logprobs = None
             if req.logprobs:
-                logprobs = {
-                    "content": [
-                        {
-                            "token": (tok := server.tokenizer.decode([t])),
-                            "logprob": lp,
-                            "bytes": list(tok.encode()),
-                            "top_logprobs": [],
-                        }
-                        for t, lp in zip(seq.output_ids, seq.output_logprobs)
-                    ]
-                }
+                logprobs = chat_logprobs(server.tokenizer, seq.output_ids, seq.output_logprobs)
             choices.append(
                 {
                     "index": index,
@@ -315,13 +268,27 @@ def openai_router() -> APIRouter:
                 }
             )
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": server.served_model_name,
+            **_envelope("chatcmpl", "chat.completion", server),
             "choices": choices,
             "usage": _usage(seqs, [prompt]),
             "metadata": {"weight_version": seqs[-1].finish_version},
         }
+
+    async def _chat_stream(req: ChatCompletionRequest, server: Any) -> SSEResponse:
+        prompt, items = await _chat_items(req, server)
+        seqs, futures = server.submit_sequences(items)
+        stream = OpenAIStream(
+            tokenizer=server.tokenizer,
+            seqs=seqs,
+            futures=futures,
+            final_text=server.output_text,
+            chat=True,
+            logprobs=req.logprobs,
+            include_usage=req.include_usage,
+            prompt_tokens=len(prompt),
+            envelope=_envelope("chatcmpl", "chat.completion.chunk", server),
+            parse_tools=parse_tool_calls if req.tools and server.tool_call_parser else None,
+        )
+        return SSEResponse(stream.events(), on_close=lambda: server.abort_abandoned(seqs))
 
     return router

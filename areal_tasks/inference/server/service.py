@@ -15,7 +15,9 @@ text is measured before it is tokenised. Tokenising and chat-template rendering 
 ``tokenize`` thread lane (``executors.py``) within ``tokenize_timeout_s``: past it the request is
 refused (413 when its own work took too long, 429 when it never got a thread), so the event loop
 keeps answering ``/health`` and every other request. A request whose handler is cancelled (its
-client went away: ``disconnect.py``) aborts its sequences in the engine.
+client went away: ``disconnect.py``) aborts its sequences in the engine; a streamed one
+(``openai_stream.py``) queues them with :meth:`EmbeddedServer.submit_sequences`, reads them as
+they grow and aborts the unfinished ones when its stream ends.
 
 :meth:`EmbeddedServer.health_problem` says what keeps the server from serving (engine thread gone,
 a loop iteration far too long, a lane call past its deadline, weight operations stuck, shutdown);
@@ -159,6 +161,18 @@ class EmbeddedServer:
 
         Refused before anything is queued when the request passes a limit (``limits.py``); when the
         caller is cancelled (its client went away), its unfinished sequences are aborted."""
+        seqs, futures = self.submit_sequences(items)
+        try:
+            return list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            self.abort_abandoned(seqs)
+            raise
+
+    def submit_sequences(self, items: list[dict[str, Any]]) -> tuple[list[Sequence], list[asyncio.Future[Sequence]]]:
+        """Queue every item of :meth:`generate_sequences` (same checks) without waiting: the
+        sequences in order (prompt-major, ``n`` each) and a future per sequence that its finish
+        resolves on this loop. A streaming caller reads the sequences as they grow and must call
+        :meth:`abort_abandoned` when it stops early."""
         loop = asyncio.get_running_loop()
         seqs: list[Sequence] = []
         futures: list[asyncio.Future[Sequence]] = []
@@ -188,13 +202,9 @@ class EmbeddedServer:
                 seqs.append(seq)
                 futures.append(fut)
         self.engine.submit(seqs)
-        try:
-            return list(await asyncio.gather(*futures))
-        except asyncio.CancelledError:
-            self._abort_abandoned(seqs)
-            raise
+        return seqs, futures
 
-    def _abort_abandoned(self, seqs: list[Sequence]) -> None:
+    def abort_abandoned(self, seqs: list[Sequence]) -> None:
         """Abort the unfinished ones of ``seqs`` in the engine (nobody waits for them any more)."""
         if all(s.finished for s in seqs):
             return
