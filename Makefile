@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
-EXTRAS ?= train,serve,storage,tracking,airflow,cluster,dev
+EXTRAS ?= train,serve,storage,tracking,airflow,cluster,agent,dev
 PYTEST_ARGS ?=
 
 .PHONY: setup test lint format run ui lock clean help

@@ -140,3 +140,16 @@ class RewardError(RolloutError):
 
 class RewardTimeoutError(RewardError):
     """A reward function ran past its timeout (its worker process, if it had one, was killed and replaced)."""
+
+
+class AgentError(AReaLError):
+    """Agent code, the OpenAI-compatible client (``ArealOpenAI``) or the agent proxy failed or was misused."""
+
+
+class AgentRequestError(AgentError, ValueError):
+    """A request to ``ArealOpenAI`` or the proxy that cannot be served; ``param`` names the field at
+    fault when one is (OpenAI's error ``param``), so the proxy answers 400 naming it."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
