@@ -62,6 +62,7 @@ from areal_tasks.inference.server.readback import InflightStep, ReadbackBuffer
 from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
 from areal_tasks.inference.server.stats import EngineCounters, EngineStats
+from areal_tasks.inference.server.top_logprobs import attach, top_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -459,7 +460,8 @@ class Engine:
         sampling = self._sampling_table(batch, logits.device)
         # queued behind the forward: sampling never syncs
         tokens, logprobs = sample(logits, sampling, self.runner.greedy)
-        launched = self._readback.start(batch, tokens, logprobs)
+        logprobs, top = top_logprobs(logits, sampling, tokens, logprobs)
+        launched = self._readback.start(batch, tokens, logprobs, sampling.top, top)
         # the host's work on the previous step runs while the device computes this one
         waited = self._collect()
         self._inflight = launched
@@ -472,7 +474,9 @@ class Engine:
         build is a host-to-device copy; a batch keeps its rows for many steps)."""
         rows, table = self._sampling_rows
         if table is None or len(rows) != len(batch) or any(a is not b for a, b in zip(rows, batch)):
-            table = SamplingBatch.build([s.params for s in batch], [s.generator for s in batch], device)
+            table = SamplingBatch.build(
+                [s.params for s in batch], [s.generator for s in batch], device, [s.top_logprobs_num for s in batch]
+            )
             self._sampling_rows = (batch, table)
         return table
 
@@ -543,6 +547,8 @@ class Engine:
                 seq.first_token_at = time.perf_counter()
             if seq.watch_text or token in seq.stop_ids or len(output) >= seq.length_cap:
                 seq.finish_reason = check(seq)
+        if step.top is not None:
+            attach(step.seqs, step.top, step.top_results())
         self.counters.add_generated(fresh)
         self._retire_finished()
         return step.waited
@@ -567,13 +573,18 @@ class Engine:
 
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence from ``logits`` and read it back now (admission prefills)."""
-        batch = SamplingBatch.build([s.params for s in seqs], [s.generator for s in seqs], logits.device)
+        batch = SamplingBatch.build(
+            [s.params for s in seqs], [s.generator for s in seqs], logits.device, [s.top_logprobs_num for s in seqs]
+        )
         tokens, logprobs = sample(logits, batch, self.runner.greedy)
+        logprobs, top = top_logprobs(logits, batch, tokens, logprobs)
         # one device-to-host copy: token ids (< 2**53) travel exactly as float64
         token_list, logprob_list = torch.stack((tokens.double(), logprobs.double())).tolist()
         self.counters.add_generated(len(seqs))
         for seq, token, logprob in zip(seqs, token_list, logprob_list):
             self._append(seq, int(token), logprob)
+        if batch.top is not None and top is not None:
+            attach(seqs, batch.top, top.tolist())
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> None:
         seq.append(token, logprob)

@@ -10,9 +10,10 @@ onto SGLang's ``sampling_params`` (``max_tokens`` -> ``max_new_tokens``, ``seed`
 field: ``n`` below 1 or above the server's ``max_n``; ``stream_options`` without ``stream``;
 ``top_logprobs`` outside 0..20, or set without ``logprobs: true`` (chat), or sent to
 ``/v1/completions`` (which takes ``logprobs: <int>``); ``logprobs`` outside 0..5 (completions);
-``echo``. Alternatives to the sampled token (``top_logprobs`` > 0, completions' ``logprobs`` > 0)
-are refused by name: the sampler computes only the sampled token's log-prob, and a made-up list
-would be wrong numbers.
+``echo``. Alternatives to the sampled token (chat ``top_logprobs`` 1..20, completions'
+``logprobs`` 1..5) are served: :meth:`ChatCompletionRequest.top_logprobs_num` and
+:meth:`CompletionRequest.top_logprobs_num` are how many each generated position carries
+(``top_logprobs.py`` computes them; ``openai_logprobs.py`` shapes them).
 """
 
 from __future__ import annotations
@@ -24,15 +25,12 @@ from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.limits import MAX_TEMPLATE_STRING_CHARS, ServerLimits
+from areal_tasks.inference.server.top_logprobs import MAX_TOP_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
-#: OpenAI's bounds: chat ``top_logprobs`` 0..20, completions ``logprobs`` 0..5.
-MAX_TOP_LOGPROBS = 20
+#: OpenAI's bounds: chat ``top_logprobs`` 0..20 (:data:`MAX_TOP_LOGPROBS`), completions ``logprobs`` 0..5.
 MAX_COMPLETION_LOGPROBS = 5
-_NO_ALTERNATIVES = (
-    "the embedded server's sampler computes the log-prob of the sampled token only, not of the most likely alternatives"
-)
 
 #: the value of one allowed chat-template argument.
 TemplateValue = bool | int | Annotated[str, StringConstraints(max_length=MAX_TEMPLATE_STRING_CHARS)]
@@ -112,13 +110,15 @@ class CompletionRequest(_OpenAIBody):
         super().check(limits)
         if self.top_logprobs is not None:
             raise _refuse("top_logprobs", "is a chat completions field; /v1/completions takes logprobs: <int>")
-        if self.logprobs is not None:
-            if not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
-                raise _refuse("logprobs", f"must be in 0..{MAX_COMPLETION_LOGPROBS}, got {self.logprobs}")
-            if self.logprobs > 0:
-                raise _refuse("logprobs", f"values above 0 are not supported: {_NO_ALTERNATIVES}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise _refuse("logprobs", f"must be in 0..{MAX_COMPLETION_LOGPROBS}, got {self.logprobs}")
         if self.echo:
             raise _refuse("echo", "echo=true is not supported by the embedded server")
+
+    @property
+    def top_logprobs_num(self) -> int:
+        """The alternatives each generated position carries (``logprobs: k``; 0 without logprobs)."""
+        return self.logprobs or 0
 
 
 class ChatCompletionRequest(_OpenAIBody):
@@ -140,5 +140,8 @@ class ChatCompletionRequest(_OpenAIBody):
                 raise _refuse("top_logprobs", f"must be in 0..{MAX_TOP_LOGPROBS}, got {top}")
             if not self.logprobs:
                 raise _refuse("top_logprobs", "requires logprobs: true")
-            if top > 0:
-                raise _refuse("top_logprobs", f"values above 0 are not supported: {_NO_ALTERNATIVES}")
+
+    @property
+    def top_logprobs_num(self) -> int:
+        """The alternatives each generated position carries (``top_logprobs``, with ``logprobs: true``)."""
+        return (self.top_logprobs or 0) if self.logprobs else 0

@@ -9,7 +9,8 @@ Bodies, the sampling fields and the refusals (400 in OpenAI's error shape naming
 in ``openai_bodies.py``.
 
 ``n`` gives independent samples of each prompt (choice ``index`` prompt-major); ``logprobs`` gives
-the sampled tokens' log-probs in OpenAI's shapes (``openai_logprobs.py``); ``stream: true`` answers
+the sampled tokens' log-probs in OpenAI's shapes, with each position's most likely alternatives for
+chat ``top_logprobs`` / completions ``logprobs: k`` (``openai_logprobs.py``); ``stream: true`` answers
 Server-Sent Events (``openai_stream.py``). Every answer carries ``usage`` (prompt, completion, total
 tokens; for ``n > 1`` the prompt counts once) and SGLang's ``metadata.weight_version``. With the
 server's ``tool_call_parser`` set to ``qwen25`` (Hermes/Qwen style
@@ -36,7 +37,7 @@ from areal_tasks.inference.server.limits import (
     check_request_size,
 )
 from areal_tasks.inference.server.openai_bodies import ChatCompletionRequest, CompletionRequest
-from areal_tasks.inference.server.openai_logprobs import chat_logprobs, completion_logprobs
+from areal_tasks.inference.server.openai_logprobs import alternatives, chat_logprobs, completion_logprobs
 from areal_tasks.inference.server.openai_stream import OpenAIStream, SSEResponse, finish_of
 from areal_tasks.inference.server.request import Sequence
 
@@ -176,6 +177,7 @@ def openai_router() -> APIRouter:
                 "rid": req.rid,
                 "return_logprob": req.logprobs is not None,
                 "logprob_start_len": -1,
+                "top_logprobs_num": req.top_logprobs_num,
             }
             for p in prompts
         ]
@@ -189,7 +191,9 @@ def openai_router() -> APIRouter:
             reason, matched = finish_of(seq)
             logprobs = None
             if req.logprobs is not None:
-                logprobs, _ = completion_logprobs(server.tokenizer, seq.output_ids, seq.output_logprobs)
+                logprobs, _ = completion_logprobs(
+                    server.tokenizer, seq.output_ids, seq.output_logprobs, tops=alternatives(seq)
+                )
             choices.append(
                 {
                     "index": index,
@@ -242,6 +246,7 @@ def openai_router() -> APIRouter:
             "rid": req.rid,
             "return_logprob": req.logprobs,
             "logprob_start_len": -1,
+            "top_logprobs_num": req.top_logprobs_num,
         }
         return prompt, [item]
 
@@ -257,7 +262,7 @@ def openai_router() -> APIRouter:
             message = {"role": "assistant", "content": content, "tool_calls": calls or None, "reasoning_content": None}
             logprobs = None
             if req.logprobs:
-                logprobs = chat_logprobs(server.tokenizer, seq.output_ids, seq.output_logprobs)
+                logprobs = chat_logprobs(server.tokenizer, seq.output_ids, seq.output_logprobs, alternatives(seq))
             choices.append(
                 {
                     "index": index,

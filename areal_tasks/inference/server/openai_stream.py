@@ -8,11 +8,12 @@ several prompts interleave). A chat stream opens each choice with ``{"role": "as
 comes from :class:`~areal_tasks.inference.server.detokenize.IncrementalDetokenizer` (never half a
 character); with stop strings the last ``len(longest stop)`` characters wait, and the newest token
 waits until the engine has checked its finish rules, so that no chunk carries text the finished
-answer trims. When a sequence finishes, the rest of its text (the server's final text, as the
-non-streamed answer has it) and its log-probs follow, then a chunk with ``finish_reason`` and an
-empty delta. With tools and a tool-call parser the text is held to the end and sent parsed, as
-``content`` and ``tool_calls`` deltas. ``stream_options.include_usage`` adds a last chunk with
-``usage`` and no choices; ``data: [DONE]`` ends the stream.
+answer trims. A token's log-prob (and its alternatives, where the request asked for them) goes
+out in the chunk that carries the token. When a sequence finishes, the rest of its text (the
+server's final text, as the non-streamed answer has it) and its log-probs follow, then a chunk
+with ``finish_reason`` and an empty delta. With tools and a tool-call parser the text is held to
+the end and sent parsed, as ``content`` and ``tool_calls`` deltas. ``stream_options.include_usage``
+adds a last chunk with ``usage`` and no choices; ``data: [DONE]`` ends the stream.
 
 A client that goes away stops its generation: Starlette cancels the response when the client
 disconnects, and :class:`SSEResponse` aborts every unfinished sequence of the request whatever way
@@ -32,7 +33,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from areal_tasks.inference.server.detokenize import IncrementalDetokenizer
-from areal_tasks.inference.server.openai_logprobs import chat_logprobs, completion_logprobs
+from areal_tasks.inference.server.openai_logprobs import alternatives, chat_logprobs, completion_logprobs
 from areal_tasks.inference.server.request import Sequence
 
 logger = logging.getLogger(__name__)
@@ -115,11 +116,13 @@ class OpenAIStream:
         seq = c.seq
         logprobs = None
         if self.logprobs and ids:
-            values = seq.output_logprobs[c.sent_tokens : c.sent_tokens + len(ids)]
+            end = c.sent_tokens + len(ids)
+            values = seq.output_logprobs[c.sent_tokens : end]
+            tops = alternatives(seq, c.sent_tokens, end)
             if self.chat:
-                logprobs = chat_logprobs(self.tokenizer, ids, values)
+                logprobs = chat_logprobs(self.tokenizer, ids, values, tops)
             else:
-                logprobs, c.text_offset = completion_logprobs(self.tokenizer, ids, values, c.text_offset)
+                logprobs, c.text_offset = completion_logprobs(self.tokenizer, ids, values, c.text_offset, tops)
         c.sent_tokens += len(ids)
         if self.chat:
             body = {**({} if text is None else {"content": text}), **delta}

@@ -7,7 +7,9 @@ distinct last positions). Other sequences go one at a time:
 * a sibling of an ``n > 1`` request samples its first token from the prompt logits its group keeps
   and copies the prompt's KV from a live sibling (or prefills it again when none is left);
 * a sequence retracted by a ``retract`` pause prefills its prompt plus its output so far;
-* a request that wants prompt logprobs (``logprob_start_len >= 0``) gets all prompt logits.
+* a request that wants prompt logprobs (``logprob_start_len >= 0``) gets all prompt logits (and,
+  with ``top_logprobs_num``, each prompt position's most likely alternatives, SGLang's
+  ``input_top_logprobs``: raw logits, like the prompt logprobs).
 
 A failure inside a prefill finishes the sequences involved with an ``abort`` carrying status 500
 (their slots freed); the engine keeps running.
@@ -24,6 +26,7 @@ from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.request import Sequence, finish_abort, finish_length
 from areal_tasks.inference.server.stats import EngineCounters
+from areal_tasks.inference.server.top_logprobs import TopEntry
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +48,13 @@ def _share_prompt(seq: Sequence, logits: torch.Tensor) -> None:
     """Keep the prompt's logits and KV source for the siblings of an ``n > 1`` request."""
     if seq.params.n > 1:
         seq.group.source_slot, seq.group.prompt_logits = seq.slot, logits.clone()
+
+
+def _prompt_top(logprobs: torch.Tensor, k: int) -> list[TopEntry | None]:
+    """The ``k`` most likely tokens at each prompt position after the first (first position: None)."""
+    values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+    rows = zip(ids.tolist(), values.tolist())
+    return [None, *([(int(t), v) for t, v in zip(row_ids, row_values)] for row_ids, row_values in rows)]
 
 
 def _wants_prompt_logprobs(seq: Sequence) -> bool:
@@ -159,6 +169,8 @@ class Prefiller:
             targets = torch.tensor(group.prompt_ids[1:], device=logits.device).view(-1, 1)
             values: list[float | None] = [None, *logprobs.gather(1, targets).view(-1).tolist()]
             group.input_logprobs = values[seq.logprob_start_len :]
+            if seq.top_logprobs_num > 0:
+                group.input_top_logprobs = _prompt_top(logprobs, seq.top_logprobs_num)[seq.logprob_start_len :]
         if seq.params.max_new_tokens == 0:
             seq.finish_reason = finish_length(0)
             return

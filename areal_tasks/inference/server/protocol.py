@@ -3,14 +3,20 @@
 Request bodies follow ``sglang/srt/managers/io_struct.py`` (and the ``sglang.api.v1`` JSON
 contract): unknown top-level keys of ``/generate`` are ignored like SGLang does, unknown
 ``sampling_params`` keys are rejected, and fields this server cannot honour (images, LoRA,
-top-logprobs, hidden states, grammars...) are refused when set instead of silently ignored.
+``token_ids_logprob``, hidden states, grammars...) are refused when set instead of silently ignored.
 Bodies are strict: values must have their JSON type already (a string is not a number, ``true`` is
 not a token id, an integer is accepted for a float); a wrong one is a 400 naming the field, never
 converted and never a 500.
 :func:`generate_response` builds SGLang's ``/generate`` answer: ``text``, ``output_ids`` and
 ``meta_info`` (``id``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
 ``cached_tokens``, ``weight_version``, ``e2e_latency``; with ``return_logprob`` the
-``output_token_logprobs`` as ``[[logprob, token_id, null], ...]``).
+``output_token_logprobs`` as ``[[logprob, token_id, null], ...]``; with ``return_logprob`` and
+``top_logprobs_num`` k > 0 also SGLang's ``output_top_logprobs`` (per output token, its k most
+likely tokens as ``[logprob, token_id, text-or-null]``, most likely first) and
+``input_top_logprobs`` (the same for the prompt positions from ``logprob_start_len``; the first
+prompt position's entry is null). ``top_logprobs_num`` is bounded by
+:data:`~areal_tasks.inference.server.top_logprobs.MAX_TOP_LOGPROBS` (SGLang sets no bound: the
+answer grows with it); above it, or negative, is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.request import Sequence
+from areal_tasks.inference.server.top_logprobs import MAX_TOP_LOGPROBS, TopEntry
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +182,7 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
 
 def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str, Any]], bool]:
     """One dict per prompt (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
-    ``logprob_start_len``) and whether the request was a batch."""
+    ``logprob_start_len``, ``top_logprobs_num``) and whether the request was a batch."""
     refused = req.refused_fields()
     if refused:
         raise InferenceRequestError(f"/generate: {refused} are not supported by the embedded server")
@@ -194,8 +201,11 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
     if count == 0:
         raise InferenceRequestError("/generate: the batch is empty")
     top = _per_item(req.top_logprobs_num, count, "top_logprobs_num")
-    if any(t not in (None, 0) for t in top):
-        raise InferenceRequestError("/generate: top_logprobs_num > 0 is not supported by the embedded server")
+    wrong = [t for t in top if t is not None and not 0 <= t <= MAX_TOP_LOGPROBS]
+    if wrong:
+        raise InferenceRequestError(
+            f"/generate: top_logprobs_num must be in 0..{MAX_TOP_LOGPROBS}, got {wrong[0]}", param="top_logprobs_num"
+        )
     rids = (
         _per_item(req.rid, count, "rid")
         if isinstance(req.rid, list) or req.rid is None or count == 1
@@ -211,6 +221,7 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
             "rid": rids[i],
             "return_logprob": bool(logprob[i]),  # None: False
             "logprob_start_len": -1 if start[i] is None else start[i],
+            "top_logprobs_num": top[i] or 0,
         }
         for i in range(count)
     ]
@@ -219,6 +230,11 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
 
 def _logprob_entries(values: list[float | None], ids: list[int], texts: list[str] | None) -> list[list[Any]]:
     return [[v, t, None if texts is None else texts[i]] for i, (v, t) in enumerate(zip(values, ids))]
+
+
+def _top_entries(tops: list[TopEntry | None], decode: Any | None) -> list[list[list[Any]] | None]:
+    """SGLang's ``*_top_logprobs``: per position, ``[[logprob, token_id, text-or-null], ...]`` (or null)."""
+    return [None if top is None else [[v, t, None if decode is None else decode(t)] for t, v in top] for top in tops]
 
 
 def weight_version_spans(seq: Sequence, current: str) -> list[dict[str, Any]]:
@@ -262,4 +278,8 @@ def generate_response(seq: Sequence, text: str, decode_token: Any | None = None)
         meta["input_token_logprobs"] = _logprob_entries(in_values, in_ids, in_texts)
         meta["output_token_logprobs"] = _logprob_entries(seq.output_logprobs, seq.output_ids, out_texts)
         meta["output_token_logprobs_length"] = len(seq.output_ids)
+        if seq.top_logprobs_num > 0:
+            in_tops = seq.group.input_top_logprobs if seq.logprob_start_len >= 0 else []
+            meta["input_top_logprobs"] = _top_entries(list(in_tops), decode_token)
+            meta["output_top_logprobs"] = _top_entries(list(seq.output_top_logprobs), decode_token)
     return {"text": text, "output_ids": list(seq.output_ids), "meta_info": meta}

@@ -8,6 +8,10 @@ launch the next step first and collect these values (:meth:`InflightStep.results
 device computes. On the CPU the copy is synchronous and there is no event: the same code runs,
 without the overlap.
 
+A step whose batch has rows that want their tokens' alternatives (``top_logprobs.py``) also queues
+the copy of that ``[2, rows, k]`` table, into pinned memory of its own, before the event; a step
+without such rows copies nothing more.
+
 Two buffers (and events) are used in turn: the engine queues step N+1's read-back before it reads
 step N's, and reads step N's before it queues step N+2's, so a buffer is never written while its
 values are still to be read.
@@ -24,6 +28,7 @@ import torch
 
 if TYPE_CHECKING:
     from areal_tasks.inference.server.request import Sequence
+    from areal_tasks.inference.server.top_logprobs import TopRows
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,9 @@ class InflightStep:
     event: torch.cuda.Event | None
     #: seconds :meth:`results` waited for the device.
     waited: float = 0.0
+    #: the rows that want alternatives and their ``[2, rows, k]`` table on the host (None: none).
+    top: TopRows | None = None
+    top_host: torch.Tensor | None = None
 
     def results(self) -> tuple[list[float], list[float]]:
         """Wait for the copy, then return (token ids, logprobs) as Python lists."""
@@ -52,6 +60,10 @@ class InflightStep:
             self.waited = time.perf_counter() - started
         tokens, logprobs = self.host.tolist()
         return tokens, logprobs
+
+    def top_results(self) -> list[list[list[float]]] | None:
+        """The alternatives' table as Python lists (call after :meth:`results`), or None."""
+        return None if self.top_host is None else self.top_host.tolist()
 
 
 class ReadbackBuffer:
@@ -67,14 +79,26 @@ class ReadbackBuffer:
     def _buffer(self, rows: int) -> torch.Tensor:
         return torch.empty(2, max(rows, 1), dtype=torch.float64, pin_memory=self._on_cuda)
 
-    def start(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor) -> InflightStep:
-        """Queue the copy of one step's ``tokens`` and ``logprobs`` ([rows] each, on the device)."""
+    def start(
+        self,
+        seqs: list[Sequence],
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        top: TopRows | None = None,
+        top_table: torch.Tensor | None = None,
+    ) -> InflightStep:
+        """Queue the copy of one step's ``tokens`` and ``logprobs`` ([rows] each, on the device),
+        and of ``top_table`` (the alternatives of the rows of ``top``) when there is one."""
         turn, rows = self._turn, tokens.shape[0]
         self._turn ^= 1
         if rows > self._hosts[turn].shape[1]:
             self._hosts[turn] = self._buffer(rows)
         host, event = self._hosts[turn][:, :rows], self._events[turn]
         host.copy_(torch.stack((tokens.double(), logprobs.double())), non_blocking=self._on_cuda)
+        top_host = None
+        if top is not None and top_table is not None:
+            top_host = torch.empty(top_table.shape, dtype=torch.float64, pin_memory=self._on_cuda)
+            top_host.copy_(top_table, non_blocking=self._on_cuda)
         if event is not None:
             event.record()
-        return InflightStep(seqs=seqs, tokens=tokens, host=host, event=event)
+        return InflightStep(seqs=seqs, tokens=tokens, host=host, event=event, top=top, top_host=top_host)

@@ -22,6 +22,7 @@ import torch
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.sampling import SamplingParams
+from areal_tasks.inference.server.top_logprobs import TopEntry
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class SequenceGroup:
     prompt_logits: torch.Tensor | None = None
     #: logprobs of prompt tokens from ``logprob_start_len`` on (first position: None).
     input_logprobs: list[float | None] = field(default_factory=list)
+    #: with ``top_logprobs_num``: the alternatives at those positions, like ``input_logprobs``.
+    input_top_logprobs: list[TopEntry | None] = field(default_factory=list)
 
 
 @dataclass
@@ -67,9 +70,13 @@ class Sequence:
     return_logprob: bool = False
     #: -1: no prompt logprobs; k >= 0: logprobs of prompt tokens k.. (SGLang's logprob_start_len).
     logprob_start_len: int = -1
+    #: alternatives wanted at each output position (0: none; ``top_logprobs.py``).
+    top_logprobs_num: int = 0
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    #: with ``top_logprobs_num`` > 0: each output token's alternatives, aligned with ``output_ids``.
+    output_top_logprobs: list[TopEntry] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     slot: int | None = None
     #: tokens sampled on the device but not yet read back (an overlapped decode step in flight).

@@ -15,7 +15,8 @@ sampler (top-p on the cumulative mass of the unfiltered sorted probabilities), a
 inverse-CDF with one uniform number per row, from the row's own ``torch.Generator`` when the
 request carries a seed, without reading anything back from the device. The returned logprob of a
 sampled token is SGLang's: ``log_softmax`` of the logits divided by the temperature (the raw logits
-for greedy rows), before any filtering.
+for greedy rows), before any filtering. The rows that ask for the most likely alternatives get them
+from that same distribution (``top_logprobs.py``; :attr:`SamplingBatch.top` names those rows).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.greedy import greedy_pick
+from areal_tasks.inference.server.top_logprobs import TopRows
 from areal_tasks.inference.server.transfer import host_to_device
 
 logger = logging.getLogger(__name__)
@@ -232,13 +234,20 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
     all_greedy: bool
     any_filter: bool
+    #: the rows that want their tokens' most likely alternatives (None: no row does).
+    top: TopRows | None = None
 
     @classmethod
     def build(
-        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device
+        cls,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        device: torch.device,
+        top_logprobs: list[int] | None = None,
     ) -> SamplingBatch:
         """Per-row tensors (one host-to-device copy that does not wait for the device; none at all
-        for an all-greedy batch)."""
+        for an all-greedy batch; one more where ``top_logprobs``, alternatives wanted per row, has
+        a row above 0)."""
         all_greedy = all(p.greedy for p in params)
         rows = len(params)
         if all_greedy:
@@ -264,6 +273,7 @@ class SamplingBatch:
             generators=generators,
             all_greedy=all_greedy,
             any_filter=any(p.needs_filter and not p.greedy for p in params),
+            top=TopRows.build(top_logprobs, device) if top_logprobs else None,
         )
 
 

@@ -157,7 +157,8 @@ class EmbeddedServer:
     # ---------------- generation ----------------
     async def generate_sequences(self, items: list[dict[str, Any]]) -> list[Sequence]:
         """Run every item (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
-        ``logprob_start_len``) with its ``n`` samples; returns the finished sequences in order.
+        ``logprob_start_len``, optionally ``top_logprobs_num``: alternatives per position, with
+        ``return_logprob`` only) with its ``n`` samples; returns the finished sequences in order.
 
         Refused before anything is queued when the request passes a limit (``limits.py``); when the
         caller is cancelled (its client went away), its unfinished sequences are aborted."""
@@ -198,6 +199,7 @@ class EmbeddedServer:
                     on_finish=lambda s, f=fut: on_finish(s, f),
                     return_logprob=item["return_logprob"],
                     logprob_start_len=item["logprob_start_len"],
+                    top_logprobs_num=item.get("top_logprobs_num", 0) if item["return_logprob"] else 0,
                 )
                 seqs.append(seq)
                 futures.append(fut)

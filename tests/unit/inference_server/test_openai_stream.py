@@ -40,13 +40,26 @@ def fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(openai_stream, "STREAM_POLL_S", 0.001)
 
 
-def _events(tokenizer, ids: list[int], stop: tuple[str, ...], final: str, chat: bool) -> list[dict]:
-    """Run a stream over a sequence that grows by one token between polls, then finishes."""
+def _alternatives(token: int) -> list[tuple[int, float]]:
+    """The test's made-up alternatives of ``token``: itself first, then two others."""
+    return [(token, -0.5), (token + 1, -1.5), (token + 2, -2.5)]
+
+
+def _events(tokenizer, ids: list[int], stop: tuple[str, ...], final: str, chat: bool, top: int = 0) -> list[dict]:
+    """Run a stream over a sequence that grows by one token between polls, then finishes; with
+    ``top``, each token's alternatives arrive a poll after the token (as the engine appends them
+    after the whole step's tokens)."""
 
     async def scenario() -> list[bytes]:
         loop = asyncio.get_running_loop()
         params = SamplingParams(stop=stop, max_new_tokens=len(ids))
-        seq = Sequence(rid="r", group=SequenceGroup(prompt_ids=[1, 2, 3]), params=params, on_finish=lambda s: None)
+        seq = Sequence(
+            rid="r",
+            group=SequenceGroup(prompt_ids=[1, 2, 3]),
+            params=params,
+            on_finish=lambda s: None,
+            top_logprobs_num=top,
+        )
         future = loop.create_future()
         stream = OpenAIStream(
             tokenizer=tokenizer,
@@ -64,6 +77,9 @@ def _events(tokenizer, ids: list[int], stop: tuple[str, ...], final: str, chat: 
             for token in ids:
                 await asyncio.sleep(GROW_EVERY_S)
                 seq.append(token, -0.5)
+                if top:
+                    await asyncio.sleep(GROW_EVERY_S / 2)
+                    seq.output_top_logprobs.append(_alternatives(token)[:top])
             await asyncio.sleep(GROW_EVERY_S)
             seq.finish_reason = finish_matched(stop[0]) if stop else finish_length(len(ids))
             future.set_result(seq)
@@ -114,3 +130,36 @@ def test_completion_stream_holds_back_what_a_stop_string_trims(tokenizer) -> Non
     offsets = [o for c in choices if c["logprobs"] for o in c["logprobs"]["text_offset"]]
     tokens = [t for c in choices if c["logprobs"] for t in c["logprobs"]["tokens"]]
     assert len(tokens) == len(ids) and offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+def test_streamed_alternatives_go_out_with_their_tokens(tokenizer) -> None:
+    """Chat ``top_logprobs`` entries ``{token, logprob, bytes}`` and completions' ``{text: logprob}``
+    objects, one per token, in the chunk that carries it, though they reach the sequence later."""
+    ids = tokenizer.encode(TEXT)
+    events = _events(tokenizer, ids, (), TEXT, chat=True, top=3)
+    entries = [
+        e
+        for ev in events
+        if ev["choices"] and ev["choices"][0]["logprobs"]
+        for e in ev["choices"][0]["logprobs"]["content"]
+    ]
+    assert len(entries) == len(ids)
+    for entry, token in zip(entries, ids):
+        want = [
+            {"token": tokenizer.decode([t]), "logprob": lp, "bytes": token_bytes(tokenizer, t)}
+            for t, lp in _alternatives(token)
+        ]
+        assert entry["top_logprobs"] == want and entry["top_logprobs"][0]["logprob"] == entry["logprob"]
+    events = _events(tokenizer, ids, (), TEXT, chat=False, top=2)
+    tops = [
+        t
+        for ev in events
+        if ev["choices"] and ev["choices"][0]["logprobs"]
+        for t in ev["choices"][0]["logprobs"]["top_logprobs"]
+    ]
+    assert len(tops) == len(ids)
+    for top, token in zip(tops, ids):
+        want: dict[str, float] = {}
+        for t, lp in _alternatives(token)[:2]:
+            want.setdefault(tokenizer.decode([t]), lp)
+        assert top == want

@@ -10,7 +10,12 @@ from areal_tasks.errors import InferenceRequestError, WeightTransportError
 from areal_tasks.inference.server.auth import request_allowed
 from areal_tasks.inference.server.metrics import render_metrics
 from areal_tasks.inference.server.openai_routes import parse_tool_calls
-from areal_tasks.inference.server.protocol import GenerateReqInput, split_generate, weight_version_spans
+from areal_tasks.inference.server.protocol import (
+    GenerateReqInput,
+    generate_response,
+    split_generate,
+    weight_version_spans,
+)
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
 from areal_tasks.inference.server.stats import EngineStats
@@ -24,13 +29,55 @@ def _split(**body):
 def test_split_single_batch_and_per_item_fields() -> None:
     items, is_batch = _split(input_ids=[1, 2], rid="a", return_logprob=True)
     assert not is_batch and items == [
-        {"input_ids": [1, 2], "sampling_params": {}, "rid": "a", "return_logprob": True, "logprob_start_len": -1}
+        {
+            "input_ids": [1, 2],
+            "sampling_params": {},
+            "rid": "a",
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "top_logprobs_num": 0,
+        }
     ]
     items, is_batch = _split(input_ids=[[1], [2, 3]], sampling_params=[{"n": 2}, {}], rid="b")
     assert is_batch and [i["rid"] for i in items] == ["b_0", "b_1"]
     assert [i["sampling_params"] for i in items] == [{"n": 2}, {}]
-    items, _ = _split(text=["ab", "cde"], logprob_start_len=0)
+    items, _ = _split(text=["ab", "cde"], logprob_start_len=0, top_logprobs_num=[0, 20])
     assert [i["input_ids"] for i in items] == [[2], [3]] and items[1]["logprob_start_len"] == 0
+    assert [i["top_logprobs_num"] for i in items] == [0, 20]
+
+
+@pytest.mark.parametrize("top", [21, -1, [1, 30]])
+def test_split_refuses_top_logprobs_num_out_of_bounds_by_name(top) -> None:
+    count = len(top) if isinstance(top, list) else 1
+    with pytest.raises(InferenceRequestError, match="top_logprobs_num must be in 0..20") as refused:
+        _split(input_ids=[[1]] * count if count > 1 else [1], top_logprobs_num=top)
+    assert refused.value.param == "top_logprobs_num"
+
+
+def test_top_logprobs_in_sglangs_shape() -> None:
+    """SGLang's ``output_top_logprobs`` / ``input_top_logprobs``: per position a list of
+    ``[logprob, token_id, text-or-null]``, the first prompt position null."""
+    group = SequenceGroup(
+        [1, 2, 3], input_logprobs=[None, -1.0, -2.0], input_top_logprobs=[None, [(4, -0.5)], [(5, -0.25)]]
+    )
+    seq = Sequence(
+        rid="r",
+        group=group,
+        params=SamplingParams(),
+        on_finish=lambda s: None,
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+    )
+    seq.output_ids, seq.output_logprobs = [7, 8], [-0.1, -0.3]
+    seq.output_top_logprobs = [[(7, -0.1), (9, -2.0)], [(6, -0.2), (8, -0.3)]]
+    meta = generate_response(seq, "xy")["meta_info"]
+    assert meta["output_top_logprobs"] == [[[-0.1, 7, None], [-2.0, 9, None]], [[-0.2, 6, None], [-0.3, 8, None]]]
+    assert meta["input_top_logprobs"] == [None, [[-0.5, 4, None]], [[-0.25, 5, None]]]
+    texts = generate_response(seq, "xy", decode_token=lambda t: f"<{t}>")["meta_info"]
+    assert texts["output_top_logprobs"][0] == [[-0.1, 7, "<7>"], [-2.0, 9, "<9>"]]
+    seq.top_logprobs_num = 0  # not asked: SGLang's answer has neither key
+    assert "output_top_logprobs" not in generate_response(seq, "xy")["meta_info"]
 
 
 def test_split_refuses_mismatched_lists_and_unknown_extras_are_ignored() -> None:
