@@ -1,6 +1,7 @@
 """CUDA-graph decode on a GPU (skipped without CUDA): replayed graphs give the eager decode's tokens
 and logits, across batch and KV-length buckets, and the engine on the graph runner still matches
-``transformers.generate`` greedily in fp32."""
+``transformers.generate`` greedily in fp32; sampling and the top-logprob alternatives never wait
+for the device, and the alternatives on the graph runner match a transformers forward."""
 
 from __future__ import annotations
 
@@ -232,3 +233,85 @@ def test_prefill_attention_never_uses_cudnn(tiny_qwen2: Path, monkeypatch) -> No
     runner.decode(slots, [1, 2, 3], [3, 2, 4])  # the eager decode's shapes vary too
     assert seen and not any(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled() == enabled_before
+
+
+def test_top_logprobs_never_wait_for_the_device() -> None:
+    """Alternatives for some rows of a mixed batch (``top_logprobs.py``) and their queued read-back:
+    no host-device synchronisation either, so the overlapped engine keeps its overlap."""
+    from areal_tasks.inference.server.readback import ReadbackBuffer
+    from areal_tasks.inference.server.sampling import SamplingBatch, sample
+    from areal_tasks.inference.server.top_logprobs import top_logprobs
+
+    device = torch.device("cuda")
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7), SamplingParams(temperature=0.0)]
+    counts = [0, 5, 20]
+    logits = torch.randn(len(params), 151936, device=device).to(torch.bfloat16)
+    readback = ReadbackBuffer(len(params), device)
+    SamplingBatch.build(params, [None] * 3, device, counts)  # the first pinned host blocks are allocated here
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batch = SamplingBatch.build(params, [None] * 3, device, counts)
+        tokens, logprobs = sample(logits, batch)
+        logprobs, table = top_logprobs(logits, batch, tokens, logprobs)
+        step = readback.start([], tokens, logprobs, batch.top, table)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    token_list, logprob_list = step.results()
+    ids, values = step.top_results()
+    assert len(ids) == 2 and len(ids[1]) == 20
+    want = torch.log_softmax(logits[2].float(), -1).topk(20)
+    assert [int(t) for t in ids[1]] == want.indices.tolist() and ids[1][0] == token_list[2]
+    assert values[1] == pytest.approx(want.values.tolist(), abs=1e-5) and values[1][0] == logprob_list[2]
+
+
+def test_graph_engine_top_logprobs_match_a_forward_pass(tiny_qwen2: Path) -> None:
+    """The engine on the CUDA-graph runner, overlapped: rows asking for alternatives (greedy and
+    sampled) decoded with one that does not; the alternatives equal a transformers forward's top k
+    and the row without them gives the tokens it gives alone."""
+    runner = build_runner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=256)
+    )
+    reference = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).cuda().eval()
+    engine = Engine(runner)
+    engine.start()
+    try:
+
+        def run(specs: list[tuple[list[int], float, int]]) -> list[Sequence]:
+            futures, seqs = [], []
+            for i, (prompt, temperature, k) in enumerate(specs):
+                fut: concurrent.futures.Future = concurrent.futures.Future()
+                params = SamplingParams(temperature=temperature, max_new_tokens=20, ignore_eos=True, sampling_seed=i)
+                seq = Sequence(
+                    rid=f"t{i}-{k}",
+                    group=SequenceGroup(prompt),
+                    params=params,
+                    on_finish=lambda s, f=fut: f.set_result(s),
+                    return_logprob=True,
+                    top_logprobs_num=k,
+                )
+                seqs.append(seq)
+                futures.append(fut)
+            engine.submit(seqs)
+            return [f.result(timeout=300) for f in futures]
+
+        specs = [(PROMPTS[0], 0.0, 3), (PROMPTS[1], 0.8, 5), (PROMPTS[2], 0.0, 0)]
+        done = run(specs)
+        alone = run([specs[2]])[0]
+    finally:
+        engine.shutdown()
+    assert alone.output_ids == done[2].output_ids and done[2].output_top_logprobs == []
+    for seq, (prompt, temperature, k) in zip(done[:2], specs):
+        with torch.no_grad():
+            ids = torch.tensor([prompt + seq.output_ids], device="cuda")
+            logits = reference(ids).logits[0, len(prompt) - 1 : -1].double()
+        want = torch.log_softmax(logits / (temperature or 1.0), -1).cpu()
+        assert len(seq.output_top_logprobs) == len(seq.output_ids)
+        for position, entry in zip(want, seq.output_top_logprobs):
+            values = [v for _, v in entry]
+            assert len(entry) == k
+            assert values == pytest.approx(position[[t for t, _ in entry]].tolist(), abs=1e-4)
+            assert values == pytest.approx(position.topk(k).values.tolist(), abs=1e-4)
+        for token, logprob, entry in zip(seq.output_ids, seq.output_logprobs, seq.output_top_logprobs):
+            if token in dict(entry):
+                assert dict(entry)[token] == logprob

@@ -180,9 +180,9 @@ def test_the_sampling_table_is_rebuilt_only_when_the_rows_change(runner, monkeyp
     builds = []
     real_build = engine_module.SamplingBatch.build
 
-    def counting_build(params, generators, device):
+    def counting_build(params, generators, device, top_logprobs=None):
         builds.append(len(params))
-        return real_build(params, generators, device)
+        return real_build(params, generators, device, top_logprobs)
 
     monkeypatch.setattr(engine_module.SamplingBatch, "build", counting_build)
     engine = _start(runner, overlap=True)
