@@ -69,6 +69,9 @@ NORMALISATION_SLACK = 4
 DEFAULT_CHAT_TEMPLATE_KWARGS: tuple[str, ...] = ("enable_thinking", "thinking", "reasoning_effort")
 #: a chat-template string argument longer than this is refused.
 MAX_TEMPLATE_STRING_CHARS = 256
+#: the most alternatives one position may carry (``top_logprobs.py``): OpenAI's chat bound, also
+#: ``/generate``'s ``top_logprobs_num`` (SGLang sets none; the answer grows with it).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)

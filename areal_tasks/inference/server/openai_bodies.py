@@ -24,8 +24,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from areal_tasks.errors import InferenceRequestError
-from areal_tasks.inference.server.limits import MAX_TEMPLATE_STRING_CHARS, ServerLimits
-from areal_tasks.inference.server.top_logprobs import MAX_TOP_LOGPROBS
+from areal_tasks.inference.server.limits import MAX_TEMPLATE_STRING_CHARS, MAX_TOP_LOGPROBS, ServerLimits
 
 logger = logging.getLogger(__name__)
 

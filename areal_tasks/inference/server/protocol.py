@@ -15,7 +15,7 @@ converted and never a 500.
 likely tokens as ``[logprob, token_id, text-or-null]``, most likely first) and
 ``input_top_logprobs`` (the same for the prompt positions from ``logprob_start_len``; the first
 prompt position's entry is null). ``top_logprobs_num`` is bounded by
-:data:`~areal_tasks.inference.server.top_logprobs.MAX_TOP_LOGPROBS` (SGLang sets no bound: the
+:data:`~areal_tasks.inference.server.limits.MAX_TOP_LOGPROBS` (SGLang sets no bound: the
 answer grows with it); above it, or negative, is a 400 naming it.
 """
 
@@ -27,8 +27,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from areal_tasks.errors import InferenceRequestError
+from areal_tasks.inference.server.limits import MAX_TOP_LOGPROBS
 from areal_tasks.inference.server.request import Sequence
-from areal_tasks.inference.server.top_logprobs import MAX_TOP_LOGPROBS, TopEntry
+from areal_tasks.inference.server.top_logprobs import TopEntry
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: the most alternatives a position may ask for (OpenAI's chat bound; also ``/generate``'s).
-MAX_TOP_LOGPROBS = 20
-
 #: one position's alternatives: (token id, logprob), most likely first.
 TopEntry = list[tuple[int, float]]
 
