@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.completion_choice import Logprobs
 
 from areal_tasks.api.inference import ModelResponse
@@ -125,7 +126,7 @@ def text_completion(
         lp = None
         if logprobs:
             body, _ = completion_logprobs(tokenizer, d.ids, d.response.output_logprobs[: len(d.ids)])
-            lp = Logprobs.model_validate(body)
+            lp = Logprobs.model_validate({**body, "top_logprobs": None})  # the SDK types no per-token None
         choices.append(CompletionChoice(index=i, text=d.text, finish_reason=d.finish_reason, logprobs=lp))  # type: ignore[arg-type]
     return Completion(
         id=cid,
@@ -173,7 +174,7 @@ async def chat_chunks(
         else:
             pieces = _pieces(tokenizer, d.ids, msg.content or "")
         for text, positions in pieces:
-            logprobs = ChoiceLogprobs(content=[lp[k] for k in positions]) if lp is not None else None
+            logprobs = ChunkLogprobs(content=[lp[k] for k in positions]) if lp is not None else None
             yield chunk([ChunkChoice(index=i, delta=ChoiceDelta(content=text), logprobs=logprobs)])
         for k, call in enumerate(msg.tool_calls or []):
             delta = ChoiceDeltaToolCall.model_validate({"index": k, **call.model_dump()})

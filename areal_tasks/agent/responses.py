@@ -174,7 +174,7 @@ class Responses:
                 "previous_response_id": previous,
                 "usage": {
                     "input_tokens": usage.prompt_tokens,
-                    "input_tokens_details": {"cached_tokens": 0},
+                    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                     "output_tokens": usage.completion_tokens,
                     "output_tokens_details": {"reasoning_tokens": 0},
                     "total_tokens": usage.total_tokens,
