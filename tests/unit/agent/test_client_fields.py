@@ -35,12 +35,9 @@ def test_sampling_defaults_and_overrides() -> None:
     client, engine = _client(sampling=defaults)
     run(client.chat.completions.create(messages=USER, temperature=NOT_GIVEN, top_p=None, user="u", metadata={"a": 1}))
     assert engine.requests[0].sampling == defaults
-    run(
-        client.chat.completions.create(
-            messages=USER, temperature=0.0, top_p=0.5, max_completion_tokens=7, stop="x", seed=3, store=True,
-            service_tier="auto", extra_body={"top_k": 4}, n=2,
-        )
-    )  # fmt: skip
+    overrides = {"temperature": 0.0, "top_p": 0.5, "max_completion_tokens": 7, "stop": "x", "seed": 3, "n": 2}
+    ignored = {"store": True, "service_tier": "auto", "prompt_cache_key": "k"}
+    run(client.chat.completions.create(messages=USER, extra_body={"top_k": 4}, **overrides, **ignored))
     a, b = engine.requests[1:3]
     assert (a.sampling.temperature, a.sampling.top_p, a.sampling.max_new_tokens, a.sampling.top_k) == (0.0, 0.5, 7, 4)
     assert a.sampling.stop == ("x",) and a.sampling.stop_token_ids == (5,)
