@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
 from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
 
 logger = logging.getLogger(__name__)
@@ -108,8 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tool-call-parser",
         default=None,
-        choices=("qwen25",),
-        help="parse <tool_call> blocks of chat answers into tool_calls",
+        choices=TOOL_CALL_PARSERS,
+        help="parse <tool_call> blocks of chat answers into tool_calls (hermes and qwen25 are the same format)",
     )
     parser.add_argument(
         "--seed",

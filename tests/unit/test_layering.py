@@ -81,6 +81,11 @@ TORCH_FREE_MODULES = [
     "areal_tasks.models.detect",
     "areal_tasks.api.scheduler",
     "areal_tasks.launch",
+    "areal_tasks.agent",
+    "areal_tasks.agent.tool_calls",
+    "areal_tasks.agent.chat_render",
+    "areal_tasks.agent.interactions",
+    "areal_tasks.agent.client",
     "storage",
     "operators",
 ]

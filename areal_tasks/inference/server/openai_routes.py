@@ -13,22 +13,21 @@ the sampled tokens' log-probs in OpenAI's shapes, with each position's most like
 chat ``top_logprobs`` / completions ``logprobs: k`` (``openai_logprobs.py``); ``stream: true`` answers
 Server-Sent Events (``openai_stream.py``). Every answer carries ``usage`` (prompt, completion, total
 tokens; for ``n > 1`` the prompt counts once) and SGLang's ``metadata.weight_version``. With the
-server's ``tool_call_parser`` set to ``qwen25`` (Hermes/Qwen style
-``<tool_call>{"name", "arguments"}</tool_call>`` blocks), tool calls in the output are returned as
-``message.tool_calls`` with finish reason ``tool_calls``.
+server's ``tool_call_parser`` set (``hermes``/``qwen25``: Hermes/Qwen style
+``<tool_call>{"name", "arguments"}</tool_call>`` blocks, parsed by ``areal_tasks.agent.tool_calls``),
+tool calls in the output are returned as ``message.tool_calls`` with finish reason ``tool_calls``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
 
+from areal_tasks.agent.tool_calls import parse_tool_calls
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.disconnect import while_connected
 from areal_tasks.inference.server.limits import (
@@ -42,40 +41,6 @@ from areal_tasks.inference.server.openai_stream import OpenAIStream, SSEResponse
 from areal_tasks.inference.server.request import Sequence
 
 logger = logging.getLogger(__name__)
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-TOOL_CALL_PARSERS = ("qwen25",)
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split Qwen/Hermes ``<tool_call>`` blocks off ``text``: (remaining content or None, tool calls).
-    A block that is not a JSON object with a ``name`` stays in the content."""
-    calls: list[dict[str, Any]] = []
-
-    def take(match: re.Match[str]) -> str:
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return match.group(0)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return match.group(0)
-        arguments = payload.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
-        return ""
-
-    content = _TOOL_CALL.sub(take, text)
-    if not calls:
-        return text, []
-    return content.strip() or None, calls
 
 
 def _usage(seqs: list[Sequence], prompts: list[list[int]]) -> dict[str, int]:

@@ -90,7 +90,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
-        from areal_tasks.inference.server.openai_routes import TOOL_CALL_PARSERS
+        from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
 
         if not 0 < self.port < 65536:
             raise InferenceError(f"port must be in 1..65535, got {self.port}")

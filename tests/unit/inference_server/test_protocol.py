@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from areal_tasks.agent.tool_calls import parse_tool_calls
 from areal_tasks.errors import InferenceRequestError, WeightTransportError
 from areal_tasks.inference.server.auth import request_allowed
 from areal_tasks.inference.server.metrics import render_metrics
-from areal_tasks.inference.server.openai_routes import parse_tool_calls
 from areal_tasks.inference.server.protocol import (
     GenerateReqInput,
     generate_response,
