@@ -121,9 +121,8 @@ class InteractionCache:
         return best
 
     def _choices(self, completion_id: str) -> list[Interaction]:
-        if completion_id in self._items:
-            return [self._items[completion_id]]
-        return [i for k, i in self._items.items() if k.startswith(f"{completion_id}-")]
+        """The interaction ``completion_id`` and its sibling choices (``<id>-<index>``)."""
+        return [i for k, i in self._items.items() if k == completion_id or k.startswith(f"{completion_id}-")]
 
     def set_reward(self, completion_id: str, reward: float) -> None:
         """Reward the interaction ``completion_id`` (every choice of it, for a completion of ``n > 1``)."""

@@ -85,6 +85,7 @@ TORCH_FREE_MODULES = [
     "areal_tasks.agent.tool_calls",
     "areal_tasks.agent.chat_render",
     "areal_tasks.agent.interactions",
+    "areal_tasks.agent.client",
     "storage",
     "operators",
 ]
