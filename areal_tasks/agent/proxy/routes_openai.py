@@ -99,12 +99,19 @@ def openai_router(ctx: ProxyContext) -> APIRouter:
         slot = contextlib.AsyncExitStack()
         await slot.enter_async_context(store.request(session))
         stream = _Stream(store, session, slot)
-        try:
+
+        async def opening() -> Any:
             stream.iterator = await store.run(session, _create(session, kind, body))
-            first = await stream.next()
+            return await stream.next()
+
+        try:
+            connected, first = await run_while_connected(request.receive, opening())
         except BaseException:
             await stream.close()
             raise
+        if not connected:
+            await stream.close()
+            return Response(status_code=CLIENT_GONE)
         return SSEResponse(sse_events(first, stream.next, where=f"session {session.id}"), on_close=stream.close)
 
     return router
