@@ -156,8 +156,11 @@ def test_an_idle_session_expires_on_the_proxy_and_its_group_is_exported() -> Non
         with pytest.raises(openai.AuthenticationError, match="expired"):
             client.chat.completions.create(model="areal", messages=[{"role": "user", "content": "hi"}])
         assert proxy.server is not None
-        in_process_id, _ = proxy.server.sessions.start_session()
-        result = proxy.call(proxy.server.sessions.end_session(in_process_id))
-        assert (
-            result.trajectories() == [] and proxy.call(proxy.server.sessions.next_group(1)).session_id == in_process_id
-        )
+        sessions = proxy.server.sessions
+
+        async def start() -> str:
+            return sessions.start_session()[0]
+
+        in_process_id = proxy.call(start())
+        result = proxy.call(sessions.end_session(in_process_id))
+        assert result.trajectories() == [] and proxy.call(sessions.next_group(1)).session_id == in_process_id
