@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "areal_tasks.cli.alloc_cmd",
     "areal_tasks.cli.model_cmd",
     "areal_tasks.cli.serve_cmd",
+    "areal_tasks.cli.proxy_cmd",
     "areal_tasks.cli.storage_cmd",
     "areal_tasks.cli.checkpoint_cmd",
     "areal_tasks.cli.train_cmd",
