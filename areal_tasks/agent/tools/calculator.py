@@ -9,7 +9,9 @@ a power is computed, so ``9**9**9`` costs nothing.
 
 :func:`calculate` returns the result as text (``"129"``, ``"2.5"``) or ``"error: ..."``;
 :func:`call_calculator` takes a tool call's ``arguments`` (the JSON text the model produced, or a
-dict) and does the same. :data:`CALCULATOR_TOOL` is the tool's schema in OpenAI's ``tools`` shape.
+dict) and does the same. :data:`CALCULATOR_TOOL` is the tool's schema in OpenAI's ``tools`` shape,
+key for key what the official ``openai`` SDK and ``openai-agents`` (a ``FunctionTool`` with this
+schema, ``strict_json_schema=False``) send, so a model warm-started on it sees the same text.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ CALCULATOR_TOOL: dict[str, Any] = {
             "properties": {"expression": {"type": "string", "description": "e.g. 47 + 82"}},
             "required": ["expression"],
         },
+        # what openai-agents' FunctionTool sends too: the same text whichever SDK offers the tool
+        "strict": False,
     },
 }
 
