@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup lint vllm-env sky-env browser cluster-deps
+test: setup lint vllm-env sky-env agents-env browser cluster-deps
 	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 
 # ruff's lint and format checks (configured in pyproject.toml); `make format` applies the formatter
@@ -139,4 +139,24 @@ $(SKY_VENV)/.installed: constraints-sky.txt
 	@test -x $(SKY_PY) || $(PYTHON) -m venv $(SKY_VENV)
 	$(SKY_PY) -m pip install -q -r constraints-sky.txt
 	$(SKY_PY) -c "import sky; print('skypilot', sky.__version__)"
+	@touch $@
+
+# ---- the black-box agents' SDKs (own venv: openai-agents' pins do not fit constraints.txt) --------
+# `make agents-env` builds .venv-agents once (about 10 s): openai and openai-agents from the
+# constraints-agents.txt lock, and our package editable with --no-deps (the agent scripts import only
+# its stdlib-only tools). examples/agents/openai_*_agent.py run in it as subprocesses; the tests find
+# it through tests/fixtures/agents_env.py and skip with this command as the reason when it is absent.
+AGENTS_VENV ?= .venv-agents
+AGENTS_PY := $(AGENTS_VENV)/bin/python
+
+.PHONY: agents-env
+
+agents-env: $(AGENTS_VENV)/.installed
+
+$(AGENTS_VENV)/.installed: constraints-agents.txt pyproject.toml
+	@test -x $(AGENTS_PY) || $(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_PY) -m pip install -q -r constraints-agents.txt
+	$(AGENTS_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(AGENTS_PY) -I -c "import agents, openai, areal_tasks.agent.tools.calculator as c; \
+		print('openai', openai.__version__, 'openai-agents', agents.__version__, c.calculate('47 + 82'))"
 	@touch $@

@@ -13,7 +13,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # s3_server / s3_bucket / s3_storage: a real SeaweedFS S3 server per session (tests/fixtures/s3_server.py).
 # warm_start: the SFT'd demo policy the RL and cluster tests start from (tests/fixtures/warm_start.py).
-pytest_plugins = ["tests.fixtures.s3_server", "tests.fixtures.warm_start"]
+# calculator_warm_start: the calculator task's SFT warm start (tests/fixtures/calculator_warm_start.py).
+pytest_plugins = ["tests.fixtures.s3_server", "tests.fixtures.warm_start", "tests.fixtures.calculator_warm_start"]
 
 
 def _cuda_available() -> bool:

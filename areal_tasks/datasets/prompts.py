@@ -1,15 +1,18 @@
-"""Prompt rendering through the tokenizer's chat template (system + user turns).
+"""Prompt rendering through the tokenizer's chat template (system + user turns, optional tools).
 
 ``render_prompt`` gives the token ids a policy generates from (``add_generation_prompt=True``);
-``render_transcript`` gives a whole SFT transcript and a 0/1 mask over it that is 1 exactly on the
-assistant's tokens (content and end-of-turn token), from the template's ``{% generation %}`` block
-(``return_assistant_tokens_mask``). The tokenizer is any ``transformers`` tokenizer with such a
-template; nothing here imports torch.
+``render_messages`` gives a whole SFT transcript (any chat: several assistant turns, tool calls and
+tool results) and a 0/1 mask over it that is 1 exactly on the assistant's tokens of *every*
+assistant turn (content, tool calls and end-of-turn token), from the template's
+``{% generation %}`` block (``return_assistant_tokens_mask``); ``render_transcript`` is the
+single-turn case (system + user + one assistant response). The tokenizer is any ``transformers``
+tokenizer with such a template; nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from areal_tasks.datasets.answers import ANSWER_FORMAT
@@ -25,9 +28,20 @@ def _messages(prompt: str, system: str | None) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": prompt}]
 
 
-def render_prompt(tokenizer: Any, prompt: str, system: str | None = SYSTEM_PROMPT) -> list[int]:
-    """Token ids of the system + user turns followed by the assistant header."""
-    ids = tokenizer.apply_chat_template(_messages(prompt, system), tokenize=True, add_generation_prompt=True)
+def _tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    return [dict(t) for t in tools] if tools else None
+
+
+def render_prompt(
+    tokenizer: Any,
+    prompt: str,
+    system: str | None = SYSTEM_PROMPT,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of the system (with ``tools``, when given) + user turns followed by the assistant header."""
+    ids = tokenizer.apply_chat_template(
+        _messages(prompt, system), tools=_tools(tools), tokenize=True, add_generation_prompt=True
+    )
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
@@ -37,8 +51,20 @@ def render_transcript(
     tokenizer: Any, prompt: str, response: str, system: str | None = SYSTEM_PROMPT
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, assistant_mask)`` of system + user + assistant(``response``)."""
-    messages = [*_messages(prompt, system), {"role": "assistant", "content": response}]
-    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return render_messages(tokenizer, [*_messages(prompt, system), {"role": "assistant", "content": response}])
+
+
+def render_messages(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, assistant_mask)`` of a whole chat (OpenAI message dicts; ``tools`` in the system turn)."""
+    out = tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=_tools(tools),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
     ids = [int(t) for t in out["input_ids"]]
     mask = [int(m) for m in out["assistant_masks"]]
     if len(mask) != len(ids) or not any(mask):

@@ -5,6 +5,9 @@ Accepted forms:
 * ``demo:arithmetic`` with optional options as a query string, e.g.
   ``demo:arithmetic?digits=2&ops=+&n_train=500&n_eval=50&seed=3&wrong_fraction=0.3`` (the fields of
   :class:`~areal_tasks.datasets.arithmetic.ArithmeticOptions`). A demo set has both splits.
+* ``demo:calculator`` with the same options (two-digit ``+-`` by default, see
+  :class:`~areal_tasks.datasets.calculator.CalculatorOptions`): the same questions, each record
+  carrying the calculator's tool schema in ``tools`` (a task for tool-using agents).
 * a local ``.jsonl`` file: one JSON object per line holding ``prompt_key`` and ``answer_key``. A
   file has one split; the eval split comes from ``dataset.eval_path``.
 
@@ -19,10 +22,12 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl
 
+from areal_tasks.datasets import calculator
 from areal_tasks.datasets.arithmetic import ArithmeticOptions, generate_splits
+from areal_tasks.datasets.prompts import SYSTEM_PROMPT
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -32,15 +37,22 @@ logger = logging.getLogger(__name__)
 
 Split = Literal["train", "eval"]
 DEMO_PREFIX = "demo:"
-DEMO_TASKS = ("arithmetic",)
+#: each demo task's options type (its fields are the spec's query keys).
+DEMO_OPTIONS: dict[str, type[ArithmeticOptions]] = {
+    "arithmetic": ArithmeticOptions,
+    "calculator": calculator.CalculatorOptions,
+}
+DEMO_TASKS = tuple(DEMO_OPTIONS)
 
 
 @dataclass(frozen=True)
 class Record:
-    """One prompt and its reference answer (kept as text; rewards parse it)."""
+    """One prompt and its reference answer (kept as text; rewards parse it); ``tools``: the OpenAI
+    tool schemas an agent offers for it (empty for plain prompts)."""
 
     prompt: str
     answer: str
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -56,25 +68,28 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def arithmetic_options(spec: str) -> ArithmeticOptions:
-    """The :class:`ArithmeticOptions` a ``demo:arithmetic?...`` spec names (defaults for absent keys)."""
-    _, raw = parse_spec(spec)
-    fields = {f.name: f for f in dataclasses.fields(ArithmeticOptions)}
+    """The options a ``demo:<task>?...`` spec names (the task's options type; defaults for absent keys)."""
+    name, raw = parse_spec(spec)
+    options = DEMO_OPTIONS[name]
+    fields = {f.name: f for f in dataclasses.fields(options)}
     values: dict[str, object] = {}
     for key, text in raw.items():
         if key not in fields:
             raise ConfigError(f"dataset path {spec!r}: unknown option {key!r}; known: {', '.join(fields)}")
-        kind = type(getattr(ArithmeticOptions(), key))
+        kind = type(getattr(options(), key))
         try:
             values[key] = kind(text)
         except ValueError as exc:
             raise ConfigError(f"dataset path {spec!r}: option {key}={text!r} is not a {kind.__name__}") from exc
-    return ArithmeticOptions(**values)  # type: ignore[arg-type]
+    return options(**values)  # type: ignore[arg-type]
 
 
 def _demo_records(spec: str, split: Split) -> list[Record]:
+    name, _ = parse_spec(spec)
     train, evaluation = generate_splits(arithmetic_options(spec))
     problems = train if split == "train" else evaluation
-    return [Record(p.question, str(p.answer)) for p in problems]
+    tools = calculator.TOOLS if name == "calculator" else ()
+    return [Record(p.question, str(p.answer), tools) for p in problems]
 
 
 def _jsonl_records(path: Path, prompt_key: str, answer_key: str) -> list[Record]:
@@ -119,6 +134,13 @@ def load_split(cfg: DatasetConfig, split: Split) -> list[Record]:
     elif split == "eval" and not spec.startswith(DEMO_PREFIX):
         raise ConfigError(f"dataset.eval_path is not set and dataset.path={spec!r} has no eval split; set eval_path")
     return load_records(spec, split, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
+
+
+def default_system_prompt(spec: str) -> str:
+    """The system prompt a task is rendered with when ``rollout.workflow.system_prompt`` is null."""
+    if spec.startswith(DEMO_PREFIX) and parse_spec(spec)[0] == "calculator":
+        return calculator.SYSTEM_PROMPT
+    return SYSTEM_PROMPT
 
 
 def wrong_fraction(spec: str, default: float = 0.0) -> float:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_tasks.api.run_dir import RunPaths
-from areal_tasks.datasets.prompts import SYSTEM_PROMPT, render_prompt, render_transcript
-from areal_tasks.datasets.registry import load_split, wrong_fraction
+from areal_tasks.datasets.prompts import render_messages, render_prompt
+from areal_tasks.datasets.registry import default_system_prompt, load_split, wrong_fraction
 from areal_tasks.datasets.sft import build_demonstrations
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.trainer.sft_data import Transcript, pack_transcripts, sft_loss, sft_loss_weight
@@ -37,16 +37,17 @@ logger = logging.getLogger(__name__)
 
 
 def build_transcripts(cfg: JobConfig, tokenizer: object) -> list[Transcript]:
-    """The tokenized SFT transcripts of the train split (prompts over ``max_prompt_len`` dropped)."""
+    """The tokenized SFT transcripts of the train split (prompts over ``max_prompt_len`` dropped); the
+    loss mask covers every assistant turn (tool calls included)."""
     records = load_split(cfg.dataset, "train")
     demos = build_demonstrations(records, wrong_fraction(cfg.dataset.path), seed=cfg.experiment.seed)
     configured = cfg.rollout.workflow.system_prompt  # the prompt RL and evaluation render too
-    system = SYSTEM_PROMPT if configured is None else configured
+    system = default_system_prompt(cfg.dataset.path) if configured is None else configured
     transcripts = []
     for demo in demos:
-        if len(render_prompt(tokenizer, demo.prompt, system)) > cfg.dataset.max_prompt_len:
+        if len(render_prompt(tokenizer, demo.prompt, system, demo.tools)) > cfg.dataset.max_prompt_len:
             continue
-        transcripts.append(render_transcript(tokenizer, demo.prompt, demo.response, system))
+        transcripts.append(render_messages(tokenizer, demo.messages(system), demo.tools))
     if not transcripts:
         raise ConfigError(f"dataset.max_prompt_len={cfg.dataset.max_prompt_len} drops every training prompt")
     logger.info("SFT: %d transcripts (%d dropped as too long)", len(transcripts), len(demos) - len(transcripts))
