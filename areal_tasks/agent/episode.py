@@ -11,9 +11,14 @@ conversations of the episode (an agent that restarted its history) are counted i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import importlib.util
 import logging
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import AgentError, ConfigError
@@ -29,18 +34,38 @@ __all__ = ["episode_trajectory", "item_payload", "resolve_callable"]
 
 
 def resolve_callable(path: str, where: str) -> Callable[..., Any]:
-    """The callable at import path ``package.module:name``; ConfigError naming ``where`` otherwise."""
-    module_name, sep, attr = path.partition(":")
+    """The callable at ``package.module:name`` or ``path/to/file.py:name`` (a file path relative to
+    the working directory); ConfigError naming ``where`` otherwise."""
+    module_name, sep, attr = path.rpartition(":")
     if not (sep and module_name and attr):
-        raise ConfigError(f"{where}: {path!r} is not an import path package.module:function")
+        raise ConfigError(f"{where}: {path!r} is not an import path package.module:function or file.py:function")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+    except (ImportError, OSError) as exc:
         raise ConfigError(f"{where}: cannot import {module_name!r} ({exc})") from exc
     target = getattr(module, attr, None)
     if not callable(target):
         raise ConfigError(f"{where}: {module_name!r} has no callable {attr!r}")
     return target  # type: ignore[no-any-return]
+
+
+def _load_file(file: str) -> ModuleType:
+    """Import a Python file as a module of its own (cached by its resolved path)."""
+    resolved = Path(file).resolve()
+    name = "areal_agent_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None or not resolved.is_file():
+        raise ImportError(f"no Python file at {resolved}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def item_payload(data: Any, system_prompt: str | None) -> dict[str, Any]:

@@ -42,7 +42,8 @@ DEFAULT_AGENT = "areal_tasks.agent.builtin:chat_once"
 class AgentOptions:
     """The options of ``agent`` (``rollout.workflow.options``), checked when built."""
 
-    #: the agent: import path ``package.module:function`` of ``async def run(client, data) -> float | None``.
+    #: the agent ``async def run(client, data) -> float | None``: ``package.module:function`` or
+    #: ``path/to/file.py:function`` (relative to the working directory).
     agent: str = DEFAULT_AGENT
     #: seconds an episode's agent may run; past it the episode fails (and counts as failed).
     timeout_s: float = 600.0
@@ -52,7 +53,7 @@ class AgentOptions:
     def __post_init__(self) -> None:
         problems = []
         if not isinstance(self.agent, str) or ":" not in self.agent:
-            problems.append(f"agent={self.agent!r} must be an import path package.module:function")
+            problems.append(f"agent={self.agent!r} must be package.module:function or path/to/file.py:function")
         timeout = self.timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             problems.append(f"timeout_s={timeout!r} must be a number > 0")
