@@ -84,3 +84,10 @@ class RolloutWorkflow(abc.ABC):
         Raising counts as a failed episode: the executor logs it, treats it as a rejection and fails
         the run only when failures pass ``rollout.max_failure_rate``.
         """
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook; most workflows hold nothing
+        """Release what the workflow holds on the running event loop (a server, connections).
+
+        Called on that loop when the executor stops and after each evaluation; a workflow must be
+        usable again afterwards (it starts what it needs lazily). The default holds nothing.
+        """

@@ -5,7 +5,8 @@ A policy is evaluated with the job's workflow and ``rollout.sampling`` at ``eval
 the server draw the same uniform numbers for every prompt, so the prompts share one random draw
 and the score is a single sample of a very wide distribution. Each prompt is sampled
 ``evaluation.n_samples`` times when sampling, once when greedy (:func:`samples_per_prompt`).
-:func:`run_episodes` runs the episodes concurrently, bounded like the rollout executor.
+:func:`run_episodes` runs the episodes concurrently, bounded like the rollout executor, then closes
+what the workflow holds on the loop (``RolloutWorkflow.aclose``).
 """
 
 from __future__ import annotations
@@ -44,4 +45,7 @@ async def run_episodes(
         async with limit:
             return await workflow.arun_episode(engine, record)
 
-    return list(await asyncio.gather(*(one(r) for r in records)))
+    try:
+        return list(await asyncio.gather(*(one(r) for r in records)))
+    finally:
+        await workflow.aclose()

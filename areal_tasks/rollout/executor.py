@@ -242,6 +242,10 @@ class RolloutExecutor:
 
     async def _close_engine(self) -> None:
         try:
+            await self._groups.workflow.aclose()
+        except Exception as exc:  # noqa: BLE001 - a workflow's cleanup must not stop the shutdown
+            logger.warning("workflow.aclose() failed while stopping the rollout executor: %r", exc)
+        try:
             await self._engine.aclose()
         except Exception as exc:  # noqa: BLE001 - closing connections must not stop the shutdown
             logger.warning("engine.aclose() failed while stopping the rollout executor: %r", exc)

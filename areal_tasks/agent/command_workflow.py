@@ -1,0 +1,197 @@
+"""The ``agent_command`` workflow: any program that speaks OpenAI, trained through a proxy session.
+
+Each episode starts a fresh session on an in-process :class:`~areal_tasks.agent.proxy.ProxyServer`
+(one per event loop, bound to 127.0.0.1, started with the first episode) and runs ``command`` with
+``OPENAI_BASE_URL`` (the proxy's ``/v1``) and ``OPENAI_API_KEY`` (the session's own key) in its
+environment, so an unmodified agent built on the ``openai`` SDK, the ``openai-agents`` SDK or any
+OpenAI-speaking framework talks to the policy. The dataset item reaches the program as one JSON
+object on stdin: its fields **without the answer**, plus ``system_prompt`` when the job has one.
+
+When the program exits (0), the session ends; its last conversation is the sample, rewarded as in
+the ``agent`` workflow: a reward the program set through the proxy (``POST /rl/set_reward`` with its
+key) wins, else the job's reward function scores the last completion against the item's answer.
+A non-zero exit, or running past ``timeout_s``, fails the episode (its process group is killed; a
+cancelled episode kills it too). The program does not inherit the job's environment (secrets stay
+out): only ``PATH``, ``HOME``, locale, temp and Python path variables, the names in
+``inherit_env`` and the pairs in ``env``. ``{python}`` in ``command`` is this interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from areal_tasks.agent.episode import episode_trajectory, item_payload
+from areal_tasks.api.inference import InferenceEngine, SamplingParams
+from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
+from areal_tasks.datasets.prompts import SYSTEM_PROMPT
+from areal_tasks.errors import AgentError, ConfigError
+from areal_tasks.rollout.workflows.rlvr import RewardFn, check_positive
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AgentCommandOptions", "AgentCommandWorkflow"]
+
+#: the default program: one chat turn through the official ``openai`` SDK.
+DEFAULT_COMMAND: tuple[str, ...] = ("{python}", "-m", "areal_tasks.agent.sdk_chat_once")
+#: environment variables every agent program inherits (nothing secret).
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT")
+#: the tail of the program's stdout/stderr kept in the trajectory's metadata and error messages.
+OUTPUT_TAIL = 2000
+
+
+@dataclass(frozen=True)
+class AgentCommandOptions:
+    """The options of ``agent_command`` (``rollout.workflow.options``), checked when built."""
+
+    #: the program and its arguments (no shell); ``{python}`` is this interpreter.
+    command: tuple[str, ...] = DEFAULT_COMMAND
+    #: seconds one run may take; past it the process group is killed and the episode fails.
+    timeout_s: float = 300.0
+    #: extra environment variables for the program.
+    env: Mapping[str, str] | None = None
+    #: names of this process's environment variables the program also inherits.
+    inherit_env: tuple[str, ...] = ()
+    #: the program's working directory (None: this process's).
+    cwd: str | None = None
+    #: tool-call format of the model's output, as in the ``agent`` workflow.
+    tool_call_parser: str = "hermes"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
+        problems = []
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            problems.append(f"command={list(self.command)!r} must be a non-empty list of non-empty strings")
+        timeout = self.timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            problems.append(f"timeout_s={timeout!r} must be a number > 0")
+        if self.env is not None and not (
+            isinstance(self.env, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items())
+        ):
+            problems.append("env must map names to strings")
+        if self.env and {"OPENAI_BASE_URL", "OPENAI_API_KEY"} & set(self.env):
+            problems.append("env must not set OPENAI_BASE_URL or OPENAI_API_KEY: the workflow sets them per session")
+        if not all(isinstance(n, str) and n for n in self.inherit_env):
+            problems.append(f"inherit_env={list(self.inherit_env)!r} must be variable names")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+class AgentCommandWorkflow(RolloutWorkflow):
+    """One run of ``command`` per episode, under its own proxy session (see the module doc)."""
+
+    options_class: ClassVar[type] = AgentCommandOptions
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        sampling: SamplingParams,
+        reward: RewardFn,
+        *,
+        command: tuple[str, ...] = AgentCommandOptions.command,
+        timeout_s: float = AgentCommandOptions.timeout_s,
+        env: Mapping[str, str] | None = AgentCommandOptions.env,
+        inherit_env: tuple[str, ...] = AgentCommandOptions.inherit_env,
+        cwd: str | None = AgentCommandOptions.cwd,
+        tool_call_parser: str = AgentCommandOptions.tool_call_parser,
+        system_prompt: str | None = SYSTEM_PROMPT,
+        max_prompt_len: int | None = None,
+    ) -> None:
+        options = AgentCommandOptions(command, timeout_s, env, inherit_env, cwd, tool_call_parser)
+        check_positive("max_prompt_len", max_prompt_len)
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.reward = reward
+        self.options = options
+        self.system_prompt = system_prompt
+        self.max_prompt_len = max_prompt_len
+        self.argv = [sys.executable if arg == "{python}" else arg for arg in options.command]
+        #: one proxy per event loop (the executor's loop; each evaluation's own).
+        self._proxies: dict[int, Any] = {}
+
+    async def _proxy(self) -> Any:
+        from areal_tasks.agent.proxy import ProxyServer
+
+        loop = asyncio.get_running_loop()
+        proxy = self._proxies.get(id(loop))
+        if proxy is None or proxy.loop is not loop:
+            proxy = ProxyServer(
+                None, self.tokenizer, sampling=self.sampling, tool_call_parser=self.options.tool_call_parser
+            )
+            await proxy.start()
+            self._proxies[id(loop)] = proxy
+        return proxy
+
+    def _environment(self, base_url: str, api_key: str) -> dict[str, str]:
+        names = (*BASE_ENV, *self.options.inherit_env)
+        env = {name: os.environ[name] for name in names if name in os.environ}
+        env.update(self.options.env or {})
+        env.update({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key})
+        return env
+
+    async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
+        """Run the program under a fresh session; its last conversation, rewarded, or None."""
+        proxy = await self._proxy()
+        session_id, api_key = proxy.sessions.start_session(engine=engine)
+        try:
+            stdout = await self._run(
+                self._environment(proxy.url + "/v1", api_key), item_payload(data, self.system_prompt)
+            )
+        finally:
+            result = proxy.sessions.end_session(session_id)
+        traj = await episode_trajectory(
+            result.cache, data, self.reward, returned=None, max_prompt_len=self.max_prompt_len
+        )
+        if traj is not None:
+            traj.metadata["agent_stdout"] = stdout[-OUTPUT_TAIL:]
+        return traj
+
+    async def _run(self, env: dict[str, str], payload: dict[str, Any]) -> str:
+        """Run the program with ``payload`` on stdin; its stdout. AgentError on failure or timeout."""
+        process = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=self.options.cwd,
+            start_new_session=True,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                process.communicate(json.dumps(payload).encode()), timeout=self.options.timeout_s
+            )
+        except TimeoutError as exc:
+            await _kill(process)
+            raise AgentError(f"agent command {self.argv[0]} ran past timeout_s={self.options.timeout_s:g}") from exc
+        except BaseException:
+            await _kill(process)
+            raise
+        if process.returncode != 0:
+            tail = err.decode(errors="replace")[-OUTPUT_TAIL:]
+            raise AgentError(f"agent command {self.argv[0]} exited with {process.returncode}: {tail}")
+        return out.decode(errors="replace")
+
+    async def aclose(self) -> None:
+        """Stop the proxy of the running loop (the executor calls this before its loop ends)."""
+        proxy = self._proxies.pop(id(asyncio.get_running_loop()), None)
+        if proxy is not None:
+            await proxy.stop()
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill the program's whole process group and reap it."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):  # it exited between the check and the kill
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()

@@ -1,0 +1,126 @@
+"""What the agent workflows share: loading the agent, the item an agent sees, and the episode's sample.
+
+:func:`episode_trajectory` turns an episode's interaction cache into the one trajectory the rollout
+executor takes per episode: the conversation that ends in the **last** completion (concatenated;
+only model-generated tokens trained), rewarded by precedence (the agent's returned number, else
+rewards the agent set, else the job's reward function on the last completion's text). Other
+conversations of the episode (an agent that restarted its history) are counted in the metadata
+(``other_conversations``), not trained: the executor takes one sample per episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from areal_tasks.errors import AgentError, ConfigError
+from areal_tasks.rollout.workflows.rlvr import RewardFn, item_fields
+
+if TYPE_CHECKING:
+    from areal_tasks.agent.interactions import InteractionCache
+    from areal_tasks.api.workflow import Trajectory
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["episode_trajectory", "item_payload", "resolve_callable"]
+
+
+def resolve_callable(path: str, where: str) -> Callable[..., Any]:
+    """The callable at ``package.module:name`` or ``path/to/file.py:name`` (a file path relative to
+    the working directory); ConfigError naming ``where`` otherwise."""
+    module_name, sep, attr = path.rpartition(":")
+    if not (sep and module_name and attr):
+        raise ConfigError(f"{where}: {path!r} is not an import path package.module:function or file.py:function")
+    try:
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"{where}: cannot import {module_name!r} ({exc})") from exc
+    target = getattr(module, attr, None)
+    if not callable(target):
+        raise ConfigError(f"{where}: {module_name!r} has no callable {attr!r}")
+    return target  # type: ignore[no-any-return]
+
+
+def _load_file(file: str) -> ModuleType:
+    """Import a Python file as a module of its own (cached by its resolved path)."""
+    resolved = Path(file).resolve()
+    name = "areal_agent_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:16]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None or not resolved.is_file():
+        raise ImportError(f"no Python file at {resolved}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def item_payload(data: Any, system_prompt: str | None) -> dict[str, Any]:
+    """The item as an agent program sees it: its fields without ``answer``, plus ``system_prompt``."""
+    if isinstance(data, Mapping):
+        fields = dict(data)
+    elif dataclasses.is_dataclass(data) and not isinstance(data, type):
+        fields = dataclasses.asdict(data)
+    else:
+        prompt, _ = item_fields(data)
+        fields = {"prompt": prompt}
+    fields.pop("answer", None)
+    if system_prompt:
+        fields["system_prompt"] = system_prompt
+    return fields
+
+
+async def episode_trajectory(
+    cache: InteractionCache,
+    data: Any,
+    reward: RewardFn,
+    *,
+    returned: float | None,
+    max_prompt_len: int | None,
+) -> Trajectory | None:
+    """The episode's sample (see the module doc); None when the agent generated nothing or the
+    conversation's prompt is longer than ``max_prompt_len``."""
+    interactions = list(cache)
+    if not interactions:
+        logger.debug("rejecting an episode whose agent made no completion")
+        return None
+    last = interactions[-1]
+    if not last.output_ids:
+        logger.debug("rejecting an episode whose last completion generated nothing")
+        return None
+    _, answer = item_fields(data)
+    text = last.text
+    if returned is not None:
+        cache.set_reward(last.completion_id, returned)
+    elif all(i.reward is None for i in interactions):
+        cache.set_reward(last.completion_id, float(await reward(text, answer)))
+    conversations = cache.export("concat")
+    chosen = [t for t in conversations if t.metadata["completion_ids"][-1] == last.completion_id]
+    if len(chosen) != 1:
+        raise AgentError(f"the interaction cache exported no conversation ending in {last.completion_id}")
+    traj = chosen[0]
+    if max_prompt_len is not None and traj.prompt_len > max_prompt_len:
+        logger.debug(
+            "rejecting a conversation whose prompt has %d tokens (max_prompt_len=%d)", traj.prompt_len, max_prompt_len
+        )
+        return None
+    traj.metadata.update(
+        completion=text,
+        answer=answer,
+        stop_reason=last.finish_reason,
+        other_conversations=len(conversations) - 1,
+    )
+    return traj
