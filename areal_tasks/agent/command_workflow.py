@@ -19,17 +19,17 @@ out): only ``PATH``, ``HOME``, locale, temp and Python path variables, the names
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import signal
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from areal_tasks.agent.episode import episode_trajectory, item_payload
+from areal_tasks.agent.program_runner import ProgramRunner
 from areal_tasks.api.inference import InferenceEngine, SamplingParams
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT
@@ -64,10 +64,14 @@ class AgentCommandOptions:
     cwd: str | None = None
     #: tool-call format of the model's output, as in the ``agent`` workflow.
     tool_call_parser: str = "hermes"
+    #: modules to import once in a fork server that each episode's program is forked from (the
+    #: command must be ``python script.py ...`` or ``python -m module ...``); empty: exec each run.
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
+        object.__setattr__(self, "preload", tuple(self.preload))
         problems = []
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             problems.append(f"command={list(self.command)!r} must be a non-empty list of non-empty strings")
@@ -83,8 +87,22 @@ class AgentCommandOptions:
             problems.append("env must not set OPENAI_BASE_URL or OPENAI_API_KEY: the workflow sets them per session")
         if not all(isinstance(n, str) and n for n in self.inherit_env):
             problems.append(f"inherit_env={list(self.inherit_env)!r} must be variable names")
+        if not all(isinstance(n, str) and n.replace(".", "").replace("_", "").isalnum() for n in self.preload):
+            problems.append(f"preload={list(self.preload)!r} must be module names")
+        elif self.preload and not _forkable(self.command):
+            problems.append(
+                f"preload needs command=['python', 'script.py', ...] or ['python', '-m', 'module', ...], "
+                f"not {list(self.command)!r}"
+            )
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+def _forkable(command: tuple[str, ...]) -> bool:
+    """Whether ``command`` is an interpreter running a script or a module (what a fork server can run)."""
+    if len(command) >= 3 and command[1] == "-m":
+        return True
+    return len(command) >= 2 and not command[1].startswith("-")
 
 
 class AgentCommandWorkflow(RolloutWorkflow):
@@ -104,10 +122,11 @@ class AgentCommandWorkflow(RolloutWorkflow):
         inherit_env: tuple[str, ...] = AgentCommandOptions.inherit_env,
         cwd: str | None = AgentCommandOptions.cwd,
         tool_call_parser: str = AgentCommandOptions.tool_call_parser,
+        preload: tuple[str, ...] = AgentCommandOptions.preload,
         system_prompt: str | None = SYSTEM_PROMPT,
         max_prompt_len: int | None = None,
     ) -> None:
-        options = AgentCommandOptions(command, timeout_s, env, inherit_env, cwd, tool_call_parser)
+        options = AgentCommandOptions(command, timeout_s, env, inherit_env, cwd, tool_call_parser, preload)
         check_positive("max_prompt_len", max_prompt_len)
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -116,82 +135,78 @@ class AgentCommandWorkflow(RolloutWorkflow):
         self.system_prompt = system_prompt
         self.max_prompt_len = max_prompt_len
         self.argv = [sys.executable if arg == "{python}" else arg for arg in options.command]
-        #: one proxy per event loop (the executor's loop; each evaluation's own).
-        self._proxies: dict[int, Any] = {}
+        #: per event loop (the executor's loop; each evaluation's own): its proxy and program runner.
+        self._per_loop: dict[int, tuple[asyncio.AbstractEventLoop, Any, ProgramRunner]] = {}
 
-    async def _proxy(self) -> Any:
+    async def _loop_state(self) -> tuple[Any, ProgramRunner]:
+        """The running loop's proxy (started on first use) and program runner. The proxy's sessions
+        are opened in-process only (each with the episode's own client), so its admin key is a
+        random one nobody holds."""
         from areal_tasks.agent.proxy import ProxyServer
 
         loop = asyncio.get_running_loop()
-        proxy = self._proxies.get(id(loop))
-        if proxy is None or proxy.loop is not loop:
+        entry = self._per_loop.get(id(loop))
+        if entry is None or entry[0] is not loop:
             proxy = ProxyServer(
-                None, self.tokenizer, sampling=self.sampling, tool_call_parser=self.options.tool_call_parser
+                None,
+                self.tokenizer,
+                admin_api_key=secrets.token_urlsafe(32),
+                sampling=self.sampling,
+                tool_call_parser=self.options.tool_call_parser,
+                queue_groups=False,
             )
             await proxy.start()
-            self._proxies[id(loop)] = proxy
-        return proxy
+            runner = ProgramRunner(self.argv, preload=self.options.preload, base_env=self._environment())
+            entry = (loop, proxy, runner)
+            self._per_loop[id(loop)] = entry
+        return entry[1], entry[2]
 
-    def _environment(self, base_url: str, api_key: str) -> dict[str, str]:
+    def _environment(self, base_url: str | None = None, api_key: str | None = None) -> dict[str, str]:
+        """The program's environment (see the module doc); without a session's URL and key, the
+        fork server's."""
         names = (*BASE_ENV, *self.options.inherit_env)
         env = {name: os.environ[name] for name in names if name in os.environ}
         env.update(self.options.env or {})
-        env.update({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key})
+        if base_url is not None and api_key is not None:
+            env.update({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key})
         return env
 
     async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
         """Run the program under a fresh session; its last conversation, rewarded, or None."""
-        proxy = await self._proxy()
-        session_id, api_key = proxy.sessions.start_session(engine=engine)
+        from areal_tasks.agent.client import ArealOpenAI
+
+        proxy, runner = await self._loop_state()
+        client = ArealOpenAI(
+            engine, self.tokenizer, sampling=self.sampling, tool_call_parser=self.options.tool_call_parser
+        )
+        session_id, api_key = proxy.sessions.start_session(client)
         try:
             stdout = await self._run(
-                self._environment(proxy.url + "/v1", api_key), item_payload(data, self.system_prompt)
+                runner, self._environment(proxy.url + "/v1", api_key), item_payload(data, self.system_prompt)
             )
         finally:
-            result = proxy.sessions.end_session(session_id)
+            # shielded: a cancelled episode still ends its session (and cancels its requests)
+            result = await asyncio.shield(proxy.sessions.end_session(session_id))
         traj = await episode_trajectory(
-            result.cache, data, self.reward, returned=None, max_prompt_len=self.max_prompt_len
+            result.cache, data, self.reward, self.tokenizer, returned=None, max_prompt_len=self.max_prompt_len
         )
         if traj is not None:
             traj.metadata["agent_stdout"] = stdout[-OUTPUT_TAIL:]
         return traj
 
-    async def _run(self, env: dict[str, str], payload: dict[str, Any]) -> str:
+    async def _run(self, runner: ProgramRunner, env: dict[str, str], payload: dict[str, Any]) -> str:
         """Run the program with ``payload`` on stdin; its stdout. AgentError on failure or timeout."""
-        process = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=self.options.cwd,
-            start_new_session=True,
-        )
-        try:
-            out, err = await asyncio.wait_for(
-                process.communicate(json.dumps(payload).encode()), timeout=self.options.timeout_s
-            )
-        except TimeoutError as exc:
-            await _kill(process)
-            raise AgentError(f"agent command {self.argv[0]} ran past timeout_s={self.options.timeout_s:g}") from exc
-        except BaseException:
-            await _kill(process)
-            raise
-        if process.returncode != 0:
+        code, out, err = await runner.run(env, json.dumps(payload).encode(), self.options.timeout_s, self.options.cwd)
+        if code != 0:
             tail = err.decode(errors="replace")[-OUTPUT_TAIL:]
-            raise AgentError(f"agent command {self.argv[0]} exited with {process.returncode}: {tail}")
+            raise AgentError(f"agent command {' '.join(self.argv[:2])} exited with {code}: {tail}")
         return out.decode(errors="replace")
 
     async def aclose(self) -> None:
         """Stop the proxy of the running loop (the executor calls this before its loop ends)."""
-        proxy = self._proxies.pop(id(asyncio.get_running_loop()), None)
-        if proxy is not None:
-            await proxy.stop()
-
-
-async def _kill(process: asyncio.subprocess.Process) -> None:
-    """Kill the program's whole process group and reap it."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):  # it exited between the check and the kill
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+        entry = self._per_loop.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            try:
+                await entry[2].aclose()
+            finally:
+                await entry[1].stop()

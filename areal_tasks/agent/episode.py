@@ -25,12 +25,12 @@ from areal_tasks.errors import AgentError, ConfigError
 from areal_tasks.rollout.workflows.rlvr import RewardFn, item_fields
 
 if TYPE_CHECKING:
-    from areal_tasks.agent.interactions import InteractionCache
+    from areal_tasks.agent.interactions import Interaction, InteractionCache
     from areal_tasks.api.workflow import Trajectory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["episode_trajectory", "item_payload", "resolve_callable"]
+__all__ = ["episode_trajectory", "interaction_text", "item_payload", "resolve_callable"]
 
 
 def resolve_callable(path: str, where: str) -> Callable[..., Any]:
@@ -83,10 +83,25 @@ def item_payload(data: Any, system_prompt: str | None) -> dict[str, Any]:
     return fields
 
 
+def interaction_text(item: Interaction, tokenizer: Any) -> str:
+    """What the agent received as the completion's text: a chat message's content (the tool-call
+    markup removed), or a text completion's decoded output."""
+    if item.message is not None:
+        return str(item.message.get("content") or "")
+    completion = item.completion
+    for choice in getattr(completion, "choices", None) or ():
+        choice_id = completion.id if choice.index == 0 else f"{completion.id}-{choice.index}"
+        if choice_id == item.id and isinstance(getattr(choice, "text", None), str):
+            return str(choice.text)
+    ids = item.output_ids[:-1] if item.ended_with is not None else item.output_ids
+    return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+
 async def episode_trajectory(
     cache: InteractionCache,
     data: Any,
     reward: RewardFn,
+    tokenizer: Any,
     *,
     returned: float | None,
     max_prompt_len: int | None,
@@ -102,15 +117,15 @@ async def episode_trajectory(
         logger.debug("rejecting an episode whose last completion generated nothing")
         return None
     _, answer = item_fields(data)
-    text = last.text
+    text = interaction_text(last, tokenizer)
     if returned is not None:
-        cache.set_reward(last.completion_id, returned)
+        last.reward = returned
     elif all(i.reward is None for i in interactions):
-        cache.set_reward(last.completion_id, float(await reward(text, answer)))
+        last.reward = float(await reward(text, answer))
     conversations = cache.export("concat")
-    chosen = [t for t in conversations if t.metadata["completion_ids"][-1] == last.completion_id]
+    chosen = [t for t in conversations if t.metadata["completion_ids"][-1] == last.id]
     if len(chosen) != 1:
-        raise AgentError(f"the interaction cache exported no conversation ending in {last.completion_id}")
+        raise AgentError(f"the interaction cache exported no conversation ending in {last.id}")
     traj = chosen[0]
     if max_prompt_len is not None and traj.prompt_len > max_prompt_len:
         logger.debug(

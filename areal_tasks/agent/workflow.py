@@ -110,6 +110,7 @@ class AgentWorkflow(RolloutWorkflow):
             client.cache,
             data,
             self.reward,
+            self.tokenizer,
             returned=None if returned is None else float(returned),
             max_prompt_len=self.max_prompt_len,
         )

@@ -63,7 +63,9 @@ class ProxyServer:
 
     ``make_client`` (optional) builds one session's client (default: ``ArealOpenAI(engine,
     tokenizer, sampling=..., tool_call_parser=..., chat_template_kwargs=..., model_name=...)``);
-    ``on_group`` is called with each finished session's result (e.g. a JSONL export).
+    ``on_group`` is called with each finished session's result (e.g. a JSONL export);
+    ``queue_groups=False`` keeps results out of ``sessions.next_group`` (for in-process callers
+    that take each result from ``sessions.end_session``).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class ProxyServer:
         model_name: str = "areal",
         on_group: Callable[[SessionResult], None] | None = None,
         make_client: Callable[[], Any] | None = None,
+        queue_groups: bool = True,
         graceful_s: float = 5.0,
     ) -> None:
         self.engine = engine
@@ -97,7 +100,9 @@ class ProxyServer:
             "model_name": model_name,
         }
         self.admin = AdminAuth(admin_api_key, allow_unauthenticated_admin)
-        self.sessions = SessionStore(make_client or self._make_client, limits, on_group=on_group)
+        self.sessions = SessionStore(
+            make_client or self._make_client, limits, on_group=on_group, queue_groups=queue_groups
+        )
         self._uvicorn: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None

@@ -1,10 +1,13 @@
 """The proxy's sessions: keys, per-session limits, ending and expiry, and the queue of finished groups.
 
 :class:`SessionStore` is the in-process session API (``ProxyServer.sessions``) and what the HTTP
-routes call. Keys: each session's ``api_key`` comes from :mod:`secrets`; the store keeps only its
-SHA-256 digest, finds a session by the digest of the key presented and compares the two digests in
-constant time; keys are never logged. An ended session's key is remembered (up to
-``max_ended_sessions``) so that it is refused with 401 saying the session ended or expired.
+routes call. With ``queue_groups=False`` (a caller that takes each result from ``end_session``)
+finished groups are not queued for :meth:`SessionStore.next_group`.
+
+Keys: each session's ``api_key`` comes from :mod:`secrets`; the store keeps only its SHA-256 digest,
+finds a session by the digest of the key presented and compares the two digests in constant time;
+keys are never logged. An ended session's key is remembered (up to ``max_ended_sessions``) so that
+it is refused with 401 saying the session ended or expired.
 
 Ending (:meth:`SessionStore.end_session`): the session refuses new requests at once, waits up to
 ``end_drain_timeout_s`` for its requests in flight, cancels the rest, and its cache becomes a
@@ -60,11 +63,13 @@ class SessionStore:
         limits: ProxyLimits | None = None,
         *,
         on_group: Callable[[SessionResult], None] | None = None,
+        queue_groups: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits or ProxyLimits()
         self._make_client = make_client
         self._on_group = on_group
+        self._queue_groups = queue_groups
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._by_digest: dict[bytes, Session] = {}
@@ -78,8 +83,10 @@ class SessionStore:
     def open_sessions(self) -> int:
         return sum(s.state is not SessionState.ENDED for s in self._sessions.values())
 
-    def start_session(self) -> tuple[str, str]:
-        """A new session: ``(session_id, api_key)``; 429 ProxyRefusal past ``max_open_sessions``."""
+    def start_session(self, client: Any = None) -> tuple[str, str]:
+        """A new session: ``(session_id, api_key)``; 429 ProxyRefusal past ``max_open_sessions``.
+        ``client`` (in-process callers only) is the session's own ``ArealOpenAI``, e.g. bound to an
+        episode's engine; by default ``make_client()`` builds one."""
         if self.open_sessions >= self.limits.max_open_sessions:
             raise ProxyRefusal(
                 429,
@@ -89,7 +96,7 @@ class SessionStore:
         session_id = f"sess-{secrets.token_hex(12)}"
         key = f"sk-areal-{secrets.token_urlsafe(32)}"
         now = self._clock()
-        session = Session(session_id, _digest(key), self._make_client(), created=now, last_active=now)
+        session = Session(session_id, _digest(key), client or self._make_client(), created=now, last_active=now)
         self._sessions[session_id] = session
         self._by_digest[session.key_digest] = session
         logger.info("session %s started", session_id)
@@ -226,7 +233,8 @@ class SessionStore:
         session.state = SessionState.ENDED
         self._remember_ended(session.id)
         logger.info("session %s ended (%s) with %d completions", session.id, reason.value, len(cache))
-        self._groups.put_nowait(result)
+        if self._queue_groups:
+            self._groups.put_nowait(result)
         if self._on_group is not None:
             try:
                 self._on_group(result)

@@ -141,15 +141,45 @@ def test_an_agent_from_a_file_path(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- agent_command
 
 
-def command_workflow(script: str | None, **options) -> AgentCommandWorkflow:
+#: each program runs as a fresh process ("exec") and forked from a fork server that preloaded openai
+MODES = pytest.mark.parametrize("mode", ["exec", "fork"])
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def command_workflow(
+    script: str | None, mode: str = "exec", where: Path | None = None, **options
+) -> AgentCommandWorkflow:
+    """The workflow running ``script`` (a file under ``where``; None: the default program)."""
     if script is not None:
-        options["command"] = [sys.executable, "-c", textwrap.dedent(script)]
+        assert where is not None
+        path = where / "agent_program.py"
+        path.write_text(textwrap.dedent(script))
+        options["command"] = [sys.executable, str(path)]
+    if mode == "fork":
+        options["preload"] = ["openai"]
     return AgentCommandWorkflow(tokenizer_by_name("tiny"), SAMPLING, arith_reward, **options)
 
 
-def test_the_default_program_answers_through_the_official_sdk() -> None:
+def run_closed(workflow: AgentCommandWorkflow, engine: FakeEngine):
+    """One episode, then the workflow's per-loop resources closed (as the executor does)."""
+
+    async def episode():
+        try:
+            return await workflow.arun_episode(engine, RECORD)
+        finally:
+            await workflow.aclose()
+
+    return asyncio.run(episode())
+
+
+@MODES
+def test_the_default_program_answers_through_the_official_sdk(mode: str) -> None:
     engine = FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5")])
-    traj = run(command_workflow(None), engine)
+    traj = run_closed(command_workflow(None, mode), engine)
     assert traj is not None and traj.validate() is traj
     assert traj.reward == 1.0 and len(engine.requests) == 1
     assert generated(traj.input_ids, traj.loss_mask) == engine.responses[0].output_ids
@@ -168,18 +198,23 @@ SETS_REWARD = """
 """
 
 
-def test_a_program_sets_its_own_reward_through_the_proxy() -> None:
-    traj = run(command_workflow(SETS_REWARD), FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5")]))
+@MODES
+def test_a_program_sets_its_own_reward_through_the_proxy(mode: str, tmp_path: Path) -> None:
+    traj = run_closed(
+        command_workflow(SETS_REWARD, mode, tmp_path), FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5")])
+    )
     assert traj is not None and traj.reward == 0.125
 
 
-def test_a_failing_program_fails_the_episode_with_its_stderr() -> None:
+@MODES
+def test_a_failing_program_fails_the_episode_with_its_stderr(mode: str, tmp_path: Path) -> None:
     script = "import sys; print('tool exploded', file=sys.stderr); sys.exit(3)"
     with pytest.raises(AgentError, match="exited with 3: tool exploded"):
-        run(command_workflow(script), FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]))
+        run_closed(command_workflow(script, mode, tmp_path), FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]))
 
 
-def test_a_program_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+@MODES
+def test_a_program_past_its_timeout_is_killed_with_its_children(mode: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     script = f"""
         import subprocess, sys, time
@@ -188,7 +223,9 @@ def test_a_program_past_its_timeout_is_killed_with_its_children(tmp_path: Path) 
         time.sleep(60)
     """
     with pytest.raises(AgentError, match="timeout_s=2"):
-        run(command_workflow(script, timeout_s=2), FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]))
+        run_closed(
+            command_workflow(script, mode, tmp_path, timeout_s=2), FakeEngine(tokenizer_by_name("tiny"), [Reply("x")])
+        )
     child = int(pid_file.read_text())
     for _ in range(50):  # the kill is sent; the child is reaped by init shortly after
         if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
@@ -198,7 +235,10 @@ def test_a_program_past_its_timeout_is_killed_with_its_children(tmp_path: Path) 
         pytest.fail(f"the program's child {child} outlived the timeout")
 
 
-def test_the_program_sees_neither_secrets_nor_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+@MODES
+def test_the_program_sees_neither_secrets_nor_the_answer(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
     script = """
         import json, os, sys
@@ -208,7 +248,10 @@ def test_the_program_sees_neither_secrets_nor_the_answer(monkeypatch: pytest.Mon
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["prompt"]}])
         print(json.dumps({"task": task, "env": sorted(os.environ)}))
     """
-    traj = run(command_workflow(script, env={"EXTRA": "1"}), FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]))
+    traj = run_closed(
+        command_workflow(script, mode, tmp_path, env={"EXTRA": "1"}),
+        FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]),
+    )
     seen = json.loads(traj.metadata["agent_stdout"])
     assert "AWS_SECRET_ACCESS_KEY" not in seen["env"] and "EXTRA" in seen["env"]
     assert {"OPENAI_BASE_URL", "OPENAI_API_KEY"} <= set(seen["env"])
@@ -221,8 +264,51 @@ def test_the_program_sees_neither_secrets_nor_the_answer(monkeypatch: pytest.Mon
         ({"command": []}, "command"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"env": {"OPENAI_API_KEY": "x"}}, "must not set OPENAI_BASE_URL or OPENAI_API_KEY"),
+        ({"preload": ["openai"], "command": ["prog", "--flag"]}, "preload needs command"),
+        ({"preload": ["no module"]}, "must be module names"),
     ],
 )
 def test_bad_command_options_are_config_errors(options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         AgentCommandWorkflow(tokenizer_by_name("fake"), SAMPLING, arith_reward, **options)
+
+
+def test_a_preload_that_cannot_import_is_an_agent_error_naming_it(tmp_path: Path) -> None:
+    workflow = command_workflow("print('never runs')", "exec", tmp_path, preload=["no_such_module_xyz"])
+    with pytest.raises(AgentError, match=r"could not import preload=\['no_such_module_xyz'\]"):
+        run_closed(workflow, FakeEngine(tokenizer_by_name("tiny"), [Reply("x")]))
+
+
+def test_a_forked_program_runs_as_python_would_and_each_episode_is_fresh(tmp_path: Path) -> None:
+    """__main__, argv, sys.path[0] (the script's directory, not the fork server's: its siblings such
+    as requests.py must not shadow the agent's imports), and module state not shared across runs."""
+    (tmp_path / "helper_mod.py").write_text("COUNT = []\n")
+    script = """
+        import json, sys
+        import helper_mod
+        helper_mod.COUNT.append(1)
+        print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "count": len(helper_mod.COUNT),
+                          "shadowed": "areal_tasks/agent" in sys.path[0]}))
+        from openai import OpenAI
+        task = json.load(sys.stdin)
+        with OpenAI(max_retries=0) as client:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["prompt"]}])
+    """
+    workflow = command_workflow(script, "fork", tmp_path)
+    engine = FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5"), Reply("Answer: 5")])
+
+    async def two_episodes():
+        try:
+            return [await workflow.arun_episode(engine, RECORD) for _ in range(2)]
+        finally:
+            await workflow.aclose()
+
+    for traj in asyncio.run(two_episodes()):
+        seen = json.loads(traj.metadata["agent_stdout"].splitlines()[0])
+        assert seen == {
+            "name": "__main__",
+            "argv": [str(tmp_path / "agent_program.py")],
+            "path0": str(tmp_path),
+            "count": 1,
+            "shadowed": False,
+        }

@@ -133,7 +133,7 @@ def test_make_workflow_builds_registered_workflows_with_options() -> None:
     assert isinstance(make_workflow("rlvr", tok, SAMPLING, arith_reward), RLVRWorkflow)
     multi = make_workflow("multi_turn", tok, SAMPLING, arith_reward, max_turns=3)
     assert isinstance(multi, MultiTurnWorkflow) and multi.max_turns == 3
-    with pytest.raises(ConfigError, match="unknown workflow 'nope'; known: multi_turn, rlvr"):
+    with pytest.raises(ConfigError, match="unknown workflow 'nope'; known: agent, agent_command, multi_turn, rlvr"):
         make_workflow("nope", tok, SAMPLING, arith_reward)
 
 
