@@ -251,6 +251,16 @@ def tracking_params() -> dict[str, Param]:
     }
 
 
+#: the recipes the Job config Param proposes (the Airflow form offers them; any other path is accepted).
+EXAMPLE_CONFIGS = (
+    "configs/demo_grpo.yaml",
+    "configs/agent_arealopenai.yaml",
+    "configs/agent_openai_sdk.yaml",
+    "configs/agent_openai_agents.yaml",
+    "configs/demo_agent_calculator.yaml",
+)
+
+
 def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, Param]:
     """Params that shape a training job. Empty (null) values keep what the config file says."""
     return {
@@ -260,7 +270,10 @@ def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, P
             minLength=1,
             title="Job config",
             description="YAML recipe, relative to the project directory (e.g. configs/demo_grpo.yaml) or absolute. "
-            "Every field below overrides it; leave a field empty to keep the recipe's value.",
+            "Every field below overrides it; leave a field empty to keep the recipe's value. The proposals "
+            "include the agent examples (docs/agents.md): agent_arealopenai (in-process agent code), "
+            "agent_openai_sdk and agent_openai_agents (unmodified SDK programs behind the agent proxy).",
+            examples=list(EXAMPLE_CONFIGS),
             section="Job",
         ),
         "model": Param(

@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -53,20 +53,20 @@ class AgentCommandOptions:
     """The options of ``agent_command`` (``rollout.workflow.options``), checked when built."""
 
     #: the program and its arguments (no shell); ``{python}`` is this interpreter.
-    command: tuple[str, ...] = DEFAULT_COMMAND
+    command: list[str] | tuple[str, ...] = DEFAULT_COMMAND
     #: seconds one run may take; past it the process group is killed and the episode fails.
     timeout_s: float = 300.0
     #: extra environment variables for the program.
-    env: Mapping[str, str] | None = None
+    env: dict[str, str] | None = None
     #: names of this process's environment variables the program also inherits.
-    inherit_env: tuple[str, ...] = ()
+    inherit_env: list[str] | tuple[str, ...] = ()
     #: the program's working directory (None: this process's).
     cwd: str | None = None
     #: tool-call format of the model's output, as in the ``agent`` workflow.
     tool_call_parser: str = "hermes"
     #: modules to import once in a fork server that each episode's program is forked from (the
     #: command must be ``python script.py ...`` or ``python -m module ...``); empty: exec each run.
-    preload: tuple[str, ...] = ()
+    preload: list[str] | tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
@@ -116,17 +116,25 @@ class AgentCommandWorkflow(RolloutWorkflow):
         sampling: SamplingParams,
         reward: RewardFn,
         *,
-        command: tuple[str, ...] = AgentCommandOptions.command,
+        command: Sequence[str] = AgentCommandOptions.command,
         timeout_s: float = AgentCommandOptions.timeout_s,
         env: Mapping[str, str] | None = AgentCommandOptions.env,
-        inherit_env: tuple[str, ...] = AgentCommandOptions.inherit_env,
+        inherit_env: Sequence[str] = AgentCommandOptions.inherit_env,
         cwd: str | None = AgentCommandOptions.cwd,
         tool_call_parser: str = AgentCommandOptions.tool_call_parser,
-        preload: tuple[str, ...] = AgentCommandOptions.preload,
+        preload: Sequence[str] = AgentCommandOptions.preload,
         system_prompt: str | None = SYSTEM_PROMPT,
         max_prompt_len: int | None = None,
     ) -> None:
-        options = AgentCommandOptions(command, timeout_s, env, inherit_env, cwd, tool_call_parser, preload)
+        options = AgentCommandOptions(
+            tuple(command),
+            timeout_s,
+            None if env is None else dict(env),
+            tuple(inherit_env),
+            cwd,
+            tool_call_parser,
+            tuple(preload),
+        )
         check_positive("max_prompt_len", max_prompt_len)
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -135,31 +143,39 @@ class AgentCommandWorkflow(RolloutWorkflow):
         self.system_prompt = system_prompt
         self.max_prompt_len = max_prompt_len
         self.argv = [sys.executable if arg == "{python}" else arg for arg in options.command]
-        #: per event loop (the executor's loop; each evaluation's own): its proxy and program runner.
-        self._per_loop: dict[int, tuple[asyncio.AbstractEventLoop, Any, ProgramRunner]] = {}
+        #: per event loop (the executor's loop; each evaluation's own): the task that starts its proxy
+        #: and program runner, stored before it runs so that concurrent first episodes share it.
+        self._per_loop: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, ProgramRunner]]]] = {}
 
     async def _loop_state(self) -> tuple[Any, ProgramRunner]:
-        """The running loop's proxy (started on first use) and program runner. The proxy's sessions
-        are opened in-process only (each with the episode's own client), so its admin key is a
-        random one nobody holds."""
-        from areal_tasks.agent.proxy import ProxyServer
-
+        """The running loop's proxy (started by its first episode) and program runner."""
         loop = asyncio.get_running_loop()
         entry = self._per_loop.get(id(loop))
         if entry is None or entry[0] is not loop:
-            proxy = ProxyServer(
-                None,
-                self.tokenizer,
-                admin_api_key=secrets.token_urlsafe(32),
-                sampling=self.sampling,
-                tool_call_parser=self.options.tool_call_parser,
-                queue_groups=False,
-            )
-            await proxy.start()
-            runner = ProgramRunner(self.argv, preload=self.options.preload, base_env=self._environment())
-            entry = (loop, proxy, runner)
+            entry = (loop, loop.create_task(self._start_loop_state()))
             self._per_loop[id(loop)] = entry
-        return entry[1], entry[2]
+        try:
+            return await asyncio.shield(entry[1])
+        except Exception:
+            if self._per_loop.get(id(loop)) is entry:  # the next episode tries again
+                del self._per_loop[id(loop)]
+            raise
+
+    async def _start_loop_state(self) -> tuple[Any, ProgramRunner]:
+        """A started proxy and a runner. The proxy's sessions are opened in-process only (each with
+        the episode's own client), so its admin key is a random one nobody holds."""
+        from areal_tasks.agent.proxy import ProxyServer
+
+        proxy = ProxyServer(
+            None,
+            self.tokenizer,
+            admin_api_key=secrets.token_urlsafe(32),
+            sampling=self.sampling,
+            tool_call_parser=self.options.tool_call_parser,
+            queue_groups=False,
+        )
+        await proxy.start()
+        return proxy, ProgramRunner(self.argv, preload=self.options.preload, base_env=self._environment())
 
     def _environment(self, base_url: str | None = None, api_key: str | None = None) -> dict[str, str]:
         """The program's environment (see the module doc); without a session's URL and key, the
@@ -203,10 +219,15 @@ class AgentCommandWorkflow(RolloutWorkflow):
         return out.decode(errors="replace")
 
     async def aclose(self) -> None:
-        """Stop the proxy of the running loop (the executor calls this before its loop ends)."""
+        """Stop the running loop's fork server and proxy (the executor calls this before its loop ends)."""
         entry = self._per_loop.pop(id(asyncio.get_running_loop()), None)
-        if entry is not None:
-            try:
-                await entry[2].aclose()
-            finally:
-                await entry[1].stop()
+        if entry is None:
+            return
+        try:
+            proxy, runner = await entry[1]
+        except (AgentError, OSError):  # it never started: nothing to stop (the episodes got its error)
+            return
+        try:
+            await runner.aclose()
+        finally:
+            await proxy.stop()

@@ -10,6 +10,10 @@ The loop is the one every OpenAI tool-calling agent runs: send the chat with the
 ``role: tool`` message per call, carrying the call's ``tool_call_id`` and the tool's text; when it
 has none, its text is the final answer. At most ``MAX_TURNS`` calls. The reward is the task's:
 1.0 when the final ``Answer: N`` is right, else 0.0.
+
+The calculator is offered when the item carries tools (``demo:calculator`` items do); on a plain
+task (``demo:arithmetic``) the same loop is a one-turn chat. The system prompt is the job's
+(``rollout.workflow.system_prompt``, which the ``agent`` workflow passes), else the calculator's.
 """
 
 from __future__ import annotations
@@ -53,15 +57,23 @@ def tool_message(call: Any) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.id, "content": content}
 
 
-async def solve(client: Any, prompt: str, *, max_turns: int = MAX_TURNS) -> tuple[str, list[dict[str, Any]]]:
+async def solve(
+    client: Any,
+    prompt: str,
+    *,
+    max_turns: int = MAX_TURNS,
+    system_prompt: str = SYSTEM_PROMPT,
+    use_tools: bool = True,
+) -> tuple[str, list[dict[str, Any]]]:
     """``(final_text, messages)``: the agent's last reply text ("" if it never stopped calling tools)."""
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": system_prompt},
         {"role": "user", "content": prompt},
     ]
+    tools = {"tools": [CALCULATOR_TOOL]} if use_tools else {}
     for _ in range(max_turns):
         completion = await client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=MAX_TOKENS
+            model=MODEL, messages=messages, max_tokens=MAX_TOKENS, **tools
         )
         message = completion.choices[0].message
         messages.append(assistant_message(message))
@@ -72,7 +84,17 @@ async def solve(client: Any, prompt: str, *, max_turns: int = MAX_TURNS) -> tupl
     return "", messages
 
 
-async def run(client: Any, data: Any) -> float:
+def _tools_of(data: Any) -> bool:
+    tools = data.get("tools") if isinstance(data, Mapping) else getattr(data, "tools", None)
+    return bool(tools)
+
+
+async def run(client: Any, data: Any, system_prompt: str | None = None) -> float:
     """Solve one task item with ``client``; the reward: 1.0 for the right ``Answer: N``, else 0.0."""
-    final, _ = await solve(client, str(_field(data, "prompt")))
+    final, _ = await solve(
+        client,
+        str(_field(data, "prompt")),
+        system_prompt=system_prompt or SYSTEM_PROMPT,
+        use_tools=_tools_of(data),
+    )
     return arithmetic_reward(final, _field(data, "answer"))

@@ -7,6 +7,7 @@ its base URL and key from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``. Tracing is d
 leaves the machine but the model calls. ``openai-agents`` pins conflict with areal's lock, so this
 runs in its own venv (``make agents-env`` builds ``.venv-agents``):
 
+The item's ``system_prompt`` and ``tools`` keys are honoured as in ``openai_sdk_agent.py``.
 ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... .venv-agents/bin/python
 examples/agents/openai_agents_sdk_agent.py <<< '{"prompt": "What is 47 + 82?"}'``.
 """
@@ -49,35 +50,44 @@ calculator = FunctionTool(
 )
 
 
-def build_agent() -> Agent:
+def build_agent(instructions: str = INSTRUCTIONS, use_tools: bool = True) -> Agent:
     """The agent on a chat-completions model served at ``$OPENAI_BASE_URL``."""
     client = AsyncOpenAI(base_url=os.environ["OPENAI_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     model = OpenAIChatCompletionsModel(model=os.environ.get("OPENAI_MODEL", "areal"), openai_client=client)
     return Agent(
         name="calculator agent",
-        instructions=INSTRUCTIONS,
-        tools=[calculator],
+        instructions=instructions,
+        tools=[calculator] if use_tools else [],
         model=model,
         model_settings=ModelSettings(max_tokens=MAX_TOKENS),
     )
 
 
-async def solve(prompt: str, max_turns: int) -> tuple[str, list[dict[str, Any]]]:
+async def solve(
+    prompt: str, max_turns: int, instructions: str = INSTRUCTIONS, use_tools: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
     """``(final_text, messages)``: the run's items as chat messages (what the SDK sent, plus the reply)."""
     try:
-        result = await Runner.run(build_agent(), prompt, max_turns=max_turns)
+        result = await Runner.run(build_agent(instructions, use_tools), prompt, max_turns=max_turns)
     except MaxTurnsExceeded as exc:
         items = exc.run_data.new_items if exc.run_data else []
         inputs = [{"role": "user", "content": prompt}, *(item.to_input_item() for item in items)]
-        return "", [{"role": "system", "content": INSTRUCTIONS}, *Converter.items_to_messages(inputs)]
+        return "", [{"role": "system", "content": instructions}, *Converter.items_to_messages(inputs)]
     messages = Converter.items_to_messages(result.to_input_list())
-    return str(result.final_output or ""), [{"role": "system", "content": INSTRUCTIONS}, *messages]
+    return str(result.final_output or ""), [{"role": "system", "content": instructions}, *messages]
 
 
 def main() -> int:
     set_tracing_disabled(True)
     item = json.load(sys.stdin)
-    final, messages = asyncio.run(solve(str(item["prompt"]), int(item.get("max_turns", MAX_TURNS))))
+    final, messages = asyncio.run(
+        solve(
+            str(item["prompt"]),
+            int(item.get("max_turns", MAX_TURNS)),
+            instructions=str(item.get("system_prompt") or INSTRUCTIONS),
+            use_tools=bool(item.get("tools", True)),
+        )
+    )
     json.dump({"final": final, "messages": messages}, sys.stdout, default=str)
     sys.stdout.write("\n")
     return 0

@@ -7,7 +7,10 @@ what makes its calls training data.
 Contract (shared with ``openai_agents_sdk_agent.py``):
 
 * stdin: one JSON object, the task item: ``{"prompt": "What is 47 + 82?"}``; other keys (an
-  ``answer``, ids) are ignored. Optional: ``max_turns`` (default 4).
+  ``answer``, ids) are ignored. Optional: ``max_turns`` (default 4); ``system_prompt`` (the
+  instructions; default the calculator's); ``tools`` (the calculator is offered only when the item
+  has tools, as ``demo:calculator`` items do: on a plain task the loop is a one-turn chat). The
+  ``agent_command`` workflow sends exactly such an item.
 * the model name: ``$OPENAI_MODEL``, default ``areal`` (servers here ignore it).
 * stdout: one JSON object, ``{"final": "<the last reply's text>", "messages": [...]}`` with the
   whole chat as sent (system, user, assistant tool calls, ``role: tool`` results with their
@@ -42,17 +45,18 @@ def run_tool(name: str, arguments: str) -> str:
     return call_calculator(arguments)
 
 
-def solve(client: openai.OpenAI, prompt: str, max_turns: int) -> tuple[str, list[dict[str, Any]]]:
+def solve(
+    client: openai.OpenAI, prompt: str, max_turns: int, instructions: str = INSTRUCTIONS, use_tools: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
     """``(final_text, messages)`` of the tool-calling loop."""
     model = os.environ.get("OPENAI_MODEL", "areal")
+    tools = {"tools": [CALCULATOR_TOOL]} if use_tools else {}
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": INSTRUCTIONS},
+        {"role": "system", "content": instructions},
         {"role": "user", "content": prompt},
     ]
     for _ in range(max_turns):
-        completion = client.chat.completions.create(
-            model=model, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=MAX_TOKENS
-        )
+        completion = client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS, **tools)
         message = completion.choices[0].message
         messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         if not message.tool_calls:
@@ -65,7 +69,14 @@ def solve(client: openai.OpenAI, prompt: str, max_turns: int) -> tuple[str, list
 
 def main() -> int:
     item = json.load(sys.stdin)
-    final, messages = solve(openai.OpenAI(), str(item["prompt"]), int(item.get("max_turns", MAX_TURNS)))
+    with openai.OpenAI(max_retries=0) as client:
+        final, messages = solve(
+            client,
+            str(item["prompt"]),
+            int(item.get("max_turns", MAX_TURNS)),
+            instructions=str(item.get("system_prompt") or INSTRUCTIONS),
+            use_tools=bool(item.get("tools", True)),
+        )
     json.dump({"final": final, "messages": messages}, sys.stdout)
     sys.stdout.write("\n")
     return 0

@@ -312,3 +312,29 @@ def test_a_forked_program_runs_as_python_would_and_each_episode_is_fresh(tmp_pat
             "count": 1,
             "shadowed": False,
         }
+
+
+def test_concurrent_first_episodes_share_one_proxy_and_fork_server(tmp_path: Path) -> None:
+    script = """
+        import json, sys
+        from openai import OpenAI
+        task = json.load(sys.stdin)
+        with OpenAI(max_retries=0) as client:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": task["prompt"]}])
+    """
+    workflow = command_workflow(script, "fork", tmp_path)
+    engine = FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5")] * 6)
+
+    async def six_at_once():
+        try:
+            trajs = await asyncio.gather(*(workflow.arun_episode(engine, RECORD) for _ in range(6)))
+            (loop_entry,) = workflow._per_loop.values()
+            proxy, runner = loop_entry[1].result()
+            return trajs, runner._server.pid
+        finally:
+            await workflow.aclose()
+
+    trajs, server_pid = asyncio.run(six_at_once())
+    assert all(t is not None and t.reward == 1.0 for t in trajs)
+    assert not workflow._per_loop
+    assert not Path(f"/proc/{server_pid}").exists() or "Z" in Path(f"/proc/{server_pid}/stat").read_text().split()[2]

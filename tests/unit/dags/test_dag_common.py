@@ -113,3 +113,21 @@ def test_final_failure_summary_says_the_run_fails(caplog: pytest.LogCaptureFixtu
         common.log_task_failure(_context(3, 2, task_id="validate_storage"))
     assert "AREAL TASK FAILED: areal_rl_training.validate_storage (try 3 of 3)" in caplog.text
     assert "no retries left: the DAG run fails" in caplog.text
+
+
+@pytest.mark.parametrize("config", common.EXAMPLE_CONFIGS)
+def test_every_proposed_config_loads_and_builds_its_workflow(config: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Job config Param's proposals (the agent examples among them) are valid recipes whose
+    workflow, agent paths included, resolves from the project directory."""
+    from areal_tasks.api.inference import SamplingParams
+    from areal_tasks.config import load_config
+    from areal_tasks.rollout.workflows import WORKFLOWS, build_workflow
+    from tests.unit.rollout.workflow_fakes import arith_reward, tokenizer_by_name
+
+    assert config in common.job_params()["config"].schema["examples"]
+    monkeypatch.chdir(DAGS.parent)
+    cfg = load_config(common.resolve_config_path(config), [])
+    workflow = build_workflow(
+        cfg.rollout.workflow, tokenizer_by_name("tiny"), SamplingParams(), arith_reward, max_prompt_len=64
+    )
+    assert isinstance(workflow, WORKFLOWS.get(cfg.rollout.workflow.name))
