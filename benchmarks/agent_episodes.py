@@ -4,7 +4,9 @@ Each row runs ``--episodes`` episodes (``--concurrency`` at a time) of one examp
 against a scripted engine that answers ``Answer: 5`` at once, so what is measured is the agent side
 alone: ``ArealOpenAI`` in-process (``agent``), or a program per episode under a proxy session
 (``agent_command``), started by exec or forked from a fork server that preloaded its SDK
-(``preload``). It prints a table and writes ``benchmarks/results/agent_episodes.json``.
+(``preload``). CPU is the whole machine's busy time over the run (this process, the proxy, the
+programs and the fork server): run it on an otherwise idle machine. It prints a table and writes
+``benchmarks/results/agent_episodes.json``.
 
     python benchmarks/agent_episodes.py                 # all rows (openai-agents rows need `make agents-env`)
     python benchmarks/agent_episodes.py --episodes 64 --concurrency 16
@@ -16,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,17 @@ class AnswerAtOnce(InferenceEngine):
     async def update_weights(self, meta: Any, buckets: Any = None) -> None:
         """The scripted engine has no weights."""
 
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+
+def preload(example: str) -> list[str]:
+    """The ``preload`` list of ``configs/agent_<example>.yaml``."""
+    from areal_tasks.config import load_config
+
+    cfg = load_config(str(ROOT / "configs" / f"agent_{example}.yaml"), [])
+    return list(cfg.rollout.workflow.options["preload"])
+
 
 def rows(agents_venv: bool) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, workflow, options)`` of each measured setup."""
@@ -69,7 +81,8 @@ def rows(agents_venv: bool) -> list[tuple[str, str, dict[str, Any]]]:
     out = [
         ("ArealOpenAI in-process", "agent", {"agent": f"{ROOT}/examples/agents/calculator_agent.py:run"}),
         ("openai SDK program, exec", "agent_command", {"command": sdk}),
-        ("openai SDK program, fork", "agent_command", {"command": sdk, "preload": ["openai"]}),
+        ("openai SDK program, fork: the SDK", "agent_command", {"command": sdk, "preload": ["openai"]}),
+        ("openai SDK program, fork: config", "agent_command", {"command": sdk, "preload": preload("openai_sdk")}),
     ]
     if agents_venv:
         agents = [str(AGENTS_PYTHON), str(ROOT / "examples/agents/openai_agents_sdk_agent.py")]
@@ -77,22 +90,25 @@ def rows(agents_venv: bool) -> list[tuple[str, str, dict[str, Any]]]:
         out += [
             ("openai-agents program, exec", "agent_command", {"command": agents, "env": env}),
             (
-                "openai-agents program, fork",
+                "openai-agents program, fork: SDKs",
                 "agent_command",
                 {"command": agents, "env": env, "preload": ["agents", "openai"]},
+            ),
+            (
+                "openai-agents program, fork: config",
+                "agent_command",
+                {"command": agents, "env": env, "preload": preload("openai_agents")},
             ),
         ]
     return out
 
 
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (user + nice + system, all CPUs): forked agent
+    programs are children of the fork server, not of this process, so its rusage would miss them."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:4]
+    return sum(int(f) for f in fields) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(workflow: Any, engine: InferenceEngine, episodes: int, concurrency: int) -> dict[str, float]:
@@ -100,7 +116,7 @@ async def measure(workflow: Any, engine: InferenceEngine, episodes: int, concurr
     limit = asyncio.Semaphore(concurrency)
     try:
         await workflow.arun_episode(engine, RECORD)  # starts the proxy / fork server
-        cpu0, kids0, t0 = self_cpu_s(), children_cpu_s(), time.perf_counter()
+        cpu0, t0 = machine_cpu_s(), time.perf_counter()
         bar = tqdm(total=episodes, leave=False, desc=type(workflow).__name__)
 
         async def one() -> None:
@@ -113,7 +129,7 @@ async def measure(workflow: Any, engine: InferenceEngine, episodes: int, concurr
         await asyncio.gather(*(one() for _ in range(episodes)))
         bar.close()
         wall = time.perf_counter() - t0
-        cpu = (self_cpu_s() - cpu0) + (children_cpu_s() - kids0)
+        cpu = machine_cpu_s() - cpu0
     finally:
         close = getattr(workflow, "aclose", None)
         if close is not None:
@@ -144,10 +160,10 @@ def main() -> None:
         figures = asyncio.run(measure(workflow, engine, args.episodes, args.concurrency))
         results.append({"setup": name, "workflow": kind, **figures})
     print(f"\n{args.episodes} episodes per row, {args.concurrency} at a time, {os.cpu_count()} CPUs")
-    print(f"{'setup':<30} {'ms/episode (wall)':>18} {'episodes/s':>11} {'CPU ms/episode':>15}")
+    print(f"{'setup':<36} {'ms/episode (wall)':>18} {'episodes/s':>11} {'CPU ms/episode':>15}")
     for r in results:
         print(
-            f"{r['setup']:<30} {r['wall_ms_per_episode']:>18.1f} {r['episodes_per_s']:>11.1f} "
+            f"{r['setup']:<36} {r['wall_ms_per_episode']:>18.1f} {r['episodes_per_s']:>11.1f} "
             f"{r['cpu_ms_per_episode']:>15.1f}"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,10 @@ mean eval reward of each, with the agent doing the generating and only the workf
   ``openai-agents`` SDK in ``.venv-agents`` (``make agents-env``), likewise.
 
 Training and evaluation both run the agent (eval reward: the expected reward of the sampling
-policy on the 100 held-out prompts, ``EVAL_SAMPLES`` each). The RL budget is the one
-``tests/integration/rl/test_learning.py`` measures ``rlvr`` with; each run prints its gain (``-s``).
+policy on the 100 held-out prompts, ``EVAL_SAMPLES`` each: 8 in-process, 4 for the programs, whose
+episodes cost about 50 ms of CPU each even forked; a standard error of about 0.02 per evaluation).
+The RL budget is the one ``tests/integration/rl/test_learning.py`` measures ``rlvr`` with; each run
+prints its gain (``-s``); past gains: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from tests.fixtures.agents_env import agents_python
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
 
 RL_STEPS = 30
-EVAL_SAMPLES = 8
+#: eval samples per prompt, by config (the programs' episodes are the expensive ones).
+EVAL_SAMPLES = {"configs/agent_arealopenai.yaml": 8}
+PROGRAM_EVAL_SAMPLES = 4
 #: the smallest rise of the mean eval reward that counts as learning (test_learning.py's).
 MIN_GAIN = 0.05
 
 
 def rl(config: str, run_dir: Path, model: str) -> dict:
+    samples = EVAL_SAMPLES.get(config, PROGRAM_EVAL_SAMPLES)
     cfg = load_config(
         config,
         [
@@ -41,7 +46,7 @@ def rl(config: str, run_dir: Path, model: str) -> dict:
             f"train.total_steps={RL_STEPS}",
             "actor.optimizer.lr=2e-4",
             "saver.freq_steps=null",
-            f"evaluation.n_samples={EVAL_SAMPLES}",
+            f"evaluation.n_samples={samples}",
         ],
     )
     return run_train(cfg)

@@ -329,7 +329,7 @@ def test_concurrent_first_episodes_share_one_proxy_and_fork_server(tmp_path: Pat
         try:
             trajs = await asyncio.gather(*(workflow.arun_episode(engine, RECORD) for _ in range(6)))
             (loop_entry,) = workflow._per_loop.values()
-            proxy, runner = loop_entry[1].result()
+            _proxy, runner = loop_entry[1].result()
             return trajs, runner._server.pid
         finally:
             await workflow.aclose()
