@@ -120,8 +120,14 @@ def serve(preload: list[str]) -> None:
             except OSError as exc:
                 _answer({"id": request["id"], "error": f"fork failed: {exc}"})
                 continue
-            if pid == 0:
-                os._exit(_child(request))
+            if pid == 0:  # the child never returns into this loop, whatever happens
+                code = 1
+                try:
+                    code = _child(request)
+                except BaseException:  # noqa: BLE001 - setting up the run failed: say why, exit 1
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
             children[pid] = request["id"]
             _answer({"id": request["id"], "pid": pid})
 
