@@ -20,6 +20,7 @@ help:
 	@echo "make lint   - ruff check + ruff format --check; make format applies them"
 	@echo "make setup  - create $(VENV) and install the project (idempotent)"
 	@echo "make lock   - refresh constraints.txt from the current venv"
+	@echo "make agents-env - .venv-agents with the openai-agents SDK (its pins do not fit ours; docs/agents.md)"
 
 setup: $(STAMP)
 

@@ -212,7 +212,8 @@ class AgentCommandWorkflow(RolloutWorkflow):
 
     async def _run(self, runner: ProgramRunner, env: dict[str, str], payload: dict[str, Any]) -> str:
         """Run the program with ``payload`` on stdin; its stdout. AgentError on failure or timeout."""
-        code, out, err = await runner.run(env, json.dumps(payload).encode(), self.options.timeout_s, self.options.cwd)
+        body = json.dumps(payload, default=str).encode()  # a field JSON cannot hold goes as its text
+        code, out, err = await runner.run(env, body, self.options.timeout_s, self.options.cwd)
         if code != 0:
             tail = err.decode(errors="replace")[-OUTPUT_TAIL:]
             raise AgentError(f"agent command {' '.join(self.argv[:2])} exited with {code}: {tail}")
