@@ -13,7 +13,10 @@ key) wins, else the job's reward function scores the last completion against the
 A non-zero exit, or running past ``timeout_s``, fails the episode (its process group is killed; a
 cancelled episode kills it too). The program does not inherit the job's environment (secrets stay
 out): only ``PATH``, ``HOME``, locale, temp and Python path variables, the names in
-``inherit_env`` and the pairs in ``env``. ``{python}`` in ``command`` is this interpreter.
+``inherit_env`` and the pairs in ``env``. ``{python}`` in ``command`` is this interpreter; a relative
+path in it (``examples/agents/x.py``, ``.venv-agents/bin/python``) that is not under the program's
+working directory but is in the checkout holding ``areal_tasks`` is taken from there, as config
+paths are, so a job finds its agent whatever directory it runs in.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from areal_tasks.agent.episode import episode_trajectory, item_payload
+from areal_tasks.agent.episode import episode_trajectory, item_payload, project_path
 from areal_tasks.agent.program_runner import ProgramRunner
 from areal_tasks.api.inference import InferenceEngine, SamplingParams
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
@@ -98,6 +101,16 @@ class AgentCommandOptions:
             raise ConfigError("; ".join(problems))
 
 
+def _argument(arg: str, cwd: str | None) -> str:
+    """``{python}`` as this interpreter; a relative path (``dir/file``) that exists only in the checkout
+    as its absolute path there (:func:`~areal_tasks.agent.episode.project_path`); anything else as is."""
+    if arg == "{python}":
+        return sys.executable
+    if "/" in arg and not arg.startswith("-") and "=" not in arg:
+        return project_path(arg, cwd)
+    return arg
+
+
 def _forkable(command: tuple[str, ...]) -> bool:
     """Whether ``command`` is an interpreter running a script or a module (what a fork server can run)."""
     if len(command) >= 3 and command[1] == "-m":
@@ -142,7 +155,7 @@ class AgentCommandWorkflow(RolloutWorkflow):
         self.options = options
         self.system_prompt = system_prompt
         self.max_prompt_len = max_prompt_len
-        self.argv = [sys.executable if arg == "{python}" else arg for arg in options.command]
+        self.argv = [_argument(arg, options.cwd) for arg in options.command]
         #: per event loop (the executor's loop; each evaluation's own): the task that starts its proxy
         #: and program runner, stored before it runs so that concurrent first episodes share it.
         self._per_loop: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, ProgramRunner]]]] = {}

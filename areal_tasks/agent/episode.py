@@ -30,17 +30,34 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["episode_trajectory", "interaction_text", "item_payload", "resolve_callable"]
+__all__ = ["episode_trajectory", "interaction_text", "item_payload", "project_path", "resolve_callable"]
+
+
+def project_path(path: str, base: str | None = None) -> str:
+    """A relative ``path`` as the job finds it: under ``base`` (default the working directory) when it
+    exists there, else under the checkout holding ``areal_tasks`` when it exists there (as config
+    paths resolve: ``examples/agents/...`` works whatever directory the job runs in), else unchanged."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or (Path(base or ".") / candidate).exists():
+        return path
+    import areal_tasks
+
+    in_checkout = Path(areal_tasks.__file__).resolve().parents[1] / candidate
+    return str(in_checkout) if in_checkout.exists() else path
 
 
 def resolve_callable(path: str, where: str) -> Callable[..., Any]:
     """The callable at ``package.module:name`` or ``path/to/file.py:name`` (a file path relative to
-    the working directory); ConfigError naming ``where`` otherwise."""
+    the working directory, else to the checkout: :func:`project_path`); ConfigError naming ``where``
+    otherwise."""
     module_name, sep, attr = path.rpartition(":")
     if not (sep and module_name and attr):
         raise ConfigError(f"{where}: {path!r} is not an import path package.module:function or file.py:function")
     try:
-        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        if module_name.endswith(".py"):
+            module = _load_file(project_path(module_name))
+        else:
+            module = importlib.import_module(module_name)
     except (ImportError, OSError) as exc:
         raise ConfigError(f"{where}: cannot import {module_name!r} ({exc})") from exc
     target = getattr(module, attr, None)

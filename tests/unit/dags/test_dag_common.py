@@ -116,18 +116,23 @@ def test_final_failure_summary_says_the_run_fails(caplog: pytest.LogCaptureFixtu
 
 
 @pytest.mark.parametrize("config", common.EXAMPLE_CONFIGS)
-def test_every_proposed_config_loads_and_builds_its_workflow(config: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_proposed_config_loads_and_builds_its_workflow_from_any_directory(
+    config: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The Job config Param's proposals (the agent examples among them) are valid recipes whose
-    workflow, agent paths included, resolves from the project directory."""
+    workflow builds, its agent's relative paths found in the checkout whatever the worker's cwd."""
     from areal_tasks.api.inference import SamplingParams
     from areal_tasks.config import load_config
     from areal_tasks.rollout.workflows import WORKFLOWS, build_workflow
     from tests.unit.rollout.workflow_fakes import arith_reward, tokenizer_by_name
 
     assert config in common.job_params()["config"].schema["examples"]
-    monkeypatch.chdir(DAGS.parent)
+    monkeypatch.chdir(tmp_path)  # an Airflow worker's directory is not the checkout
     cfg = load_config(common.resolve_config_path(config), [])
     workflow = build_workflow(
         cfg.rollout.workflow, tokenizer_by_name("tiny"), SamplingParams(), arith_reward, max_prompt_len=64
     )
     assert isinstance(workflow, WORKFLOWS.get(cfg.rollout.workflow.name))
+    for arg in getattr(workflow, "argv", []):  # agent_command: the program and its script, found
+        if "/" in arg and not Path(arg).is_absolute() and (DAGS.parent / arg).exists():
+            pytest.fail(f"{arg!r} was not resolved to the checkout's copy")  # (.venv-agents: once built)
