@@ -338,3 +338,27 @@ def test_concurrent_first_episodes_share_one_proxy_and_fork_server(tmp_path: Pat
     assert all(t is not None and t.reward == 1.0 for t in trajs)
     assert not workflow._per_loop
     assert not Path(f"/proc/{server_pid}").exists() or "Z" in Path(f"/proc/{server_pid}/stat").read_text().split()[2]
+
+
+def test_the_guide_trains_an_existing_sdk_agent_by_its_base_url_only(tmp_path: Path, monkeypatch) -> None:
+    """docs/agents.md's agent and config, as written: the agent answers through the proxy session."""
+    from areal_tasks.config import load_config
+    from areal_tasks.rollout.workflows import build_workflow
+
+    root = HERE.parents[3]
+    guide = (root / "docs" / "agents.md").read_text(encoding="utf-8")
+    section = guide.split("## Train an existing agent by changing only its base URL", 1)[1]
+    agent = section.split("```python\n", 1)[1].split("```", 1)[0]
+    config = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_agent.py").write_text(agent)
+    (tmp_path / "my_agent.yaml").write_text(
+        config.replace("configs/demo_grpo.yaml", str(root / "configs/demo_grpo.yaml"))
+    )
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("my_agent.yaml", [])
+    workflow = build_workflow(
+        cfg.rollout.workflow, tokenizer_by_name("tiny"), SAMPLING, arith_reward, max_prompt_len=None
+    )
+    traj = run_closed(workflow, FakeEngine(tokenizer_by_name("tiny"), [Reply("Answer: 5")]))
+    assert traj is not None and traj.reward == 1.0
+    assert traj.metadata["agent_stdout"].strip() == "Answer: 5"
