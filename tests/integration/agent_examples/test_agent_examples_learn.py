@@ -9,10 +9,11 @@ mean eval reward of each, with the agent doing the generating and only the workf
   ``openai-agents`` SDK in ``.venv-agents`` (``make agents-env``), likewise.
 
 Training and evaluation both run the agent (eval reward: the expected reward of the sampling
-policy on the 100 held-out prompts, ``EVAL_SAMPLES`` each: 8 in-process, 4 for the programs, whose
-episodes cost about 50 ms of CPU each even forked; a standard error of about 0.02 per evaluation).
-The RL budget is the one ``tests/integration/rl/test_learning.py`` measures ``rlvr`` with; each run
-prints its gain (``-s``); past gains: docs/agents.md.
+policy on the 100 held-out prompts). Budgets (``BUDGETS``): the in-process agent gets the one
+``tests/integration/rl/test_learning.py`` measures ``rlvr`` with (30 steps of 64 episodes, lr 2e-4,
+8 samples per eval prompt); the programs, whose episodes cost 40-75 ms of CPU each even forked, 30
+steps of 32 episodes and 4 samples per eval prompt (a standard error of about 0.02 per evaluation,
+against gains of 0.12-0.17). Each run prints its gain (``-s``); past gains: docs/agents.md.
 """
 
 from __future__ import annotations
@@ -27,24 +28,26 @@ from tests.fixtures.agents_env import agents_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
 
-RL_STEPS = 30
-#: eval samples per prompt, by config (the programs' episodes are the expensive ones).
-EVAL_SAMPLES = {"configs/agent_arealopenai.yaml": 8}
-PROGRAM_EVAL_SAMPLES = 4
+#: (RL steps, lr, eval samples per prompt, episodes per step) by config: the in-process agent gets
+#: test_learning.py's budget; the programs' episodes cost 40-75 ms of CPU each even forked, so they get half the
+#: episodes per step and half the evaluation.
+BUDGETS = {"configs/agent_arealopenai.yaml": (30, 2e-4, 8, 64)}
+PROGRAM_BUDGET = (30, 2e-4, 4, 32)
 #: the smallest rise of the mean eval reward that counts as learning (test_learning.py's).
 MIN_GAIN = 0.05
 
 
 def rl(config: str, run_dir: Path, model: str) -> dict:
-    samples = EVAL_SAMPLES.get(config, PROGRAM_EVAL_SAMPLES)
+    steps, lr, samples, batch = BUDGETS.get(config, PROGRAM_BUDGET)
     cfg = load_config(
         config,
         [
             f"experiment.run_dir={run_dir}",
             f"model.path={model}",
             "train.sft_warmup_steps=0",
-            f"train.total_steps={RL_STEPS}",
-            "actor.optimizer.lr=2e-4",
+            f"train.total_steps={steps}",
+            f"actor.optimizer.lr={lr}",
+            f"train.batch_size={batch}",
             "saver.freq_steps=null",
             f"evaluation.n_samples={samples}",
         ],
