@@ -1,5 +1,6 @@
 """Reward functions: the ``fn(completion, answer, **kwargs) -> float`` contract, a registry of
-built-ins (``exact_match``, ``numeric``, ``arithmetic``, ``math_verify``), import-path specs
+built-ins (``exact_match``, ``numeric``, ``arithmetic``, ``math_verify``, the sandboxed
+``code_tests``), import-path specs
 (``package.module:function``) and :class:`RewardRunner`, which scores with a timeout in killable
 worker processes. Torch-free; see ``docs/rewards.md``.
 """
@@ -14,6 +15,7 @@ from areal_tasks.rollout.rewards.registry import (
     reward_names,
 )
 from areal_tasks.rollout.rewards.runner import RewardRunner
+from areal_tasks.rollout.rewards.sandbox import code_tests, score_code
 
 __all__ = [
     "RewardError",
@@ -21,6 +23,7 @@ __all__ = [
     "RewardRunner",
     "RewardTimeoutError",
     "arithmetic",
+    "code_tests",
     "exact_match",
     "math_verify",
     "numeric",
@@ -28,4 +31,5 @@ __all__ = [
     "registered_name",
     "resolve_reward",
     "reward_names",
+    "score_code",
 ]

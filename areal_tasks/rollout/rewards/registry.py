@@ -20,12 +20,13 @@ RewardFn = Callable[..., float]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REGISTRY: dict[str, RewardFn] = {}
-_BUILTIN_MODULE = "areal_tasks.rollout.rewards.builtin"
+_BUILTIN_MODULES = ("areal_tasks.rollout.rewards.builtin", "areal_tasks.rollout.rewards.sandbox")
 IMPORT_PATH_FORM = "package.module:function"
 
 
 def _load_builtins() -> None:
-    importlib.import_module(_BUILTIN_MODULE)  # registers the built-in rewards on first import
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)  # registers the built-in rewards on first import
 
 
 def register_reward(name: str) -> Callable[[F], F]:
