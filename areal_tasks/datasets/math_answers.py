@@ -28,7 +28,7 @@ _UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u00a0":
 # a number as written in prose: optional sign (not glued to a preceding word, so ``3-5`` gives 5),
 # optional ``$``, digits with optional thousands commas, optional decimals.
 _PROSE_NUMBER = re.compile(
-    r"(?P<sign>(?<![\w)\]])[-+])?\s*\\?\$?\s*(?P<sign2>-)?(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
+    r"(?P<sign>(?<![\w)\]])[-+])?\s*(?:\\?\$\s*(?P<sign2>-)?)?(?P<num>(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)"
 )
 _HASHES = re.compile(r"####")
 _ANSWER_MARK = re.compile(r"(?i)\banswer\s*(?:is\s*:?|:)")
@@ -131,7 +131,7 @@ def extract_math_answer(text: str) -> str | None:
         return boxed
     marks = list(_ANSWER_MARK.finditer(text))
     if marks:
-        rest = _line_after(text, marks[-1].end()).strip().strip("$").strip().rstrip(".").strip()
+        rest = _line_after(text, marks[-1].end()).strip().rstrip(".").strip().strip("$").strip().rstrip(".").strip()
         return rest or None
     return None
 
