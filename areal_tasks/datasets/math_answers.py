@@ -108,7 +108,11 @@ def extract_gsm8k_answer(text: str) -> str | None:
         if numbers:
             return numbers[0]
     for mark in reversed(list(_ANSWER_MARK.finditer(text))):
-        numbers = _prose_numbers(_line_after(text, mark.end()))
+        line = _line_after(text, mark.end())
+        whole = parse_number(line.strip().rstrip(".")) if "/" in line else None
+        if whole is not None:  # "Answer: 3/4" is one value, not the numbers 3 and 4
+            return canonical_number(whole)
+        numbers = _prose_numbers(line)
         if numbers:
             return numbers[0]
     boxed = extract_boxed(text)

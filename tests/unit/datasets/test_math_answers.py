@@ -39,6 +39,8 @@ GSM8K_CASES = [
     ("we get \\boxed{18} apples, 3 baskets", "18"),
     ("the result is 123456789012345678901234567890", "123456789012345678901234567890"),  # huge
     ("total: 0.50", "0.5"),
+    ("Answer: 3/4", "0.75"),  # a fraction after the marker is one value
+    ("Answer: 1/3.", "1/3"),
     ("To answer this, we need 3 + 4 = 7", "7"),  # "answer" without a colon is not a marker
 ]
 
