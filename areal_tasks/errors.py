@@ -153,3 +153,8 @@ class AgentRequestError(AgentError, ValueError):
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class EvaluationError(AReaLError, ValueError):
+    """Evaluation inputs that cannot be scored (e.g. ``k`` larger than an item's sample count); the
+    message names the item at fault."""

@@ -90,6 +90,8 @@ TORCH_FREE_MODULES = [
     "areal_tasks.agent.chat_render",
     "areal_tasks.agent.interactions",
     "areal_tasks.agent.client",
+    "areal_tasks.evaluation",
+    "areal_tasks.evaluation.metrics",
     "storage",
     "operators",
 ]
