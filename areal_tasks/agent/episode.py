@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import AgentError, ConfigError
-from areal_tasks.rollout.workflows.rlvr import RewardFn, item_fields
+from areal_tasks.rollout.workflows.rlvr import RewardFn, item_fields, reward_extras
 
 if TYPE_CHECKING:
     from areal_tasks.agent.interactions import Interaction, InteractionCache
@@ -86,7 +86,8 @@ def _load_file(file: str) -> ModuleType:
 
 
 def item_payload(data: Any, system_prompt: str | None) -> dict[str, Any]:
-    """The item as an agent program sees it: its fields without ``answer``, plus ``system_prompt``."""
+    """The item as an agent program sees it: its fields without ``answer``, ``tests`` and ``metadata``
+    (what the reward scores against), plus ``system_prompt``."""
     if isinstance(data, Mapping):
         fields = dict(data)
     elif dataclasses.is_dataclass(data) and not isinstance(data, type):
@@ -94,7 +95,8 @@ def item_payload(data: Any, system_prompt: str | None) -> dict[str, Any]:
     else:
         prompt, _ = item_fields(data)
         fields = {"prompt": prompt}
-    fields.pop("answer", None)
+    for hidden in ("answer", "tests", "metadata"):  # what the reward scores against stays hidden
+        fields.pop(hidden, None)
     if system_prompt:
         fields["system_prompt"] = system_prompt
     return fields
@@ -138,7 +140,7 @@ async def episode_trajectory(
     if returned is not None:
         last.reward = returned
     elif all(i.reward is None for i in interactions):
-        last.reward = float(await reward(text, answer))
+        last.reward = float(await reward(text, answer, **reward_extras(data)))
     conversations = cache.export("concat")
     chosen = [t for t in conversations if t.metadata["completion_ids"][-1] == last.id]
     if len(chosen) != 1:

@@ -22,6 +22,7 @@ from areal_tasks.config.rollout import (
     WorkflowConfig,
 )
 from areal_tasks.config.sections import (
+    ColumnsConfig,
     DatasetConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "AlgorithmConfig",
     "ArchonConfig",
     "ClusterConfig",
+    "ColumnsConfig",
     "DatasetConfig",
     "EngineConfig",
     "EvaluationConfig",

@@ -15,6 +15,7 @@ from areal_tasks.config.cluster import ClusterConfig
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.rollout import ENV_NAME, RolloutConfig
 from areal_tasks.config.sections import (
+    ColumnsConfig,
     DatasetConfig,
     EvaluationConfig,
     ExperimentConfig,
@@ -240,6 +241,22 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
     p.number("rollout.reward.timeout_s", rollout.reward.timeout_s, low=0, low_open=True)
 
 
+def check_columns(p: Problems, columns: ColumnsConfig) -> None:
+    """``dataset.columns``: names are non-empty; a prompt (or chat) and an answer (or tests) are named."""
+    for role in ("prompt", "messages", "answer", "tests"):
+        p.non_empty(f"dataset.columns.{role}", getattr(columns, role), optional=True)
+    metadata = columns.metadata
+    names = [metadata] if isinstance(metadata, str) else metadata
+    if metadata is not None and (
+        not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        p.add("dataset.columns.metadata", f"must be a column name, a non-empty list of them or null, got {metadata!r}")
+    if columns.prompt is None and columns.messages is None:
+        p.add("dataset.columns", "name a prompt column (columns.prompt) or a chat column (columns.messages)")
+    if columns.answer is None and columns.tests is None:
+        p.add("dataset.columns", "name an answer column (columns.answer) or a tests column (columns.tests)")
+
+
 def check_data_and_loop(
     p: Problems,
     dataset: DatasetConfig,
@@ -251,8 +268,7 @@ def check_data_and_loop(
     p.non_empty("dataset.path", dataset.path)
     p.non_empty("dataset.eval_path", dataset.eval_path, optional=True)
     p.number("dataset.max_prompt_len", dataset.max_prompt_len, low=1, cap=MAX_TOKENS)
-    p.non_empty("dataset.prompt_key", dataset.prompt_key)
-    p.non_empty("dataset.answer_key", dataset.answer_key)
+    check_columns(p, dataset.columns)
     p.number("train.batch_size", train.batch_size, low=1, cap=MAX_SAMPLES)
     p.number("train.total_steps", train.total_steps, low=1, cap=MAX_STEPS)
     p.number("train.epochs", train.epochs, low=1, cap=MAX_STEPS, optional=True)

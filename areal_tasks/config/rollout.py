@@ -133,7 +133,7 @@ class RewardConfig:
     """The reward function and the process pool that runs it."""
 
     #: a registered reward (``arithmetic``, ``exact_match``, ``numeric``, ``math_verify``) or an
-    #: import path ``package.module:function`` of ``fn(completion, answer) -> float``.
+    #: import path ``package.module:function`` of ``fn(completion, answer, **kwargs) -> float``.
     fn: str = "arithmetic"
     #: reward worker processes; 0 = run in the rollout process (a hanging reward cannot be killed).
     workers: int = 1

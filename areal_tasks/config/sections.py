@@ -56,21 +56,43 @@ class ModelConfig:
 
 
 @dataclass
-class DatasetConfig:
-    """Prompts to train (and optionally evaluate) on."""
+class ColumnsConfig:
+    """Which column of a data file holds each part of a record (``docs/datasets.md``)."""
 
-    #: training data: a local file/dir, a hub dataset id, or ``demo:<name>`` for a built-in demo set.
+    #: column holding the prompt text; not read when ``messages`` is set.
+    prompt: str | None = "prompt"
+    #: column holding a chat (a list of ``{role, content}``) rendered through the chat template instead
+    #: of ``prompt``; a system message of its own replaces the job's system prompt. null = none.
+    messages: str | None = None
+    #: column holding the reference answer (passed to the reward as text); null = none (then ``tests``).
+    answer: str | None = "answer"
+    #: column holding unit tests (passed to the reward as ``tests=``, e.g. for ``code_tests``); null = none.
+    tests: str | None = None
+    #: column(s) passed to the reward as ``metadata=`` (one column, or a list: a mapping by column name).
+    metadata: list[str] | str | None = None
+
+
+@dataclass
+class DatasetConfig:
+    """Prompts to train (and optionally evaluate) on: a demo set or data files (``docs/datasets.md``)."""
+
+    #: training data: ``demo:<name>`` (a built-in demo set), or a parquet / JSON / JSONL / Arrow file, a
+    #: glob or directory of such shards, or a ``save_to_disk`` directory: a local path or a ``file://`` /
+    #: ``s3://`` URL.
     path: str = "demo:arithmetic"
     #: evaluation data (same forms as ``path``); None = no separate eval set.
     eval_path: str | None = None
-    #: prompts longer than this many tokens are dropped.
+    #: prompts longer than this many tokens (rendered through the chat template) are dropped.
     max_prompt_len: int = 256
-    #: shuffle the training prompts every epoch.
+    #: shuffle the training prompts every epoch (seeded by ``experiment.seed`` and the epoch).
     shuffle: bool = True
-    #: record key holding the prompt.
-    prompt_key: str = "prompt"
-    #: record key holding the reference answer (passed to the reward function).
-    answer_key: str = "answer"
+    #: which columns hold the prompt (or chat), answer, tests and metadata.
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    #: read the training data as a stream (never all in memory) instead of loading it.
+    streaming: bool = False
+    #: storage options for ``s3://`` data URLs (names as ``storage.options``; missing ones come from
+    #: the AWS environment).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Prompt rendering through the tokenizer's chat template (system + user turns, optional tools).
 
-``render_prompt`` gives the token ids a policy generates from (``add_generation_prompt=True``);
+``render_prompt`` gives the token ids a policy generates from (``add_generation_prompt=True``),
+``render_chat`` the same for a whole chat (a record's ``messages``: the job's system prompt is put
+first unless the chat has its own system message), ``render_record`` either for a record;
 ``render_messages`` gives a whole SFT transcript (any chat: several assistant turns, tool calls and
 tool results) and a 0/1 mask over it that is 1 exactly on the assistant's tokens of *every*
 assistant turn (content, tool calls and end-of-turn token), from the template's
@@ -39,12 +41,39 @@ def render_prompt(
     tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of the system (with ``tools``, when given) + user turns followed by the assistant header."""
+    return render_chat(tokenizer, [{"role": "user", "content": prompt}], system, tools)
+
+
+def chat_messages(messages: Sequence[Mapping[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """A record's chat with the job's ``system`` prompt first, unless the chat has a system message of
+    its own (then the chat is kept as it is)."""
+    chat = [dict(m) for m in messages]
+    if not system or any(m.get("role") == "system" for m in chat):
+        return chat
+    return [{"role": "system", "content": system}, *chat]
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    system: str | None = SYSTEM_PROMPT,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of a chat (see :func:`chat_messages` for the system prompt) and the assistant header."""
     ids = tokenizer.apply_chat_template(
-        _messages(prompt, system), tools=_tools(tools), tokenize=True, add_generation_prompt=True
+        chat_messages(messages, system), tools=_tools(tools), tokenize=True, add_generation_prompt=True
     )
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def render_record(tokenizer: Any, record: Any, system: str | None = SYSTEM_PROMPT) -> list[int]:
+    """Prompt token ids of a record: its ``messages`` when it has a chat, else its ``prompt`` text."""
+    messages = getattr(record, "messages", None)
+    if messages:
+        return render_chat(tokenizer, messages, system, getattr(record, "tools", None))
+    return render_prompt(tokenizer, record.prompt, system, getattr(record, "tools", None))
 
 
 def render_transcript(

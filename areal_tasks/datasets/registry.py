@@ -18,10 +18,9 @@ Accepted forms:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl
 
@@ -31,7 +30,9 @@ from areal_tasks.datasets.prompts import SYSTEM_PROMPT
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
-    from areal_tasks.config.sections import DatasetConfig
+    from areal_tasks.config.sections import ColumnsConfig, DatasetConfig
+    from areal_tasks.datasets.columns import RecordMapper
+    from areal_tasks.datasets.stream import RecordStream
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,22 @@ DEMO_TASKS = tuple(DEMO_OPTIONS)
 
 @dataclass(frozen=True)
 class Record:
-    """One prompt and its reference answer (kept as text; rewards parse it); ``tools``: the OpenAI
-    tool schemas an agent offers for it (empty for plain prompts)."""
+    """One prompt and what its reward is scored against.
+
+    ``prompt``: the user prompt text (for a chat record, the text of its last user message);
+    ``answer``: the reference answer as text (rewards parse it; empty when the set has only tests);
+    ``tools``: the OpenAI tool schemas an agent offers for it (empty for plain prompts);
+    ``messages``: a chat (``{role, content}`` dicts) rendered through the chat template instead of
+    ``prompt``; ``tests``: unit tests for the reward (``tests=``); ``metadata``: other columns for the
+    reward (``metadata=``).
+    """
 
     prompt: str
     answer: str
     tools: tuple[dict[str, Any], ...] = ()
+    messages: tuple[dict[str, Any], ...] | None = None
+    tests: str | None = None
+    metadata: Mapping[str, Any] | None = None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -92,48 +103,91 @@ def _demo_records(spec: str, split: Split) -> list[Record]:
     return [Record(p.question, str(p.answer), tools) for p in problems]
 
 
-def _jsonl_records(path: Path, prompt_key: str, answer_key: str) -> list[Record]:
-    if not path.is_file():
-        raise ConfigError(f"dataset file {str(path)!r} does not exist")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict) or prompt_key not in row or answer_key not in row:
-                raise ConfigError(f"{path}:{line_no}: needs an object with keys {prompt_key!r} and {answer_key!r}")
-            records.append(Record(str(row[prompt_key]), str(row[answer_key])))
-    if not records:
-        raise ConfigError(f"dataset file {str(path)!r} holds no records")
+def _mapper(spec: str, columns: ColumnsConfig | None) -> RecordMapper:
+    from areal_tasks.config.sections import ColumnsConfig
+    from areal_tasks.datasets.columns import RecordMapper
+
+    return RecordMapper(columns if columns is not None else ColumnsConfig(), spec)
+
+
+def _file_records(spec: str, columns: ColumnsConfig | None, options: Mapping[str, Any] | None) -> list[Record]:
+    from areal_tasks.datasets.hf_source import locate, open_dataset
+
+    mapper = _mapper(spec, columns)
+    ds = open_dataset(locate(spec, options))
+    mapper.check_columns(ds.column_names)
+    if len(ds) == 0:
+        raise ConfigError(f"dataset path {spec!r} holds no records")
+    ds = ds.select_columns(mapper.needed)
+    records = [mapper.record(row, f"row {i + 1}") for i, row in enumerate(ds)]
+    logger.info("dataset %s: %d records", spec, len(records))
     return records
 
 
 def load_records(
-    spec: str, split: Split = "train", *, prompt_key: str = "prompt", answer_key: str = "answer"
+    spec: str,
+    split: Split = "train",
+    *,
+    columns: ColumnsConfig | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> list[Record]:
-    """The records of ``spec`` (a demo spec or a ``.jsonl`` path); ``split`` only matters for demo sets."""
+    """The records of ``spec`` (a demo spec, or data files: see the module docstring); ``split`` only
+    matters for demo sets; ``columns`` maps the files' columns (default ``prompt`` and ``answer``);
+    ``options`` are storage options for ``s3://`` URLs."""
     if split not in ("train", "eval"):
         raise ConfigError(f"split={split!r} must be 'train' or 'eval'")
     if spec.startswith(DEMO_PREFIX):
         return _demo_records(spec, split)
-    path = Path(spec).expanduser()
-    if path.suffix == ".jsonl":
-        return _jsonl_records(path, prompt_key, answer_key)
-    raise ConfigError(f"dataset path {spec!r}: expected demo:<name> or a local .jsonl file")
+    return _file_records(spec, columns, options)
+
+
+def stream_records(
+    spec: str, *, columns: ColumnsConfig | None = None, options: Mapping[str, Any] | None = None
+) -> RecordStream:
+    """``spec``'s data files as a :class:`~areal_tasks.datasets.stream.RecordStream` (never all in memory)."""
+    from areal_tasks.datasets.hf_source import locate, open_dataset
+    from areal_tasks.datasets.stream import RecordStream
+
+    if spec.startswith(DEMO_PREFIX):
+        raise ConfigError(f"dataset path {spec!r}: a demo set is generated in memory; set dataset.streaming=false")
+    return RecordStream(open_dataset(locate(spec, options), streaming=True), _mapper(spec, columns), source=spec)
+
+
+def split_spec(cfg: DatasetConfig, split: Split) -> str:
+    """The path ``split`` reads: ``train`` reads ``path``; ``eval`` reads ``eval_path`` when set, else
+    the eval split of a demo ``path`` (ConfigError for a file path without ``eval_path``)."""
+    if split == "eval" and cfg.eval_path is not None:
+        return cfg.eval_path
+    if split == "eval" and not cfg.path.startswith(DEMO_PREFIX):
+        raise ConfigError(
+            f"dataset.eval_path is not set and dataset.path={cfg.path!r} has no eval split; set eval_path"
+        )
+    return cfg.path
 
 
 def load_split(cfg: DatasetConfig, split: Split) -> list[Record]:
-    """The ``split`` records of a job's dataset section (see the module docstring for the rule)."""
-    spec = cfg.path
-    if split == "eval" and cfg.eval_path is not None:
-        spec = cfg.eval_path
-    elif split == "eval" and not spec.startswith(DEMO_PREFIX):
-        raise ConfigError(f"dataset.eval_path is not set and dataset.path={spec!r} has no eval split; set eval_path")
-    return load_records(spec, split, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
+    """The ``split`` records of a job's dataset section, loaded (see :func:`split_spec` for the rule)."""
+    return load_records(split_spec(cfg, split), split, columns=cfg.columns, options=cfg.options)
+
+
+def train_data(cfg: DatasetConfig, keep: Callable[[Record], bool] | None = None) -> list[Record] | RecordStream:
+    """The training prompts for the rollout executor: loaded (with ``keep`` applied now, the drops
+    logged), or a stream that applies ``keep`` as it reads (``dataset.streaming``)."""
+    if cfg.streaming:
+        return stream_records(cfg.path, columns=cfg.columns, options=cfg.options).with_filter(keep)
+    records = load_split(cfg, "train")
+    if keep is None:
+        return records
+    kept = [r for r in records if keep(r)]
+    logger.info(
+        "dataset %s: dropped %d of %d prompts longer than dataset.max_prompt_len",
+        cfg.path,
+        len(records) - len(kept),
+        len(records),
+    )
+    if not kept:
+        raise ConfigError(f"dataset.max_prompt_len drops every training prompt of {cfg.path!r}")
+    return kept
 
 
 def default_system_prompt(spec: str) -> str:

@@ -84,6 +84,11 @@ class DataSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` output (pending positions first)."""
+        if state.get("streaming"):
+            raise ConfigError(
+                "the rollout state was saved for a streamed dataset (dataset.streaming) and this job loads it; "
+                "resume with the setting the run started with"
+            )
         size = state.get("dataset_size", len(self.dataset))
         if size != len(self.dataset):
             raise ConfigError(

@@ -31,19 +31,20 @@ from areal_tasks.api.rollout import GroupFilter
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.errors import ConfigError, RolloutError
 from areal_tasks.rollout.batches import BatchTaker
-from areal_tasks.rollout.data_source import DataSource
 from areal_tasks.rollout.groups import FailureWindow, GroupAssembly
 from areal_tasks.rollout.loop_thread import LoopThread
 from areal_tasks.rollout.servers import ServerRoster
 from areal_tasks.rollout.settings import check_executor_settings
 from areal_tasks.rollout.staleness import AdmissionRule, StalenessBound
 from areal_tasks.rollout.state import executor_state, executor_stats, load_executor_state
+from areal_tasks.rollout.stream_source import data_source_for
 from areal_tasks.rollout.swap import WeightSwap
 
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine, ParamSpec, PauseMode
     from areal_tasks.api.weight_update import WeightUpdateMeta
     from areal_tasks.config.rollout import RolloutConfig
+    from areal_tasks.datasets.stream import RecordStream
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class RolloutExecutor:
         *,
         engine: InferenceEngine,
         workflow: RolloutWorkflow,
-        dataset: Sequence[Any],
+        dataset: Sequence[Any] | RecordStream,
         batch_size: int,
         group_size: int,
         max_concurrent_rollouts: int,
@@ -102,7 +103,7 @@ class RolloutExecutor:
             staleness_bound,
         )
         self._engine = engine
-        self._data = DataSource(dataset, seed=seed, shuffle=shuffle)
+        self._data = data_source_for(dataset, seed=seed, shuffle=shuffle)
         self.batch_size = batch_size
         self.group_size = group_size
         self.max_head_offpolicyness = max_head_offpolicyness
@@ -147,7 +148,7 @@ class RolloutExecutor:
         *,
         engine: InferenceEngine,
         workflow: RolloutWorkflow,
-        dataset: Sequence[Any],
+        dataset: Sequence[Any] | RecordStream,
         batch_size: int,
         seed: int,
         shuffle: bool = True,

@@ -45,6 +45,7 @@ from areal_tasks.rollout.stats import RolloutCounters
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine
     from areal_tasks.api.rollout import GroupFilter
+    from areal_tasks.rollout.stream_source import StreamingDataSource
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class GroupAssembly:
         *,
         engine: InferenceEngine,
         workflow: RolloutWorkflow,
-        data: DataSource,
+        data: DataSource | StreamingDataSource,
         rule: AdmissionRule,
         failures: FailureWindow,
         group_filter: GroupFilter | None,

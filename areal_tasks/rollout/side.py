@@ -12,7 +12,9 @@ when training runs on GPUs), else in rank 0's own.
   system prompt) with ``rollout.sampling`` (leave
   ``rollout.sampling.seed`` unset: one seed shared by every request makes the samples of a group
   identical, which leaves GRPO nothing to compare);
-- the executor (``RolloutExecutor``) over the train split, with the algorithm's group filter
+- the executor (``RolloutExecutor``) over the train split (loaded, or streamed with
+  ``dataset.streaming``; prompts over ``dataset.max_prompt_len`` dropped as it is read, see
+  :func:`prompt_filter`), with the algorithm's group filter
   (``Algorithm.group_filter``: DAPO's dynamic sampling; None for most).
 
 :meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +66,16 @@ def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward
     return build_workflow(cfg.rollout.workflow, tokenizer, sampling, reward, max_prompt_len=cfg.dataset.max_prompt_len)
 
 
+def prompt_filter(workflow: RolloutWorkflow, max_prompt_len: int) -> Callable[[Any], bool] | None:
+    """Whether a record's prompt, rendered as ``workflow`` renders it, fits ``max_prompt_len``: the
+    prompts the workflow would reject in every episode are dropped when the data is read instead.
+    None for a workflow that does not render records itself (an agent's program does)."""
+    render = getattr(workflow, "render_item", None)
+    if render is None:
+        return None
+    return lambda record: len(render(record)) <= max_prompt_len
+
+
 @dataclass
 class RolloutSide:
     """What rank 0 holds to produce batches and to evaluate."""
@@ -88,7 +101,7 @@ class RolloutSide:
     @classmethod
     def build(cls, cfg: JobConfig, addresses: list[str], tokenizer: Any, version: int) -> RolloutSide:
         from areal_tasks.algo import build_algorithm
-        from areal_tasks.datasets.registry import load_split
+        from areal_tasks.datasets.registry import train_data
         from areal_tasks.inference.client import RemoteInferenceEngine
         from areal_tasks.rollout.executor import RolloutExecutor
         from areal_tasks.rollout.rewards import RewardRunner
@@ -103,7 +116,7 @@ class RolloutSide:
             cfg.rollout,
             engine=client,
             workflow=workflow,
-            dataset=load_split(cfg.dataset, "train"),
+            dataset=train_data(cfg.dataset, prompt_filter(workflow, cfg.dataset.max_prompt_len)),
             batch_size=cfg.train.batch_size,
             seed=cfg.experiment.seed,
             shuffle=cfg.dataset.shuffle,

@@ -235,9 +235,12 @@ def score_code(completion: str, tests: str, *, partial: bool = False, **limits: 
 
 
 @register_reward("code_tests")
-def code_tests(completion: str, answer: str, *, partial: bool = False, **kwargs: Any) -> float:
-    """The sandboxed unit-test reward: ``answer`` holds the tests; unknown keyword arguments are ignored."""
+def code_tests(
+    completion: str, answer: str, *, tests: str | None = None, partial: bool = False, **kwargs: Any
+) -> float:
+    """The sandboxed unit-test reward: the record's ``tests`` (a data set's ``dataset.columns.tests``)
+    when given, else ``answer`` holds the tests; unknown keyword arguments (``metadata``...) are ignored."""
     limits = {k: v for k, v in kwargs.items() if k in SandboxLimits.__dataclass_fields__}
-    reward, reason = score_code(completion, answer, partial=partial, **limits)
+    reward, reason = score_code(completion, answer if tests is None else tests, partial=partial, **limits)
     logger.debug("code_tests reward %.3f: %s", reward, reason)
     return reward

@@ -21,7 +21,7 @@ from areal_tasks.rollout.workflows.registry import (
     resolve_workflow,
     workflow_problems,
 )
-from areal_tasks.rollout.workflows.rlvr import RewardFn, RLVROptions, RLVRWorkflow, item_fields
+from areal_tasks.rollout.workflows.rlvr import RewardFn, RLVROptions, RLVRWorkflow, item_fields, reward_extras
 from areal_tasks.rollout.workflows.tokens import FeedbackSegment, TrajectoryBuilder, feedback_segment
 
 __all__ = [
@@ -41,5 +41,6 @@ __all__ = [
     "item_fields",
     "make_workflow",
     "resolve_workflow",
+    "reward_extras",
     "workflow_problems",
 ]

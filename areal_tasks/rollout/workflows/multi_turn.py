@@ -19,7 +19,14 @@ from areal_tasks.api.inference import InferenceEngine, ModelRequest, SamplingPar
 from areal_tasks.api.workflow import Trajectory
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT
 from areal_tasks.errors import ConfigError
-from areal_tasks.rollout.workflows.rlvr import RewardFn, RLVRWorkflow, check_positive, item_fields, response_metadata
+from areal_tasks.rollout.workflows.rlvr import (
+    RewardFn,
+    RLVRWorkflow,
+    check_positive,
+    item_fields,
+    response_metadata,
+    reward_extras,
+)
 from areal_tasks.rollout.workflows.tokens import FeedbackSegment, TrajectoryBuilder, feedback_segment
 
 logger = logging.getLogger(__name__)
@@ -93,8 +100,9 @@ class MultiTurnWorkflow(RLVRWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
         """Answer, get feedback, answer again...; ``None`` for a too-long prompt or an empty first answer."""
-        prompt, answer = item_fields(data)
-        prompt_ids = self.render(prompt)
+        _, answer = item_fields(data)
+        extras = reward_extras(data)
+        prompt_ids = self.render_item(data)
         if not self.prompt_fits(prompt_ids):
             return None
         if not self._turn_fits(len(prompt_ids)):
@@ -122,7 +130,7 @@ class MultiTurnWorkflow(RLVRWorkflow):
             builder.add_generated(response)
             last_output = list(response.output_ids)
             completion = self.decode(last_output)
-            reward = float(await self.reward(completion, answer))
+            reward = float(await self.reward(completion, answer, **extras))
             turns.append({**response_metadata(response, completion), "reward": reward})
             if reward >= 1.0:
                 ended_by = "correct"

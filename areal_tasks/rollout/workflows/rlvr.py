@@ -1,10 +1,12 @@
 """RLVR: one prompt, one generated answer, one verifiable reward.
 
-:class:`RLVRWorkflow` renders the item's prompt through the chat template, generates once, decodes
-the output, scores it with an async reward ``reward(completion, answer) -> float`` and returns the
+:class:`RLVRWorkflow` renders the item's prompt (or its chat, for a record with ``messages``) through
+the chat template, generates once, decodes the output, scores it with an async reward
+``reward(completion, answer, **extras) -> float`` (``extras``: the record's ``tests=`` and
+``metadata=``, when it has them; see :func:`reward_extras`) and returns the
 :class:`~areal_tasks.api.workflow.Trajectory` ``prompt + output`` (only the output trained). Too-long
 prompts and empty outputs are rejected (``None``). The helpers here (:data:`RewardFn`,
-:func:`item_fields`) are shared by the other workflows.
+:func:`item_fields`, :func:`reward_extras`) are shared by the other workflows.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ from typing import Any, ClassVar
 
 from areal_tasks.api.inference import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
-from areal_tasks.datasets.prompts import SYSTEM_PROMPT, render_prompt
+from areal_tasks.datasets.prompts import SYSTEM_PROMPT, render_chat, render_prompt
 from areal_tasks.errors import ConfigError, RolloutError
 from areal_tasks.rollout.workflows.tokens import TrajectoryBuilder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RLVROptions", "RLVRWorkflow", "RewardFn", "item_fields"]
+__all__ = ["RLVROptions", "RLVRWorkflow", "RewardFn", "item_fields", "reward_extras"]
 
-#: an async reward: ``await reward(completion, answer) -> float``; raising fails the episode.
-RewardFn = Callable[[str, str], Awaitable[float]]
+#: an async reward: ``await reward(completion, answer, **extras) -> float``; raising fails the episode.
+RewardFn = Callable[..., Awaitable[float]]
 
 
 def item_fields(data: Any) -> tuple[str, str]:
@@ -40,6 +42,17 @@ def item_fields(data: Any) -> tuple[str, str]:
         f"a workflow item needs a prompt and an answer (a Record, .prompt/.answer attributes or "
         f"'prompt'/'answer' keys); got {type(data).__name__}"
     )
+
+
+def reward_extras(data: Any) -> dict[str, Any]:
+    """The keyword arguments a reward gets besides ``(completion, answer)``: ``tests=`` when the item
+    has tests, ``metadata=`` when it has metadata (an attribute or a key of that name)."""
+    extras = {}
+    for name in ("tests", "metadata"):
+        value = data.get(name) if isinstance(data, Mapping) else getattr(data, name, None)
+        if value is not None:
+            extras[name] = dict(value) if isinstance(value, Mapping) else value
+    return extras
 
 
 def check_positive(name: str, value: int | None) -> None:
@@ -91,6 +104,14 @@ class RLVRWorkflow(RolloutWorkflow):
         """Prompt token ids: system + user turns and the assistant header, via the chat template."""
         return render_prompt(self.tokenizer, prompt, self.system_prompt)
 
+    def render_item(self, data: Any) -> list[int]:
+        """Prompt token ids of a dataset item: its chat (``messages``) when it has one, else its prompt."""
+        messages = data.get("messages") if isinstance(data, Mapping) else getattr(data, "messages", None)
+        if messages:
+            return render_chat(self.tokenizer, messages, self.system_prompt)
+        prompt, _ = item_fields(data)
+        return self.render(prompt)
+
     def prompt_fits(self, prompt_ids: list[int]) -> bool:
         """False (with a debug log) when the prompt is longer than ``max_prompt_len``."""
         if self.max_prompt_len is not None and len(prompt_ids) > self.max_prompt_len:
@@ -104,8 +125,8 @@ class RLVRWorkflow(RolloutWorkflow):
 
     async def arun_episode(self, engine: InferenceEngine, data: Any) -> Trajectory | None:
         """Render, generate once, score; ``None`` for a too-long prompt or an empty output."""
-        prompt, answer = item_fields(data)
-        prompt_ids = self.render(prompt)
+        _, answer = item_fields(data)
+        prompt_ids = self.render_item(data)
         if not self.prompt_fits(prompt_ids):
             return None
         response = await engine.agenerate(ModelRequest(list(prompt_ids), self.sampling))
@@ -113,7 +134,7 @@ class RLVRWorkflow(RolloutWorkflow):
             logger.debug("rejecting an empty generation (stop_reason=%s)", response.stop_reason)
             return None
         completion = self.decode(response.output_ids)
-        reward = float(await self.reward(completion, answer))
+        reward = float(await self.reward(completion, answer, **reward_extras(data)))
         builder = TrajectoryBuilder(prompt_ids)
         builder.add_generated(response)
         metadata = {**response_metadata(response, completion), "answer": answer, "turns": 1}

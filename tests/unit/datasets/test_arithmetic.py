@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from areal_tasks.config.sections import DatasetConfig
+from areal_tasks.config.sections import ColumnsConfig, DatasetConfig
 from areal_tasks.datasets import ArithmeticOptions, generate_splits, load_records
 from areal_tasks.datasets.registry import arithmetic_options, load_split
 from areal_tasks.errors import ConfigError
@@ -58,14 +58,15 @@ def test_demo_spec_options_including_plus_sign() -> None:
 def test_jsonl_records_and_eval_path_rule(tmp_path) -> None:
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(json.dumps({"q": f"What is {i} + 1?", "a": i + 1}) for i in range(3)) + "\n")
-    records = load_records(str(path), prompt_key="q", answer_key="a")
+    columns = ColumnsConfig(prompt="q", answer="a")
+    records = load_records(str(path), columns=columns)
     assert [r.answer for r in records] == ["1", "2", "3"]
-    with pytest.raises(ConfigError, match=r"data.jsonl:1: needs an object with keys 'prompt'"):
+    with pytest.raises(ConfigError, match=r"data.jsonl: no column for dataset.columns.prompt='prompt'"):
         load_records(str(path))
-    cfg = DatasetConfig(path=str(path), prompt_key="q", answer_key="a")
+    cfg = DatasetConfig(path=str(path), columns=columns)
     with pytest.raises(ConfigError, match="eval_path is not set"):
         load_split(cfg, "eval")
-    cfg_eval = DatasetConfig(path="demo:arithmetic", eval_path=str(path), prompt_key="q", answer_key="a")
+    cfg_eval = DatasetConfig(path="demo:arithmetic", eval_path=str(path), columns=columns)
     assert load_split(cfg_eval, "eval") == records
 
 

@@ -1,0 +1,17 @@
+"""Fixtures for the dataset tests: ``datasets``' Arrow cache goes to the session's temporary directory."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep ``datasets``' cache out of the home directory (one directory per test session)."""
+    if importlib.util.find_spec("datasets") is None:
+        return
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path_factory.getbasetemp() / "hf-datasets-cache")
