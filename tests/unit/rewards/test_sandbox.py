@@ -104,3 +104,13 @@ def test_output_is_capped_and_scratch_removed() -> None:
     assert result.reward == 1.0 and len(result.output) <= 64 * 2**10
     scratch = Path(result.output.splitlines()[0])
     assert scratch.name.startswith("areal-sandbox-") and not scratch.exists()
+
+
+def test_code_tests_uses_the_records_tests_over_the_answer_in_a_worker_process() -> None:
+    from areal_tasks.rollout.rewards import RewardRunner
+
+    solution = "```python\ndef add(a, b):\n    return a + b\n```"
+    with RewardRunner("code_tests", max_workers=1, timeout_s=30) as runner:
+        # the tests= and metadata= keyword arguments travel to the worker process
+        assert runner.score_sync(solution, "assert False", tests=TESTS, metadata={"id": 3}) == 1.0
+        assert runner.score_sync(solution, "assert False") == 0.0

@@ -158,3 +158,30 @@ def test_a_workflow_by_import_path_and_clear_errors_for_bad_ones() -> None:
         resolve_workflow("no_such_module_xyz:Factory")
     with pytest.raises(ConfigError, match="no callable"):
         resolve_workflow("areal_tasks.rollout.workflows.rlvr:Missing")
+
+
+def test_a_chat_record_renders_its_messages_and_the_reward_gets_tests_and_metadata() -> None:
+    tok = FakeTokenizer()
+    seen: list[dict] = []
+
+    async def reward(completion: str, answer: str, **extras: object) -> float:
+        seen.append({"answer": answer, **extras})
+        return 1.0
+
+    chat = (
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "2+3?"},
+    )
+    record = Record("2+3?", "", messages=chat, tests="assert f() == 5", metadata={"source": "unit"})
+    workflow = RLVRWorkflow(tok, SAMPLING, reward, system_prompt="Be brief.")
+    engine = FakeEngine(tok, [Reply("Answer: 5")])
+    traj = run(workflow, engine, record)
+    want = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, *chat], add_generation_prompt=True)
+    assert engine.requests[0].input_ids == want and traj.prompt_len == len(want)
+    assert seen == [{"answer": "", "tests": "assert f() == 5", "metadata": {"source": "unit"}}]
+    own_system = ({"role": "system", "content": "You are terse."}, *chat)
+    engine = FakeEngine(tok, [Reply("Answer: 5")])
+    run(workflow, engine, Record("2+3?", "5", messages=own_system))
+    assert engine.requests[0].input_ids == tok.apply_chat_template(list(own_system), add_generation_prompt=True)
+    assert seen[-1] == {"answer": "5"}  # no tests, no metadata: no extra keyword arguments
