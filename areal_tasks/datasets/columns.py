@@ -10,6 +10,7 @@ file fails at load time with the row number rather than in an episode. Torch-fre
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -71,9 +72,11 @@ class RecordMapper:
         ]
         if missing:
             wanted = "; ".join(f"dataset.columns.{role}={column!r}" for role, column in missing)
+            role, column = missing[0]
+            guess = (difflib.get_close_matches(column, have, n=1) or have or ["<column>"])[0]
             raise ConfigError(
                 f"{self.source}: no column for {wanted}; its columns are {have}. Map each role to one of "
-                "them, e.g. dataset.columns.prompt=question (see docs/datasets.md)"
+                f"them, e.g. dataset.columns.{role}={guess} (see docs/datasets.md)"
             )
 
     def record(self, row: Mapping[str, Any], where: str) -> Record:

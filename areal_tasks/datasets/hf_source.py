@@ -147,15 +147,39 @@ def open_dataset(location: DataLocation, *, streaming: bool = False) -> Any:
         )
     except ConfigError:
         raise
+    except StopIteration as exc:  # datasets' JSON reader on files without a single row
+        raise ConfigError(f"dataset path {spec!r} holds no records") from exc
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, TypeError) as exc:
-        raise _unreadable(spec, exc) from exc
+        raise _unreadable(location, exc) from exc
     except Exception as exc:
         if type(exc).__module__.startswith("pyarrow"):
-            raise _unreadable(spec, exc) from exc
+            raise _unreadable(location, exc) from exc
         raise
 
 
-def _unreadable(spec: str, exc: BaseException) -> ConfigError:
+def _parquet_rows(location: DataLocation) -> int | None:
+    """Rows in ``location``'s parquet files by their footers (None when they cannot be read)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in location.files:
+        try:
+            with fsspec.open(path, "rb", **location.storage_options.get("s3", {})) as handle:
+                total += pq.read_metadata(handle).num_rows
+        except (OSError, ValueError):
+            return None
+        except Exception as exc:
+            if type(exc).__module__.startswith("pyarrow"):
+                return None
+            raise
+    return total
+
+
+def _unreadable(location: DataLocation, exc: BaseException) -> ConfigError:
+    spec = location.spec
+    if location.builder == "parquet" and _parquet_rows(location) == 0:
+        return ConfigError(f"dataset path {spec!r} holds no records")
     cause = exc.__cause__ or exc.__context__ or exc
     detail = f"{type(cause).__name__}: {cause}" if cause is not exc else f"{type(exc).__name__}: {exc}"
     return ConfigError(
