@@ -15,6 +15,7 @@ exact; the cost is reading that part of the pass once more). :func:`record_to_js
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
@@ -76,11 +77,12 @@ class RecordStream:
         return RecordStream(self.dataset, self.mapper, source=self.source, keep=keep)
 
     def _pass(self, epoch: int, seed: int, shuffle: bool) -> Any:
-        ds = self.dataset
+        """A fresh view of the set for one pass (a loaded position must not stick to the next pass)."""
         if shuffle:
-            ds = ds.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+            ds = self.dataset.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
             ds.set_epoch(epoch)
-        return ds
+            return ds
+        return copy.deepcopy(self.dataset)
 
     def epoch(
         self, epoch: int, *, seed: int, shuffle: bool, skip: int = 0, hf_state: dict[str, Any] | None = None
