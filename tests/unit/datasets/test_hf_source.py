@@ -58,6 +58,9 @@ def test_globs_and_directories_of_shards_read_every_shard_in_name_order(tmp_path
     assert [r.prompt for r in load_records(str(tmp_path / "shards"), columns=GSM8K_COLUMNS)] == want
     glob = str(tmp_path / "shards" / "part-*.parquet")
     assert [r.prompt for r in load_records(glob, columns=GSM8K_COLUMNS)] == want
+    (tmp_path / "shards" / "extra.jsonl").write_text(json.dumps(GSM8K[0]) + "\n")
+    with pytest.raises(ConfigError, match=r"mixes formats \(\.jsonl, \.parquet\); keep one format per set"):
+        load_records(str(tmp_path / "shards"), columns=GSM8K_COLUMNS)
 
 
 def test_chat_messages_tests_and_metadata_columns(tmp_path: Path) -> None:

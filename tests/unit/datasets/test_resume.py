@@ -16,6 +16,8 @@ from areal_tasks.errors import ConfigError
 from areal_tasks.rollout.data_source import DataSource
 from areal_tasks.rollout.stream_source import StreamingDataSource, data_source_for
 
+pytestmark = pytest.mark.usefixtures("no_stream_sleep")
+
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
