@@ -8,11 +8,18 @@ Accepted forms:
 * ``demo:calculator`` with the same options (two-digit ``+-`` by default, see
   :class:`~areal_tasks.datasets.calculator.CalculatorOptions`): the same questions, each record
   carrying the calculator's tool schema in ``tools`` (a task for tool-using agents).
-* a local ``.jsonl`` file: one JSON object per line holding ``prompt_key`` and ``answer_key``. A
-  file has one split; the eval split comes from ``dataset.eval_path``.
+* data files, read through HF ``datasets`` (:mod:`~areal_tasks.datasets.hf_source`): a parquet,
+  JSON/JSONL or Arrow file, a glob or directory of such shards, or a ``save_to_disk`` directory; a
+  local path or a ``file://`` / ``s3://`` URL (``dataset.options`` and the AWS environment reach
+  S3). ``dataset.columns`` maps their columns to a :class:`Record`'s prompt (or chat), answer, tests
+  and metadata (:mod:`~areal_tasks.datasets.columns`). A file set has one split; the eval split
+  comes from ``dataset.eval_path``.
 
 :func:`load_split` applies that rule to a ``DatasetConfig``: ``train`` reads ``path``; ``eval`` reads
-``eval_path`` when set, else the eval split of a demo ``path``.
+``eval_path`` when set, else the eval split of a demo ``path``. :func:`train_data` is what the
+rollout executor gets: the loaded train split with too-long prompts dropped (and counted), or with
+``dataset.streaming`` a :class:`~areal_tasks.datasets.stream.RecordStream`. ``datasets`` is imported
+only when files are read, so this module stays light and torch-free. See ``docs/datasets.md``.
 """
 
 from __future__ import annotations
