@@ -1,9 +1,11 @@
 """The rollout side wired from the config (no server needed: nothing here generates): the executor
 gets the algorithm's group filter (DAPO's dynamic sampling; none for GRPO), the training, evaluation
-and greedy workflows are the configured workflow with its options and system prompt."""
+and greedy workflows are the configured workflow with its options and system prompt; prompts over
+``dataset.max_prompt_len`` are dropped when the training data is read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ def build(tmp_path: Path, *overrides: str) -> RolloutSide:
             f"experiment.run_dir={tmp_path}",
             "dataset.path=demo:arithmetic?n_train=16&n_eval=4",
             "rollout.reward.workers=0",
+            "dataset.max_prompt_len=200",  # FakeTokenizer: one token per character
             *overrides,
         ],
     )
@@ -52,11 +55,30 @@ def test_the_workflows_are_the_configured_one(tmp_path: Path) -> None:
             assert (workflow.max_turns, workflow.system_prompt, workflow.max_prompt_len) == (
                 3,
                 "Be brief.",
-                64,
+                200,
             )  # dataset.max_prompt_len
         temperatures = [
             w.sampling.temperature for w in (side.executor._groups.workflow, side.eval_workflow, side.greedy_workflow)
         ]
         assert temperatures == [1.0, 0.5, 0.0]
+    finally:
+        side.close()
+
+
+def test_prompts_longer_than_max_prompt_len_are_dropped_when_the_data_is_read(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "x" * n, "answer": "1"}) + "\n" for n in (5, 40, 10, 80, 20)))
+    side = build(tmp_path, f"dataset.path={data}", "rollout.workflow.system_prompt=S")
+    try:
+        workflow = side.executor._groups.workflow
+        lengths = {len(r.prompt): len(workflow.render_item(r)) for r in side.executor._data.dataset}
+    finally:
+        side.close()
+    assert sorted(lengths) == [5, 10, 20, 40, 80]
+    side = build(
+        tmp_path, f"dataset.path={data}", "rollout.workflow.system_prompt=S", f"dataset.max_prompt_len={lengths[20]}"
+    )
+    try:
+        assert [len(r.prompt) for r in side.executor._data.dataset] == [5, 10, 20]
     finally:
         side.close()
