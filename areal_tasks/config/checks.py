@@ -269,6 +269,8 @@ def check_data_and_loop(
     p.non_empty("dataset.eval_path", dataset.eval_path, optional=True)
     p.number("dataset.max_prompt_len", dataset.max_prompt_len, low=1, cap=MAX_TOKENS)
     check_columns(p, dataset.columns)
+    if dataset.streaming and isinstance(dataset.path, str) and dataset.path.startswith("demo:"):
+        p.add("dataset.streaming", f"a demo set ({dataset.path}) is generated in memory; set dataset.streaming=false")
     p.number("train.batch_size", train.batch_size, low=1, cap=MAX_SAMPLES)
     p.number("train.total_steps", train.total_steps, low=1, cap=MAX_STEPS)
     p.number("train.epochs", train.epochs, low=1, cap=MAX_STEPS, optional=True)

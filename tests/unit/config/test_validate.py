@@ -149,6 +149,7 @@ CASES: list[tuple[list[str], str]] = [
     (["dataset.columns.prompt=''"], "dataset.columns.prompt: must be a non-empty string"),
     (["dataset.columns.prompt=null"], "name a prompt column (columns.prompt) or a chat column"),
     (["dataset.columns.answer=null"], "name an answer column (columns.answer) or a tests column"),
+    (["dataset.streaming=true"], "dataset.streaming: a demo set (demo:arithmetic) is generated in memory"),
     (["dataset.columns.metadata=[]"], "dataset.columns.metadata: must be a column name, a non-empty list"),
     (["train.total_steps=0"], "train.total_steps: must be >= 1"),
     (["train.epochs=0"], "train.epochs: must be >= 1 (or null)"),
