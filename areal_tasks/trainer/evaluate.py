@@ -1,8 +1,8 @@
 """Evaluate a model on the eval split through ONE embedded inference server, as the trainer does.
 
 ``evaluate(cfg, model_dir, n_prompts)`` starts a server for ``model_dir`` (the job's
-``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler) and measures exactly
-what the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
+``rollout.backend`` command line, through :func:`~areal_tasks.inference.launch.one_server.one_server`)
+and measures exactly what the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
 ``reward_before`` / ``reward_after``) measures, so that a checkpoint's number here can be compared
 with -- and gated against -- the trainer's:
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -66,14 +65,11 @@ def evaluate(
 
     ``n_samples`` overrides :func:`samples_per_prompt` (samples of each prompt).
     """
-    from areal_tasks.inference.client import RemoteInferenceEngine
-    from areal_tasks.inference.launch import ServerFleet, build_server_command
-    from areal_tasks.inference.launch.commands import key_servers_off_loopback
+    from areal_tasks.inference.launch.one_server import one_server
     from areal_tasks.models.tokenizer import load_tokenizer
     from areal_tasks.rollout.rewards import RewardRunner
     from areal_tasks.rollout.side import workflow_of
 
-    cfg = key_servers_off_loopback(cfg, os.environ)  # servers on a cluster's nodes need an API key
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts
     if n_prompts is not None and n_prompts < 1:
@@ -88,35 +84,15 @@ def evaluate(
     tokenizer = load_tokenizer(model_dir)
     reward = cfg.rollout.reward
     runner = RewardRunner(reward.fn, max_workers=reward.workers, timeout_s=reward.timeout_s)
-    owned = scheduler is None
-    if scheduler is None:
-        from areal_tasks.launch.registry import make_scheduler_for
-
-        scheduler = make_scheduler_for(cfg)
-    on_gpus = cfg.cluster.gpus_per_node > 0
-    fleet = ServerFleet(
-        scheduler,
-        build_server_command(cfg, model_dir),
-        1,
-        name=name,
-        devices_per_server=1 if on_gpus else 0,
-        hide_devices=not on_gpus,
-        startup_timeout_s=cfg.rollout.server.startup_timeout_s,
-        max_restarts=0,
-    )
     started = time.perf_counter()
     try:
         workflow = workflow_of(cfg, tokenizer, eval_sampling(cfg), runner.score)
-        addresses = fleet.start()
-        engine = RemoteInferenceEngine.from_rollout(cfg.rollout, addresses)
-        trajectories = asyncio.run(_episodes(engine, workflow, episodes_in, cfg.rollout.max_concurrent_rollouts))
+        with one_server(cfg, model_dir, scheduler=scheduler, name=name) as served:
+            trajectories = asyncio.run(
+                _episodes(served.engine(), workflow, episodes_in, cfg.rollout.max_concurrent_rollouts)
+            )
     finally:
-        try:
-            fleet.stop()
-            if owned:
-                scheduler.stop_all()
-        finally:
-            runner.close()
+        runner.close()
     rewards = [0.0 if t is None else float(t.reward) for t in trajectories]
     completions = [("" if t is None else str(t.metadata.get("completion", ""))) for t in trajectories]
     answered = sum(extract_answer(c) is not None for c in completions)
