@@ -27,11 +27,13 @@ def pick_best(
     evaluations: Iterable[dict[str, Any] | None], gate_metric: str, higher_is_better: bool = True
 ) -> dict[str, Any]:
     """The evaluation with the best ``gate_metric`` (ties: the later step); ArealAirflowError when none has it."""
-    usable = [e for e in evaluations if e and isinstance(e.get("metrics"), dict) and gate_metric in e["metrics"]]
+    scored = [e for e in evaluations if e and isinstance(e.get("metrics"), dict)]
+    usable = [e for e in scored if gate_metric in e["metrics"]]
     if not usable:
+        available = sorted({name for e in scored for name in e["metrics"]})
         raise ArealAirflowError(
-            f"no evaluation carries the gate metric {gate_metric!r}; check the evaluate task's XCom "
-            "(its 'metrics') or choose another gate_metric"
+            f"no evaluation carries the gate metric {gate_metric!r}; the evaluations logged "
+            f"{available or 'no metrics'}: set gate_metric to one of them (docs/evaluation.md lists what each means)"
         )
     sign = 1.0 if higher_is_better else -1.0
     return max(usable, key=lambda e: (sign * float(e["metrics"][gate_metric]), e.get("step") or 0))
