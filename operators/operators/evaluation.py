@@ -35,7 +35,14 @@ from operators.exceptions import ArealAirflowError, ArealConfigError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["EvaluateCheckpointOperator", "eval_metrics", "on_this_machine", "parse_eval_sets", "split_checkpoint_url"]
+__all__ = [
+    "EvaluateCheckpointOperator",
+    "eval_metrics",
+    "metric_name",
+    "on_this_machine",
+    "parse_eval_sets",
+    "split_checkpoint_url",
+]
 
 EXPORTS_DIR = "hf_exports"
 #: where each checkpoint's summary JSON and item JSONL go, under the run directory.
@@ -46,20 +53,29 @@ XCOM_SAMPLES = 2
 LOGGED_KEYS = ("pass@1", "answer_rate", "mean_response_length")
 
 
+def metric_name(name: str) -> str:
+    """The MLflow name of a metric: ``@`` (which MLflow refuses in names) becomes ``_at_``
+    (``eval/pass@4`` -> ``eval/pass_at_4``), any other character MLflow refuses ``_``."""
+    import re
+
+    return re.sub(r"[^\w.\- :/]", "_", name.replace("@", "_at_"))
+
+
 def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """The metrics of a harness summary, as logged to MLflow and offered to the registry gate.
 
     ``eval/reward`` (mean reward of all samples), ``eval/accuracy`` (share of correct samples: pass@1
-    with the same samples per item), ``eval/answer_rate``, ``eval/pass@1``, ``eval/pass@K``,
-    ``eval/maj@K``, ``eval/mean_response_length``; with several eval sets these are the pooled
-    figures and each set adds the same metrics as ``eval/<set>/<metric>``.
+    with the same samples per item), ``eval/answer_rate``, ``eval/pass_at_1``, ``eval/pass_at_K``,
+    ``eval/maj_at_K``, ``eval/mean_response_length`` (:func:`metric_name` of the summary's keys);
+    with several eval sets these are the pooled figures and each set adds the same metrics as
+    ``eval/<set>/<metric>``.
     """
 
     def of(part: dict[str, Any], prefix: str) -> dict[str, float]:
-        k = part.get("k", summary["k"])
+        k = summary["k"]
         keys = (*LOGGED_KEYS, f"pass@{k}", f"maj@{k}")
         out = {f"{prefix}reward": float(part["mean_reward"]), f"{prefix}accuracy": float(part["pass@1"])}
-        out.update({f"{prefix}{key}": float(part[key]) for key in keys if key in part})
+        out.update({metric_name(f"{prefix}{key}"): float(part[key]) for key in keys if key in part})
         return out
 
     metrics = of(summary, "eval/")

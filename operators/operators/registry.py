@@ -90,8 +90,10 @@ class RegisterModelOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from operators.hooks.mlflow import MlflowHook
+        from operators.operators.evaluation import metric_name
 
-        best = pick_best(resolve_evaluations(self.evaluations), self.gate_metric, self.higher_is_better)
+        gate_metric = metric_name(str(self.gate_metric))  # eval/pass@4 names the logged eval/pass_at_4
+        best = pick_best(resolve_evaluations(self.evaluations), gate_metric, self.higher_is_better)
         if not best.get("model_uri"):
             raise ArealAirflowError(
                 f"the best evaluation ({best.get('checkpoint')}) has no MLflow model_uri: give the evaluate task "
@@ -104,7 +106,7 @@ class RegisterModelOperator(BaseOperator):
             if v is not None
         }
         result = hook.register(
-            best["model_uri"], self.model_name, best["metrics"], self.gate_metric, self.higher_is_better, tags=tags
+            best["model_uri"], self.model_name, best["metrics"], gate_metric, self.higher_is_better, tags=tags
         )
         run_id = None if self.mlflow_run_id in (None, "", "None") else str(self.mlflow_run_id)
         if run_id:
