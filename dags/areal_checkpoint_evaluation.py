@@ -7,8 +7,9 @@
 
 The checkpoint (a step directory such as ``file:///data/runs/x/storage/.../checkpoints/step_40`` or
 ``s3://bucket/.../step_40``) is served by one inference server and scored on the eval split of the
-config's dataset (Params ``dataset`` and ``eval_prompts`` override it). The metrics and a logged
-model pointing at the checkpoint go to a new MLflow run; with Param ``register`` the checkpoint
+config's dataset (Params ``dataset`` and ``eval_prompts`` override it), or on the sets of the Param
+``eval_sets``. Every metric (pass@1, pass@K, maj@K, ...) and a logged model pointing at the
+checkpoint go to a new MLflow run; with Param ``register`` the checkpoint
 also becomes a version of the registered model (alias ``candidate``; ``champion`` if it beats the
 current one).
 
@@ -53,7 +54,7 @@ PARAMS: dict[str, Any] = {
     ),
     **{
         name: _JOB[name]
-        for name in ("config", "dataset", "eval_prompts", "experiment_name", "run_dir", "extra_overrides")
+        for name in ("config", "dataset", "eval_sets", "eval_prompts", "experiment_name", "run_dir", "extra_overrides")
     },
     **tracking_params(),
 }
@@ -80,6 +81,7 @@ with DAG(
         task_id="evaluate_checkpoint",
         config=job["resolved_config"],
         checkpoint="{{ params.checkpoint_url }}",
+        eval_sets=job["eval_sets"],
         mlflow_run_id=mlflow["mlflow_run_id"],
         mlflow_tracking_uri=mlflow["tracking_uri"],
         execution_timeout=timedelta(hours=2),

@@ -245,7 +245,9 @@ def tracking_params() -> dict[str, Param]:
             type="string",
             minLength=1,
             title="Gate metric",
-            description="Evaluation metric (higher is better) a candidate must beat to become champion.",
+            description="Evaluation metric (higher is better) a candidate must beat to become champion: "
+            "eval/reward, eval/accuracy, eval/answer_rate, eval/pass@1, eval/pass@K, eval/maj@K (K = samples "
+            "per prompt), or eval/<set>/<metric> for one of several eval sets (docs/evaluation.md).",
             section="Tracking and registry",
         ),
     }
@@ -342,6 +344,17 @@ def job_params(*, config_default: str = "configs/demo_grpo.yaml") -> dict[str, P
             title="Eval prompts",
             description="evaluation.max_eval_prompts: eval-split prompts used before/after RL and for each "
             "checkpoint's evaluation (empty = the whole eval split).",
+            section="Job",
+        ),
+        "eval_sets": Param(
+            [],
+            type="array",
+            items={"type": "string", "minLength": 1},
+            maxItems=20,
+            title="Eval sets",
+            description="Sets each checkpoint is evaluated on, one per line: a .jsonl of {prompt, answer} objects, "
+            "demo:<task>, or another dataset URL; NAME=URL names a set (its metrics are logged as "
+            "eval/<NAME>/<metric>). Empty: the config's eval split. See docs/evaluation.md.",
             section="Job",
         ),
         "extra_overrides": Param(

@@ -103,6 +103,7 @@ def resolve_job(overrides_from: str | None = None) -> dict[str, Any]:
         "trial": cfg.experiment.trial,
         "algorithm": cfg.algorithm.name,
         "dataset": cfg.dataset.path,
+        "eval_sets": [str(item) for item in params.get("eval_sets") or []],
     }
 
 
@@ -313,6 +314,7 @@ def training_pipeline(job: XComArg) -> dict[str, Any]:
     evaluate = EvaluateCheckpointOperator.partial(
         task_id="evaluate_checkpoint",
         config=job["resolved_config"],
+        eval_sets=job["eval_sets"],
         mlflow_run_id=mlflow["mlflow_run_id"],
         mlflow_tracking_uri=mlflow["tracking_uri"],
         execution_timeout=timedelta(hours=2),

@@ -12,6 +12,7 @@ what the workflow holds on the loop (``RolloutWorkflow.aclose``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,14 +37,22 @@ def samples_per_prompt(cfg: JobConfig) -> int:
 
 
 async def run_episodes(
-    engine: InferenceEngine, workflow: RolloutWorkflow, records: list[Any], concurrency: int
+    engine: InferenceEngine,
+    workflow: RolloutWorkflow,
+    records: list[Any],
+    concurrency: int,
+    on_done: Callable[[], None] | None = None,
 ) -> list[Trajectory | None]:
-    """One episode of ``workflow`` per record, at most ``concurrency`` at a time, in record order."""
+    """One episode of ``workflow`` per record, at most ``concurrency`` at a time, in record order;
+    ``on_done()`` after each episode (a progress bar's update)."""
     limit = asyncio.Semaphore(max(1, concurrency))
 
     async def one(record: Any) -> Trajectory | None:
         async with limit:
-            return await workflow.arun_episode(engine, record)
+            trajectory = await workflow.arun_episode(engine, record)
+        if on_done is not None:
+            on_done()
+        return trajectory
 
     try:
         return list(await asyncio.gather(*(one(r) for r in records)))

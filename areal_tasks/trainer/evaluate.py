@@ -1,9 +1,10 @@
-"""Evaluate a model on the eval split through ONE embedded inference server, as the trainer does.
+"""Evaluate a model on the eval split through ONE inference server, as the trainer does.
 
-``evaluate(cfg, model_dir, n_prompts)`` starts a server for ``model_dir`` (the job's
-``rollout.backend`` command line, through ``ServerFleet`` and the Scheduler) and measures exactly
-what the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
-``reward_before`` / ``reward_after``) measures, so that a checkpoint's number here can be compared
+``evaluate(cfg, model_dir, n_prompts)`` runs the evaluation harness
+(:func:`areal_tasks.evaluation.harness.run_eval`: one server of the job's ``rollout.backend``) on
+the config's eval split with the trainer's evaluation settings, so that it measures exactly what
+the RL loop's own evaluation (:meth:`areal_tasks.rollout.side.RolloutSide.evaluate`,
+``reward_before`` / ``reward_after``) measures and a checkpoint's number here can be compared
 with -- and gated against -- the trainer's:
 
 - the same episodes: the job's ``rollout.workflow`` (chat template with the system prompt,
@@ -16,41 +17,25 @@ with -- and gated against -- the trainer's:
   else all of them, as the trainer).
 
 It returns the mean reward, the accuracy (share of episodes with reward >= 1), the share of
-completions that state an ``Answer: N`` at all, and a few sample completions.
+completions that state an answer at all, a few sample completions and the harness's whole summary.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import time
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.datasets.answers import extract_answer
-from areal_tasks.datasets.registry import load_split
 from areal_tasks.errors import ConfigError
-from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
+from areal_tasks.rollout.evaluation import samples_per_prompt
 
 if TYPE_CHECKING:
     from areal_tasks.api.scheduler import Scheduler
-    from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
     from areal_tasks.config.job import JobConfig
-    from areal_tasks.inference.client import RemoteInferenceEngine
 
 logger = logging.getLogger(__name__)
 
 #: sample completions kept in the result.
 N_SAMPLES = 4
-
-
-async def _episodes(
-    engine: RemoteInferenceEngine, workflow: RolloutWorkflow, records: list[Any], concurrency: int
-) -> list[Trajectory | None]:
-    try:
-        return await run_episodes(engine, workflow, records, concurrency)
-    finally:
-        await engine.aclose()
 
 
 def evaluate(
@@ -66,14 +51,8 @@ def evaluate(
 
     ``n_samples`` overrides :func:`samples_per_prompt` (samples of each prompt).
     """
-    from areal_tasks.inference.client import RemoteInferenceEngine
-    from areal_tasks.inference.launch import ServerFleet, build_server_command
-    from areal_tasks.inference.launch.commands import key_servers_off_loopback
-    from areal_tasks.models.tokenizer import load_tokenizer
-    from areal_tasks.rollout.rewards import RewardRunner
-    from areal_tasks.rollout.side import workflow_of
+    from areal_tasks.evaluation.harness import EvalOptions, run_eval
 
-    cfg = key_servers_off_loopback(cfg, os.environ)  # servers on a cluster's nodes need an API key
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts
     if n_prompts is not None and n_prompts < 1:
@@ -81,70 +60,36 @@ def evaluate(
     per_prompt = samples_per_prompt(cfg) if n_samples is None else n_samples
     if per_prompt < 1:
         raise ConfigError(f"n_samples={n_samples} must be >= 1")
-    records = load_split(cfg.dataset, "eval")[:n_prompts]
-    if not records:
-        raise ConfigError(f"dataset {cfg.dataset.path!r} has no eval prompts to evaluate on")
-    episodes_in = [r for r in records for _ in range(per_prompt)]
-    tokenizer = load_tokenizer(model_dir)
-    reward = cfg.rollout.reward
-    runner = RewardRunner(reward.fn, max_workers=reward.workers, timeout_s=reward.timeout_s)
-    owned = scheduler is None
-    if scheduler is None:
-        from areal_tasks.launch.registry import make_scheduler_for
-
-        scheduler = make_scheduler_for(cfg)
-    on_gpus = cfg.cluster.gpus_per_node > 0
-    fleet = ServerFleet(
-        scheduler,
-        build_server_command(cfg, model_dir),
-        1,
-        name=name,
-        devices_per_server=1 if on_gpus else 0,
-        hide_devices=not on_gpus,
-        startup_timeout_s=cfg.rollout.server.startup_timeout_s,
-        max_restarts=0,
-    )
-    started = time.perf_counter()
-    try:
-        workflow = workflow_of(cfg, tokenizer, eval_sampling(cfg), runner.score)
-        addresses = fleet.start()
-        engine = RemoteInferenceEngine.from_rollout(cfg.rollout, addresses)
-        trajectories = asyncio.run(_episodes(engine, workflow, episodes_in, cfg.rollout.max_concurrent_rollouts))
-    finally:
-        try:
-            fleet.stop()
-            if owned:
-                scheduler.stop_all()
-        finally:
-            runner.close()
-    rewards = [0.0 if t is None else float(t.reward) for t in trajectories]
-    completions = [("" if t is None else str(t.metadata.get("completion", ""))) for t in trajectories]
-    answered = sum(extract_answer(c) is not None for c in completions)
+    options = EvalOptions(n_samples=per_prompt, max_items=n_prompts)
+    run = run_eval(cfg, model_dir, (), options, scheduler=scheduler, name=name, progress=False)
+    summary = run.summary
     result = {
         "model_dir": str(model_dir),
-        "n_prompts": len(records),
+        "n_prompts": summary["n_items"],
         "n_samples": per_prompt,
-        "n_episodes": len(rewards),
-        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-        "mean_reward": sum(rewards) / len(rewards),
-        "answer_rate": answered / len(completions),
-        "wall_s": time.perf_counter() - started,
+        "n_episodes": summary["n_samples"],
+        # every item has per_prompt samples, so the mean of per-item pass@1 is the share of correct episodes
+        "accuracy": summary["pass@1"],
+        "mean_reward": summary["mean_reward"],
+        "answer_rate": summary["answer_rate"],
+        "wall_s": summary["wall_s"],
         "samples": [
             {
-                "prompt": rec.prompt,
-                "answer": rec.answer,
-                "completion": completions[i * per_prompt],
-                "reward": rewards[i * per_prompt],
+                "prompt": item["prompt"],
+                "answer": item["reference"],
+                "completion": item["completions"][0],
+                "reward": item["rewards"][0],
             }
-            for i, rec in enumerate(records[:N_SAMPLES])
+            for item in run.items[:N_SAMPLES]
         ],
+        "report": summary,
     }
     logger.info(
         "eval %s: reward %.3f, accuracy %.3f over %d prompts x %d samples",
         model_dir,
         result["mean_reward"],
         result["accuracy"],
-        len(records),
+        result["n_prompts"],
         per_prompt,
     )
     return result

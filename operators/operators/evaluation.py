@@ -1,4 +1,4 @@
-"""``EvaluateCheckpointOperator``: evaluate one checkpoint on the eval split and record it in MLflow.
+"""``EvaluateCheckpointOperator``: evaluate one checkpoint on its eval sets and record it in MLflow.
 
 Mapped over the training task's checkpoints (``.partial(config=...).expand(checkpoint=...)``). For
 one checkpoint URL (``.../checkpoints/step_<N>``, or a checkpoints folder: its newest complete one):
@@ -6,15 +6,20 @@ one checkpoint URL (``.../checkpoints/step_<N>``, or a checkpoints folder: its n
 1. the checkpoint must be complete (``_COMPLETE`` marker), else a clear error;
 2. it is exported once to an HF model directory (``<run_dir>/hf_exports/step_<N>_<hash of URL>``,
    reused on a retry) -- the inference server loads HF directories, not DCP shards;
-3. :func:`areal_tasks.trainer.evaluate.evaluate` runs the first ``n_prompts`` eval prompts through
-   one embedded inference server and scores them the way the trainer's own evaluation does (same
-   workflow, reward, sampling and samples per prompt), so ``eval/reward`` of the final checkpoint is
-   the trainer's ``reward_after`` up to sampling noise;
-4. with an MLflow run, the metrics are logged and a logged model is made that holds the checkpoint
-   URL as a pointer (no weights; :meth:`~operators.hooks.mlflow.MlflowHook.log_checkpoint_model`).
+3. the evaluation harness (:func:`areal_tasks.evaluation.harness.run_eval`) serves it with one
+   inference server of the job's ``rollout.backend`` and scores the first ``n_prompts`` items of
+   each eval set (``eval_sets``: URLs or ``NAME=URL``; none: the config's eval split) the way the
+   trainer's own evaluation does (same workflow, reward, sampling and samples per prompt), so
+   ``eval/reward`` of the final checkpoint on the eval split is the trainer's ``reward_after`` up to
+   sampling noise; the summary and per-item records go to ``<run_dir>/evals/step_<N>.json`` and
+   ``step_<N>.items.jsonl``;
+4. with an MLflow run, every metric (:func:`eval_metrics`) is logged at ``step=<N>`` (so a run's
+   checkpoints plot as curves) and a logged model is made that holds the checkpoint URL as a
+   pointer (no weights; :meth:`~operators.hooks.mlflow.MlflowHook.log_checkpoint_model`).
 
 XCom: ``{"checkpoint", "step", "model_dir", "model_uri" (None without an MLflow run), "metrics"
-{"eval/reward", "eval/accuracy", "eval/answer_rate"}, "n_prompts", "n_samples" (per prompt), "samples"}``.
+(:func:`eval_metrics`), "n_prompts" (items evaluated), "n_samples" (per prompt), "eval_sets",
+"summary_file", "samples"}``.
 """
 
 from __future__ import annotations
@@ -30,11 +35,73 @@ from operators.exceptions import ArealAirflowError, ArealConfigError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["EvaluateCheckpointOperator", "on_this_machine", "split_checkpoint_url"]
+__all__ = [
+    "EvaluateCheckpointOperator",
+    "eval_metrics",
+    "metric_name",
+    "on_this_machine",
+    "parse_eval_sets",
+    "split_checkpoint_url",
+]
 
 EXPORTS_DIR = "hf_exports"
+#: where each checkpoint's summary JSON and item JSONL go, under the run directory.
+EVALS_DIR = "evals"
 #: sample completions kept in the XCom.
 XCOM_SAMPLES = 2
+#: summary keys that become MLflow metrics (plus ``pass@K`` and ``maj@K``, whose names hold K).
+LOGGED_KEYS = ("pass@1", "answer_rate", "mean_response_length")
+
+
+def metric_name(name: str) -> str:
+    """The MLflow name of a metric: ``@`` (which MLflow refuses in names) becomes ``_at_``
+    (``eval/pass@4`` -> ``eval/pass_at_4``), any other character MLflow refuses ``_``."""
+    import re
+
+    return re.sub(r"[^\w.\- :/]", "_", name.replace("@", "_at_"))
+
+
+def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The metrics of a harness summary, as logged to MLflow and offered to the registry gate.
+
+    ``eval/reward`` (mean reward of all samples), ``eval/accuracy`` (share of correct samples: pass@1
+    with the same samples per item), ``eval/answer_rate``, ``eval/pass_at_1``, ``eval/pass_at_K``,
+    ``eval/maj_at_K``, ``eval/mean_response_length`` (:func:`metric_name` of the summary's keys);
+    with several eval sets these are the pooled figures and each set adds the same metrics as
+    ``eval/<set>/<metric>``.
+    """
+
+    def of(part: dict[str, Any], prefix: str) -> dict[str, float]:
+        k = summary["k"]
+        keys = (*LOGGED_KEYS, f"pass@{k}", f"maj@{k}")
+        out = {f"{prefix}reward": float(part["mean_reward"]), f"{prefix}accuracy": float(part["pass@1"])}
+        out.update({metric_name(f"{prefix}{key}"): float(part[key]) for key in keys if key in part})
+        return out
+
+    metrics = of(summary, "eval/")
+    for name, part in (summary.get("sets") or {}).items():
+        metrics.update(of(part, f"eval/{name}/"))
+    return metrics
+
+
+def parse_eval_sets(value: Any) -> list[str]:
+    """``eval_sets`` as a list of set URLs: a list, a JSON list, or one comma-free URL; empty: none."""
+    import json
+
+    if value in (None, "", "None", "[]"):
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ArealConfigError(f"eval_sets={value!r} is not a JSON list of URLs: {exc}") from exc
+        else:
+            return [text]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ArealConfigError(f"eval_sets={value!r} must be a list of eval set URLs (or NAME=URL)")
+    return [v.strip() for v in value]
 
 
 def on_this_machine(cfg: Any) -> Any:
@@ -65,6 +132,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     :param mlflow_run_id: MLflow run to log into (none: nothing is logged, ``model_uri`` is None).
     :param n_prompts: eval prompts (default: ``evaluation.max_eval_prompts``, else all, as the trainer).
     :param export_dir: where the HF export goes (default: ``<run_dir>/hf_exports/<step>_<hash>``).
+    :param eval_sets: eval set URLs (or ``NAME=URL``) to score; empty: the config's eval split.
     """
 
     template_fields = (
@@ -75,6 +143,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         "mlflow_tracking_uri",
         "n_prompts",
         "export_dir",
+        "eval_sets",
     )
     ui_color = "#f0d8d8"
 
@@ -89,6 +158,7 @@ class EvaluateCheckpointOperator(BaseOperator):
         n_prompts: int | str | None = None,
         export_dir: str | None = None,
         engine: str = "actor",
+        eval_sets: list[str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -100,21 +170,31 @@ class EvaluateCheckpointOperator(BaseOperator):
         self.n_prompts = n_prompts
         self.export_dir = export_dir
         self.engine = engine
+        self.eval_sets = eval_sets
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from areal_tasks.trainer.evaluate import evaluate
+        from areal_tasks.errors import EvaluationError, RewardError
+        from areal_tasks.evaluation import EvalOptions, run_eval, write_run
+        from areal_tasks.rollout.evaluation import samples_per_prompt
 
         cfg = self._config()
+        eval_sets = parse_eval_sets(self.eval_sets)
         url, step, layout = self._locate(cfg)
         model_dir = self._export(cfg, url, step, layout)
         n_prompts = self._n_prompts(cfg)
-        self.log.info("evaluating %s (%s) on %s eval prompts", url, model_dir, n_prompts or "all")
-        result = evaluate(on_this_machine(cfg), str(model_dir), n_prompts, name=f"eval_step_{step}")
-        metrics = {
-            "eval/reward": result["mean_reward"],
-            "eval/accuracy": result["accuracy"],
-            "eval/answer_rate": result["answer_rate"],
-        }
+        self.log.info(
+            "evaluating %s (%s) on %s items of %s", url, model_dir, n_prompts or "all", eval_sets or "the eval split"
+        )
+        options = EvalOptions(n_samples=samples_per_prompt(cfg), max_items=n_prompts)
+        try:
+            run = run_eval(
+                on_this_machine(cfg), str(model_dir), eval_sets, options, name=f"eval_step_{step}", progress=False
+            )
+        except (EvaluationError, RewardError) as exc:
+            raise ArealConfigError(f"cannot evaluate {url}: {exc}") from exc
+        summary_file = Path(cfg.experiment.run_dir) / EVALS_DIR / f"step_{step}.json"
+        write_run(run, summary_file, summary_file.with_suffix(".items.jsonl"))
+        metrics = eval_metrics(run.summary)
         model_uri = self._record(url, step, metrics)
         self.log.info("checkpoint step %d: %s", step, metrics)
         return {
@@ -123,9 +203,19 @@ class EvaluateCheckpointOperator(BaseOperator):
             "model_dir": str(model_dir),
             "model_uri": model_uri,
             "metrics": metrics,
-            "n_prompts": result["n_prompts"],
-            "n_samples": result["n_samples"],
-            "samples": result["samples"][:XCOM_SAMPLES],
+            "n_prompts": run.summary["n_items"],
+            "n_samples": options.n_samples,
+            "eval_sets": eval_sets,
+            "summary_file": str(summary_file),
+            "samples": [
+                {
+                    "prompt": i["prompt"],
+                    "answer": i["reference"],
+                    "completion": i["completions"][0],
+                    "reward": i["rewards"][0],
+                }
+                for i in run.items[:XCOM_SAMPLES]
+            ],
         }
 
     # ------------------------------------------------------------------ steps

@@ -27,11 +27,13 @@ def pick_best(
     evaluations: Iterable[dict[str, Any] | None], gate_metric: str, higher_is_better: bool = True
 ) -> dict[str, Any]:
     """The evaluation with the best ``gate_metric`` (ties: the later step); ArealAirflowError when none has it."""
-    usable = [e for e in evaluations if e and isinstance(e.get("metrics"), dict) and gate_metric in e["metrics"]]
+    scored = [e for e in evaluations if e and isinstance(e.get("metrics"), dict)]
+    usable = [e for e in scored if gate_metric in e["metrics"]]
     if not usable:
+        available = sorted({name for e in scored for name in e["metrics"]})
         raise ArealAirflowError(
-            f"no evaluation carries the gate metric {gate_metric!r}; check the evaluate task's XCom "
-            "(its 'metrics') or choose another gate_metric"
+            f"no evaluation carries the gate metric {gate_metric!r}; the evaluations logged "
+            f"{available or 'no metrics'}: set gate_metric to one of them (docs/evaluation.md lists what each means)"
         )
     sign = 1.0 if higher_is_better else -1.0
     return max(usable, key=lambda e: (sign * float(e["metrics"][gate_metric]), e.get("step") or 0))
@@ -88,8 +90,10 @@ class RegisterModelOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from operators.hooks.mlflow import MlflowHook
+        from operators.operators.evaluation import metric_name
 
-        best = pick_best(resolve_evaluations(self.evaluations), self.gate_metric, self.higher_is_better)
+        gate_metric = metric_name(str(self.gate_metric))  # eval/pass@4 names the logged eval/pass_at_4
+        best = pick_best(resolve_evaluations(self.evaluations), gate_metric, self.higher_is_better)
         if not best.get("model_uri"):
             raise ArealAirflowError(
                 f"the best evaluation ({best.get('checkpoint')}) has no MLflow model_uri: give the evaluate task "
@@ -102,7 +106,7 @@ class RegisterModelOperator(BaseOperator):
             if v is not None
         }
         result = hook.register(
-            best["model_uri"], self.model_name, best["metrics"], self.gate_metric, self.higher_is_better, tags=tags
+            best["model_uri"], self.model_name, best["metrics"], gate_metric, self.higher_is_better, tags=tags
         )
         run_id = None if self.mlflow_run_id in (None, "", "None") else str(self.mlflow_run_id)
         if run_id:
