@@ -99,22 +99,28 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def _announced_number(line: str) -> str | None:
+    """The number a ``####`` / ``Answer:`` line announces: the whole line when it is one value
+    (``3/4`` is one value, not the numbers 3 and 4), else its first number; None if it has none."""
+    whole = parse_number(line.strip().rstrip(".")) if "/" in line else None
+    if whole is not None:
+        return canonical_number(whole)
+    numbers = _prose_numbers(line)
+    return numbers[0] if numbers else None
+
+
 def extract_gsm8k_answer(text: str) -> str | None:
     """The final number of a GSM8K-style completion (or reference), canonical; None if it has none."""
     text = text.translate(_UNICODE)
     hashes = list(_HASHES.finditer(text))
     if hashes:
-        numbers = _prose_numbers(_line_after(text, hashes[-1].end()))
-        if numbers:
-            return numbers[0]
+        announced = _announced_number(_line_after(text, hashes[-1].end()))
+        if announced is not None:
+            return announced
     for mark in reversed(list(_ANSWER_MARK.finditer(text))):
-        line = _line_after(text, mark.end())
-        whole = parse_number(line.strip().rstrip(".")) if "/" in line else None
-        if whole is not None:  # "Answer: 3/4" is one value, not the numbers 3 and 4
-            return canonical_number(whole)
-        numbers = _prose_numbers(line)
-        if numbers:
-            return numbers[0]
+        announced = _announced_number(_line_after(text, mark.end()))
+        if announced is not None:
+            return announced
     boxed = extract_boxed(text)
     if boxed is not None:
         value = parse_number(boxed)

@@ -20,7 +20,11 @@ RewardFn = Callable[..., float]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REGISTRY: dict[str, RewardFn] = {}
-_BUILTIN_MODULES = ("areal_tasks.rollout.rewards.builtin", "areal_tasks.rollout.rewards.sandbox")
+_BUILTIN_MODULES = (
+    "areal_tasks.rollout.rewards.builtin",
+    "areal_tasks.rollout.rewards.math_rewards",
+    "areal_tasks.rollout.rewards.sandbox",
+)
 IMPORT_PATH_FORM = "package.module:function"
 
 

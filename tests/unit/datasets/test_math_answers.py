@@ -41,6 +41,8 @@ GSM8K_CASES = [
     ("total: 0.50", "0.5"),
     ("Answer: 3/4", "0.75"),  # a fraction after the marker is one value
     ("Answer: 1/3.", "1/3"),
+    ("#### 3/4", "0.75"),  # after #### too
+    ("48/2 = 24, 24/4 = 6\n#### 6", "6"),
     ("To answer this, we need 3 + 4 = 7", "7"),  # "answer" without a colon is not a marker
 ]
 
