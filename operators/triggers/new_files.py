@@ -4,9 +4,11 @@ Used through Airflow 3's ``AssetWatcher`` (``dags/areal_scheduled_retraining.py`
 runs :meth:`NewDataFileTrigger.run`, and every event it yields becomes an event of the watched Asset
 with ``extra = {"from_trigger": True, "payload": <the event's payload>}``. The payload is::
 
-    {"dataset": <the new file's URL>, "url": <same>, "key": <its key under the prefix>, "size": <bytes>}
+    {"dataset": <the new file, as a dataset.path value>, "url": <its URL>, "key": <its key under the
+     prefix>, "size": <bytes>}
 
-so ``payload.dataset`` is a ``dataset.path`` value the retraining DAG trains on.
+so ``payload.dataset`` is what the retraining DAG trains on (``dataset.path``): the local path for a
+local or ``file://`` prefix, else the file's URL.
 
 Which files count (the rules, in order):
 
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import posixpath
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -93,8 +94,13 @@ class NewDataFileTrigger(BaseEventTrigger):
             raise ArealAirflowError(f"cannot list the training-data prefix {self.url}: {exc}") from exc
         return {key: size for key, size in files.items() if is_candidate(key, self.pattern)}
 
-    def _url_of(self, key: str) -> str:
-        return posixpath.join(self.url.rstrip("/"), key)
+    def _locate(self, key: str) -> tuple[str, str]:
+        """``(dataset, url)`` of the file at ``key``: its ``dataset.path`` value (a local path for
+        local storage) and its URL."""
+        from storage import Storage
+
+        store = Storage.from_url(self.url, self.options)
+        return (store.fs_path(key) if store.is_local else store.url_for(key)), store.url_for(key)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         first = await asyncio.to_thread(self._list)
@@ -123,9 +129,9 @@ class NewDataFileTrigger(BaseEventTrigger):
                 if size > 0 and pending.get(key) == size:
                     seen.add(key)
                     pending.pop(key)
-                    url = self._url_of(key)
+                    dataset, url = self._locate(key)
                     self.log.info("new training data: %s (%d bytes)", url, size)
-                    yield TriggerEvent({"dataset": url, "url": url, "key": key, "size": size})
+                    yield TriggerEvent({"dataset": dataset, "url": url, "key": key, "size": size})
                 else:
                     pending[key] = size  # first sighting, or still growing: look again next poll
             for key in set(pending) - set(listing):

@@ -102,7 +102,7 @@ def test_fires_once_per_new_file_and_never_for_old_or_temporary_ones(tmp_path: P
     assert [e["key"] for e in events] == ["new1.jsonl", "new2.jsonl"]
     assert events[0] == {
         "dataset": f"{tmp_path}/new1.jsonl",
-        "url": f"{tmp_path}/new1.jsonl",
+        "url": f"file://{tmp_path}/new1.jsonl",
         "key": "new1.jsonl",
         "size": 9,
     }
@@ -121,7 +121,7 @@ def test_a_growing_file_fires_once_complete(tmp_path: Path) -> None:
                 handle.write('{"n": %d}\n' % poll)
 
     events = drain(NewDataFileTrigger(str(tmp_path), poll_interval=0.01), 1, between)
-    assert events == [{"dataset": str(path), "url": str(path), "key": "grow.jsonl", "size": 27}]
+    assert events == [{"dataset": str(path), "url": f"file://{path}", "key": "grow.jsonl", "size": 27}]
 
 
 def test_a_missing_prefix_is_waited_for_with_one_clear_error(tmp_path: Path, capsys) -> None:
