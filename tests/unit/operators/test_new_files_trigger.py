@@ -118,7 +118,7 @@ def test_a_growing_file_fires_once_complete(tmp_path: Path) -> None:
             path.write_text("")  # created empty: never fires while empty
         elif 2 <= poll <= 4:
             with path.open("a") as handle:  # still being written at each listing
-                handle.write('{"n": %d}\n' % poll)
+                handle.write(f'{{"n": {poll}}}\n')
 
     events = drain(NewDataFileTrigger(str(tmp_path), poll_interval=0.01), 1, between)
     assert events == [{"dataset": str(path), "url": f"file://{path}", "key": "grow.jsonl", "size": 27}]
