@@ -27,7 +27,8 @@ then starts RL from it (``model.path`` = that directory, no SFT warm start) on t
 rest is the ``areal_rl_training`` graph: the result is evaluated (``evaluate_checkpoint``), the new
 version becomes ``candidate``, and ``champion`` only when its gate metric strictly beats the current
 champion's (a tie or a worse candidate leaves ``champion`` where it was). Without a champion the
-run fails with a clear message (Param ``if_no_champion`` = ``train_from_config`` trains from the config's model instead).
+run fails with a clear message (Param ``if_no_champion`` = ``train_from_config`` trains from the
+config's model instead).
 """
 
 from __future__ import annotations
