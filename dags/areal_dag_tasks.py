@@ -375,6 +375,15 @@ def _latest_asset_extra(context: Mapping[str, Any], asset_name: str) -> dict[str
     return dict(max(found, key=lambda event: event.timestamp).extra or {})
 
 
+def asset_event_dataset(extra: Mapping[str, Any]) -> str | None:
+    """The ``dataset.path`` an Asset event's ``extra`` names: ``extra.dataset`` (an event posted by a
+    producer or the REST API), else ``extra.payload.dataset`` (an event from the data-landing
+    watcher: Airflow stores a trigger's event as ``{"from_trigger": true, "payload": ...}``)."""
+    payload = extra.get("payload")
+    found = extra.get("dataset") or (payload.get("dataset") if isinstance(payload, Mapping) else None)
+    return str(found) if found else None
+
+
 def _export_champion(checkpoint_url: str, out_dir: Path) -> Path:
     """An HF model directory of ``checkpoint_url`` (reused when already exported), by ``areal checkpoint export``."""
     import subprocess
@@ -422,7 +431,8 @@ def start_from_champion(asset_name: str) -> dict[str, Any]:
             "registered version becomes champion), or trigger with if_no_champion=train_from_config"
         )
     extra = _latest_asset_extra(context, asset_name)
-    if extra.get("dataset"):
-        overrides.append(f"dataset.path={extra['dataset']}")
-        logger.info("new training data from the Asset event: %s", extra["dataset"])
+    dataset = asset_event_dataset(extra)
+    if dataset:
+        overrides.append(f"dataset.path={dataset}")
+        logger.info("new training data from the Asset event: %s", dataset)
     return {"overrides": overrides, "champion_version": (champion or {}).get("version"), "asset_extra": extra}

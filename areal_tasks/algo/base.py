@@ -178,6 +178,15 @@ class Algorithm(ABC):
         kl = kl_estimate(policy, batch[keys.REF_LOGPROBS].detach(), c.kl_estimator, c.kl_clamp)
         return torch.where(batch[keys.LOSS_MASK].bool(), kl, 0.0)
 
+    def kl_statistics(self, batch: Batch) -> dict[str, float]:
+        """``kl_ref/mean``: the mean per-token KL(policy || ref) over the batch's trained tokens, by the
+        configured estimator (the policy side as in :meth:`token_kl`); empty without ``ref_logprobs``.
+        Logged whether the KL enters the reward or the loss, so a job with a reference model always
+        reports how far the policy has moved from it."""
+        if keys.REF_LOGPROBS not in batch:
+            return {}
+        return {"kl_ref/mean": masked_mean_stat(self.token_kl(batch), batch[keys.LOSS_MASK])}
+
     def sequence_kl(self, batch: Batch) -> Tensor:
         """Sum of :meth:`token_kl` over each sequence's trained tokens ``[B]``."""
         return masked_segment_sum(self.token_kl(batch), batch[keys.LOSS_MASK], batch[keys.CU_SEQLENS])

@@ -81,6 +81,7 @@ class RLStep:
             out.update({f"critic/{k}": v for k, v in critic_stats.items()})
             self.critic.step_lr_scheduler()
         out.update(batch_statistics(full))
+        out.update(self.algorithm.kl_statistics(full))
         return out
 
     def _update(

@@ -1,6 +1,8 @@
 """Learning tests on CPU: starting from one SFT warm start of the demo task ("which is larger", 30%
 wrong demonstrations), GRPO raises the mean eval reward clearly above the start, PPO with a critic
-also learns, and asynchronous RL (eta = 2) reaches a reward comparable to synchronous RL.
+also learns, REINFORCE++ with a reference model (its default KL penalty in the reward) learns and
+logs the KL to the reference, and asynchronous RL (eta = 2) reaches a reward comparable to
+synchronous RL.
 
 Eval reward is the expected reward of the sampling policy on the 100 held-out prompts (8 samples
 each at temperature 1, 800 episodes: a standard error of about 0.015). The warm start is shared
@@ -13,6 +15,8 @@ Fewer SFT steps would not do: see conftest.py.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,10 @@ RL_STEPS = 30
 MIN_GAIN = 0.05
 #: async may end at most this far below sync.
 ASYNC_TOLERANCE = 0.07
+#: REINFORCE++ with a reference model learns faster here (gains: docs/benchmarks.md): fewer steps.
+RPP_STEPS = 20
+#: the KL to the reference must rise at least this much from the first steps to the last ones.
+MIN_KL_RISE = 0.02
 
 
 def rl(run_dir: Path, model: str, *overrides: str) -> dict:
@@ -78,3 +86,26 @@ def test_ppo_with_a_critic_learns(tmp_path: Path, warm_start: str) -> None:
     run = rl(tmp_path, warm_start, "algorithm.name=ppo", "critic.value_head=true", "critic.optimizer.lr=1e-3")
     report("ppo", run)
     assert run["reward_after"] >= run["reward_before"] + MIN_GAIN, run
+
+
+def test_reinforce_pp_with_a_reference_learns_and_logs_the_kl(tmp_path: Path, warm_start: str) -> None:
+    """REINFORCE++'s default ``kl_coef=0.001`` (k1, in the reward) against a frozen reference (the
+    warm start): reward rises, and ``kl_ref/mean`` is logged every step, finite, ~0 at the first
+    step (policy = reference) and growing as the policy moves away."""
+    run = rl(
+        tmp_path,
+        warm_start,
+        f"train.total_steps={RPP_STEPS}",
+        "rollout.max_head_offpolicyness=0",
+        "algorithm.name=reinforce_plus_plus",
+        "ref.backend=fsdp",
+    )
+    report("reinforce++ with a reference", run)
+    assert run["reward_after"] >= run["reward_before"] + MIN_GAIN, run
+    steps = [json.loads(line) for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    kl = [step["kl_ref/mean"] for step in steps if "kl_ref/mean" in step]
+    print(f"[test_learning] reinforce++ kl_ref/mean per step: {[round(k, 4) for k in kl]}")
+    assert len(kl) == RPP_STEPS and all(math.isfinite(k) for k in kl), kl
+    assert abs(kl[0]) < 1e-3, kl  # the first step's policy is the reference
+    first, last = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
+    assert last >= first + MIN_KL_RISE, kl

@@ -136,3 +136,13 @@ def test_every_proposed_config_loads_and_builds_its_workflow_from_any_directory(
     for arg in getattr(workflow, "argv", []):  # agent_command: the program and its script, found
         if "/" in arg and not Path(arg).is_absolute() and (DAGS.parent / arg).exists():
             pytest.fail(f"{arg!r} was not resolved to the checkout's copy")  # (.venv-agents: once built)
+
+
+def test_the_dataset_of_an_asset_event() -> None:
+    """``extra.dataset`` (a producer, the REST API) or the watcher's ``extra.payload.dataset``."""
+    from areal_dag_tasks import asset_event_dataset
+
+    assert asset_event_dataset({"dataset": "/data/a.jsonl"}) == "/data/a.jsonl"
+    watcher = {"from_trigger": True, "payload": {"dataset": "/data/b.jsonl", "url": "file:///data/b.jsonl"}}
+    assert asset_event_dataset(watcher) == "/data/b.jsonl"
+    assert asset_event_dataset({}) is None and asset_event_dataset({"payload": "x"}) is None

@@ -43,6 +43,8 @@ PARSE_SCRIPT = textwrap.dedent(
                               "description": param.description, "schema": param.schema}}
                        for name, param in dag.params.items()}},
             "has_failure_callback": bool(dag.has_on_failure_callback),
+            "watchers": [[w.name, *w.trigger.serialize()] for w in
+                         getattr(getattr(dag.timetable, "asset_condition", None), "watchers", None) or []],
             "tasks": {{t.task_id: {{"retries": t.retries,
                                   "retry_exponential_backoff": t.retry_exponential_backoff,
                                   "retry_delay_s": seconds(t.retry_delay),
@@ -218,3 +220,17 @@ def test_training_graph_order(parsed: dict[str, Any]) -> None:
     assert "evaluate_checkpoint" in tasks["register_model"]["upstream"]
     assert "register_model" in tasks["finish_pipeline"]["upstream"]
     assert "start_from_champion" in parsed["dags"]["areal_scheduled_retraining"]["tasks"]["resolve_job"]["upstream"]
+
+
+def test_the_training_data_asset_is_watched_for_new_files(parsed: dict[str, Any]) -> None:
+    """A new data file under ``$AREAL_TRAINING_DATA_URI`` emits the Asset's event: the retraining
+    DAG's Asset carries the installed package's event trigger (never one defined in the DAG file)."""
+    watchers = parsed["dags"]["areal_scheduled_retraining"]["watchers"]
+    assert watchers == [
+        [
+            "areal_training_data_files",
+            "operators.triggers.new_files.NewDataFileTrigger",
+            {"url": "file:///opt/areal/data/train", "pattern": "*.jsonl", "poll_interval": 60.0, "options": {}},
+        ]
+    ]
+    assert parsed["dags"]["areal_rl_training"]["watchers"] == []
