@@ -30,7 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "answer_rate and mean_response_length as JSON."
         ),
     )
-    parser.add_argument("--model", required=True, metavar="DIR", help="Hugging Face model directory to evaluate")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="model to evaluate: a Hugging Face model directory, a hub id (org/name) or tiny:<family>",
+    )
     parser.add_argument(
         "--data",
         action="append",

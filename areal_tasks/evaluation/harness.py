@@ -88,18 +88,26 @@ class EvalOptions:
 
 
 def check_model_dir(model_dir: str) -> None:
-    """EvaluationError unless ``model_dir`` is a directory holding an HF ``config.json``."""
+    """EvaluationError unless ``model_dir`` names a model a server can load: a directory holding an HF
+    ``config.json``, a hub id whose ``config.json`` the hub serves, or ``tiny:<family>``."""
+    from areal_tasks.errors import ModelError
+    from areal_tasks.models.detect import resolve_config_path
+
     path = Path(model_dir).expanduser()
-    if not path.is_dir():
-        raise EvaluationError(
-            f"model directory {model_dir!r} does not exist; give a Hugging Face model directory "
-            "(config.json, tokenizer, weights), e.g. one `areal model tiny --out DIR` writes or an exported checkpoint"
-        )
-    if not (path / "config.json").is_file():
+    if path.is_dir() and not (path / "config.json").is_file():
         raise EvaluationError(
             f"model directory {model_dir!r} has no config.json: it is not a Hugging Face model directory "
             "(a DCP checkpoint must be exported first: `areal checkpoint export`)"
         )
+    if path.is_absolute() and not path.exists():
+        raise EvaluationError(
+            f"model directory {model_dir!r} does not exist; give a Hugging Face model directory "
+            "(config.json, tokenizer, weights), e.g. one `areal model tiny --out DIR` writes or an exported checkpoint"
+        )
+    try:
+        resolve_config_path(model_dir)
+    except ModelError as exc:
+        raise EvaluationError(f"--model {model_dir!r}: {exc}") from exc
 
 
 def eval_config(cfg: JobConfig, options: EvalOptions) -> JobConfig:

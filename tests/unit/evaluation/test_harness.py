@@ -160,3 +160,18 @@ def test_options_resolve_from_the_config() -> None:
     assert (opts.k, opts.temperature, opts.reward) == (3, cfg.evaluation.temperature, cfg.rollout.reward.fn)
     with pytest.raises(EvaluationError, match="k=4 is larger"):
         EvalOptions(n_samples=3, k=4).resolve(cfg)
+
+
+def test_model_may_be_a_tiny_kit_spec_or_a_hub_id() -> None:
+    """Like ``model.path``: ``tiny:<family>`` is accepted; a hub id is resolved through the hub, and one the
+    hub cannot serve (offline here) is an EvaluationError naming the id."""
+    from areal_tasks.evaluation.harness import check_model_dir
+
+    check_model_dir("tiny:qwen2")
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:  # offline: fail fast rather than retry a dead network
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        with pytest.raises(EvaluationError, match=r"--model 'no-such-org/no-such-model'"):
+            check_model_dir("no-such-org/no-such-model")
