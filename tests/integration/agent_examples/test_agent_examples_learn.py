@@ -8,6 +8,11 @@ mean eval reward of each, with the agent doing the generating and only the workf
 * ``configs/agent_openai_agents.yaml``: ``examples/agents/openai_agents_sdk_agent.py`` on the
   ``openai-agents`` SDK in ``.venv-agents`` (``make agents-env``), likewise.
 
+In `make test` the ``openai-agents`` program gets a short run instead (4 RL steps of 16 episodes, 8 eval
+prompts): its episodes go through the same ``agent_command`` path and proxy as the ``openai`` program's,
+whose learning is checked, and its learning run costs about 110 s of the suite's time budget;
+``AREAL_AGENT_LEARNING_ALL=1`` runs it to the learning budget too.
+
 Training and evaluation both run the agent (eval reward: the expected reward of the sampling
 policy on the 100 held-out prompts). Budgets (``BUDGETS``): the in-process agent gets the one
 ``tests/integration/rl/test_learning.py`` measures ``rlvr`` with (30 steps of 64 episodes, lr 2e-4,
@@ -18,6 +23,8 @@ against gains of 0.12-0.17). Each run prints its gain (``-s``); past gains: docs
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,7 +44,15 @@ PROGRAM_BUDGET = (30, 2e-4, 4, 32)
 MIN_GAIN = 0.05
 
 
-def rl(config: str, run_dir: Path, model: str) -> dict:
+#: the openai-agents program's short run in `make test`: (RL steps, episodes per step, eval prompts).
+SHORT_RUN = (4, 16, 8)
+OPENAI_AGENTS = "configs/agent_openai_agents.yaml"
+LEARNING = ["configs/agent_arealopenai.yaml", "configs/agent_openai_sdk.yaml"]
+if os.environ.get("AREAL_AGENT_LEARNING_ALL") == "1":
+    LEARNING.append(OPENAI_AGENTS)
+
+
+def rl(config: str, run_dir: Path, model: str, *extra: str) -> dict:
     steps, lr, samples, batch = BUDGETS.get(config, PROGRAM_BUDGET)
     cfg = load_config(
         config,
@@ -50,15 +65,33 @@ def rl(config: str, run_dir: Path, model: str) -> dict:
             f"train.batch_size={batch}",
             "saver.freq_steps=null",
             f"evaluation.n_samples={samples}",
+            *extra,
         ],
     )
     return run_train(cfg)
 
 
-@pytest.mark.parametrize(
-    "config",
-    ["configs/agent_arealopenai.yaml", "configs/agent_openai_sdk.yaml", "configs/agent_openai_agents.yaml"],
-)
+def test_the_openai_agents_program_trains(tmp_path: Path, warm_start: str) -> None:
+    """A short run of the openai-agents program: every step trains on its episodes, rewarded (not a learning check)."""
+    agents_python()  # skips, naming `make agents-env`, when .venv-agents is absent
+    steps, batch, prompts = SHORT_RUN
+    run = rl(
+        OPENAI_AGENTS,
+        tmp_path,
+        warm_start,
+        f"train.total_steps={steps}",
+        f"train.batch_size={batch}",
+        f"evaluation.max_eval_prompts={prompts}",
+    )
+    rows = [json.loads(line) for line in (tmp_path / "rl_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, steps + 1))
+    assert all(row["rollout/n_samples"] == batch for row in rows), rows
+    assert all(0.0 <= row["reward/mean"] <= 1.0 for row in rows)
+    assert max(row["reward/max"] for row in rows) == 1.0  # the warm start answers some prompts right through the SDK
+    assert run["eval_prompts"] == prompts
+
+
+@pytest.mark.parametrize("config", LEARNING)
 def test_the_agent_example_learns(config: str, tmp_path: Path, warm_start: str) -> None:
     if "openai_agents" in config:
         agents_python()  # skips, naming `make agents-env`, when .venv-agents is absent
