@@ -285,6 +285,9 @@ def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ..
         format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from areal_tasks.trace import configure_from_env
+
+    configure_from_env("rollout")
     try:
         side = build(*args)
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it

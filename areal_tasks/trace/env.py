@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from areal_tasks.trace.tracer import Tracer, current, install
+from areal_tasks.trace.tracer import Tracer, current, install, uninstall
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -27,6 +27,8 @@ __all__ = [
     "TRACE_MAX_EVENTS_ENV",
     "TRACE_ROLE_ENV",
     "configure_from_env",
+    "finish_trace",
+    "start_trace",
     "trace_dir",
     "trace_environment",
 ]
@@ -78,3 +80,26 @@ def configure_from_env(role: str, environ: Mapping[str, str] | None = None) -> T
         max_events=int(env.get(TRACE_MAX_EVENTS_ENV, "1000000")),
     )
     return install(tracer)
+
+
+def start_trace(cfg: JobConfig, role: str) -> bool:
+    """The job's own process (the controller): install its tracer when ``trace.enabled``; whether it did."""
+    if not cfg.trace.enabled:
+        return False
+    directory = trace_dir(cfg.experiment.run_dir or ".")
+    install(Tracer(directory, role, cfg.trace.every_n_steps, cfg.trace.max_events))
+    return True
+
+
+def finish_trace(cfg: JobConfig) -> None:
+    """Close the controller's tracer and merge every part file into ``<run_dir>/trace.json``. Runs
+    after a failure too (from a ``finally``): a merge that fails is logged, never raised over the
+    job's own error."""
+    from areal_tasks.errors import TraceError
+    from areal_tasks.trace.merge import merge_trace
+
+    uninstall()
+    try:
+        merge_trace(cfg.experiment.run_dir or ".")
+    except (TraceError, OSError) as exc:
+        logger.warning("perf trace: merging the part files failed: %s", exc)

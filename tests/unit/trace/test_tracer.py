@@ -137,7 +137,9 @@ def test_merge_of_several_parts_keeps_processes_apart_and_skips_cut_lines(tmp_pa
             pass
         trace.uninstall()
     with open(parts / "controller.jsonl", "a") as f:
-        f.write('{"name": "cut', )
+        f.write(
+            '{"name": "cut',
+        )
     doc = _load(tmp_path)
     assert trace.check_trace(doc) == []
     assert len({e["pid"] for e in _spans(doc)}) == 2
