@@ -122,6 +122,6 @@ class WeightSwap:
         """Loop side, after a swap: the new version, then admission again."""
         from areal_tasks.trace import set_step
 
-        set_step(version + 1)  # what is generated from now on trains step version + 1
+        set_step(version + 1, weak=True)  # what is generated from now on trains step version + 1
         self.groups.set_version(version)
         self.groups.reopen()

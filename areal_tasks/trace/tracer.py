@@ -104,6 +104,7 @@ class Tracer:
         self.path = self.directory / f"{safe_role}-{host}-{self.pid}.jsonl"
         self.sampled = True
         self.step: int | None = None
+        self._loop_sets_step = False
         self.recorded = 0
         self.dropped = 0
         self._lock = threading.Lock()
@@ -121,9 +122,15 @@ class Tracer:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    def set_step(self, step: int | None) -> None:
+    def set_step(self, step: int | None, *, weak: bool = False) -> None:
         """Spans from now on belong to ``step`` (1-based); recorded when ``(step - 1) % every_n_steps
-        == 0``. ``None``: outside any step, always recorded."""
+        == 0``. ``None``: outside any step, always recorded. A ``weak`` setting (a server or the
+        rollout side guessing the step from the policy version) is ignored in a process where the
+        RL loop sets the step itself (train rank 0 with the rollout side in a thread)."""
+        if weak and self._loop_sets_step:
+            return
+        if not weak:
+            self._loop_sets_step = True
         self.step = step
         self.sampled = step is None or (step - 1) % self.every_n_steps == 0
 
@@ -244,11 +251,11 @@ def span(name: str, cat: str, /, *, concurrent: bool = False, **args: Any) -> _S
     return tracer.span(name, cat, concurrent, args)
 
 
-def set_step(step: int | None) -> None:
+def set_step(step: int | None, *, weak: bool = False) -> None:
     """The step the next spans of this process belong to (see :meth:`Tracer.set_step`)."""
     tracer = _current
     if tracer is not None:
-        tracer.set_step(step)
+        tracer.set_step(step, weak=weak)
 
 
 def flush() -> None:

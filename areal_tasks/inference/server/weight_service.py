@@ -399,7 +399,7 @@ class WeightService:
         started = time.perf_counter()
         bound = self.bounds.load_timeout_s + GRACE_S + APPLY_ALLOWANCE_S
         step = _step_of(req.weight_version)
-        set_step(step)  # the spans of this swap belong to the step that made these weights
+        set_step(step, weak=True)  # the spans of this swap belong to the step that made these weights
         with span("swap weights", "server", version=req.weight_version, mode=req.mode):
             async with self.guard.holding_generation("/areal/swap_weights", bound):
                 with span("pause", "server"):
@@ -413,7 +413,7 @@ class WeightService:
                     with span("resume", "server"):
                         await self._call(self.engine.resume)
         flush_trace()  # a server is stopped by a signal: what it traced is on disk by then
-        set_step(None if step is None else step + 1)  # generation now serves the next step
+        set_step(None if step is None else step + 1, weak=True)  # generation now serves the next step
         if not success:
             logger.warning("/areal/swap_weights failed, generation resumed on the old weights: %s", message)
         timings = {"pause_s": paused - started, "transfer_s": loaded - paused, "resume_s": time.perf_counter() - loaded}

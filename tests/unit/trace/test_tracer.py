@@ -196,3 +196,11 @@ def test_a_forked_child_does_not_inherit_the_tracer(tmp_path: Path, tracer: Trac
         os._exit(0 if trace.current() is None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_weak_step_does_not_override_the_loops(tmp_path: Path, tracer: Tracer) -> None:
+    tracer.set_step(5, weak=True)  # a server or rollout process: the version's guess holds
+    assert tracer.step == 5
+    tracer.set_step(2)  # the RL loop of this process sets it from now on
+    tracer.set_step(3, weak=True)
+    assert tracer.step == 2
