@@ -137,7 +137,7 @@ class Tracer:
     # -- spans -----------------------------------------------------------------------------------
 
     def span(self, name: str, cat: str, concurrent: bool, args: dict[str, Any]) -> _Span | _NullSpan:
-        if not self.sampled or self._closed:
+        if not self.sampled or self._closed or self._failed:
             return NULL_SPAN
         if self.step is not None:
             args["step"] = self.step
@@ -190,7 +190,6 @@ class Tracer:
                     f.write(text)
             except OSError as exc:
                 self._failed = True
-                self.sampled = False
                 logger.warning("perf trace: cannot write %s (%s); tracing is off in this process", self.path, exc)
 
     def close(self) -> None:

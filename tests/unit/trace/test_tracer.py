@@ -204,3 +204,16 @@ def test_a_weak_step_does_not_override_the_loops(tmp_path: Path, tracer: Tracer)
     tracer.set_step(2)  # the RL loop of this process sets it from now on
     tracer.set_step(3, weak=True)
     assert tracer.step == 2
+
+
+def test_a_part_file_that_cannot_be_written_turns_the_tracer_off(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    t = trace.install(Tracer(tmp_path / "file" / "trace", "rollout"))  # a directory under a file
+    try:
+        with trace.span("generate", "generate"):
+            pass
+        t.flush()
+        t.set_step(1)
+        assert trace.span("generate", "generate") is NULL_SPAN
+    finally:
+        trace.uninstall()
