@@ -270,8 +270,9 @@ class RemoteInferenceEngine(InferenceEngine):
         one-request swap does not: every server resumed on its old weights whatever its load did,
         so the client lets requests through again and keeps its version before it raises."""
         call = self._weights.swap_call(meta, buckets, mode, flush_cache=mode == "abort")
-        if call is None:
-            return await super().swap_weights(meta, buckets, mode)
+        if call is None:  # pause, load and resume as three requests to every server
+            with span("swap request", "weights", version=meta.version, type=meta.type, n_servers=len(self.addresses)):
+                return await super().swap_weights(meta, buckets, mode)
         started = time.perf_counter()
         self._paused = True
         self._pause_mode = mode
