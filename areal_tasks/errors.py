@@ -158,3 +158,7 @@ class AgentRequestError(AgentError, ValueError):
 class EvaluationError(AReaLError, ValueError):
     """Evaluation inputs that cannot be scored (e.g. ``k`` larger than an item's sample count); the
     message names the item at fault."""
+
+
+class TraceError(AReaLError):
+    """A perf trace that cannot be written or merged (no part files, an unreadable run directory)."""

@@ -34,6 +34,7 @@ from areal_tasks.config.sections import (
     TrainConfig,
 )
 from areal_tasks.config.serialize import config_hash, config_to_dict, dump_config_yaml, write_resolved
+from areal_tasks.config.trace import TraceConfig
 from areal_tasks.config.validate import validate_config
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "SkyPilotConfig",
     "SlurmConfig",
     "StorageConfig",
+    "TraceConfig",
     "TrackingConfig",
     "TrainConfig",
     "WorkflowConfig",

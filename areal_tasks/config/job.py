@@ -24,6 +24,7 @@ from areal_tasks.config.sections import (
     TrackingConfig,
     TrainConfig,
 )
+from areal_tasks.config.trace import TraceConfig
 
 logger = logging.getLogger(__name__)
 
@@ -67,3 +68,5 @@ class JobConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     #: metrics tracking.
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: perf spans and the per-episode session log (docs/tracing.md).
+    trace: TraceConfig = field(default_factory=TraceConfig)

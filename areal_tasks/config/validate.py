@@ -25,6 +25,7 @@ from areal_tasks.config.checks import (
 from areal_tasks.config.cluster import check_cluster
 from areal_tasks.config.engine import EngineConfig
 from areal_tasks.config.job import JobConfig
+from areal_tasks.config.trace import check_trace_section
 from areal_tasks.errors import AllocationError, ConfigError
 from areal_tasks.weights.registry import WEIGHT_TRANSPORTS, transport_class
 
@@ -268,6 +269,7 @@ def collect_problems(cfg: JobConfig) -> list[str]:
         check_engine(p, role, engine, trains=role != "ref")
     check_rollout(p, cfg.rollout)
     check_data_and_loop(p, cfg.dataset, cfg.train, cfg.saver, cfg.evaluation, cfg.tracking)
+    check_trace_section(p, cfg.trace)
     _check_batching(p, cfg)
     _check_lengths(p, cfg)
     _check_algorithm(p, cfg)

@@ -285,6 +285,9 @@ def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ..
         format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from areal_tasks.trace import configure_from_env, uninstall
+
+    configure_from_env("rollout")
     try:
         side = build(*args)
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
@@ -308,5 +311,8 @@ def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ..
             except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
                 conn.send(("error", _portable(exc)))
     finally:
-        side.close()
-        conn.close()
+        try:
+            side.close()
+        finally:
+            conn.close()
+            uninstall()  # the spans still buffered go to the part file

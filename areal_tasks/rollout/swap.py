@@ -120,5 +120,8 @@ class WeightSwap:
 
     def _swapped(self, version: int) -> None:
         """Loop side, after a swap: the new version, then admission again."""
+        from areal_tasks.trace import set_step
+
+        set_step(version + 1, weak=True)  # what is generated from now on trains step version + 1
         self.groups.set_version(version)
         self.groups.reopen()

@@ -36,6 +36,8 @@ from areal_tasks.config.serialize import dump_for_workers
 from areal_tasks.errors import ConfigError, EngineError
 from areal_tasks.launch.placement import plan_placement
 from areal_tasks.launch.probe_runner import preflight_storage
+from areal_tasks.trace import span
+from areal_tasks.trace.env import finish_trace, start_trace, trace_environment
 from areal_tasks.trainer.rl_run import rl_steps
 from areal_tasks.trainer.sft import resolve_model_dir, run_sft
 
@@ -118,6 +120,7 @@ def rl_worker_spec(
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             INFERENCE_ADDRESSES_ENV: ",".join(addresses),
+            **trace_environment(cfg),
             **dict(secrets or {}),
         },
         replicas=world,
@@ -131,7 +134,20 @@ def rl_worker_spec(
 
 
 def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, Any]:
-    """Run the whole job (see the module docstring); returns the summary also written to the run dir."""
+    """Run the whole job (see the module docstring); returns the summary also written to the run dir.
+
+    With ``trace.enabled`` the controller traces its own phases and, at the end (also after a
+    failure), merges every process's spans into ``<run_dir>/trace.json``."""
+    traced = start_trace(cfg, "controller")
+    try:
+        with span("job", "train"):
+            return _run_train(cfg, scheduler)
+    finally:
+        if traced:
+            finish_trace(cfg)
+
+
+def _run_train(cfg: JobConfig, scheduler: Scheduler | None) -> dict[str, Any]:
     from areal_tasks.inference.launch import ServerFleet
     from areal_tasks.inference.launch.commands import key_servers_off_loopback
 
@@ -152,18 +168,22 @@ def run_train(cfg: JobConfig, scheduler: Scheduler | None = None) -> dict[str, A
         from areal_tasks.trainer.engines import check_layouts_fit_model
 
         check_layouts_fit_model(cfg, resolve_model_dir(cfg))  # before any server or worker starts
-        model_dir, sft_facts = starting_policy(cfg, scheduler)
+        with span("sft warm start", "train", steps=cfg.train.sft_warmup_steps):
+            model_dir, sft_facts = starting_policy(cfg, scheduler)
         worker_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=model_dir))
         config_path = paths.rl_config
         secrets = dump_for_workers(worker_cfg, config_path)  # redacted file; the secrets go by env
         fleet = ServerFleet.from_config(scheduler, cfg, model_dir)
         try:
-            addresses = fleet.start()
+            with span("start servers", "server", n=fleet.n_servers):
+                addresses = fleet.start()
             shared = colocated_devices(cfg, fleet.devices())
-            scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared, secrets))
-            _watch(scheduler, fleet, paths.inference_servers)
+            with span("rl workers", "train"):
+                scheduler.start_group(rl_worker_spec(cfg, config_path, addresses, shared, secrets))
+                _watch(scheduler, fleet, paths.inference_servers)
         finally:
-            fleet.stop()
+            with span("stop servers", "server"):
+                fleet.stop()
     finally:
         if owned:
             scheduler.stop_all()

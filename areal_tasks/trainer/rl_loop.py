@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import RolloutError
 from areal_tasks.rollout.episodes import append_episode_log
+from areal_tasks.trace import set_step, span
 from areal_tasks.trainer.callbacks.base import Callback, CallbackList
 from areal_tasks.trainer.collectives import broadcast_object
 
@@ -85,23 +86,10 @@ def run_rl_rank(
         if run.side is not None:
             run.side.executor.start()
         for step in range(run.first_step, run.n_steps + 1):
-            step_started = time.perf_counter()
-            payload = _next_batch(run.side, cfg)
-            if isinstance(payload, _Failure):
-                raise RolloutError(f"rollout failed before step {step}: {payload.message}")
-            if run.side is not None:
-                append_episode_log(RunPaths.of(run.run_dir).rollout_episodes, step, payload)
-            waited = time.perf_counter() - step_started
-            batch = pack_trajectories(payload, cfg.rollout.group_size, run.version)
-            train_started = time.perf_counter()
-            metrics = step_runner.run(batch, step)
-            metrics["perf/train_s"] = time.perf_counter() - train_started
-            metrics.update(publisher.publish(run.version + 1))
-            run.version += 1
-            metrics.update(_step_figures(run, waited, time.perf_counter() - step_started, metrics["n_tokens"]))
-            run.callbacks.on_step_metrics(step, metrics)  # the evaluation's join the step's
-            run.callbacks.on_step(step, metrics)  # logged before the save: a job killed after it skips no step
-            run.callbacks.on_step_end(step, metrics)  # the checkpoint
+            set_step(step)
+            with span("rl step", "train"):
+                _one_step(run, cfg, step, step_runner, publisher, pack_trajectories)
+        set_step(None)
         if run.side is not None:
             run.side.executor.stop()  # nothing more is generated for training while the final policy is evaluated
         run.callbacks.on_train_end(summary)  # the final evaluation, the run's facts
@@ -115,6 +103,30 @@ def run_rl_rank(
         finally:
             run.close()
     return summary
+
+
+def _one_step(run: RLRun, cfg: JobConfig, step: int, step_runner: Any, publisher: WeightPublisher, pack: Any) -> None:
+    """Step ``step`` of the loop: batch, compute, weight update, callbacks (module docstring)."""
+    step_started = time.perf_counter()
+    with span("batch wait", "rollout"):
+        payload = _next_batch(run.side, cfg)
+    if isinstance(payload, _Failure):
+        raise RolloutError(f"rollout failed before step {step}: {payload.message}")
+    if run.side is not None:
+        append_episode_log(RunPaths.of(run.run_dir).rollout_episodes, step, payload)
+    waited = time.perf_counter() - step_started
+    batch = pack(payload, cfg.rollout.group_size, run.version)
+    train_started = time.perf_counter()
+    with span("train step", "train"):
+        metrics = step_runner.run(batch, step)
+    metrics["perf/train_s"] = time.perf_counter() - train_started
+    with span("weight update", "weights", version=run.version + 1):
+        metrics.update(publisher.publish(run.version + 1))
+    run.version += 1
+    metrics.update(_step_figures(run, waited, time.perf_counter() - step_started, metrics["n_tokens"]))
+    run.callbacks.on_step_metrics(step, metrics)  # the evaluation's join the step's
+    run.callbacks.on_step(step, metrics)  # logged before the save: a job killed after it skips no step
+    run.callbacks.on_step_end(step, metrics)  # the checkpoint
 
 
 def _recover(run: RLRun, publisher: WeightPublisher) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from areal_tasks.algo import keys
 from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import AlgorithmError
+from areal_tasks.trace import span
 from areal_tasks.trainer.rl_batch import gather_token_outputs, share_of
 
 if TYPE_CHECKING:
@@ -57,27 +58,33 @@ class RLStep:
         share = select_sequences(batch, parts[info.dp_rank])
         local: dict[str, Any] = {}
         if self.algorithm.needs_prox_logprobs:
-            local[keys.PROX_LOGPROBS] = self.actor.forward_batch(share)[keys.LOGPROBS]
+            with span("proximal forward", "train"):
+                local[keys.PROX_LOGPROBS] = self.actor.forward_batch(share)[keys.LOGPROBS]
         if self.algorithm.needs_ref:
             if self.ref is None:
                 raise AlgorithmError("algorithm.kl_coef > 0 needs a reference model: set the `ref` engine section")
-            local[keys.REF_LOGPROBS] = self.ref.forward_batch(share)[keys.LOGPROBS]
+            with span("reference forward", "train"):
+                local[keys.REF_LOGPROBS] = self.ref.forward_batch(share)[keys.LOGPROBS]
         if self.algorithm.needs_critic:
             if self.critic is None:
                 raise AlgorithmError(f"{self.algorithm.config.name} needs a critic: set the `critic` engine section")
-            local[keys.VALUES] = self.critic.forward_batch(share)[keys.VALUES]
-        full = {**batch, **gather_token_outputs(batch, parts, info, local)} if local else dict(batch)
-        full = self.algorithm.compute_advantages(full)
+            with span("critic forward", "train"):
+                local[keys.VALUES] = self.critic.forward_batch(share)[keys.VALUES]
+        with span("advantages", "train"):
+            full = {**batch, **gather_token_outputs(batch, parts, info, local)} if local else dict(batch)
+            full = self.algorithm.compute_advantages(full)
         share = select_sequences(full, parts[info.dp_rank])
         fault_point("rl.step.before_update", step=step)
-        stats = self._update(self.actor, share, self.algorithm.actor_loss_fn, self.algorithm.actor_loss_weight_fn)
+        with span("actor update", "train"):
+            stats = self._update(self.actor, share, self.algorithm.actor_loss_fn, self.algorithm.actor_loss_weight_fn)
         out = {f"actor/{k}": v for k, v in stats.items()}
         out["actor/lr"] = stats.get("lr", 0.0)
         self.actor.step_lr_scheduler()
         if self.critic is not None and self.algorithm.needs_critic:
-            critic_stats = self._update(
-                self.critic, share, self.algorithm.critic_loss_fn, self.algorithm.critic_loss_weight_fn
-            )
+            with span("critic update", "train"):
+                critic_stats = self._update(
+                    self.critic, share, self.algorithm.critic_loss_fn, self.algorithm.critic_loss_weight_fn
+                )
             out.update({f"critic/{k}": v for k, v in critic_stats.items()})
             self.critic.step_lr_scheduler()
         out.update(batch_statistics(full))

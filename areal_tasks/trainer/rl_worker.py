@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
 
     install_log_redaction()  # the config's secrets, once loaded, are masked in this log
     from areal_tasks.config import load_config
+    from areal_tasks.trace import configure_from_env
     from areal_tasks.trainer.rl_loop import run_rl_rank
 
+    configure_from_env(f"train rank {rank}")
     cfg = load_config(args.config, args.overrides)
     run_rl_rank(cfg, cfg.model.path, server_addresses())
     return 0

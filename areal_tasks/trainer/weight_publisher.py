@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.weights import WeightSource
+from areal_tasks.trace import span
 from areal_tasks.trainer.collectives import barrier
 from areal_tasks.weights.base import PublishContext
 from areal_tasks.weights.registry import build_transport
@@ -81,21 +82,25 @@ class WeightPublisher:
         transport = self.transport
         started = time.perf_counter()
         meta = transport.plan(version)
-        parts = transport.prepare(meta)  # the servers still generate
+        with span("weight gather/pack", "weights", transport=transport.name):
+            parts = transport.prepare(meta)  # the servers still generate
         if not transport.sends_while_paused:
-            transport.send(meta)
+            with span("weight send", "weights", transport=transport.name):
+                transport.send(meta)
         paused_at = time.perf_counter()
         if self.side is not None:
             server_meta, buckets = transport.server_update(meta)
-            send = (lambda: transport.send(meta)) if transport.sends_while_paused else None
-            parts.update(self._swap_on_paused_servers(version, server_meta, buckets, send))
+            send = (lambda: _traced_send(transport, meta)) if transport.sends_while_paused else None
+            with span("servers swap", "weights", version=version):
+                parts.update(self._swap_on_paused_servers(version, server_meta, buckets, send))
         elif transport.sends_while_paused:
-            transport.send(meta)
+            _traced_send(transport, meta)
         paused_s = time.perf_counter() - paused_at
         if self.side is not None:
             transport.retire(meta)
         if dist.is_initialized():
-            barrier()
+            with span("weight barrier", "weights"):
+                barrier()
         self.actor.set_version(version)
         return {"perf/weight_update_s": time.perf_counter() - started, "perf/servers_paused_s": paused_s, **parts}
 
@@ -145,6 +150,12 @@ class WeightPublisher:
                 leave.join()
             except Exception as exc:  # noqa: BLE001 - a server that cannot be reached must not fail the run's end
                 logger.warning("the inference servers did not all leave the weight-update group: %s", exc)
+
+
+def _traced_send(transport: Any, meta: Any) -> None:
+    """The transport's send (a collective broadcast while the servers are paused) as a span."""
+    with span("weight send", "weights", transport=transport.name):
+        transport.send(meta)
 
 
 class _Background:

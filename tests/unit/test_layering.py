@@ -92,6 +92,11 @@ TORCH_FREE_MODULES = [
     "areal_tasks.agent.client",
     "areal_tasks.evaluation",
     "areal_tasks.evaluation.metrics",
+    "areal_tasks.config.trace",
+    "areal_tasks.trace",
+    "areal_tasks.trace.env",
+    "areal_tasks.trace.merge",
+    "areal_tasks.trace.schema",
     "storage",
     "operators",
 ]

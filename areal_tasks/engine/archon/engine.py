@@ -49,6 +49,7 @@ from areal_tasks.engine.step_common import (
     plan_micro_batches,
 )
 from areal_tasks.errors import EngineError
+from areal_tasks.trace import span
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -209,18 +210,21 @@ class ArchonEngine(TrainEngine):
         grad_scale = float(self.mesh.fsdp_mesh.size())
         full_loss = self._loss_with_aux(loss_fn)
         if self.pipeline is not None:
-            sums = self.pipeline.run(
-                device_mbs, bounds, full_loss, weights, total_weight, grad_scale=grad_scale, backward=backward
-            )
+            with span("pipeline schedule", "train", n_micro_batches=len(device_mbs), grad=backward):
+                sums = self.pipeline.run(
+                    device_mbs, bounds, full_loss, weights, total_weight, grad_scale=grad_scale, backward=backward
+                )
             return PendingStats(self._all_reduce_dp, sums, total_weight, n_tokens)
         sums = WeightedSums()
         with self._computing():
-            for mb, mb_bounds, weight in zip(device_mbs, bounds, weights):
+            for i, (mb, mb_bounds, weight) in enumerate(zip(device_mbs, bounds, weights)):
                 with torch.set_grad_enabled(backward):
-                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                    loss, stats = full_loss(outputs, mb)
+                    with span("micro-batch forward", "train", micro_batch=i, grad=backward):
+                        outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                        loss, stats = full_loss(outputs, mb)
                     if backward:
-                        backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
+                        with span("micro-batch backward", "train", micro_batch=i):
+                            backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
                 if backward and self._flat is not None:
                     self._flat.accumulate()  # into the fp32 master gradients
                 if weight > 0:
@@ -273,14 +277,17 @@ class ArchonEngine(TrainEngine):
         pending = self._accumulate(batch, loss_fn, loss_weight_fn)
         lr = float(self.optimizer.param_groups[0]["lr"])
         pp_group = self.mesh.group("pp") if self.mesh.dims.pp > 1 else None
-        grad_norm = float(
-            clip_grad_norm_across_stages(self.norm_params, self.config.optimizer.grad_clip, pp_group, also=self.params)
-        )
-        stepped = math.isfinite(grad_norm)
-        if stepped:
-            self.optimizer.step()
-        else:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+        with span("optimizer step", "train"):
+            grad_norm = float(
+                clip_grad_norm_across_stages(
+                    self.norm_params, self.config.optimizer.grad_clip, pp_group, also=self.params
+                )
+            )
+            stepped = math.isfinite(grad_norm)
+            if stepped:
+                self.optimizer.step()
+            else:
+                logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
         self.zero_grad()
         stats = pending.read()
         stats.update(lr=lr, grad_norm=grad_norm, update_skipped=0.0 if stepped else 1.0)

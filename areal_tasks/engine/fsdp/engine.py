@@ -59,6 +59,7 @@ from areal_tasks.engine.step_common import (
     plan_micro_batches,
 )
 from areal_tasks.errors import EngineError
+from areal_tasks.trace import span
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -239,10 +240,12 @@ class FSDPEngine(TrainEngine):
                 if keep_gathered:
                     self.model.set_reshard_after_backward(i == len(device_mbs) - 1)
                 with torch.set_grad_enabled(backward):
-                    outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
-                    loss, stats = loss_fn(outputs, mb)
+                    with span("micro-batch forward", "train", micro_batch=i, grad=backward):
+                        outputs = self.forward_mb(mb, with_entropy=True, bounds=mb_bounds)
+                        loss, stats = loss_fn(outputs, mb)
                     if backward:
-                        backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
+                        with span("micro-batch backward", "train", micro_batch=i):
+                            backward_micro_batch(loss, outputs, weight, total_weight, grad_scale)
                 if backward and self._flat is not None:
                     self._flat.accumulate()  # into the fp32 master gradients
                 if weight > 0:
@@ -295,17 +298,18 @@ class FSDPEngine(TrainEngine):
         self.zero_grad()
         pending = self._accumulate(batch, loss_fn, loss_weight_fn)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        if self._skips_on_device:
-            norm = global_grad_norm(self.params)
-            self._fused_step(norm)
-            step = QueuedStep(pending, norm, lr, skip_logged=False)
-        else:
-            grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
+        with span("optimizer step", "train"):
+            if self._skips_on_device:
+                norm = global_grad_norm(self.params)
+                self._fused_step(norm)
+                step = QueuedStep(pending, norm, lr, skip_logged=False)
             else:
-                logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
-            step = QueuedStep(pending, grad_norm, lr, skip_logged=True)
+                grad_norm = float(clip_grad_norm(self.params, self.config.optimizer.grad_clip))
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+                step = QueuedStep(pending, grad_norm, lr, skip_logged=True)
         self.zero_grad()
         return step
 

@@ -62,6 +62,7 @@ from areal_tasks.inference.client.retry import RetryPolicy, is_retryable_status,
 from areal_tasks.inference.client.transport import HttpTransport, may_have_reached_server
 from areal_tasks.inference.client.versions import VersionTimeline
 from areal_tasks.inference.client.weights import WeightSync
+from areal_tasks.trace import span
 
 if TYPE_CHECKING:
     import httpx
@@ -269,14 +270,16 @@ class RemoteInferenceEngine(InferenceEngine):
         one-request swap does not: every server resumed on its old weights whatever its load did,
         so the client lets requests through again and keeps its version before it raises."""
         call = self._weights.swap_call(meta, buckets, mode, flush_cache=mode == "abort")
-        if call is None:
-            return await super().swap_weights(meta, buckets, mode)
+        if call is None:  # pause, load and resume as three requests to every server
+            with span("swap request", "weights", version=meta.version, type=meta.type, n_servers=len(self.addresses)):
+                return await super().swap_weights(meta, buckets, mode)
         started = time.perf_counter()
         self._paused = True
         self._pause_mode = mode
         self._gate_requests(open_=False)
         try:
-            timings = await self._weights.swap(self.addresses, meta, call)
+            with span("swap request", "weights", version=meta.version, type=meta.type, n_servers=len(self.addresses)):
+                timings = await self._weights.swap(self.addresses, meta, call)
         except BaseException:
             self._paused = False
             self._pause_mode = None
@@ -335,6 +338,12 @@ class RemoteInferenceEngine(InferenceEngine):
         await self.aclose()
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        with span("generate", "generate", concurrent=True, rid=req.rid) as traced:
+            response = await self._agenerate(req)
+            traced.set(n_tokens=len(response.output_ids), n_resubmits=response.n_resubmits)
+            return response
+
+    async def _agenerate(self, req: ModelRequest) -> ModelResponse:
         start = time.monotonic()
         progress = InflightRequest(req.rid, server="", n_output_tokens=0, n_resubmits=0, held=False)
         self._inflight[req.rid] = progress
@@ -493,7 +502,8 @@ class RemoteInferenceEngine(InferenceEngine):
             self._pool.acquire(server)
             sent_at = time.monotonic()
             try:
-                answer = await self._transport.exchange(server, call, self.config.request_timeout_s)
+                with span("generate request", "generate", concurrent=True, rid=inp.rid, server=server):
+                    answer = await self._transport.exchange(server, call, self.config.request_timeout_s)
             except asyncio.CancelledError:
                 self._abandon(server, inp.rid, "cancelled by the caller")
                 raise

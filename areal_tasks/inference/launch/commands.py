@@ -300,6 +300,9 @@ def build_server_command(
     ``weight_version``: the server reports it, so tokens are tagged right until the first update).
     The backend's builder (one of the functions above) is found through the inference registry."""
     from areal_tasks.inference.registry import server_command_builder
+    from areal_tasks.trace.env import trace_environment
 
     args = server_args(cfg, model_path, layout, weight_version)
-    return server_command_builder(args.backend)(args)
+    command = server_command_builder(args.backend)(args)
+    traced = trace_environment(cfg)  # the embedded server records spans; other backends ignore it
+    return dataclasses.replace(command, env={**command.env, **traced}) if traced else command

@@ -170,7 +170,7 @@ class ServerFleet:
         return WorkerGroupSpec(
             name=self.group_name(index),
             command=list(self.command.argv),
-            env=dict(self.command.env),
+            env=_with_trace_role(self.command.env, index),
             replicas=1,
             ports_per_worker=1,
             readiness=ReadinessCheck.http(health),
@@ -253,3 +253,12 @@ class ServerFleet:
         self._launch(index)
         self._await_ready(index)
         logger.info("server %d of fleet %s is back at %s", index, self.name, self._addresses[index])
+
+
+def _with_trace_role(env: dict[str, str], index: int) -> dict[str, str]:
+    """The server's environment; with tracing on (``$AREAL_TRACE_DIR`` there) it is named ``server <index>``."""
+    from areal_tasks.trace.env import TRACE_DIR_ENV, TRACE_ROLE_ENV
+
+    if TRACE_DIR_ENV not in env:
+        return dict(env)
+    return {**env, TRACE_ROLE_ENV: f"server {index}"}

@@ -49,6 +49,7 @@ from areal_tasks.inference.server.protocol import (
     split_generate,
 )
 from areal_tasks.inference.server.service import EmbeddedServer
+from areal_tasks.trace import span
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,10 @@ def create_app(server: EmbeddedServer) -> FastAPI:
         return await while_connected(request, _generate(req))
 
     async def _generate(req: GenerateReqInput) -> Response:
+        with span("/generate", "server", concurrent=True, rid=req.rid):
+            return await _generate_traced(req)
+
+    async def _generate_traced(req: GenerateReqInput) -> Response:
         items, is_batch = await split(req)
         seqs = await server.generate_sequences(items)
         failed = [s for s in seqs if (s.finish_reason or {}).get("status_code")]

@@ -187,16 +187,21 @@ def run_server(cfg: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; the process ends within ``cfg.shutdown_timeout_s`` of the signal,
     hung threads or not (``shutdown.py``: it may end the process itself)."""
     from areal_tasks.inference.server.shutdown import serve_until_stopped
+    from areal_tasks.trace import configure_from_env, uninstall
 
+    configure_from_env(f"server :{cfg.port}")  # a job's fleet names it "server <index>"
     app = build_app(cfg)
     logger.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, cfg.port)
-    serve_until_stopped(
-        app,
-        shutdown_timeout_s=cfg.shutdown_timeout_s,
-        host=cfg.host,
-        port=cfg.port,
-        log_level=cfg.log_level,
-        access_log=False,
-        # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
-        timeout_keep_alive=75,
-    )
+    try:
+        serve_until_stopped(
+            app,
+            shutdown_timeout_s=cfg.shutdown_timeout_s,
+            host=cfg.host,
+            port=cfg.port,
+            log_level=cfg.log_level,
+            access_log=False,
+            # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
+            timeout_keep_alive=75,
+        )
+    finally:
+        uninstall()  # the spans still buffered go to the part file

@@ -62,6 +62,8 @@ from areal_tasks.inference.server.executors import Lanes
 from areal_tasks.inference.server.protocol import SwapWeightsReqInput
 from areal_tasks.inference.server.server import WeightBounds
 from areal_tasks.inference.server.weight_guard import APPLY_ALLOWANCE_S, GRACE_S, WeightGuard, WeightOperationError
+from areal_tasks.trace import flush as flush_trace
+from areal_tasks.trace import set_step, span
 from areal_tasks.weights.base import ServedWeights, WeightLoad
 from areal_tasks.weights.collective import CollectiveReceiver
 from areal_tasks.weights.disk import DiskReceiver
@@ -396,14 +398,22 @@ class WeightService:
         """
         started = time.perf_counter()
         bound = self.bounds.load_timeout_s + GRACE_S + APPLY_ALLOWANCE_S
-        async with self.guard.holding_generation("/areal/swap_weights", bound):
-            await self._call(lambda: self.engine.pause(req.mode))
-            paused = time.perf_counter()
-            try:
-                success, message = await self._swap_load(req)
-            finally:
-                loaded = time.perf_counter()
-                await self._call(self.engine.resume)
+        step = _step_of(req.weight_version)
+        set_step(step, weak=True)  # the spans of this swap belong to the step that made these weights
+        with span("swap weights", "server", version=req.weight_version, mode=req.mode):
+            async with self.guard.holding_generation("/areal/swap_weights", bound):
+                with span("pause", "server"):
+                    await self._call(lambda: self.engine.pause(req.mode))
+                paused = time.perf_counter()
+                try:
+                    with span("load weights", "server", disk=req.model_path is not None):
+                        success, message = await self._swap_load(req)
+                finally:
+                    loaded = time.perf_counter()
+                    with span("resume", "server"):
+                        await self._call(self.engine.resume)
+        flush_trace()  # a server is stopped by a signal: what it traced is on disk by then
+        set_step(None if step is None else step + 1, weak=True)  # generation now serves the next step
         if not success:
             logger.warning("/areal/swap_weights failed, generation resumed on the old weights: %s", message)
         timings = {"pause_s": paused - started, "transfer_s": loaded - paused, "resume_s": time.perf_counter() - loaded}
@@ -439,3 +449,11 @@ class WeightService:
         if abort_all:
             await self.abort_all("aborted by update_weight_version")
         await self._call(lambda: self.engine.weights_changed(new_version))
+
+
+def _step_of(weight_version: str | None) -> int | None:
+    """The RL step that made the weights of ``weight_version`` (the policy version is the step), or None."""
+    try:
+        return int(weight_version) if weight_version is not None else None
+    except ValueError:
+        return None

@@ -23,6 +23,7 @@ from typing import Any
 from areal_tasks.errors import RewardError, RewardTimeoutError
 from areal_tasks.rollout.rewards._pool import SendError, WorkerDied, WorkerPool, WorkerTimeout
 from areal_tasks.rollout.rewards.registry import RewardFn, registered_name, resolve_reward
+from areal_tasks.trace import span
 
 
 def _in_daemon_thread(
@@ -92,6 +93,10 @@ class RewardRunner:
     async def score(self, completion: str, answer: str, **kwargs: Any) -> float:
         """The reward of ``completion`` against ``answer``; raises RewardError / RewardTimeoutError."""
         self._check_open()
+        with span("reward", "reward", concurrent=True, reward=self.name):
+            return await self._score(completion, answer, kwargs)
+
+    async def _score(self, completion: str, answer: str, kwargs: dict[str, Any]) -> float:
         if self._threads is not None:
             future = self._threads.submit(self._score_in_worker, completion, answer, kwargs)
             return await asyncio.wrap_future(future)
@@ -106,15 +111,16 @@ class RewardRunner:
     def score_sync(self, completion: str, answer: str, **kwargs: Any) -> float:
         """Blocking :meth:`score` (call it from threads or code without an event loop)."""
         self._check_open()
-        if self._pool is not None:
-            return self._score_in_worker(completion, answer, kwargs)
-        start = time.monotonic()
-        future = _in_daemon_thread(self.fn, completion, answer, kwargs)
-        try:
-            outcome = future.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise self._timed_out(start, "") from None
-        return self._in_process_result(start, outcome)
+        with span("reward", "reward", reward=self.name):
+            if self._pool is not None:
+                return self._score_in_worker(completion, answer, kwargs)
+            start = time.monotonic()
+            future = _in_daemon_thread(self.fn, completion, answer, kwargs)
+            try:
+                outcome = future.result(timeout=self.timeout_s)
+            except concurrent.futures.TimeoutError:
+                raise self._timed_out(start, "") from None
+            return self._in_process_result(start, outcome)
 
     def _in_process_result(self, start: float, outcome: tuple[bool, Any]) -> float:
         ok, value = outcome

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.trace import span
 from areal_tasks.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -38,14 +39,15 @@ class CheckpointCallback(Callback):
         run = self.run
         if not run.manager.should_save(step, last=step == run.n_steps):
             return
-        executor_state = run.side.executor.state_dict() if run.side is not None else {}
-        ticket = run.manager.save(
-            step,
-            run.engines,
-            TrainerState(step=step, version=run.version, executor=executor_state),
-            {k: v for k, v in metrics.items() if k.startswith(RECORDED_METRICS)},
-            config=run.cfg,
-        )
+        with span("checkpoint save", "checkpoint", async_save=run.cfg.saver.async_save):
+            executor_state = run.side.executor.state_dict() if run.side is not None else {}
+            ticket = run.manager.save(
+                step,
+                run.engines,
+                TrainerState(step=step, version=run.version, executor=executor_state),
+                {k: v for k, v in metrics.items() if k.startswith(RECORDED_METRICS)},
+                config=run.cfg,
+            )
         if ticket.done():
             run.callbacks.on_checkpoint(step, run.manager.layout.url(step_dir(step)), ticket.wait().to_dict())
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from areal_tasks.trace import span
 from areal_tasks.trainer.callbacks.base import Callback
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ class EvaluationCallback(Callback):
     def on_step_metrics(self, step: int, metrics: dict[str, float]) -> None:
         freq = self.run.cfg.evaluation.freq_steps
         if freq and step % freq == 0 and step != self.run.n_steps:
-            evaluated = self.side.evaluate()
+            with span("evaluation", "eval", greedy=False):
+                evaluated = self.side.evaluate()
             metrics.update(evaluated)
             self.run.callbacks.on_eval(step, evaluated, None)
 
@@ -72,4 +74,7 @@ class EvaluationCallback(Callback):
         )
 
     def _evaluate_both(self) -> dict[str, float]:
-        return {**self.side.evaluate(), **self.side.evaluate(greedy=True)}
+        with span("evaluation", "eval", greedy=False):
+            sampled = self.side.evaluate()
+        with span("evaluation", "eval", greedy=True):
+            return {**sampled, **self.side.evaluate(greedy=True)}
