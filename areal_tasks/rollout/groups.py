@@ -45,7 +45,7 @@ from areal_tasks.rollout.data_source import DataSource, Position
 from areal_tasks.rollout.episodes import EPISODE_KEY, EpisodeEngine, EpisodeId
 from areal_tasks.rollout.staleness import AdmissionRule
 from areal_tasks.rollout.stats import RolloutCounters
-from areal_tasks.trace.sessions import EpisodeSession, SessionRecorder, bind
+from areal_tasks.trace.sessions import EpisodeSession, SessionRecorder, bind, filter_reason
 
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine
@@ -247,17 +247,14 @@ class GroupAssembly:
                 )
                 self.next_seq += 1
                 if self.sessions is not None:
-                    group.sessions = [
-                        self.sessions.open_episode(
-                            epoch=position[0],
-                            data_index=group.data_index,
-                            order=position[1],
-                            sample=i,
-                            group_seq=group.seq,
-                            version=self.version,
-                        )
-                        for i in range(group.size)
-                    ]
+                    group.sessions = self.sessions.open_group(
+                        epoch=position[0],
+                        data_index=group.data_index,
+                        order=position[1],
+                        size=group.size,
+                        group_seq=group.seq,
+                        version=self.version,
+                    )
                 self.running[group.seq] = group
                 self.counters.admitted += group.size
                 for i in range(group.size):
@@ -351,7 +348,7 @@ class GroupAssembly:
                 self.fail(RolloutError(f"group_filter raised {type(exc).__name__}: {exc}"), exc)
                 return
             if not keep:
-                self._resolve(group, "filtered", _filter_reason(self.group_filter, group.trajs))
+                self._resolve(group, "filtered", filter_reason(self.group_filter, group.trajs))
                 return
         self._resolve(group, "accepted")
 
@@ -417,20 +414,9 @@ class GroupAssembly:
 
     def _drop(self, group: Group, reason: str) -> None:
         if self.sessions is not None:
-            for session in group.sessions:
-                if session is not None and session.status == "accepted":
-                    session.status = None  # not trained after all
-                self.sessions.settle(session, "dropped", reason)
+            self.sessions.drop(group.sessions, reason)
 
     def take(self, groups: list[Group]) -> None:
         """Remove ``groups`` (a batch) from the ready queue."""
         taken = {id(g) for g in groups}
         self.ready = [g for g in self.ready if id(g) not in taken]
-
-
-def _filter_reason(group_filter: GroupFilter, trajs: list[Trajectory | None]) -> str:
-    """Why the group filter dropped a group, for the session trace."""
-    rewards = {float(t.reward) for t in trajs if t is not None}
-    if len(rewards) == 1:
-        return f"group filter: all rewards equal ({next(iter(rewards)):g})"
-    return f"group filter: {getattr(group_filter, '__name__', type(group_filter).__name__)} returned False"

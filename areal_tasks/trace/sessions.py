@@ -53,6 +53,7 @@ __all__ = [
     "SessionStatus",
     "bind",
     "current_session",
+    "filter_reason",
     "note_rejection",
     "timed_reward",
 ]
@@ -172,6 +173,27 @@ class SessionRecorder:
         with self._lock:
             self._open[id(session)] = session
         return session
+
+    def open_group(
+        self, *, epoch: int, data_index: int, order: int, size: int, group_seq: int, version: int
+    ) -> list[EpisodeSession | None]:
+        """The ``size`` episodes of a group admitted at ``version``."""
+        return [
+            self.open_episode(
+                epoch=epoch, data_index=data_index, order=order, sample=i, group_seq=group_seq, version=version
+            )
+            for i in range(size)
+        ]
+
+    def drop(self, sessions: Iterable[EpisodeSession | None], reason: str) -> None:
+        """The executor stopped or failed: these episodes (running, or accepted and not taken) are dropped."""
+        for session in sessions:
+            if session is None:
+                continue
+            with self._lock:
+                if session.status == "accepted":
+                    session.status = None  # not trained after all
+            self.settle(session, "dropped", reason)
 
     def ended(self, session: EpisodeSession | None, calls: list[dict[str, Any]], reward: float | None) -> None:
         """The episode's task finished (returned, raised or was cancelled) with these calls."""
@@ -303,6 +325,14 @@ def _cut_partial_tail(path: Path) -> None:
         else:
             handle.truncate(0)
     logger.warning("%s ended in a partial line (a writer was killed mid-write); it was cut off", path)
+
+
+def filter_reason(group_filter: Any, trajs: Iterable[Any]) -> str:
+    """Why the group filter dropped a group (``trajs``: its trajectories, None for a missing one)."""
+    rewards = {float(t.reward) for t in trajs if t is not None}
+    if len(rewards) == 1:
+        return f"group filter: all rewards equal ({next(iter(rewards)):g})"
+    return f"group filter: {getattr(group_filter, '__name__', type(group_filter).__name__)} returned False"
 
 
 # ---------------------------------------------------------------------------------------------- context
