@@ -20,6 +20,7 @@ import pytest
 
 from areal_tasks.api.inference import ModelRequest, ModelResponse, SamplingParams
 from areal_tasks.api.workflow import Trajectory
+from areal_tasks.errors import RolloutError
 from areal_tasks.rollout.episodes import EpisodeEngine, EpisodeId
 from areal_tasks.rollout.executor import RolloutExecutor
 from areal_tasks.rollout.stats import staleness_of
@@ -332,3 +333,28 @@ def test_reward_timing_and_notes_reach_only_the_bound_session() -> None:
     assert session.note == "prompt too long" and session.reward == 4.0
     assert session.reward_t0 is not None and session.reward_t1 is not None and session.reward_t0 <= session.reward_t1
     assert current_session() is None and rec.enabled is False
+
+
+def test_an_executor_that_fails_drops_what_was_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.jsonl"
+    executor = RolloutExecutor(
+        engine=TimedEngine(delay=long_tail_delay(), seed=2),
+        workflow=FakeWorkflow(fail=lambda item, n: True),
+        dataset=list(range(20)),
+        batch_size=4,
+        group_size=2,
+        max_concurrent_rollouts=8,
+        max_head_offpolicyness=1,
+        max_failure_rate=0.0,
+        failure_window=4,
+        seed=1,
+        sessions_file=path,
+    )
+    with executor, pytest.raises(RolloutError, match="episodes failed"):
+        executor.prepare_batch(timeout_s=T)
+    lines = load_sessions(path)
+    assert len(lines) == executor.stats()["admitted"]
+    statuses = {line["status"] for line in lines}
+    assert "failed" in statuses and statuses <= {"failed", "rejected", "dropped"}
+    dropped = [line["reason"] for line in lines if line["status"] == "dropped"]
+    assert all(r.startswith(("the rollout executor failed: ", "still running")) for r in dropped)
