@@ -43,6 +43,7 @@ def test_every_trained_sample_has_a_session_line(tmp_path: Path, monkeypatch: py
     # workers), which inherit PYTHONPATH
     (tmp_path / f"{REWARD_MODULE}.py").write_text(REWARD_SOURCE, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.syspath_prepend(str(tmp_path))  # and the controller, which checks it before starting
     run_dir = tmp_path / "run"
     cfg = load_config(
         "configs/demo_grpo.yaml",
