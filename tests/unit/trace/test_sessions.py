@@ -71,6 +71,22 @@ def check_schema(line: dict[str, Any]) -> None:
         assert call["t0"] <= call["t1"]
 
 
+def make(path: Path | None, engine: TimedEngine | None = None, workflow: FakeWorkflow | None = None, **kw: Any) -> Any:
+    """An executor over the fakes writing its session trace to ``path`` (``kw`` overrides the settings)."""
+    settings: dict[str, Any] = {
+        "dataset": list(range(20)),
+        "batch_size": 4,
+        "group_size": 2,
+        "max_concurrent_rollouts": 8,
+        "max_head_offpolicyness": 1,
+        "max_failure_rate": 1.0,
+        "seed": 1,
+        "sessions_file": path,
+        **kw,
+    }
+    return RolloutExecutor(engine=engine or TimedEngine(), workflow=workflow or FakeWorkflow(), **settings)
+
+
 class NotingWorkflow(FakeWorkflow):
     """A FakeWorkflow that says why it rejects and scores through a timed reward."""
 
@@ -91,18 +107,15 @@ class NotingWorkflow(FakeWorkflow):
 def test_a_run_of_the_executor_gives_one_final_line_per_admitted_episode(tmp_path: Path) -> None:
     path = tmp_path / "sessions.jsonl"
     workflow = NotingWorkflow(reject=lambda item, n: item % 7 == 3, fail=lambda item, n: item % 6 == 2)
-    executor = RolloutExecutor(
-        engine=TimedEngine(delay=long_tail_delay(), seed=4),
-        workflow=workflow,
+    executor = make(
+        path,
+        TimedEngine(delay=long_tail_delay(), seed=4),
+        workflow,
         dataset=list(range(60)),
         batch_size=8,
-        group_size=2,
         max_concurrent_rollouts=16,
-        max_head_offpolicyness=1,
-        max_failure_rate=1.0,
         seed=2,
         group_filter=lambda group: group[0].metadata["item"] % 4 != 1,
-        sessions_file=path,
     )
     expected: dict[str, int | None] = {}
     batch_staleness_max = []
@@ -156,17 +169,7 @@ def _meta(version: int) -> Any:
 
 
 def test_without_a_session_file_nothing_is_written(tmp_path: Path) -> None:
-    executor = RolloutExecutor(
-        engine=TimedEngine(),
-        workflow=FakeWorkflow(),
-        dataset=list(range(10)),
-        batch_size=4,
-        group_size=2,
-        max_concurrent_rollouts=4,
-        max_head_offpolicyness=0,
-        max_failure_rate=1.0,
-        seed=1,
-    )
+    executor = make(None, max_head_offpolicyness=0)
     with executor:
         executor.prepare_batch(timeout_s=T)
         executor.mark_trained(1)
@@ -281,18 +284,7 @@ def test_a_call_aborted_across_a_weight_update_in_the_executor(tmp_path: Path) -
     """A request held by a paused engine finishes after the update with mixed versions."""
     path = tmp_path / "sessions.jsonl"
     engine = TimedEngine(delay=lambda rng: 0.2)
-    executor = RolloutExecutor(
-        engine=engine,
-        workflow=FakeWorkflow(),
-        dataset=list(range(10)),
-        batch_size=2,
-        group_size=2,
-        max_concurrent_rollouts=2,
-        max_head_offpolicyness=0,
-        max_failure_rate=1.0,
-        seed=1,
-        sessions_file=path,
-    )
+    executor = make(path, engine, batch_size=2, max_concurrent_rollouts=2, max_head_offpolicyness=0)
     with executor:
         deadline = time.monotonic() + T
         while engine.in_flight < 2 and time.monotonic() < deadline:  # the episodes are generating
@@ -337,19 +329,8 @@ def test_reward_timing_and_notes_reach_only_the_bound_session() -> None:
 
 def test_an_executor_that_fails_drops_what_was_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "sessions.jsonl"
-    executor = RolloutExecutor(
-        engine=TimedEngine(delay=long_tail_delay(), seed=2),
-        workflow=FakeWorkflow(fail=lambda item, n: True),
-        dataset=list(range(20)),
-        batch_size=4,
-        group_size=2,
-        max_concurrent_rollouts=8,
-        max_head_offpolicyness=1,
-        max_failure_rate=0.0,
-        failure_window=4,
-        seed=1,
-        sessions_file=path,
-    )
+    engine = TimedEngine(delay=long_tail_delay(), seed=2)
+    executor = make(path, engine, FakeWorkflow(fail=lambda item, n: True), max_failure_rate=0.0, failure_window=4)
     with executor, pytest.raises(RolloutError, match="episodes failed"):
         executor.prepare_batch(timeout_s=T)
     lines = load_sessions(path)
