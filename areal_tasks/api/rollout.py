@@ -89,6 +89,10 @@ class RolloutExecutorProtocol(Protocol):
         """Record the trainer's new version (after its weight update); raises the admission budget."""
         ...
 
+    def mark_trained(self, step: int) -> None:
+        """The oldest returned batch not yet marked was trained at ``step`` (the session trace)."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         """Counters, rates and the staleness histogram."""
         ...

@@ -12,6 +12,7 @@ Layout of ``<run_dir>`` (``experiment.run_dir``)::
     rl_config.yaml      the config the RL workers run (model.path = the starting policy)
     rl_metrics.jsonl    one JSON object per RL step (rank 0)
     rollout_episodes.jsonl  per RL step, the batch's episode ids, servers and resubmissions (rank 0)
+    sessions.jsonl      the session trace: one line per rollout episode once final (rank 0's rollout side)
     inference_servers.json  the fleet's addresses, written by the controller after it restarted a server
     rl_summary.json     rank 0's end-of-RL figures (the controller merges them into summary.json)
     summary.json        the job's summary (reward before/after, checkpoint, wall time...)
@@ -37,6 +38,7 @@ __all__ = [
     "RL_SUMMARY",
     "ROLLOUT_EPISODES",
     "SERVER_ADMIN_KEY_ENV",
+    "SESSIONS",
     "SFT_CONFIG",
     "SFT_METRICS",
     "SFT_MODEL_DIR",
@@ -63,6 +65,8 @@ RL_METRICS = "rl_metrics.jsonl"
 INFERENCE_SERVERS = "inference_servers.json"
 #: per RL step: the batch's episode ids ``[epoch, dataset index, sample]``, servers, resubmissions.
 ROLLOUT_EPISODES = "rollout_episodes.jsonl"
+#: the session trace: one JSON line per rollout episode once it is final (``areal_tasks/trace/sessions.py``).
+SESSIONS = "sessions.jsonl"
 #: rank 0's end-of-RL figures, merged by the controller into :data:`SUMMARY`.
 RL_SUMMARY = "rl_summary.json"
 #: the job's summary (the DAG adds the pipeline's figures to it).
@@ -132,6 +136,10 @@ class RunPaths:
     @property
     def rollout_episodes(self) -> Path:
         return self.root / ROLLOUT_EPISODES
+
+    @property
+    def sessions(self) -> Path:
+        return self.root / SESSIONS
 
     @property
     def rl_summary(self) -> Path:

@@ -7,7 +7,7 @@ what it returns (consumed samples and batches, the staleness histogram, samples 
 group's deadline) and describes the last batch (:meth:`BatchTaker.last`). With ``data_order`` the
 chosen groups are returned in data order (epoch, then place in the epoch) instead of completion
 order, so a batch's layout does not depend on which episode finished first (the deterministic
-rollout mode). A timeout raises a
+rollout mode). The session trace learns which episodes went out, with their staleness. A timeout raises a
 :class:`~areal_tasks.errors.RolloutError` that names the counters and the likely reason.
 """
 
@@ -72,7 +72,11 @@ class BatchTaker:
             chosen = sorted(chosen, key=lambda g: g.position)
         batch = [t for g in chosen for t in g.trajs if t is not None]
         version = groups.version
-        self.hist.add([s for s in (staleness_of(t, version) for t in batch) if s is not None])
+        staleness = [staleness_of(t, version) for t in batch]
+        self.hist.add([s for s in staleness if s is not None])
+        if groups.sessions is not None:
+            sessions = [s for g in chosen for s, t in zip(g.sessions, g.trajs, strict=True) if t is not None]
+            groups.sessions.handed(zip(sessions, staleness, strict=True), version)
         groups.counters.consumed_samples += len(batch)
         groups.counters.consumed_batches += 1
         late = sum(g.size for g in chosen if version > g.deadline)

@@ -39,6 +39,7 @@ from areal_tasks.rollout.staleness import AdmissionRule, StalenessBound
 from areal_tasks.rollout.state import executor_state, executor_stats, load_executor_state
 from areal_tasks.rollout.stream_source import data_source_for
 from areal_tasks.rollout.swap import WeightSwap
+from areal_tasks.trace.sessions import SessionRecorder
 
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine, ParamSpec, PauseMode
@@ -87,11 +88,13 @@ class RolloutExecutor:
         staleness_bound: StalenessBound = "sample",
         seed_base: int | None = None,
         servers_file: str | os.PathLike[str] | None = None,
+        sessions_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """``seed_base``: the deterministic mode (``rollout.sampling.seed_mode: per_sample``): each
         request's seed derives from it and the episode's identity, and batches come in data order.
         ``servers_file``: where the controller publishes the fleet's addresses after a restart
-        (see :mod:`~areal_tasks.rollout.servers`)."""
+        (see :mod:`~areal_tasks.rollout.servers`). ``sessions_file``: where the session trace
+        writes one line per final episode (:mod:`~areal_tasks.trace.sessions`; None: no trace)."""
         check_executor_settings(
             batch_size,
             group_size,
@@ -109,6 +112,7 @@ class RolloutExecutor:
         self.max_head_offpolicyness = max_head_offpolicyness
         #: what ``max_head_offpolicyness`` bounds: every returned sample, or admission only.
         self.staleness_bound: StalenessBound = staleness_bound
+        self._sessions = None if sessions_file is None else SessionRecorder(sessions_file)
         failures = FailureWindow(failure_window, max_failure_rate)
         #: the failure rate is fatal only once this many episodes of the window have finished.
         self.min_finished_for_failure = failures.min_finished
@@ -123,6 +127,7 @@ class RolloutExecutor:
             version=version,
             spawn=lambda coro, name: self._ensure_loop().spawn(coro, name),
             seed_base=seed_base,
+            sessions=self._sessions,
         )
         self._batches = BatchTaker(
             self._groups,
@@ -155,6 +160,7 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         version: int = 0,
         servers_file: str | os.PathLike[str] | None = None,
+        sessions_file: str | os.PathLike[str] | None = None,
     ) -> RolloutExecutor:
         """An executor with the group size, concurrency, staleness (bound), failure rate and seed mode of
         a ``rollout`` section (``per_sample`` seeds derive from ``rollout.sampling.seed``, else ``seed``)."""
@@ -178,6 +184,7 @@ class RolloutExecutor:
             staleness_bound=rollout_cfg.staleness_bound,
             seed_base=seed_base,
             servers_file=servers_file,
+            sessions_file=sessions_file,
         )
 
     # ------------------------------------------------------------------ lifecycle (any thread)
@@ -233,6 +240,8 @@ class RolloutExecutor:
                 self._groups.stopped = True
                 self._stopped_at = time.monotonic()
                 self._state = "stopped"
+                if self._sessions is not None:
+                    self._sessions.close()
         logger.info("rollout executor stopped: %s", self._groups.counters.to_dict())
 
     def __enter__(self) -> RolloutExecutor:
@@ -349,6 +358,15 @@ class RolloutExecutor:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ConfigError(f"version={version!r} must be an int >= 0")
         self._call(self._groups.set_version, version)
+
+    def mark_trained(self, step: int) -> None:
+        """The trainer trained the oldest batch :meth:`prepare_batch` returned (and not yet marked) at
+        ``step``: the session trace writes its episodes as accepted and flushes. Runs in the calling
+        thread (the recorder has its own lock), so it never waits for the busy event loop."""
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ConfigError(f"step={step!r} must be an int")
+        if self._sessions is not None:
+            self._sessions.trained(step)
 
     def stats(self) -> dict[str, Any]:
         """Counters (``late_samples`` among them), rates, in-flight/ready/capacity, the staleness bound, the

@@ -19,6 +19,10 @@ Each episode's workflow runs on an :class:`~areal_tasks.rollout.episodes.Episode
 shared engine; with a ``seed_base`` (``rollout.sampling.seed_mode: per_sample``) it gives every
 request a seed derived from the episode's identity.
 
+With a :class:`~areal_tasks.trace.sessions.SessionRecorder` every episode gets a session record at
+admission; its end and its group's outcome (with the reason: the workflow's note, the exception,
+the filter) go to the recorder, which writes it once final (``docs/tracing.md``).
+
 Rejected and filtered groups give their samples back to the admission budget. :class:`FailureWindow`
 is the failure policy: once enough episodes of the recent window finished, a failed fraction above
 ``max_failure_rate`` fails the executor, which cancels everything in flight.
@@ -41,6 +45,7 @@ from areal_tasks.rollout.data_source import DataSource, Position
 from areal_tasks.rollout.episodes import EPISODE_KEY, EpisodeEngine, EpisodeId
 from areal_tasks.rollout.staleness import AdmissionRule
 from areal_tasks.rollout.stats import RolloutCounters
+from areal_tasks.trace.sessions import EpisodeSession, SessionRecorder, bind, filter_reason
 
 if TYPE_CHECKING:
     from areal_tasks.api.inference import InferenceEngine
@@ -72,6 +77,8 @@ class Group:
     size: int
     trajs: list[Trajectory | None]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: the episodes' session records (empty without a recorder).
+    sessions: list[EpisodeSession | None] = field(default_factory=list)
     done: int = 0
     resolved: bool = False
 
@@ -152,8 +159,11 @@ class GroupAssembly:
         version: int,
         spawn: Spawn,
         seed_base: int | None = None,
+        sessions: SessionRecorder | None = None,
     ) -> None:
         self.engine, self.workflow, self.data, self.rule = engine, workflow, data, rule
+        #: the session trace (None: off).
+        self.sessions = sessions
         #: per-sample seeds from this base (None: requests keep the workflow's sampling seed).
         self.seed_base = seed_base
         self.failures = failures
@@ -236,6 +246,15 @@ class GroupAssembly:
                     trajs=[None] * self.group_size,
                 )
                 self.next_seq += 1
+                if self.sessions is not None:
+                    group.sessions = self.sessions.open_group(
+                        epoch=position[0],
+                        data_index=group.data_index,
+                        order=position[1],
+                        size=group.size,
+                        group_seq=group.seq,
+                        version=self.version,
+                    )
                 self.running[group.seq] = group
                 self.counters.admitted += group.size
                 for i in range(group.size):
@@ -261,6 +280,8 @@ class GroupAssembly:
 
     async def _run_episode(self, group: Group, i: int) -> None:
         episode = EpisodeEngine(self.engine, EpisodeId(group.position[0], group.data_index, i), self.seed_base)
+        session = group.sessions[i] if group.sessions else None
+        bind(session)  # this task's context: the reward timings and the workflow's notes reach it
         try:
             traj = await self.workflow.arun_episode(episode, group.item)
             if traj is not None:
@@ -272,11 +293,18 @@ class GroupAssembly:
                 traj.validate()
                 traj.metadata[EPISODE_KEY] = episode.record()
         except asyncio.CancelledError:
+            self._session_ended(session, episode, None)
             raise
         except Exception as exc:  # noqa: BLE001 - a failed episode is counted, not fatal by itself
+            self._session_ended(session, episode, None)
             self._episode_done(group, i, None, exc)
             return
+        self._session_ended(session, episode, traj)
         self._episode_done(group, i, traj, None)
+
+    def _session_ended(self, session: EpisodeSession | None, episode: EpisodeEngine, traj: Trajectory | None) -> None:
+        if session is not None and self.sessions is not None:
+            self.sessions.ended(session, episode.calls, None if traj is None else traj.reward)
 
     def _episode_done(self, group: Group, i: int, traj: Trajectory | None, exc: Exception | None) -> None:
         try:
@@ -294,7 +322,7 @@ class GroupAssembly:
             self.counters.failed += 1
             self.failures.log(group, exc, self.counters.failed)
         if traj is None:
-            self._resolve(group, "rejected")
+            self._reject(group, i, exc)
         else:
             traj.metadata["rollout_admit_version"] = group.admit_version
             traj.metadata["rollout_group"] = group.seq
@@ -320,17 +348,33 @@ class GroupAssembly:
                 self.fail(RolloutError(f"group_filter raised {type(exc).__name__}: {exc}"), exc)
                 return
             if not keep:
-                self._resolve(group, "filtered")
+                self._resolve(group, "filtered", filter_reason(self.group_filter, group.trajs))
                 return
         self._resolve(group, "accepted")
 
-    def _resolve(self, group: Group, outcome: str) -> None:
+    def _reject(self, group: Group, i: int, exc: Exception | None) -> None:
+        """Episode ``i`` returned None or failed (``exc``): its group is rejected."""
+        session = group.sessions[i] if group.sessions else None
+        if exc is not None:
+            why = f"{type(exc).__name__}: {exc}"
+            status = "failed"
+        else:
+            why = (session.note if session is not None else None) or "the workflow returned None"
+            status = "rejected"
+        if self.sessions is not None:
+            self.sessions.settle(session, status, why)
+        self._resolve(group, "rejected", f"group rejected: sample {i} {status} ({why})")
+
+    def _resolve(self, group: Group, outcome: str, reason: str | None = None) -> None:
         group.resolved = True
         self.running.pop(group.seq, None)
         current = asyncio.current_task()
         for task in group.tasks:
             if task is not current and not task.done():
                 task.cancel()
+        if self.sessions is not None:
+            for session in group.sessions:
+                self.sessions.settle(session, "accepted" if outcome == "accepted" else "rejected", reason)
         if outcome == "accepted":
             self.ready.append(group)
             self.counters.accepted += group.size
@@ -349,6 +393,7 @@ class GroupAssembly:
         current = asyncio.current_task()
         for group in self.running.values():
             group.resolved = True
+            self._drop(group, f"the rollout executor failed: {error}")
             for task in group.tasks:
                 if task is not current:
                     task.cancel()
@@ -361,8 +406,15 @@ class GroupAssembly:
         self.stopped = True
         for group in self.running.values():
             group.resolved = True
+            self._drop(group, "still running when the rollout executor stopped")
+        for group in self.ready:
+            self._drop(group, "accepted, not taken by the trainer before the rollout executor stopped")
         self.running.clear()
         self.notify()
+
+    def _drop(self, group: Group, reason: str) -> None:
+        if self.sessions is not None:
+            self.sessions.drop(group.sessions, reason)
 
     def take(self, groups: list[Group]) -> None:
         """Remove ``groups`` (a batch) from the ready queue."""

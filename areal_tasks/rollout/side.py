@@ -15,7 +15,8 @@ when training runs on GPUs), else in rank 0's own.
 - the executor (``RolloutExecutor``) over the train split (loaded, or streamed with
   ``dataset.streaming``; prompts over ``dataset.max_prompt_len`` dropped as it is read, see
   :func:`prompt_filter`), with the algorithm's group filter
-  (``Algorithm.group_filter``: DAPO's dynamic sampling; None for most).
+  (``Algorithm.group_filter``: DAPO's dynamic sampling; None for most), and the session trace
+  (``<run_dir>/sessions.jsonl``, :func:`sessions_file`; the training reward is timed for it).
 
 :meth:`RolloutSide.evaluate` runs the same workflow with the evaluation sampling
 (``evaluation.temperature``, 0 = greedy; ``evaluation.n_samples`` per prompt) over the eval split and
@@ -30,12 +31,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.inference import SamplingParams
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.errors import ConfigError
 from areal_tasks.rollout.evaluation import eval_sampling, run_episodes, samples_per_prompt
+from areal_tasks.trace.sessions import timed_reward
 
 if TYPE_CHECKING:
     from areal_tasks.api.workflow import RolloutWorkflow
@@ -64,6 +67,14 @@ def workflow_of(cfg: JobConfig, tokenizer: Any, sampling: SamplingParams, reward
     from areal_tasks.rollout.workflows import build_workflow
 
     return build_workflow(cfg.rollout.workflow, tokenizer, sampling, reward, max_prompt_len=cfg.dataset.max_prompt_len)
+
+
+def sessions_file(cfg: JobConfig) -> Path | None:
+    """Where the executor's session trace goes (``<run_dir>/sessions.jsonl``), or None when
+    ``trace.sessions`` is off (it is on by default)."""
+    if not cfg.trace.sessions:
+        return None
+    return RunPaths.of(cfg.experiment.run_dir).sessions
 
 
 def prompt_filter(workflow: RolloutWorkflow, max_prompt_len: int) -> Callable[[Any], bool] | None:
@@ -111,7 +122,7 @@ class RolloutSide:
             cfg.rollout.reward.fn, max_workers=cfg.rollout.reward.workers, timeout_s=cfg.rollout.reward.timeout_s
         )
         train_sampling = SamplingParams.from_config(cfg.rollout.sampling)
-        workflow = workflow_of(cfg, tokenizer, train_sampling, reward.score)
+        workflow = workflow_of(cfg, tokenizer, train_sampling, timed_reward(reward.score))
         executor = RolloutExecutor.from_config(
             cfg.rollout,
             engine=client,
@@ -123,6 +134,7 @@ class RolloutSide:
             group_filter=build_algorithm(cfg.algorithm).group_filter,
             version=version,
             servers_file=RunPaths.of(cfg.experiment.run_dir).inference_servers,
+            sessions_file=sessions_file(cfg),
         )
         greedy_sampling = replace(train_sampling, temperature=0.0, seed=None)
         # the one evaluation rule (also evaluate_checkpoint's): rollout.sampling at

@@ -7,7 +7,8 @@ recovered weights to the servers. Per step ``k`` (policy version ``k - 1`` befor
 1. rank 0 takes a batch from the rollout executor (which kept generating while the previous step
    trained, up to ``rollout.max_head_offpolicyness`` versions ahead), appends its episode ids to
    ``<run_dir>/rollout_episodes.jsonl`` and broadcasts it; a rollout failure is broadcast too, so
-   every rank stops;
+   every rank stops (once the step trained, rank 0 tells the executor, ``mark_trained(step)``:
+   the session trace, ``<run_dir>/sessions.jsonl``, writes the batch's episodes then);
 2. every rank packs it and runs :class:`~areal_tasks.trainer.rl_step.RLStep` (ref/critic/prox
    forwards, advantages, PPO mini-batches, critic);
 3. the weight update (:class:`~areal_tasks.trainer.weight_publisher.WeightPublisher`): the actor's
@@ -123,6 +124,8 @@ def _one_step(run: RLRun, cfg: JobConfig, step: int, step_runner: Any, publisher
     with span("weight update", "weights", version=run.version + 1):
         metrics.update(publisher.publish(run.version + 1))
     run.version += 1
+    if run.side is not None:
+        run.side.executor.mark_trained(step)  # the session trace writes the batch's episodes
     metrics.update(_step_figures(run, waited, time.perf_counter() - step_started, metrics["n_tokens"]))
     run.callbacks.on_step_metrics(step, metrics)  # the evaluation's join the step's
     run.callbacks.on_step(step, metrics)  # logged before the save: a job killed after it skips no step

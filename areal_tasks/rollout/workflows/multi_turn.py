@@ -28,6 +28,7 @@ from areal_tasks.rollout.workflows.rlvr import (
     reward_extras,
 )
 from areal_tasks.rollout.workflows.tokens import FeedbackSegment, TrajectoryBuilder, feedback_segment
+from areal_tasks.trace.sessions import note_rejection
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class MultiTurnWorkflow(RLVRWorkflow):
                 len(prompt_ids),
                 self.max_total_tokens,
             )
+            note_rejection("no room for a turn (max_total_tokens)")
             return None
         builder = TrajectoryBuilder(prompt_ids)
         turns: list[dict[str, Any]] = []
@@ -126,6 +128,7 @@ class MultiTurnWorkflow(RLVRWorkflow):
             response = await engine.agenerate(ModelRequest(list(builder.input_ids), self.sampling))
             if turn == 1 and not response.output_ids:
                 logger.debug("rejecting an empty first answer (stop_reason=%s)", response.stop_reason)
+                note_rejection("empty output")
                 return None
             builder.add_generated(response)
             last_output = list(response.output_ids)

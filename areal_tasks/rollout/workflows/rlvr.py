@@ -5,8 +5,9 @@ the chat template, generates once, decodes the output, scores it with an async r
 ``reward(completion, answer, **extras) -> float`` (``extras``: the record's ``tests=`` and
 ``metadata=``, when it has them; see :func:`reward_extras`) and returns the
 :class:`~areal_tasks.api.workflow.Trajectory` ``prompt + output`` (only the output trained). Too-long
-prompts and empty outputs are rejected (``None``). The helpers here (:data:`RewardFn`,
-:func:`item_fields`, :func:`reward_extras`) are shared by the other workflows.
+prompts and empty outputs are rejected (``None``; the reason noted for the session trace). The
+helpers here (:data:`RewardFn`, :func:`item_fields`, :func:`reward_extras`) are shared by the other
+workflows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from areal_tasks.api.workflow import RolloutWorkflow, Trajectory
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT, render_chat, render_prompt
 from areal_tasks.errors import ConfigError, RolloutError
 from areal_tasks.rollout.workflows.tokens import TrajectoryBuilder
+from areal_tasks.trace.sessions import note_rejection
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class RLVRWorkflow(RolloutWorkflow):
         """False (with a debug log) when the prompt is longer than ``max_prompt_len``."""
         if self.max_prompt_len is not None and len(prompt_ids) > self.max_prompt_len:
             logger.debug("rejecting a prompt of %d tokens (max_prompt_len=%d)", len(prompt_ids), self.max_prompt_len)
+            note_rejection("prompt too long")
             return False
         return True
 
@@ -132,6 +135,7 @@ class RLVRWorkflow(RolloutWorkflow):
         response = await engine.agenerate(ModelRequest(list(prompt_ids), self.sampling))
         if not response.output_ids:
             logger.debug("rejecting an empty generation (stop_reason=%s)", response.stop_reason)
+            note_rejection("empty output")
             return None
         completion = self.decode(response.output_ids)
         reward = float(await self.reward(completion, answer, **reward_extras(data)))

@@ -57,7 +57,7 @@ def meta(version: int) -> WeightUpdateMeta:
 
 def test_the_command_table_and_the_proxy_are_the_protocol() -> None:
     public = [n for n, m in vars(RolloutExecutorProtocol).items() if inspect.isfunction(m) and not n.startswith("_")]
-    assert list(EXECUTOR_METHODS) == public and len(public) == 13
+    assert list(EXECUTOR_METHODS) == public and len(public) == 14
     assert {n.removeprefix("executor.") for n in COMMANDS if n.startswith("executor.")} == set(EXECUTOR_METHODS)
     for name, returns in EXECUTOR_METHODS.items():
         assert COMMANDS[f"executor.{name}"] is (returns == "value")
@@ -120,3 +120,24 @@ def test_a_state_loads_before_start(executor: RolloutExecutorProtocol) -> None:
     assert executor.stats()["version"] == 5
     executor.start()
     assert len(executor.prepare_batch(timeout_s=T)) == 8
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_mark_trained_writes_the_session_trace_where_the_executor_runs(where: str, tmp_path: Any) -> None:
+    settings = {**SETTINGS, "sessions_file": str(tmp_path / "sessions.jsonl")}
+    side: Any = build_fake_side(settings) if where == "thread" else RolloutProcess.spawn(build_fake_side, (settings,))
+    try:
+        executor = side.executor
+        executor.start()
+        for step in (1, 2):
+            executor.prepare_batch(timeout_s=T)
+            executor.swap_weights(meta(step), None, step, "abort")
+            assert executor.mark_trained(step) is None
+    finally:
+        side.close()
+    from areal_tasks.trace.queries import load_sessions
+
+    lines = load_sessions(tmp_path)
+    trained = [s["trained_step"] for s in lines if s["status"] == "accepted"]
+    assert sorted(trained) == [1] * 8 + [2] * 8
+    assert {s["status"] for s in lines} <= {"accepted", "dropped"}

@@ -185,3 +185,21 @@ def test_a_chat_record_renders_its_messages_and_the_reward_gets_tests_and_metada
     run(workflow, engine, Record("2+3?", "5", messages=own_system))
     assert engine.requests[0].input_ids == tok.apply_chat_template(list(own_system), add_generation_prompt=True)
     assert seen[-1] == {"answer": "5"}  # no tests, no metadata: no extra keyword arguments
+
+
+def test_rejections_say_why_to_the_session_trace() -> None:
+    from areal_tasks.trace.sessions import EpisodeSession, bind
+
+    tok = FakeTokenizer()
+    n = len(render_prompt(tok, RECORD.prompt))
+
+    async def traced(workflow: RLVRWorkflow, engine: FakeEngine) -> str | None:
+        session = EpisodeSession("e", "g", [0, 0], 0, 0.0, 0)
+        bind(session)  # what the executor does as an episode starts
+        assert await workflow.arun_episode(engine, RECORD) is None
+        return session.note
+
+    too_long = RLVRWorkflow(tok, SAMPLING, arith_reward, max_prompt_len=n - 1)
+    assert asyncio.run(traced(too_long, FakeEngine(tok, [Reply("Answer: 5")]))) == "prompt too long"
+    empty = FakeEngine(tok, [Reply("", eos=False)])
+    assert asyncio.run(traced(RLVRWorkflow(tok, SAMPLING, arith_reward), empty)) == "empty output"

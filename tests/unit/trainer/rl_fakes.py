@@ -22,6 +22,7 @@ class FakeExecutor:
     def __init__(self, log: Log) -> None:
         self.log = log
         self.version = 0
+        self.trained_steps: list[int] = []
 
     def start(self) -> FakeExecutor:
         self.log.append(("executor.start",))
@@ -45,6 +46,9 @@ class FakeExecutor:
 
     def stats(self) -> dict[str, Any]:
         return {"accepted": 16}
+
+    def mark_trained(self, step: int) -> None:
+        self.trained_steps.append(step)
 
 
 class FakeSide:

@@ -59,7 +59,7 @@ class FakeStep:
 @pytest.fixture
 def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """``run(*overrides, total_steps=, recovered=, fail_at=, rank=)`` -> (summary, log, manager);
-    ``run.log`` is the last run's log (also when it raised)."""
+    ``run.log`` is the last run's log (also when it raised), ``run.side`` its rollout side."""
 
     def run(
         *overrides: str,
@@ -72,6 +72,7 @@ def loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         run.log = log  # type: ignore[attr-defined]
         manager = FakeManager(log, recovered=recovered)
         side = FakeSide(log)
+        run.side = side  # type: ignore[attr-defined]
         monkeypatch.setattr(engines_module, "build_engines", lambda cfg, model_dir, n: {"actor": FakeEngine(log, rank)})
         monkeypatch.setattr(CheckpointManager, "from_config", classmethod(lambda cls, cfg: manager))
         monkeypatch.setattr(RolloutSide, "open", classmethod(lambda cls, cfg, addresses, model_dir, version: side))
@@ -195,3 +196,11 @@ def test_other_ranks_only_checkpoint(loop: Any, tmp_path: Path) -> None:
     assert not [e for e in log if e[0].startswith(("logger.", "evaluate", "executor."))]
     assert [step for step, _, _ in manager.saved] == [2] and manager.saved[0][1].executor == {}
     assert names(log)[-3:] == ["manager.close", "publisher.close", "engine.destroy"]
+
+
+def test_each_trained_step_is_marked_for_the_session_trace(loop: Any) -> None:
+    loop(total_steps=3)
+    assert loop.side.executor.trained_steps == [1, 2, 3]
+    with pytest.raises(RuntimeError, match="blew up"):
+        loop(total_steps=3, fail_at=2)
+    assert loop.side.executor.trained_steps == [1]  # the failed step's batch was not trained
