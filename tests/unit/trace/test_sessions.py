@@ -339,3 +339,14 @@ def test_an_executor_that_fails_drops_what_was_in_flight(tmp_path: Path) -> None
     assert "failed" in statuses and statuses <= {"failed", "rejected", "dropped"}
     dropped = [line["reason"] for line in lines if line["status"] == "dropped"]
     assert all(r.startswith(("the rollout executor failed: ", "still running")) for r in dropped)
+
+
+def test_trace_sessions_switch_decides_where_the_session_trace_goes(tmp_path: Path) -> None:
+    """``trace.sessions`` (on by default) is the one switch: off, the executor gets no session file."""
+    from areal_tasks.config import load_config
+    from areal_tasks.rollout.side import sessions_file
+
+    on = load_config("configs/base.yaml", [f"experiment.run_dir={tmp_path}"])
+    off = load_config("configs/base.yaml", [f"experiment.run_dir={tmp_path}", "trace.sessions=false"])
+    assert sessions_file(on) == tmp_path / "sessions.jsonl"
+    assert sessions_file(off) is None
