@@ -158,3 +158,8 @@ class AgentRequestError(AgentError, ValueError):
 class EvaluationError(AReaLError, ValueError):
     """Evaluation inputs that cannot be scored (e.g. ``k`` larger than an item's sample count); the
     message names the item at fault."""
+
+
+class ReportError(AReaLError):
+    """A run report that cannot be made: the directory is not a run dir, or the output is not writable.
+    The message names the path and what a run dir holds."""

@@ -92,6 +92,8 @@ TORCH_FREE_MODULES = [
     "areal_tasks.agent.client",
     "areal_tasks.evaluation",
     "areal_tasks.evaluation.metrics",
+    "areal_tasks.report",
+    "areal_tasks.cli.report_cmd",
     "storage",
     "operators",
 ]
