@@ -1,9 +1,9 @@
 """The run report's plots, one function per figure, each a :class:`Panel` built from :class:`RunData`.
 
 A panel whose data the run does not have carries no figure but a ``note`` saying what is missing
-and why (e.g. the staleness histogram without ``sessions.jsonl`` falls back to the per-step
-staleness metrics, and says so). plotly is imported here, so this module loads only when a report
-is made (never by ``areal --help``).
+and why (e.g. the staleness histogram without ``sessions.jsonl`` falls back to the executor's
+histogram in ``summary.json`` or the per-step staleness metrics, and says so). plotly is imported
+here, so this module loads only when a report is made (never by ``areal --help``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def timeline_panel(data: RunData) -> Panel:
 
 
 def staleness_panel(data: RunData) -> Panel:
-    """Histogram of trained samples' staleness: per episode from sessions.jsonl, else per step."""
+    """Histogram of trained samples' staleness: per episode from sessions.jsonl, else the executor's
+    ``staleness_hist`` in summary.json, else the per-step ``staleness/mean``."""
     title = "Staleness"
     fig = _figure("count", xtitle="staleness (policy versions)")
     if data.sessions is not None:
@@ -152,6 +153,13 @@ def staleness_panel(data: RunData) -> Panel:
         fallback = f"{SESSIONS_FILE} has no episode with a staleness (none trained yet?)"
     else:
         fallback = f"{SESSIONS_FILE} is not in this run dir (session tracing off)"
+    hist = (data.summary.get("executor") or {}).get("staleness_hist")
+    if isinstance(hist, dict) and hist:
+        counts = {int(k): int(v) for k, v in hist.items() if str(k).lstrip("-").isdigit()}
+        xs = sorted(counts)
+        fig.update_layout(yaxis_title="samples")
+        fig.add_trace(go.Bar(x=xs, y=[counts[x] for x in xs], name="trained samples (summary.json)"))
+        return Panel("staleness", title, fig, note=f"{fallback}: the executor's staleness_hist of summary.json instead")
     steps, values = data.series("staleness/mean")
     if steps:
         fig.update_layout(xaxis_title="per-step mean staleness (policy versions)", yaxis_title="steps")

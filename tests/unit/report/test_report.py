@@ -68,6 +68,15 @@ def test_missing_sessions_and_trace_are_said_not_plotted(tmp_path: Path) -> None
     assert _embedded(page, "episodes-data") == {"rows": None}
 
 
+def test_staleness_falls_back_to_the_executors_histogram(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path / "run", sessions=False)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "executor": {"staleness_hist": {"0": 50, "2": 7}}}))
+    figures = _embedded(write_report(run).read_text(encoding="utf-8"), "figures-data")
+    trace = figures["staleness"]["data"][0]
+    assert trace["name"] == "trained samples (summary.json)" and trace["x"] == [0, 2] and trace["y"] == [50, 7]
+
+
 def test_a_metrics_only_run_still_renders(tmp_path: Path) -> None:
     run = make_run_dir(tmp_path / "run", metrics_only=True, steps=3)
     with (run / "rl_metrics.jsonl").open("a", encoding="utf-8") as handle:
