@@ -2,7 +2,8 @@
 
 Every figure is present with data points; a run without ``sessions.jsonl`` or ``trace.json`` says
 so in the page instead; a metrics-only run still renders; a directory that is not a run dir exits
-2 with a message; the page is self-contained (no script, stylesheet or image fetched from a URL).
+2 with a message; the page is self-contained (no script, stylesheet or image fetched from a URL);
+``areal train`` writes the report after the job.
 """
 
 from __future__ import annotations
@@ -136,3 +137,17 @@ def test_an_unwritable_output_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     run = make_run_dir(tmp_path / "run", steps=2, sessions=False)
     assert main(["report", str(run), "--out", str(tmp_path / "no" / "such" / "r.html")]) == 2
     assert "cannot write the report" in capsys.readouterr().err
+
+
+def test_areal_train_writes_the_report_after_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import areal_tasks.trainer.rl as rl
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(rl, "run_train", lambda cfg: make_run_dir(Path(cfg.experiment.run_dir), steps=3) and {})
+    monkeypatch.setattr(rl, "format_summary", lambda summary: "table")
+    config = Path(__file__).resolve().parents[3] / "configs" / "demo_grpo.yaml"
+    assert main(["train", "--config", str(config), f"experiment.run_dir={run_dir}"]) == 0
+    assert (run_dir / "report.html").is_file()
+    assert f"run report: {(run_dir / 'report.html').resolve().as_uri()}" in capsys.readouterr().out
