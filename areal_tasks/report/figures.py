@@ -168,6 +168,44 @@ def staleness_panel(data: RunData) -> Panel:
     return Panel("staleness", title, note=f"{fallback}, and rl_metrics.jsonl has no staleness/mean")
 
 
+#: episodes drawn in the episode timeline (the first ones admitted; a long run has far more).
+TIMELINE_EPISODES = 2000
+
+
+def episode_timeline_panel(data: RunData) -> Panel:
+    """One horizontal bar per episode from admission to its end, coloured by status (sessions.jsonl)."""
+    title = "Episode timeline"
+    if data.sessions is None:
+        return Panel("sessions", title, note=f"{SESSIONS_FILE} is not in this run dir (session tracing off)")
+    timed = [
+        row
+        for row in data.sessions
+        if isinstance(row.get("admitted_t"), (int, float)) and isinstance(row.get("end_t"), (int, float))
+    ]
+    if not timed:
+        return Panel("sessions", title, note=f"{SESSIONS_FILE} has no episode with admitted_t and end_t yet")
+    timed.sort(key=lambda row: row["admitted_t"])
+    shown, t0 = timed[:TIMELINE_EPISODES], timed[0]["admitted_t"]
+    fig = _figure("episode (by admission)", xtitle="seconds since the first admission")
+    fig.update_layout(barmode="overlay", bargap=0.0, height=HEIGHT + 80)
+    for status in ("accepted", "rejected", "failed", "dropped"):
+        rows = [(i, row) for i, row in enumerate(shown) if row.get("status") == status]
+        if rows:
+            fig.add_trace(
+                go.Bar(
+                    y=[i for i, _ in rows],
+                    x=[max(row["end_t"] - row["admitted_t"], 0.0) for _, row in rows],
+                    base=[row["admitted_t"] - t0 for _, row in rows],
+                    orientation="h",
+                    name=status,
+                    customdata=[row.get("episode", "") for _, row in rows],
+                    hovertemplate="%{customdata}: %{base:.2f} s + %{x:.2f} s<extra>" + status + "</extra>",
+                )
+            )
+    note = f"the first {len(shown)} of {len(timed)} episodes" if len(timed) > len(shown) else None
+    return Panel("sessions", title, fig, note=note)
+
+
 def sft_panel(data: RunData) -> Panel:
     title = "SFT warm start loss"
     steps = [int(row.get("step", i + 1)) for i, row in enumerate(data.sft_metrics) if "loss" in row]
@@ -188,6 +226,7 @@ PANELS: tuple[Callable[[RunData], Panel], ...] = (
     throughput_panel,
     timeline_panel,
     staleness_panel,
+    episode_timeline_panel,
     sft_panel,
 )
 

@@ -71,7 +71,8 @@ def test_the_report_renders_every_plot_and_its_filters_work(tmp_path: Path) -> N
 
             plots = page.evaluate(PLOTS_JS)
             assert {p["id"] for p in plots} == {
-                f"plot-{k}" for k in ("reward", "kl", "entropy", "length", "throughput", "timeline", "staleness", "sft")
+                f"plot-{k}"
+                for k in ("reward", "kl", "entropy", "length", "throughput", "timeline", "staleness", "sessions", "sft")
             }
             for plot in plots:
                 assert plot["traces"] > 0 and all(n > 0 for n in plot["points"]), plot

@@ -20,7 +20,7 @@ from areal_tasks.report import load_run, write_report
 from areal_tasks.report.episodes import COLUMNS
 from tests.fixtures.fake_run import make_run_dir
 
-EXPECTED = ("reward", "kl", "entropy", "length", "throughput", "timeline", "staleness", "sft")
+EXPECTED = ("reward", "kl", "entropy", "length", "throughput", "timeline", "staleness", "sessions", "sft")
 
 
 def _embedded(page: str, element_id: str) -> object:
@@ -49,6 +49,8 @@ def test_every_figure_is_there_with_data(tmp_path: Path) -> None:
     assert [t["name"] for t in figures["timeline"]["data"]][:3] == ["waiting for rollouts", "training", "weight update"]
     assert len(figures["timeline"]["data"][0]["x"]) == 12
     assert figures["staleness"]["data"][0]["name"] == "episodes (sessions.jsonl)"
+    assert {t["name"] for t in figures["sessions"]["data"]} == {"accepted", "rejected", "failed", "dropped"}
+    assert sum(len(t["y"]) for t in figures["sessions"]["data"]) == 8 * 12
     table = _embedded(page, "episodes-data")
     assert table["columns"] == list(COLUMNS) and len(table["rows"]) == 8 * 12
     assert {row[COLUMNS.index("status")] for row in table["rows"]} == {"accepted", "rejected", "failed", "dropped"}
@@ -66,6 +68,7 @@ def test_missing_sessions_and_trace_are_said_not_plotted(tmp_path: Path) -> None
     # staleness falls back to the per-step metric, and the note says so
     assert figures["staleness"]["data"][0]["name"] == "steps (staleness/mean)"
     assert 'data-note="staleness"' in page
+    assert "sessions" not in figures and 'data-note="sessions"' in page
     assert _embedded(page, "episodes-data") == {"rows": None}
 
 
