@@ -26,8 +26,9 @@ PERFETTO_UI = "https://ui.perfetto.dev"
 
 
 def _script_json(value: Any) -> str:
-    """JSON safe inside a ``<script>`` element (no ``</script>`` can end it early)."""
-    return json.dumps(value, separators=(",", ":"), default=str).replace("</", "<\\/")
+    """JSON safe inside a ``<script>`` element: every ``<`` escaped, so no ``</script>`` or ``<!--`` in
+    the data (an episode id, a reason) can end or derail it."""
+    return json.dumps(value, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -63,7 +64,8 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
     else:
         step_s = sum(data.series("perf/step_s")[1])
         if step_s:
-            rows.append(("RL step time (sum)", f"{step_s:.0f} s (no summary.json: the run may still be going)"))
+            why = "" if s else " (no summary.json: the run may still be going)"
+            rows.append(("RL step time (sum)", f"{step_s:.0f} s{why}"))
     if s.get("sft_steps"):
         rows.append(
             (

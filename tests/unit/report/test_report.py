@@ -154,3 +154,13 @@ def test_areal_train_writes_the_report_after_the_job(
     assert main(["train", "--config", str(config), f"experiment.run_dir={run_dir}"]) == 0
     assert (run_dir / "report.html").is_file()
     assert f"run report: {(run_dir / 'report.html').resolve().as_uri()}" in capsys.readouterr().out
+
+
+def test_markup_in_the_data_cannot_break_the_page(tmp_path: Path) -> None:
+    run = make_run_dir(tmp_path / "run", steps=2)
+    lines = (run / "sessions.jsonl").read_text().splitlines()
+    evil = {**json.loads(lines[0]), "episode": "</script><script>alert(1)</script>", "reason": "<!--<script>"}
+    (run / "sessions.jsonl").write_text("\n".join([json.dumps(evil), *lines[1:]]) + "\n")
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "alert(1)</script>" not in page and "<!--<script>" not in page
+    assert _embedded(page, "episodes-data")["rows"][0][0] == evil["episode"]
