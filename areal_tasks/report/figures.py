@@ -34,10 +34,10 @@ def _figure(ytitle: str, xtitle: str = "RL step") -> go.Figure:
     fig = go.Figure()
     fig.update_layout(
         height=HEIGHT,
-        margin={"l": 60, "r": 20, "t": 30, "b": 45},
+        margin={"l": 60, "r": 20, "t": 50, "b": 45},
         xaxis_title=xtitle,
         yaxis_title=ytitle,
-        legend={"orientation": "h", "y": 1.12},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
         template="plotly_white",
     )
     return fig
@@ -56,9 +56,22 @@ def _curves(data: RunData, key: str, title: str, ytitle: str, series: list[tuple
     return Panel(key, title, fig)
 
 
+#: the reward curve's moving average window (drawn when the run has at least twice as many steps).
+ROLLING = 10
+
+
 def reward_panel(data: RunData) -> Panel:
     panel = _curves(data, "reward", "Reward", "reward", [("reward/mean", "reward/mean (rollout batch)")])
     if panel.figure is not None:
+        steps, values = data.series("reward/mean")
+        if len(values) >= 2 * ROLLING:
+            smooth = [
+                sum(values[max(i - ROLLING + 1, 0) : i + 1]) / len(values[max(i - ROLLING + 1, 0) : i + 1])
+                for i in range(len(values))
+            ]
+            panel.figure.add_trace(
+                go.Scatter(x=steps, y=smooth, mode="lines", name=f"mean of the last {ROLLING} steps", line={"width": 3})
+            )
         steps = [item["step"] for item in data.evals if isinstance(item.get("mean_reward"), (int, float))]
         if steps:
             values = [item["mean_reward"] for item in data.evals if isinstance(item.get("mean_reward"), (int, float))]
@@ -111,10 +124,11 @@ def throughput_panel(data: RunData) -> Panel:
 
 #: the step's phases, stacked; "other" is what ``perf/step_s`` holds beyond them.
 PHASES = (
-    ("perf/rollout_wait_s", "waiting for rollouts"),
-    ("perf/train_s", "training"),
-    ("perf/weight_update_s", "weight update"),
+    ("perf/rollout_wait_s", "waiting for rollouts", "#9aa5b1"),
+    ("perf/train_s", "training", "#e4572e"),
+    ("perf/weight_update_s", "weight update", "#17a398"),
 )
+OTHER_COLOR = "#d9d9d9"
 
 
 def timeline_panel(data: RunData) -> Panel:
@@ -122,19 +136,20 @@ def timeline_panel(data: RunData) -> Panel:
     title = "Step timeline"
     fig = _figure("seconds")
     fig.update_layout(barmode="stack", bargap=0.05)
-    rows = [row for row in data.rl_metrics if any(isinstance(row.get(k), (int, float)) for k, _ in PHASES)]
+    rows = [row for row in data.rl_metrics if any(isinstance(row.get(k), (int, float)) for k, _, _ in PHASES)]
     if not rows:
         return Panel("timeline", title, note="no perf/rollout_wait_s, perf/train_s or perf/weight_update_s metrics")
     steps = [int(row.get("step", i + 1)) for i, row in enumerate(rows)]
-    for metric, name in PHASES:
-        fig.add_trace(go.Bar(x=steps, y=[float(row.get(metric) or 0.0) for row in rows], name=name))
+    for metric, name, color in PHASES:
+        values = [float(row.get(metric) or 0.0) for row in rows]
+        fig.add_trace(go.Bar(x=steps, y=values, name=name, marker_color=color))
     other = []
     for row in rows:
         total = row.get("perf/step_s")
-        known = sum(float(row.get(metric) or 0.0) for metric, _ in PHASES)
+        known = sum(float(row.get(metric) or 0.0) for metric, _, _ in PHASES)
         other.append(max(float(total) - known, 0.0) if isinstance(total, (int, float)) else 0.0)
     if any(other):
-        fig.add_trace(go.Bar(x=steps, y=other, name="other (rest of perf/step_s)"))
+        fig.add_trace(go.Bar(x=steps, y=other, name="other (rest of perf/step_s)", marker_color=OTHER_COLOR))
     return Panel("timeline", title, fig)
 
 

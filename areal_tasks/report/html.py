@@ -87,6 +87,10 @@ def summary_rows(data: RunData) -> list[tuple[str, str]]:
     return rows
 
 
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 else f"{max(n_bytes / 1e3, 0.1):.1f} KB"
+
+
 def _panel_html(panel: Panel) -> str:
     parts = [f'<div class="panel" id="panel-{panel.key}"><h3>{html.escape(panel.title)}</h3>']
     if panel.note:
@@ -105,7 +109,7 @@ def _trace_html(data: RunData) -> str:
         )
     path = html.escape(str(data.trace_path))
     return (
-        f"<p>The perf trace of this run: <code>{path}</code> ({data.trace_path.stat().st_size / 1e6:.1f} MB, "
+        f"<p>The perf trace of this run: <code>{path}</code> ({_size(data.trace_path.stat().st_size)}, "
         "Chrome trace-event JSON).</p><ol>"
         f'<li>Open <a href="{PERFETTO_UI}" target="_blank" rel="noopener">{PERFETTO_UI}</a> '
         "(the trace is read in your browser; it is not uploaded).</li>"
