@@ -162,3 +162,8 @@ class EvaluationError(AReaLError, ValueError):
 
 class TraceError(AReaLError):
     """A perf trace that cannot be written or merged (no part files, an unreadable run directory)."""
+
+
+class ReportError(AReaLError):
+    """A run report that cannot be made: the directory is not a run dir, or the output is not writable.
+    The message names the path and what a run dir holds."""

@@ -1,5 +1,6 @@
 """The task graph the areal-tasks DAGs share (:func:`training_pipeline`) and its small Python tasks:
-resolve the job, open and close the MLflow run, pick the checkpoints to evaluate, write the summary.
+resolve the job, open and close the MLflow run, pick the checkpoints to evaluate, write the summary
+and the run report (logged to the MLflow run with the traces).
 
 Like ``areal_dag_common`` this is a helper module, not a DAG file (``.airflowignore``). The heavy
 lifting is in ``operators/``; these tasks only move values between them. Everything beyond the
@@ -191,7 +192,34 @@ def format_pipeline_summary(summary: Mapping[str, Any]) -> str:
         metrics = evaluation.get("metrics") or {}
         shown = ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if isinstance(v, (int, float)))
         lines.append(f"evaluation of {evaluation.get('checkpoint')}: {shown}")
+    if summary.get("report"):
+        lines.append(f"run report:       {Path(summary['report']).resolve().as_uri()} (open it in a browser)")
+        files = ", ".join(summary.get("report_files") or [])
+        lines.append(f"MLflow artifacts: {summary.get('report_artifacts')} ({files})")
+        if "trace.json" in (summary.get("report_files") or []):
+            trace = Path(summary["report"]).with_name("trace.json")
+            lines.append(f"perf trace:       {trace}: open it in https://ui.perfetto.dev (Open trace file)")
     return "\n".join(lines)
+
+
+#: the MLflow run's artifact folder of the run report and the traces it points at.
+REPORT_ARTIFACT_DIR = "report"
+
+
+def publish_run_report(run_dir: str, hook: Any, run_id: str) -> dict[str, Any]:
+    """Write ``<run_dir>/report.html`` and log it, with ``trace.json`` and ``sessions.jsonl`` when the
+    run has them, as artifacts under ``report/`` of the MLflow run ``run_id`` (through ``hook``, an
+    MlflowHook). Returns ``{"report", "report_artifacts", "report_files"}`` for the summary."""
+    from areal_tasks.report import SESSIONS_FILE, TRACE_FILE, write_report
+    from storage.redact import redact_url
+
+    report = write_report(run_dir)
+    files = [
+        report,
+        *(path for path in (report.with_name(TRACE_FILE), report.with_name(SESSIONS_FILE)) if path.is_file()),
+    ]
+    uri = hook.log_artifacts(run_id, files, REPORT_ARTIFACT_DIR)
+    return {"report": str(report), "report_artifacts": redact_url(uri), "report_files": [path.name for path in files]}
 
 
 @task(execution_timeout=timedelta(minutes=5))
@@ -202,7 +230,9 @@ def finish_pipeline(
     evaluations: Sequence[Mapping[str, Any]],
     registered: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """End the MLflow run FINISHED and add the pipeline's figures to ``<run dir>/summary.json``."""
+    """Add the pipeline's figures to ``<run dir>/summary.json``, write the run report and log it (with
+    the traces) to the MLflow run (:func:`publish_run_report`), end the run FINISHED; the log ends with
+    where to open the report and the trace."""
     context = get_current_context()
     params = context["params"]
     # by index: iterating a mapped task's lazy output probes one past the end (Airflow logs an error)
@@ -228,8 +258,13 @@ def finish_pipeline(
     if path.is_file():
         trainer_summary = {**trainer_summary, **json.loads(path.read_text(encoding="utf-8"))}
     merged = {**trainer_summary, **summary}
+    _write_json_atomic(path, merged)  # first, so that the report shows the pipeline's figures
+    hook = _mlflow_hook(mlflow["tracking_uri"])
+    report = publish_run_report(job["run_dir"], hook, mlflow["mlflow_run_id"])
+    summary.update(report)
+    merged.update(report)
     _write_json_atomic(path, merged)
-    _mlflow_hook(mlflow["tracking_uri"]).end_run(mlflow["mlflow_run_id"], status="FINISHED")
+    hook.end_run(mlflow["mlflow_run_id"], status="FINISHED")
     logger.info("pipeline summary (also in %s):\n%s", path, format_pipeline_summary(merged))
     return summary
 

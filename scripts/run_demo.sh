@@ -7,6 +7,7 @@
 #   $RUN_DIR/mlflow.db      MLflow tracking + registry store; artifacts in $RUN_DIR/mlartifacts
 #   $RUN_DIR/               the training job's run dir (config.yaml, sft/, rl_metrics.jsonl, storage/ ...)
 #   $RUN_DIR/summary.json   the trainer's summary plus the pipeline's (checkpoint, MLflow run, model version)
+#   $RUN_DIR/report.html    the run report (areal report; also an artifact of the MLflow run, under report/)
 #   $RUN_DIR/airflow_dags_test.log   Airflow's full output (the terminal shows the pipeline's lines)
 #
 # The task is configs/demo_grpo.yaml: SFT warm start of a tiny Qwen2, then GRPO against one embedded
@@ -152,5 +153,14 @@ print(f"MLflow run:       {s['mlflow_run_id']} ({s.get('mlflow_tracking_uri')})"
 print(f"registered model: {s.get('registered_model_name')} version {s['registered_model_version']} "
       f"(aliases: {', '.join(s.get('registered_model_aliases') or []) or 'none'})")
 print(f"summary:          {path}")
+report = s.get("report")
+if report:
+    print(f"run report:       {Path(report).resolve().as_uri()}  (open it in a browser; also `areal report RUN_DIR`)")
+    print(f"MLflow artifacts: {s.get('report_artifacts')} ({', '.join(s.get('report_files') or [])})")
+    trace = Path(report).with_name("trace.json")
+    if trace.is_file():
+        print(f"perf trace:       {trace}  (open it in https://ui.perfetto.dev: Open trace file)")
+else:
+    print("run report:       not written by this pipeline; make one with `areal report runs/latest`")
 EOF
 echo "runs/latest -> $RUN_DIR; \`make ui\` opens it in the Airflow and MLflow UIs"

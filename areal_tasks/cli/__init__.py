@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "areal_tasks.cli.train_cmd",
     "areal_tasks.cli.launch_cmd",
     "areal_tasks.cli.eval_cmd",
+    "areal_tasks.cli.report_cmd",
 )
 
 USAGE_ERROR = 2

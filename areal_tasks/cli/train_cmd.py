@@ -4,8 +4,9 @@ Overrides are dotted ``key=value`` pairs (``train.total_steps=20``); the config 
 anything starts. Where the controller runs depends on ``cluster.scheduler``:
 
 * here, when the scheduler allows it (``local`` always; ``ray`` on a node of the Ray cluster;
-  ``slurm`` inside a batch job): the run's figures go to ``<run_dir>/summary.json`` and a table is
-  printed at the end;
+  ``slurm`` inside a batch job): the run's figures go to ``<run_dir>/summary.json``, a table is
+  printed at the end and the run report is written to ``<run_dir>/report.html``
+  (:mod:`areal_tasks.report`; skipped, saying so, without plotly);
 * otherwise (a login node, a laptop) the command runs the scheduler's preflight, submits itself as
   the detached job ``<experiment>-<trial>`` and follows it: the job's log is relayed, Ctrl-C cancels
   it, and the exit code is the job's (0 succeeded, 1 failed, 130 cancelled). ``--detach`` prints the
@@ -62,4 +63,18 @@ def run_train_cmd(args: argparse.Namespace) -> int:
     summary = run_train(cfg)
     print(format_summary(summary))
     print(f"summary written to {cfg.experiment.run_dir}/summary.json")
+    _write_run_report(cfg.experiment.run_dir)
     return 0
+
+
+def _write_run_report(run_dir: str) -> None:
+    """The run's HTML report next to its summary (the Airflow pipeline rewrites it with its own figures)."""
+    import importlib.util
+
+    if importlib.util.find_spec("plotly") is None:
+        print(f"no run report: plotly is not installed (the tracking extra); later: areal report {run_dir}")
+        return
+    from areal_tasks.report import write_report
+
+    path = write_report(run_dir)
+    print(f"run report: {path.resolve().as_uri()}")

@@ -32,7 +32,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -190,6 +190,19 @@ class MlflowHook(BaseHook):
         batch = [Metric(k, float(v), now, step, model_id=model_id) for k, v in _numeric(metrics).items()]
         if batch:
             self._call(f"log {len(batch)} metrics to run {run_id}", lambda c: c.log_batch(run_id, metrics=batch))
+
+    def log_artifacts(self, run_id: str, paths: Sequence[str | os.PathLike[str]], artifact_path: str) -> str:
+        """Upload the local files ``paths`` under ``artifact_path`` of ``run_id``; returns that folder's
+        artifact URI (e.g. ``file:///.../mlartifacts/<run>/artifacts/report``). A retry overwrites."""
+        for path in paths:
+            self._call(
+                f"log the artifact {path} to run {run_id}",
+                lambda c, path=path: c.log_artifact(run_id, str(path), artifact_path),
+            )
+        root = self._call(f"read run {run_id}", lambda c: c.get_run(run_id)).info.artifact_uri
+        uri = f"{root.rstrip('/')}/{artifact_path.strip('/')}"
+        self.log.info("MLflow run %s: %d artifact(s) in %s", run_id, len(paths), uri)
+        return uri
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         """Log ``params``; keys the run already has are skipped (params are write-once; a retry re-logs)."""

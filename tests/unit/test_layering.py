@@ -97,6 +97,8 @@ TORCH_FREE_MODULES = [
     "areal_tasks.trace.env",
     "areal_tasks.trace.merge",
     "areal_tasks.trace.schema",
+    "areal_tasks.report",
+    "areal_tasks.cli.report_cmd",
     "storage",
     "operators",
 ]

@@ -8,7 +8,8 @@ the REST API: it exists, with the changed value in its conf next to the Params' 
 marked failed as soon as the scheduler has started it (so it does not train on the shared machine);
 the test waits until none of its tasks is active and checks that ``train`` never ran. Screenshots
 of the filled form and of the page after the trigger go to the test's tmp dir and are copied to
-``runs/test-artifacts/airflow-ui/`` (the latest run's; ignored by git).
+``runs/test-artifacts/airflow-ui/`` (the latest run's; ignored by git), or ``$AREAL_TEST_ARTIFACTS/airflow-ui/``
+when that is set (tests/fixtures/browser.py).
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.airflow_server import AirflowClient, AirflowServerError, AirflowStandalone, wait_for
+from tests.fixtures.browser import CHROMIUM, artifacts_dir, require_chromium
 
 pytestmark = [pytest.mark.airflow, pytest.mark.integration]
 
 DAG_ID = "areal_rl_training"
-CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
-REPO_ROOT = Path(__file__).resolve().parents[3]
-ARTIFACTS = REPO_ROOT / "runs" / "test-artifacts" / "airflow-ui"
 UI_TIMEOUT_MS = 60_000
 
 
@@ -44,9 +43,7 @@ def _run_or_none(airflow: AirflowClient, run_id: str) -> dict | None:
 def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
     airflow_server: AirflowStandalone, airflow: AirflowClient, tmp_path: Path
 ) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
-    if not CHROMIUM.is_file():
-        pytest.skip(f"no Chromium (not on PATH, no {CHROMIUM}): apt-get install chromium, or `make browser` as root")
+    sync_api = require_chromium()
     tag = uuid.uuid4().hex[:8]
     experiment, run_id = f"it-browser-{tag}", f"browser_{tag}"
     shots = [tmp_path / "trigger-form.png", tmp_path / "after-trigger.png"]
@@ -92,10 +89,10 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
                 page.get_by_test_id("trigger-dag-submit").wait_for(state="detached")  # the dialog closed
             finally:
                 page.screenshot(path=str(shots[1]), full_page=True)
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                artifacts = artifacts_dir("airflow-ui")
                 for shot in shots:
                     if shot.is_file():
-                        shutil.copy(shot, ARTIFACTS / shot.name)  # the latest run's
+                        shutil.copy(shot, artifacts / shot.name)  # the latest run's
         finally:
             browser.close()
     ui_s = time.monotonic() - started
@@ -114,4 +111,5 @@ def test_trigger_form_in_the_browser_starts_a_run_with_the_changed_param(
     # marking a run failed skips its pending tasks; on SQLite (no row locks) a scheduler loop that loaded
     # the run before the mark can still settle it as all-skipped, i.e. success: either way nothing trained
     assert airflow.dag_run(DAG_ID, run_id)["state"] in ("failed", "success"), states
-    print(f"\n[test_browser_trigger] login + form + trigger in {ui_s:.1f}s; screenshots in {ARTIFACTS}")
+    shown = artifacts_dir("airflow-ui")
+    print(f"\n[test_browser_trigger] login + form + trigger in {ui_s:.1f}s; screenshots in {shown}")

@@ -141,3 +141,16 @@ def test_register_errors_are_clear(store: SimpleNamespace) -> None:
         store.hook.register("models:/m-doesnotexist", "m", {"eval/reward": 1.0}, "eval/reward")
     with pytest.raises(ArealAirflowError, match="cannot read run"):
         store.hook.log_checkpoint_model("0" * 32, "file:///c/step_1", {})
+
+
+def test_log_artifacts_uploads_files_and_returns_their_uri(store: SimpleNamespace) -> None:
+    files = [store.tmp / "report.html", store.tmp / "trace.json"]
+    for path in files:
+        path.write_text(path.name, encoding="utf-8")
+    uri = store.hook.log_artifacts(store.run_id, files, "report")
+    assert uri == store.client.get_run(store.run_id).info.artifact_uri + "/report"
+    assert sorted(a.path for a in store.client.list_artifacts(store.run_id, "report")) == [
+        "report/report.html",
+        "report/trace.json",
+    ]
+    assert store.hook.log_artifacts(store.run_id, files[:1], "report") == uri  # a retry overwrites
