@@ -77,20 +77,28 @@ def _line_after(text: str, end: int) -> str:
     return text[end:] if newline < 0 else text[end:newline]
 
 
+def _closing_brace(text: str, i: int) -> int | None:
+    """The index of the ``}`` that closes the ``{`` at ``text[i]`` (nesting counted); None if it never closes."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
 def extract_boxed(text: str) -> str | None:
     r"""The content of the last ``\boxed{...}`` or ``\fbox{...}`` (nested braces matched; also the
     brace-less ``\boxed 5``); None when there is none or its braces never close."""
     for m in reversed(list(_BOX.finditer(text))):
         i = m.end()
         if text.startswith("{", i):
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j].strip()
+            j = _closing_brace(text, i)
+            if j is not None:
+                return text[i + 1 : j].strip()
             continue  # unbalanced: try an earlier box
         if text.startswith(" ", i):
             bare = re.match(r"\s+([^\s$]+)", text[i:])
@@ -154,15 +162,8 @@ def _brace_arg(s: str, i: int) -> tuple[str, int] | None:
         return None
     if s[i] != "{":
         return s[i], i + 1
-    depth = 0
-    for j in range(i, len(s)):
-        if s[j] == "{":
-            depth += 1
-        elif s[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return s[i + 1 : j], j + 1
-    return None
+    j = _closing_brace(s, i)
+    return None if j is None else (s[i + 1 : j], j + 1)
 
 
 def _simple(arg: str) -> bool:

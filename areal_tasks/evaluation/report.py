@@ -108,6 +108,20 @@ def build_run(outcomes: Sequence[SetOutcome], options: EvalOptions, facts: dict[
     return EvalRun(summary, items)
 
 
+def first_samples(run: EvalRun, n: int) -> list[dict[str, Any]]:
+    """The first sample of each of the first ``n`` items: ``prompt``, ``answer``, ``completion``, ``reward``
+    (the few completions a result shows a reader)."""
+    return [
+        {
+            "prompt": item["prompt"],
+            "answer": item["reference"],
+            "completion": item["completions"][0],
+            "reward": item["rewards"][0],
+        }
+        for item in run.items[:n]
+    ]
+
+
 def items_path_for(out: Path) -> Path:
     """Where the per-item JSONL of ``--out FILE`` goes: ``res.json`` -> ``res.items.jsonl``."""
     if out.suffix == ".json":

@@ -52,6 +52,7 @@ def evaluate(
     ``n_samples`` overrides :func:`samples_per_prompt` (samples of each prompt).
     """
     from areal_tasks.evaluation.harness import EvalOptions, run_eval
+    from areal_tasks.evaluation.report import first_samples
 
     if n_prompts is None:
         n_prompts = cfg.evaluation.max_eval_prompts
@@ -73,15 +74,7 @@ def evaluate(
         "mean_reward": summary["mean_reward"],
         "answer_rate": summary["answer_rate"],
         "wall_s": summary["wall_s"],
-        "samples": [
-            {
-                "prompt": item["prompt"],
-                "answer": item["reference"],
-                "completion": item["completions"][0],
-                "reward": item["rewards"][0],
-            }
-            for item in run.items[:N_SAMPLES]
-        ],
+        "samples": first_samples(run, N_SAMPLES),
         "report": summary,
     }
     logger.info(

@@ -175,6 +175,7 @@ class EvaluateCheckpointOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from areal_tasks.errors import EvaluationError, RewardError
         from areal_tasks.evaluation import EvalOptions, run_eval, write_run
+        from areal_tasks.evaluation.report import first_samples
         from areal_tasks.rollout.evaluation import samples_per_prompt
 
         cfg = self._config()
@@ -207,15 +208,7 @@ class EvaluateCheckpointOperator(BaseOperator):
             "n_samples": options.n_samples,
             "eval_sets": eval_sets,
             "summary_file": str(summary_file),
-            "samples": [
-                {
-                    "prompt": i["prompt"],
-                    "answer": i["reference"],
-                    "completion": i["completions"][0],
-                    "reward": i["rewards"][0],
-                }
-                for i in run.items[:XCOM_SAMPLES]
-            ],
+            "samples": first_samples(run, XCOM_SAMPLES),
         }
 
     # ------------------------------------------------------------------ steps
