@@ -243,7 +243,7 @@ def check_rollout(p: Problems, rollout: RolloutConfig) -> None:
 
 def check_columns(p: Problems, columns: ColumnsConfig) -> None:
     """``dataset.columns``: names are non-empty; a prompt (or chat) and an answer (or tests) are named."""
-    for role in ("prompt", "messages", "answer", "tests"):
+    for role in ("prompt", "messages", "answer", "tests", "images"):
         p.non_empty(f"dataset.columns.{role}", getattr(columns, role), optional=True)
     metadata = columns.metadata
     names = [metadata] if isinstance(metadata, str) else metadata

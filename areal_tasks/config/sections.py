@@ -70,6 +70,10 @@ class ColumnsConfig:
     tests: str | None = None
     #: column(s) passed to the reward as ``metadata=`` (one column, or a list: a mapping by column name).
     metadata: list[str] | str | None = None
+    #: column holding the prompt's images (an HF ``Image`` feature, a list of them, PNG/JPEG bytes, or
+    #: file paths relative to the data's folder), shown before the prompt by the ``vision`` workflow;
+    #: null = none.
+    images: str | None = None
 
 
 @dataclass

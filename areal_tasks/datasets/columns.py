@@ -1,11 +1,13 @@
-"""The column mapping: which column of a data row holds the prompt (or chat), answer, tests, metadata.
+"""The column mapping: which column of a data row holds the prompt (or chat), answer, tests, metadata, images.
 
 :class:`RecordMapper` turns ``dataset.columns`` (:class:`~areal_tasks.config.sections.ColumnsConfig`)
 into a row -> :class:`~areal_tasks.datasets.registry.Record` conversion. It checks a source's column
 names up front (a ConfigError naming the missing column, the columns there are and the setting to
 change) and every row's values as it converts them (a prompt must be text, a chat a list of
-``{role, content}`` messages, an answer text or a number, tests text or a list of texts), so a bad
-file fails at load time with the row number rather than in an episode. Torch-free.
+``{role, content}`` messages, an answer text or a number, tests text or a list of texts, images
+what :func:`~areal_tasks.datasets.images.image_list` reads: an HF ``Image`` feature, bytes, or file
+paths relative to the data's folder), so a bad file fails at load time with the row number rather
+than in an episode. Torch-free.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.errors import ConfigError
@@ -26,7 +29,20 @@ logger = logging.getLogger(__name__)
 __all__ = ["ROLES", "RecordMapper"]
 
 #: the roles a column can be mapped to (the fields of ``dataset.columns``).
-ROLES = ("prompt", "messages", "answer", "tests", "metadata")
+ROLES = ("prompt", "messages", "answer", "tests", "metadata", "images")
+
+
+def local_folder(source: str) -> Path | None:
+    """The local folder relative image paths of ``source`` (a ``dataset.path``) are resolved against:
+    the data file's folder, the directory itself, or a glob's fixed head; None for remote data."""
+    if "://" in source and not source.startswith("file://"):
+        return None
+    path = Path(source.removeprefix("file://")).expanduser()
+    parts = path.parts
+    for i, part in enumerate(parts):
+        if set(part) & set("*?["):
+            return Path(*parts[:i]) if i else Path(".")
+    return path if path.is_dir() else path.parent
 
 
 def _shown(value: Any) -> str:
@@ -56,18 +72,26 @@ class RecordMapper:
         #: the metadata column(s); one column given as a string passes its value (a mapping) as is.
         self.metadata: list[str] = [metadata] if isinstance(metadata, str) else list(metadata or [])
         self.metadata_single = isinstance(metadata, str)
+        #: the column of the prompt's images (one image or a list per row), or None.
+        self.images: str | None = columns.images
+        self.base_dir = local_folder(source) if self.images is not None else None
 
     @property
     def needed(self) -> list[str]:
         """Every column the mapping reads (in role order, no repeats)."""
-        return list(dict.fromkeys([*self.roles.values(), *self.metadata]))
+        images = [self.images] if self.images is not None else []
+        return list(dict.fromkeys([*self.roles.values(), *self.metadata, *images]))
 
     def check_columns(self, available: Iterable[str]) -> None:
         """ConfigError naming each mapped column ``available`` lacks, the columns it has, and the fix."""
         have = list(available)
         missing = [
             (role, column)
-            for role, column in [*self.roles.items(), *(("metadata", c) for c in self.metadata)]
+            for role, column in [
+                *self.roles.items(),
+                *(("metadata", c) for c in self.metadata),
+                *([("images", self.images)] if self.images is not None else []),
+            ]
             if column not in have
         ]
         if missing:
@@ -101,7 +125,8 @@ class RecordMapper:
         if "tests" in self.roles:
             tests = self._tests(row[self.roles["tests"]], where)
         metadata = self._metadata(row) if self.metadata else None
-        return Record(prompt, answer, messages=messages, tests=tests, metadata=metadata)
+        images = self._images(row[self.images], where) if self.images is not None else ()
+        return Record(prompt, answer, messages=messages, tests=tests, metadata=metadata, images=images)
 
     # -- per-role checks -------------------------------------------------------------------------
 
@@ -138,6 +163,13 @@ class RecordMapper:
         if isinstance(value, Sequence) and value and all(isinstance(t, str) for t in value):
             return "\n".join(value)
         raise self._bad(where, "tests", value, "test code as text, or a non-empty list of texts")
+
+    def _images(self, value: Any, where: str) -> tuple[Any, ...]:
+        from areal_tasks.datasets.images import image_list
+
+        return image_list(
+            value, f"{self.source} {where}: column {self.images!r} (dataset.columns.images)", self.base_dir
+        )
 
     def _metadata(self, row: Mapping[str, Any]) -> dict[str, Any]:
         if self.metadata_single:

@@ -5,6 +5,10 @@ Accepted forms:
 * ``demo:arithmetic`` with optional options as a query string, e.g.
   ``demo:arithmetic?digits=2&ops=+&n_train=500&n_eval=50&seed=3&wrong_fraction=0.3`` (the fields of
   :class:`~areal_tasks.datasets.arithmetic.ArithmeticOptions`). A demo set has both splits.
+* ``demo:shapes`` with options likewise (the fields of
+  :class:`~areal_tasks.datasets.shapes.ShapesOptions`, e.g. ``demo:shapes?kind=colour&n_train=500``):
+  small images drawn with Pillow and a question about them, each record carrying its image in
+  ``images`` (a task for vision-language models, through the ``vision`` workflow).
 * ``demo:calculator`` with the same options (two-digit ``+-`` by default, see
   :class:`~areal_tasks.datasets.calculator.CalculatorOptions`): the same questions, each record
   carrying the calculator's tool schema in ``tools`` (a task for tool-using agents).
@@ -12,7 +16,7 @@ Accepted forms:
   JSON/JSONL or Arrow file, a glob or directory of such shards, or a ``save_to_disk`` directory; a
   local path or a ``file://`` / ``s3://`` URL (``dataset.options`` and the AWS environment reach
   S3). ``dataset.columns`` maps their columns to a :class:`Record`'s prompt (or chat), answer, tests
-  and metadata (:mod:`~areal_tasks.datasets.columns`). A file set has one split; the eval split
+  metadata and images (:mod:`~areal_tasks.datasets.columns`). A file set has one split; the eval split
   comes from ``dataset.eval_path``.
 
 :func:`load_split` applies that rule to a ``DatasetConfig``: ``train`` reads ``path``; ``eval`` reads
@@ -34,6 +38,7 @@ from urllib.parse import parse_qsl
 from areal_tasks.datasets import calculator
 from areal_tasks.datasets.arithmetic import ArithmeticOptions, generate_splits
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT
+from areal_tasks.datasets.shapes import ShapesOptions, generate_visual_splits
 from areal_tasks.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,9 +51,10 @@ logger = logging.getLogger(__name__)
 Split = Literal["train", "eval"]
 DEMO_PREFIX = "demo:"
 #: each demo task's options type (its fields are the spec's query keys).
-DEMO_OPTIONS: dict[str, type[ArithmeticOptions]] = {
+DEMO_OPTIONS: dict[str, type[ArithmeticOptions] | type[ShapesOptions]] = {
     "arithmetic": ArithmeticOptions,
     "calculator": calculator.CalculatorOptions,
+    "shapes": ShapesOptions,
 }
 DEMO_TASKS = tuple(DEMO_OPTIONS)
 
@@ -62,7 +68,8 @@ class Record:
     ``tools``: the OpenAI tool schemas an agent offers for it (empty for plain prompts);
     ``messages``: a chat (``{role, content}`` dicts) rendered through the chat template instead of
     ``prompt``; ``tests``: unit tests for the reward (``tests=``); ``metadata``: other columns for the
-    reward (``metadata=``).
+    reward (``metadata=``); ``images``: the RGB Pillow images the prompt shows (rendered before its
+    text by the ``vision`` workflow; empty for text prompts).
     """
 
     prompt: str
@@ -71,6 +78,7 @@ class Record:
     messages: tuple[dict[str, Any], ...] | None = None
     tests: str | None = None
     metadata: Mapping[str, Any] | None = None
+    images: tuple[Any, ...] = ()
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -85,7 +93,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, dict(pairs)
 
 
-def arithmetic_options(spec: str) -> ArithmeticOptions:
+def arithmetic_options(spec: str) -> ArithmeticOptions | ShapesOptions:
     """The options a ``demo:<task>?...`` spec names (the task's options type; defaults for absent keys)."""
     name, raw = parse_spec(spec)
     options = DEMO_OPTIONS[name]
@@ -104,7 +112,12 @@ def arithmetic_options(spec: str) -> ArithmeticOptions:
 
 def _demo_records(spec: str, split: Split) -> list[Record]:
     name, _ = parse_spec(spec)
-    train, evaluation = generate_splits(arithmetic_options(spec))
+    options = arithmetic_options(spec)
+    if isinstance(options, ShapesOptions):
+        train_images, eval_images = generate_visual_splits(options)
+        shown = train_images if split == "train" else eval_images
+        return [Record(p.question, str(p.answer), images=(p.image(),)) for p in shown]
+    train, evaluation = generate_splits(options)
     problems = train if split == "train" else evaluation
     tools = calculator.TOOLS if name == "calculator" else ()
     return [Record(p.question, str(p.answer), tools) for p in problems]

@@ -12,6 +12,10 @@ assistant answers. Their wrong demonstrations go wrong one of two ways, half eac
 assistant skips the tool and guesses (the right value off by 1-3), or calls it and then states its
 result off by 1-3. The warm-started model thus calls the tool and copies the result only most of
 the time, and RL gains by learning to always do both.
+
+Records with images (the ``shapes`` task) keep them: their demonstration shows the images before the
+prompt text (one ``{"type": "image"}`` part each, as the ``vision`` workflow renders the prompt), and
+the SFT loop renders it through the model's processor.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class Demonstration:
     """One SFT example: the prompt, the final assistant response and whether its answer is right.
 
     ``turns`` are the messages between the user's prompt and the final response (an assistant tool
-    call and the tool's result); ``tools`` the tool schemas the transcript is rendered with.
+    call and the tool's result); ``tools`` the tool schemas the transcript is rendered with;
+    ``images`` the images the prompt shows (RGB Pillow images; empty for text).
     """
 
     prompt: str
@@ -45,12 +50,18 @@ class Demonstration:
     correct: bool
     turns: tuple[Mapping[str, Any], ...] = ()
     tools: tuple[Mapping[str, Any], ...] = ()
+    images: tuple[Any, ...] = ()
 
     def messages(self, system: str | None) -> list[dict[str, Any]]:
-        """The whole chat: the system turn (when ``system`` is non-empty), the prompt, turns, response."""
+        """The whole chat: the system turn (when ``system`` is non-empty), the prompt (after an image
+        part per image), turns, response."""
         head = [{"role": "system", "content": system}] if system else []
         tail = [{"role": "assistant", "content": self.response}]
-        return [*head, {"role": "user", "content": self.prompt}, *(dict(t) for t in self.turns), *tail]
+        user: dict[str, Any] = {"role": "user", "content": self.prompt}
+        if self.images:
+            parts = [{"type": "image"} for _ in self.images]
+            user = {"role": "user", "content": [*parts, {"type": "text", "text": self.prompt}]}
+        return [*head, user, *(dict(t) for t in self.turns), *tail]
 
 
 def _reference(i: int, record: Record) -> int:
@@ -85,6 +96,6 @@ def build_demonstrations(records: Sequence[Record], wrong_fraction: float, seed:
             continue
         if i in wrong:
             value += rng.choice(_WRONG_OFFSETS)
-        demos.append(Demonstration(record.prompt, format_answer(value), i not in wrong))
+        demos.append(Demonstration(record.prompt, format_answer(value), i not in wrong, images=record.images))
     logger.debug("%d demonstrations, %d with a wrong answer", len(demos), n_wrong)
     return demos

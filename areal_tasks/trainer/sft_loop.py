@@ -1,6 +1,7 @@
 """The SFT loop of one train rank: demonstrations -> packed batches -> engine steps -> HF model.
 
-The engine is the actor's (``actor.backend`` through the engine registry) on the actor's layout
+The demonstrations are tokenized once (``sft_transcripts.py``; with their images for a
+vision-language task). The engine is the actor's (``actor.backend`` through the engine registry) on the actor's layout
 from the allocation (dp x tp x sp). Every rank builds the same global batch for a step (the data
 order depends only on the seed), takes its data-parallel share (``dp_split``; ranks that differ
 only in their tp/sp coordinate take the same share) and submits it with the SFT loss (``submit_train_batch``: a
@@ -22,11 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_tasks.api.run_dir import RunPaths
-from areal_tasks.datasets.prompts import render_messages, render_prompt
-from areal_tasks.datasets.registry import default_system_prompt, load_split, wrong_fraction
-from areal_tasks.datasets.sft import build_demonstrations
 from areal_tasks.errors import ConfigError, EngineError
-from areal_tasks.trainer.sft_data import Transcript, pack_transcripts, sft_loss, sft_loss_weight
+from areal_tasks.trainer.sft_data import sft_loss, sft_loss_weight
+from areal_tasks.trainer.sft_transcripts import build_sft_set
 
 if TYPE_CHECKING:
     from areal_tasks.api.train_engine import SubmittedStep
@@ -34,24 +33,6 @@ if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
 
 logger = logging.getLogger(__name__)
-
-
-def build_transcripts(cfg: JobConfig, tokenizer: object) -> list[Transcript]:
-    """The tokenized SFT transcripts of the train split (prompts over ``max_prompt_len`` dropped); the
-    loss mask covers every assistant turn (tool calls included)."""
-    records = load_split(cfg.dataset, "train")
-    demos = build_demonstrations(records, wrong_fraction(cfg.dataset.path), seed=cfg.experiment.seed)
-    configured = cfg.rollout.workflow.system_prompt  # the prompt RL and evaluation render too
-    system = default_system_prompt(cfg.dataset.path) if configured is None else configured
-    transcripts = []
-    for demo in demos:
-        if len(render_prompt(tokenizer, demo.prompt, system, demo.tools)) > cfg.dataset.max_prompt_len:
-            continue
-        transcripts.append(render_messages(tokenizer, demo.messages(system), demo.tools))
-    if not transcripts:
-        raise ConfigError(f"dataset.max_prompt_len={cfg.dataset.max_prompt_len} drops every training prompt")
-    logger.info("SFT: %d transcripts (%d dropped as too long)", len(transcripts), len(demos) - len(transcripts))
-    return transcripts
 
 
 def step_indices(n_items: int, batch_size: int, step: int, seed: int, shuffle: bool) -> list[int]:
@@ -91,7 +72,7 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
         raise ConfigError(f"train.sft_warmup_steps={steps} must be >= 1 to run SFT")
     seed = cfg.experiment.seed
     paths = RunPaths.of(cfg.experiment.run_dir)
-    transcripts = build_transcripts(cfg, load_tokenizer(model_dir))
+    demonstrations = build_sft_set(cfg, load_tokenizer(model_dir))
     engine = build_engine(
         "actor", sft_engine_config(cfg), model_dir, parallel=actor_layout(cfg), total_steps=steps, seed=seed
     )
@@ -127,8 +108,8 @@ def run_sft_rank(cfg: JobConfig, model_dir: str) -> Path:
     for step in bar:
         torch.manual_seed(seed * 1_000_003 + step)
         random.seed(seed * 1_000_003 + step)
-        picked = step_indices(len(transcripts), cfg.train.batch_size, step, seed, cfg.dataset.shuffle)
-        batch = pack_transcripts([transcripts[i] for i in picked])
+        picked = step_indices(len(demonstrations), cfg.train.batch_size, step, seed, cfg.dataset.shuffle)
+        batch = demonstrations.batch(picked)
         local = dp_split(batch, info.dp_size, granularity=granularity)[info.dp_rank] if info.dp_size > 1 else batch
         started = time.perf_counter()
         submitted = engine.submit_train_batch(local, sft_loss, sft_loss_weight)

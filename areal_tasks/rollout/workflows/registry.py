@@ -58,6 +58,8 @@ WORKFLOWS: Registry[WorkflowFactory] = Registry(
     {
         "rlvr": "areal_tasks.rollout.workflows.rlvr:RLVRWorkflow",
         "multi_turn": "areal_tasks.rollout.workflows.multi_turn:MultiTurnWorkflow",
+        # rlvr for prompts with images, rendered through the model's processor
+        "vision": "areal_tasks.rollout.workflows.vision:VisionRLVRWorkflow",
         # agent code through ArealOpenAI, and any OpenAI-speaking program through a proxy session
         "agent": "areal_tasks.agent.workflow:AgentWorkflow",
         "agent_command": "areal_tasks.agent.command_workflow:AgentCommandWorkflow",
