@@ -206,8 +206,8 @@ def split_images(image_data: Any, count: int, is_batch: bool) -> list[list[str]]
 
 def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str, Any]], bool]:
     """One dict per prompt (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
-    ``logprob_start_len``, ``top_logprobs_num``, ``image_data``: its images, ``image_field``: how
-    errors name them) and whether the request was a batch."""
+    ``logprob_start_len``, ``top_logprobs_num``; with images ``image_data``, and ``image_field``
+    that names them in errors) and whether the request was a batch."""
     refused = req.refused_fields()
     if refused:
         raise InferenceRequestError(f"/generate: {refused} are not supported by the embedded server")
@@ -248,11 +248,12 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
             "return_logprob": bool(logprob[i]),  # None: False
             "logprob_start_len": -1 if start[i] is None else start[i],
             "top_logprobs_num": top[i] or 0,
-            "image_data": images[i],
-            "image_field": f"image_data[{i}]" if is_batch else "image_data",
         }
         for i in range(count)
     ]
+    for i, item in enumerate(items):
+        if images[i]:
+            item["image_data"], item["image_field"] = images[i], f"image_data[{i}]" if is_batch else "image_data"
     return items, is_batch
 
 

@@ -26,6 +26,7 @@ import torch
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.images import decode_images
+from areal_tasks.models.vision_processor import IMAGE_PAD, image_token_counts, mm_token_type_ids
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def pad_runs(ids: list[int], pad: int) -> list[tuple[int, int]]:
     return runs
 
 
-def expand_pads(ids: list[int], counts: list[int], pad: int, pad_name: str = "<|image_pad|>") -> list[int]:
+def expand_pads(ids: list[int], counts: list[int], pad: int, pad_name: str = IMAGE_PAD) -> list[int]:
     """``ids`` with each image's placeholder run ``counts[i]`` pads long (see the module doc)."""
     runs = pad_runs(ids, pad)
     lengths = [n for _, n in runs]
@@ -96,7 +97,7 @@ class VisionPreparer:
         self.image_token_id = int(config.image_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
         self._rope_index = model.model.get_rope_index
-        self.pad_name = "<|image_pad|>"
+        self.pad_name = IMAGE_PAD
 
     def prepare(
         self, input_ids: list[int], image_data: list[Any], field: str = "image_data"
@@ -109,12 +110,12 @@ class VisionPreparer:
         images = decode_images(image_data, field)
         processed = self.image_processor(images=images, return_tensors="pt")
         grid = processed["image_grid_thw"].long()
-        counts = (grid.prod(-1) // self.merge**2).tolist()
-        ids = expand_pads(input_ids, counts, self.image_token_id, self.pad_name)
+        ids = expand_pads(input_ids, image_token_counts(grid, self.merge), self.image_token_id, self.pad_name)
         ids_t = torch.tensor([ids], dtype=torch.long)
-        token_types = (ids_t == self.image_token_id).int()
         with torch.inference_mode():
-            positions, deltas = self._rope_index(ids_t, token_types, image_grid_thw=grid)
+            positions, deltas = self._rope_index(
+                ids_t, mm_token_type_ids(ids_t, self.image_token_id), image_grid_thw=grid
+            )
         prompt = VisionPrompt(
             pixel_values=processed["pixel_values"].float(),
             image_grid_thw=grid,
