@@ -62,4 +62,16 @@ def tiny_qwen2(tiny_model_factory) -> Path:
     return tiny_model_factory("qwen2")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl(tiny_model_factory) -> Path:
+    """The tiny Qwen2-VL (``areal_tasks.models.tiny.vision_kit``)."""
+    return tiny_model_factory("qwen2_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tiny_model_factory) -> Path:
+    """The tiny Qwen2.5-VL (``areal_tasks.models.tiny.vision_kit``)."""
+    return tiny_model_factory("qwen2_5_vl")
+
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

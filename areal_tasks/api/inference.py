@@ -139,12 +139,19 @@ class ModelRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     #: request id; unique per request (resubmissions of a partial rollout derive theirs from it).
     rid: str = field(default_factory=new_rid)
+    #: images of a vision-language prompt, in the order of their placeholders in ``input_ids``: each
+    #: base64 text of PNG/JPEG bytes or a ``data:image/...;base64,`` URL (SGLang's ``image_data``).
+    #: ``input_ids`` hold the placeholders expanded as the model's processor expands them.
+    image_data: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise ConfigError(f"ModelRequest {self.rid}: input_ids must not be empty")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.input_ids):
             raise ConfigError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
+        object.__setattr__(self, "image_data", tuple(self.image_data))
+        if not all(isinstance(image, str) and image for image in self.image_data):
+            raise ConfigError(f"ModelRequest {self.rid}: image_data must hold non-empty base64 strings or data URLs")
 
 
 @dataclass

@@ -40,6 +40,10 @@ class Trajectory:
     prompt_len: int
     #: free-form facts for metrics and debugging: stop reason, turns, answer, latency...
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: a vision-language sample's pixel inputs, as the model's processor returns them for this
+    #: sample's images (in the order of their placeholders): ``{"pixel_values": FloatTensor[P, D],
+    #: "image_grid_thw": LongTensor[N, 3]}``; None for text.
+    multimodal: dict[str, Any] | None = None
 
     def validate(self) -> Trajectory:
         """Check the per-token lists line up; return self. Raises :class:`TrajectoryError`."""

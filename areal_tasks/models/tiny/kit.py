@@ -87,10 +87,17 @@ MAX_TINY_PARAMS = 2 * 10**9
 TINY_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral", "gemma", "qwen2_moe", "qwen3_moe", "mixtral")
 
 
+def _unsupported(family: str) -> ModelError:
+    from areal_tasks.models.tiny.vision_kit import VISION_FAMILIES
+
+    choices = ", ".join((*TINY_FAMILIES, *VISION_FAMILIES))
+    return ModelError(f"tiny model family {family!r} is not supported; choose one of {choices}")
+
+
 def tiny_config(family: str, **config_overrides: Any) -> dict[str, Any]:
     """The config kwargs (for the family's transformers config class) of a tiny ``family`` model."""
     if family not in TINY_FAMILIES:
-        raise ModelError(f"tiny model family {family!r} is not supported; choose one of {', '.join(TINY_FAMILIES)}")
+        raise _unsupported(family)
     config: dict[str, Any] = {
         **_DENSE_SHAPE,
         **_MOE_SHAPE.get(family, {}),
@@ -114,7 +121,7 @@ def check_config_keys(family: str, config_overrides: dict[str, Any]) -> None:
     from transformers import AutoConfig
 
     if family not in TINY_FAMILIES:
-        raise ModelError(f"tiny model family {family!r} is not supported; choose one of {', '.join(TINY_FAMILIES)}")
+        raise _unsupported(family)
     known = set(AutoConfig.for_model(TEXT_MODEL_TYPE[family]).to_dict()) | set(tiny_config(family))
     unknown = sorted(set(config_overrides) - known)
     if unknown:
@@ -209,10 +216,16 @@ def build_tiny_model(
 
     ``seed`` fixes the weights; ``config_overrides`` change the shape (e.g. ``num_hidden_layers=4``);
     a key the family's config class does not define is a ModelError. ``head_dim`` follows
-    ``hidden_size // num_attention_heads`` unless it is overridden itself.
+    ``hidden_size // num_attention_heads`` unless it is overridden itself. Vision-language families
+    (:data:`~areal_tasks.models.tiny.vision_kit.VISION_FAMILIES`) are built by
+    :func:`~areal_tasks.models.tiny.vision_kit.build_tiny_vlm`.
     With ``out_dir`` the files are copied there and ``out_dir`` is returned; otherwise the cache
     entry itself is returned (treat it as read-only).
     """
+    from areal_tasks.models.tiny.vision_kit import VISION_FAMILIES, build_tiny_vlm
+
+    if family in VISION_FAMILIES:
+        return build_tiny_vlm(family, seed, out_dir, cache_dir=cache_dir, **config_overrides)
     if config_overrides:  # the check imports transformers; a plain cache hit stays a stat
         check_config_keys(family, config_overrides)
     config = tiny_config(family, **config_overrides)
