@@ -4,7 +4,8 @@ and of ``pixel_values`` (one per image patch) belong to which sequence.
 Images are laid out sequence after sequence (``api/batch.py``): sequence ``i`` holds the next
 ``seq_n_images[i]`` images, and image ``j`` the next ``prod(image_grid_thw[j])`` patch rows. Selecting
 sequences (micro-batches, data-parallel shares) takes their images and patches along, in the order
-the sequences are selected.
+the sequences are selected. :func:`pack_images` builds the three keys from each sequence's own
+pixel inputs (``Trajectory.multimodal``: what the image processor returned for its images).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from areal_tasks.api.batch import IMAGE_GRID_THW, PIXEL_VALUES, SEQ_N_IMAGES, VISION_KEYS
 from areal_tasks.errors import EngineError
 
-__all__ = ["check_image_keys", "has_images", "select_image_keys"]
+__all__ = ["check_image_keys", "has_images", "pack_images", "select_image_keys"]
 
 
 def has_images(batch: Mapping[str, torch.Tensor]) -> bool:
@@ -75,4 +76,42 @@ def select_image_keys(batch: Mapping[str, torch.Tensor], seq_indices: Sequence[i
     return {
         PIXEL_VALUES: pixels.index_select(0, rows.to(pixels.device)),
         IMAGE_GRID_THW: thw.index_select(0, images.to(thw.device)),
+    }
+
+
+def pack_images(per_sequence: Sequence[Mapping[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """The image keys of a packed batch from every sequence's pixel inputs, in sequence order:
+    ``{"pixel_values": [P_i, D], "image_grid_thw": [N_i, 3]}`` or None for a text-only sequence.
+    Empty (no keys) when no sequence has pixel inputs."""
+    if all(item is None for item in per_sequence):
+        return {}
+    pixels: list[torch.Tensor] = []
+    grids: list[torch.Tensor] = []
+    counts: list[int] = []
+    width = None
+    for i, item in enumerate(per_sequence):
+        if item is None:
+            counts.append(0)
+            continue
+        missing = {PIXEL_VALUES, IMAGE_GRID_THW} - set(item)
+        if missing:
+            raise EngineError(f"sequence {i}: its pixel inputs lack {sorted(missing)} (have {sorted(item)})")
+        pix, grid = torch.as_tensor(item[PIXEL_VALUES]), torch.as_tensor(item[IMAGE_GRID_THW])
+        if grid.dim() != 2 or grid.shape[1] != 3:
+            raise EngineError(f"sequence {i}: {IMAGE_GRID_THW} must be [N, 3], got {tuple(grid.shape)}")
+        if pix.dim() != 2 or pix.shape[0] != int(grid.prod(-1).sum()):
+            raise EngineError(
+                f"sequence {i}: {PIXEL_VALUES} must be [sum(prod({IMAGE_GRID_THW})), D] = "
+                f"[{int(grid.prod(-1).sum())}, D], got {tuple(pix.shape)}"
+            )
+        if width is not None and pix.shape[1] != width:
+            raise EngineError(f"sequence {i}: {PIXEL_VALUES} rows have {pix.shape[1]} values, earlier ones {width}")
+        width = int(pix.shape[1])
+        pixels.append(pix.to(torch.float32))
+        grids.append(grid.to(torch.long))
+        counts.append(int(grid.shape[0]))
+    return {
+        PIXEL_VALUES: torch.cat(pixels),
+        IMAGE_GRID_THW: torch.cat(grids),
+        SEQ_N_IMAGES: torch.tensor(counts, dtype=torch.long),
     }

@@ -10,7 +10,7 @@ them (causally, at the text bounds) and flash-attention would receive them twice
 tower trains with the rest (LoRA freezes it with every other base weight).
 
 Positions. Qwen2-VL's rotary embedding takes 3-D (temporal, height, width) positions: image tokens
-follow the image's grid, text tokens count on after it. :meth:`VisionInputs.position_ids` computes
+follow the image's grid, text tokens count on after it. :meth:`VLMInputs.position_ids` computes
 them with the model's own ``get_rope_index`` for every sequence separately (each restarts at 0, as
 a per-sequence forward would) and concatenates them; transformers' packed form ``[4, 1, T]`` puts
 the plain per-sequence text positions first (what a packing-aware attention reads), then the three
@@ -18,7 +18,7 @@ rotary rows.
 
 Dummy image. Under FSDP with more than one rank, every rank's backward must reduce the gradients
 of the same parameters: a micro-batch without images would leave the vision tower without
-gradients on one rank while another rank has them. :meth:`VisionInputs.with_dummy_image` appends a
+gradients on one rank while another rank has them. :meth:`VLMInputs.with_dummy_image` appends a
 one-token sequence holding a blank image of the smallest grid; its scores are cut off again, so it
 adds zero to every gradient and nothing to the outputs.
 """
@@ -43,7 +43,7 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VISION_MODEL_TYPES", "VisionInputs", "is_vision_language", "load_vision_language"]
+__all__ = ["VISION_MODEL_TYPES", "VLMInputs", "is_vision_language", "load_vision_language"]
 
 #: the vision-language ``model_type`` values the engine trains.
 VISION_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
@@ -81,7 +81,7 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @dataclass(frozen=True)
-class VisionInputs:
+class VLMInputs:
     """What the forward needs to feed one VLM: the image token, the merge size, the patch width, and
     the model's own 3-D position function (``Qwen2VLModel.get_rope_index``)."""
 
@@ -92,7 +92,7 @@ class VisionInputs:
     rope_index: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     @classmethod
-    def of_model(cls, model: torch.nn.Module) -> VisionInputs | None:
+    def of_model(cls, model: torch.nn.Module) -> VLMInputs | None:
         """The inputs of ``model`` when it is a supported VLM (possibly peft-wrapped), else None."""
         base = _base_model(model)
         config = getattr(base, "config", None)

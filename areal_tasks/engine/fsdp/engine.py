@@ -59,7 +59,7 @@ from areal_tasks.engine.step_common import (
     loss_weights,
     plan_micro_batches,
 )
-from areal_tasks.engine.vision import VisionInputs
+from areal_tasks.engine.vision import VLMInputs
 from areal_tasks.errors import EngineError
 from areal_tasks.trace import span
 
@@ -150,7 +150,7 @@ class FSDPEngine(TrainEngine):
         self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
         #: a vision-language model's inputs (``engine/vision.py``), or None for a text model
-        self.vision = VisionInputs.of_model(self.model)
+        self.vision = VLMInputs.of_model(self.model)
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
         self.forward_mb = MicroBatchForward(
             self.model,

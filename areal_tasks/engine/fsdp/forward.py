@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
-    from areal_tasks.engine.vision import VisionInputs
+    from areal_tasks.engine.vision import VLMInputs
     from areal_tasks.kernels.lm_head import ChunkedLMHead
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class MicroBatchForward:
         lm_head: ChunkedLMHead | None = None,
         *,
         host_bounds: bool = True,
-        vision: VisionInputs | None = None,
+        vision: VLMInputs | None = None,
         ensure_image: bool = False,
     ) -> None:
         """``host_bounds``: pass the host copy of the sequence bounds to the attention (the CPU
