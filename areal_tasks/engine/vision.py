@@ -26,7 +26,7 @@ adds zero to every gradient and nothing to the outputs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VISION_MODEL_TYPES", "VLMInputs", "is_vision_language", "load_vision_language"]
+__all__ = ["VISION_MODEL_TYPES", "VLMInputs", "is_vision_language", "load_vision_language", "model_problems"]
 
 #: the vision-language ``model_type`` values the engine trains.
 VISION_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
@@ -64,6 +64,29 @@ def is_vision_language(hf_config: Any) -> bool:
             f"supported vision-language families: {', '.join(VISION_MODEL_TYPES)}"
         )
     return False
+
+
+def model_problems(hf_config: Mapping[str, Any], dims: Any, config: Any) -> list[str]:
+    """Why the FSDP engine cannot run the model whose ``config.json`` is ``hf_config`` at ``dims``
+    (``ParallelDims``) with ``config`` (``EngineConfig``): the engine registry's check, before a job
+    starts. Text models: nothing; vision-language ones: data parallelism only, no value head."""
+    model_type = hf_config.get("model_type")
+    if model_type not in VISION_MODEL_TYPES:
+        if "vision_config" in hf_config:
+            return [
+                f"model_type {model_type!r} has a vision tower; the fsdp engine trains the vision-language "
+                f"families {', '.join(VISION_MODEL_TYPES)}"
+            ]
+        return []
+    problems = [
+        f"{letter}{size} ({word}) is not supported for a vision-language model ({model_type}): it trains "
+        "with data parallelism (d) only"
+        for letter, word, size in (("t", "tensor parallelism", dims.tp), ("c", "sequence parallelism", dims.sp))
+        if size > 1
+    ]
+    if getattr(config, "value_head", False):
+        problems.append(f"a value head (critic) on a vision-language model ({model_type}) is not supported")
+    return problems
 
 
 def load_vision_language(path: str, attn: str, dtype: torch.dtype) -> torch.nn.Module:

@@ -146,3 +146,19 @@ def test_trajectories_and_transcripts_pack_their_images():
     assert "pixel_values" not in pack_transcripts([([1, 2, 3], [0, 1, 1])])
     with pytest.raises(ConfigError, match="images for 1 transcripts"):
         pack_transcripts([([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1])], images=images[:1])
+
+
+def test_the_fsdp_backend_refuses_what_a_vlm_cannot_run_before_a_job_starts(tiny_qwen2_vl):
+    import json
+
+    from areal_tasks.config.engine import EngineConfig
+    from areal_tasks.engine.parallel.mesh import ParallelDims
+    from areal_tasks.engine.registry import model_problems
+
+    config = json.loads((tiny_qwen2_vl / "config.json").read_text())
+    assert model_problems("fsdp", config, ParallelDims(dp=4), EngineConfig()) == []
+    problems = model_problems("fsdp", config, ParallelDims(dp=1, tp=2, sp=2), EngineConfig(value_head=True))
+    assert [p.split(" (")[0] for p in problems] == ["t2", "c2", "a value head"]
+    assert model_problems("fsdp", {"model_type": "qwen2"}, ParallelDims(dp=1, tp=2), EngineConfig()) == []
+    llava = model_problems("fsdp", {"model_type": "llava", "vision_config": {}}, ParallelDims(dp=1), EngineConfig())
+    assert llava and "qwen2_vl" in llava[0]
