@@ -17,6 +17,24 @@ key                 shape       meaning
 ``group_ids``       ``[B]``     int id shared by the samples of one prompt (GRPO group)
 ==================  ==========  =====================================================================
 
+Vision-language batches add three keys (all three or none; a text-only batch has none), with the
+images of every sequence in order, sequence after sequence:
+
+==================  ============  ===================================================================
+key                 shape         meaning
+==================  ============  ===================================================================
+``pixel_values``    ``[P, D]``    the image processor's flattened patches of every image (float32);
+                                  image ``j`` has ``prod(image_grid_thw[j])`` rows
+``image_grid_thw``  ``[N, 3]``    every image's (temporal, height, width) patch grid (int64)
+``seq_n_images``    ``[B]``       how many of those images each sequence holds (0: text only)
+==================  ============  ===================================================================
+
+``input_ids`` carry each image's placeholder tokens already expanded (as the processor writes
+them); engines derive the model's own position ids (Qwen2-VL's 3-D rotary positions) from
+``input_ids``, ``image_grid_thw`` and ``cu_seqlens``. ``pixel_values`` and ``image_grid_thw`` are
+neither per token nor per sequence (:func:`is_image_key`): splitting a batch keeps each sequence's
+images, and their patch rows, with it.
+
 Token alignment: every per-token tensor is aligned with ``input_ids``. A log-probability at index
 ``t`` is ``log p(input_ids[t] | input_ids[<t])`` of the same sequence; the first token of every
 sequence has no such probability, stores ``0`` and is never in ``loss_mask``. Engines return
@@ -39,6 +57,14 @@ LOGPROBS = "logprobs"
 VERSIONS = "versions"
 REWARDS = "rewards"
 GROUP_IDS = "group_ids"
+PIXEL_VALUES = "pixel_values"
+IMAGE_GRID_THW = "image_grid_thw"
+SEQ_N_IMAGES = "seq_n_images"
+
+#: keys whose first dimension counts images (``image_grid_thw``) or their patches (``pixel_values``).
+IMAGE_KEYS = frozenset({PIXEL_VALUES, IMAGE_GRID_THW})
+#: the keys of a vision-language batch (present together or not at all).
+VISION_KEYS = frozenset({PIXEL_VALUES, IMAGE_GRID_THW, SEQ_N_IMAGES})
 
 #: keys whose first dimension is the number of sequences ``B`` rather than tokens ``T``.
 PER_SEQUENCE_KEYS = frozenset({REWARDS, GROUP_IDS, "seq_rewards", "seqlens", "prompt_lens", "sample_ids"})
@@ -50,3 +76,9 @@ def is_per_sequence_key(key: str) -> bool:
     Besides the fixed names above, any key starting with ``seq_`` is per sequence.
     """
     return key in PER_SEQUENCE_KEYS or key.startswith("seq_")
+
+
+def is_image_key(key: str) -> bool:
+    """Whether ``key`` is indexed by image or image patch (``pixel_values``, ``image_grid_thw``),
+    neither by token nor by sequence."""
+    return key in IMAGE_KEYS

@@ -26,6 +26,10 @@ split again with ``n_mbs_override`` when the local count is lower::
     if n != plan.n_micro_batches:
         plan = split_into_micro_batches(batch, spec, n_mbs_override=n)
 
+Vision-language batches: ``pixel_values`` and ``image_grid_thw`` are indexed by image patch and by
+image (:mod:`areal_tasks.engine.image_rows`); a micro-batch takes the images of its sequences, in
+its sequence order, and dummy sequences hold no image (``seq_n_images`` 0, no rows).
+
 ``spec.memory_budget_gb`` is not read here: the engine turns it into ``max_tokens_per_mb`` with
 :func:`areal_tasks.models.memory.resolve_max_tokens_per_mb` (it needs the model) before splitting.
 """
@@ -40,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS, is_per_sequence_key
+from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS, is_image_key, is_per_sequence_key
+from areal_tasks.engine.image_rows import check_image_keys, select_image_keys
 from areal_tasks.engine.packing import partition
 from areal_tasks.errors import ConfigError, EngineError
 
@@ -235,6 +240,8 @@ def sequence_lengths(batch: Mapping[str, torch.Tensor]) -> list[int]:
             continue
         if not isinstance(value, torch.Tensor) or value.dim() == 0:
             raise EngineError(f"batch key {key!r} must be a tensor with a first dimension, got {type(value).__name__}")
+        if is_image_key(key):
+            continue  # by image or patch: check_image_keys below
         per_seq = is_per_sequence_key(key)
         expected = n_seqs if per_seq else n_tokens
         if value.shape[0] != expected:
@@ -243,6 +250,7 @@ def sequence_lengths(batch: Mapping[str, torch.Tensor]) -> list[int]:
                 f"batch key {key!r} has first dimension {value.shape[0]}, expected {expected} {kind}; "
                 "per-sequence keys are listed in areal_tasks.api.batch or start with 'seq_'"
             )
+    check_image_keys(batch, n_seqs)
     return lengths
 
 
@@ -256,9 +264,10 @@ def _select(batch: Mapping[str, torch.Tensor], seq_indices: Sequence[int]) -> Ba
     tokens = _repeat_by_lengths(starts - new_cu[:-1], lengths, total) + torch.arange(total, device=cu.device)
     out: Batch = {CU_SEQLENS: new_cu.to(batch[CU_SEQLENS].dtype)}
     for key, value in batch.items():
-        if key != CU_SEQLENS:
+        if key != CU_SEQLENS and not is_image_key(key):
             index = seqs if is_per_sequence_key(key) else tokens
             out[key] = value.index_select(0, index.to(value.device))
+    out.update(select_image_keys(batch, seq_indices))
     return out
 
 
@@ -270,7 +279,7 @@ def _with_position_ids(mb: Batch) -> Batch:
 
 
 def _dummy_like(template: Batch, n_tokens: int) -> Batch:
-    """One dummy sequence of ``n_tokens`` with ``template``'s keys: zeros, positions ``0..n-1``."""
+    """One dummy sequence of ``n_tokens`` with ``template``'s keys: zeros, positions ``0..n-1``, no image."""
     out: Batch = {}
     for key, value in template.items():
         if key == CU_SEQLENS:
@@ -278,7 +287,7 @@ def _dummy_like(template: Batch, n_tokens: int) -> Batch:
         elif key == POSITION_IDS:
             out[key] = torch.arange(n_tokens, dtype=value.dtype, device=value.device)
         else:
-            rows = 1 if is_per_sequence_key(key) else n_tokens
+            rows = 0 if is_image_key(key) else 1 if is_per_sequence_key(key) else n_tokens
             out[key] = torch.zeros((rows, *value.shape[1:]), dtype=value.dtype, device=value.device)
     return out
 

@@ -64,7 +64,10 @@ _DIMS: dict[str, str] = {"fsdp": "dtc", "archon": "dtpce"}
 
 #: per backend, ``"module:function"`` of ``fn(hf_config: dict, dims: ParallelDims, config: EngineConfig)
 #: -> list[str]``: why a model cannot run at a layout (checked before a job starts).
-_MODEL_CHECKS: dict[str, str] = {"archon": "areal_tasks.engine.archon.layout:model_problems"}
+_MODEL_CHECKS: dict[str, str] = {
+    "archon": "areal_tasks.engine.archon.layout:model_problems",
+    "fsdp": "areal_tasks.engine.vision:model_problems",
+}
 
 #: built backends that take the MoE hybrid form ``backend:(attn:...|ffn:...)`` (:func:`flat_dims`).
 _HYBRID: set[str] = {"archon"}

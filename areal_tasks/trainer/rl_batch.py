@@ -4,6 +4,8 @@ data-parallel ranks computed on their shares put back into the whole batch.
 :func:`pack_trajectories` concatenates the trajectories in order: ``input_ids``, ``loss_mask``,
 behaviour ``logprobs``, per-token ``versions``, per-sequence ``rewards`` and ``group_ids`` (one id per
 ``group_size`` consecutive samples) and ``seq_policy_version`` (the trainer's version this step).
+Trajectories of a vision-language model add their images (``Trajectory.multimodal``) as
+``pixel_values``, ``image_grid_thw`` and ``seq_n_images`` (``engine/image_rows.py``).
 
 Every rank packs the same batch and computes the same :func:`share_of` partition, trains on its own
 share, and exchanges the per-token tensors it computed (proximal, reference log-probs, values) with
@@ -33,6 +35,9 @@ def pack_trajectories(trajectories: Sequence[Trajectory], group_size: int, polic
     """The packed batch of ``trajectories`` (groups of ``group_size`` consecutive samples)."""
     import torch
 
+    from areal_tasks.engine.image_rows import pack_images
+    from areal_tasks.errors import EngineError
+
     if not trajectories:
         raise AlgorithmError("cannot train on an empty list of trajectories")
     if len(trajectories) % group_size:
@@ -52,6 +57,10 @@ def pack_trajectories(trajectories: Sequence[Trajectory], group_size: int, polic
         positions += range(len(traj.input_ids))
         cu.append(cu[-1] + len(traj.input_ids))
     n = len(trajectories)
+    try:
+        images = pack_images([traj.multimodal for traj in trajectories])
+    except EngineError as exc:
+        raise AlgorithmError(f"cannot pack the trajectories' images: {exc}") from exc
     return {
         INPUT_IDS: torch.tensor(ids, dtype=torch.long),
         keys.CU_SEQLENS: torch.tensor(cu, dtype=torch.int32),
@@ -62,6 +71,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], group_size: int, polic
         keys.REWARDS: torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32),
         keys.GROUP_IDS: torch.arange(n, dtype=torch.long) // group_size,
         keys.POLICY_VERSION: torch.full((n,), policy_version, dtype=torch.long),
+        **images,
     }
 
 

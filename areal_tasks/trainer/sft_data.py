@@ -5,13 +5,15 @@ assistant mask with the first token of every sequence forced to 0 (it has no log
 :func:`sft_loss` follows the engine's loss contract: the token mean of ``-logprobs`` over
 ``loss_mask``; :func:`sft_loss_weight` counts those tokens, so the engine's weighting makes the
 step loss the mean over every loss token of the global batch.
+Transcripts of a vision-language model pass their images along (``images``: each transcript's
+``{"pixel_values", "image_grid_thw"}`` or None), packed as ``api/batch.py``'s image keys.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, LOSS_MASK, POSITION_IDS
 from areal_tasks.errors import ConfigError
@@ -24,12 +26,20 @@ logger = logging.getLogger(__name__)
 Transcript = tuple[Sequence[int], Sequence[int]]
 
 
-def pack_transcripts(transcripts: Sequence[Transcript]) -> dict[str, torch.Tensor]:
-    """A packed batch (``input_ids``, ``cu_seqlens``, ``position_ids``, ``loss_mask``) of ``transcripts``."""
+def pack_transcripts(
+    transcripts: Sequence[Transcript], images: Sequence[Mapping[str, Any] | None] | None = None
+) -> dict[str, torch.Tensor]:
+    """A packed batch (``input_ids``, ``cu_seqlens``, ``position_ids``, ``loss_mask``) of ``transcripts``;
+    with ``images`` (one entry per transcript) also ``pixel_values``, ``image_grid_thw``, ``seq_n_images``."""
     import torch
+
+    from areal_tasks.engine.image_rows import pack_images
+    from areal_tasks.errors import EngineError
 
     if not transcripts:
         raise ConfigError("cannot pack an empty list of transcripts")
+    if images is not None and len(images) != len(transcripts):
+        raise ConfigError(f"got images for {len(images)} transcripts, but {len(transcripts)} transcripts")
     ids: list[int] = []
     mask: list[int] = []
     positions: list[int] = []
@@ -45,11 +55,16 @@ def pack_transcripts(transcripts: Sequence[Transcript]) -> dict[str, torch.Tenso
         mask.extend(1 if m else 0 for m in list(seq_mask)[1:])
         positions.extend(range(len(seq_ids)))
         cu.append(cu[-1] + len(seq_ids))
+    try:
+        packed_images = pack_images(images) if images is not None else {}
+    except EngineError as exc:
+        raise ConfigError(f"cannot pack the transcripts' images: {exc}") from exc
     return {
         INPUT_IDS: torch.tensor(ids, dtype=torch.long),
         CU_SEQLENS: torch.tensor(cu, dtype=torch.int32),
         POSITION_IDS: torch.tensor(positions, dtype=torch.long),
         LOSS_MASK: torch.tensor(mask, dtype=torch.int32),
+        **packed_images,
     }
 
 

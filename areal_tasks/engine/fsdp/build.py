@@ -6,6 +6,8 @@ Master weights are fp32 on every device; the compute dtype comes from the mixed-
 or only the root (below).
 Attention: see :func:`_attn_implementation` (packed micro-batches need a varlen-capable kernel).
 An actor's LM head becomes the chunked fused head before any wrapping (``lm_head.py``).
+A vision-language model loads as such (``engine/vision.py``), with data parallelism only; its
+vision tower stays in the root unit.
 On CUDA the element-wise pieces are compiled before sharding (``compile.py``). Units follow
 ``EngineConfig.fsdp_wrap`` (:func:`resolve_fsdp_wrap`): with a single rank per shard group (one GPU,
 or tp only) only the root is wrapped by default, as there is nothing to shard and per-block hooks
@@ -166,10 +168,22 @@ def _attn_implementation(requested: str | None, sp: int, device: torch.device) -
     return "sdpa"
 
 
-def _load(path: str, role: str, attn: str) -> torch.nn.Module:
+def _load(path: str, role: str, attn: str, dims: Any) -> torch.nn.Module:
+    """The HF model at ``path`` in fp32: a causal LM, a critic (value head), or a vision-language
+    model (``engine/vision.py``: its language model gets ``attn``)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    from areal_tasks.engine.vision import is_vision_language, load_vision_language
+
+    if is_vision_language(AutoConfig.from_pretrained(path)):
+        if role == "critic":
+            raise EngineError(f"{path}: a value head on a vision-language model is not supported; use a text critic")
+        if dims.tp > 1 or dims.sp > 1:
+            raise EngineError(
+                f"{path}: vision-language models train with data parallelism only (got tp={dims.tp}, sp={dims.sp})"
+            )
+        return load_vision_language(path, attn, torch.float32)
     kwargs = {"dtype": torch.float32, "attn_implementation": attn}
     if role == "critic":
         from areal_tasks.models.critic import load_critic
@@ -200,7 +214,7 @@ def build_model(
 
     dims = mesh.dims
     attn = _attn_implementation(attn_implementation, dims.sp, device)
-    model = _load(model_path, role, attn)
+    model = _load(model_path, role, attn, dims)
     hf_config = model.config
     lm_head = None
     if chunked_lm_head and role == "actor":

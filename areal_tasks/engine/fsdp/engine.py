@@ -1,4 +1,5 @@
-"""The FSDP2 train engine: one rank of a dp x sp x tp sharded HF causal LM (or critic).
+"""The FSDP2 train engine: one rank of a dp x sp x tp sharded HF causal LM (or critic), or of a
+data-parallel vision-language model (Qwen2-VL, Qwen2.5-VL: ``engine/vision.py``).
 
 Build: load the HF model in fp32 on every rank (same seed), add LoRA adapters (peft) or the value
 head, enable gradient checkpointing, apply the tensor-parallel plan over ``tp``, then ``fully_shard``
@@ -58,6 +59,7 @@ from areal_tasks.engine.step_common import (
     loss_weights,
     plan_micro_batches,
 )
+from areal_tasks.engine.vision import VLMInputs
 from areal_tasks.errors import EngineError
 from areal_tasks.trace import span
 
@@ -147,9 +149,18 @@ class FSDPEngine(TrainEngine):
         _settle_keep_logits(self.config, built, self.device, trainable=self.trainable)
         self.mb_spec = _micro_batch_spec(self.config, built, dims, shared_weight_buffer=self._shared_weight_buffer)
         sp_group = self.mesh.sp_group if dims.sp > 1 else None
+        #: a vision-language model's inputs (``engine/vision.py``), or None for a text model
+        self.vision = VLMInputs.of_model(self.model)
         # compiled whole blocks must not see the host bounds: a tuple of ints would recompile every batch
         self.forward_mb = MicroBatchForward(
-            self.model, self._forward_spec, sp_group, lm_head=built.lm_head, host_bounds=built.compile_scope != "blocks"
+            self.model,
+            self._forward_spec,
+            sp_group,
+            lm_head=built.lm_head,
+            host_bounds=built.compile_scope != "blocks",
+            vision=self.vision,
+            # several ranks reduce the vision tower's gradients: every micro-batch must have some
+            ensure_image=self.trainable and self.mesh.fsdp_mesh.size() > 1,
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
@@ -164,7 +175,9 @@ class FSDPEngine(TrainEngine):
     def kernels(self) -> dict[str, str]:
         """Which attention, LM-head, compile and FSDP-unit paths the engine runs (for logs and benchmarks)."""
         self._require_init()
-        attn = getattr(_hf_config_of(self.model), "_attn_implementation", None) or "default"
+        config = _hf_config_of(self.model)
+        config = getattr(config, "text_config", None) or config  # a VLM: its language model's attention
+        attn = getattr(config, "_attn_implementation", None) or "default"
         if self.role == "critic":
             head = "value head"
         elif self.lm_head is not None:

@@ -8,6 +8,11 @@ With Ulysses (``sp > 1``), each rank feeds its contiguous ``T/sp`` slice and pas
 ``cu_seqlens`` to the ``areal_ulysses`` attention; per-position scores are gathered back to ``[T]``
 before they are aligned to tokens.
 
+A vision-language model (:mod:`areal_tasks.engine.vision`) gets the micro-batch's images and its
+3-D rotary positions ``[4, 1, T]`` (per-sequence text positions first) instead of the plain ones;
+with ``ensure_image`` (FSDP over several ranks, in a backward) a micro-batch without images gets a
+dummy one, cut off again, so that every rank's vision tower has gradients to reduce.
+
 Actor scores come from the chunked fused LM head when the engine installed one
 (:mod:`areal_tasks.kernels.lm_head`: the model's forward returns per-position log-prob/entropy
 instead of logits), else from the full logits (:func:`next_token_stats`). Nothing here reads a
@@ -32,6 +37,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
+    from areal_tasks.engine.vision import VLMInputs
     from areal_tasks.kernels.lm_head import ChunkedLMHead
 
 logger = logging.getLogger(__name__)
@@ -60,11 +66,18 @@ class MicroBatchForward:
         lm_head: ChunkedLMHead | None = None,
         *,
         host_bounds: bool = True,
+        vision: VLMInputs | None = None,
+        ensure_image: bool = False,
     ) -> None:
         """``host_bounds``: pass the host copy of the sequence bounds to the attention (the CPU
         per-sequence path and Ulysses use it); off for compiled whole blocks, which take
-        ``max_length_q`` and the ``cu_seq_lens_q`` tensor only."""
+        ``max_length_q`` and the ``cu_seq_lens_q`` tensor only. ``vision``: the model is a VLM
+        (its inputs); ``ensure_image``: with gradients on, run the vision tower on a dummy image
+        where a micro-batch has none (module docstring)."""
         import torch.distributed as dist
+
+        if vision is not None and sp_group is not None and dist.get_world_size(sp_group) > 1:
+            raise EngineError("vision-language models do not run under sequence parallelism (sp > 1); use dp")
 
         self.model = model
         #: the chunked fused head installed in ``model`` (actor only), or None for the full logits.
@@ -74,6 +87,8 @@ class MicroBatchForward:
         self.sp = 1 if sp_group is None else dist.get_world_size(sp_group)
         self.sp_rank = 0 if sp_group is None else dist.get_rank(sp_group)
         self.host_bounds = host_bounds
+        self.vision = vision
+        self.ensure_image = ensure_image
 
     def __call__(
         self, mb: dict[str, torch.Tensor], *, with_entropy: bool = False, bounds: tuple[int, ...] | None = None
@@ -84,12 +99,25 @@ class MicroBatchForward:
         """
         import torch
 
+        if bounds is None:
+            bounds = tuple(int(b) for b in mb[CU_SEQLENS].tolist())
+        vision = self.vision
+        if vision is not None and self.ensure_image and torch.is_grad_enabled() and vision.needs_dummy_image(mb):
+            n_tokens = mb[INPUT_IDS].shape[0]
+            padded, padded_bounds = vision.with_dummy_image(mb, bounds)
+            out = self._forward(padded, with_entropy, padded_bounds)
+            return {key: value[:n_tokens] for key, value in out.items()}
+        return self._forward(mb, with_entropy, bounds)
+
+    def _forward(
+        self, mb: dict[str, torch.Tensor], with_entropy: bool, bounds: tuple[int, ...]
+    ) -> dict[str, torch.Tensor]:
+        import torch
+
         ids, cu = mb[INPUT_IDS], mb[CU_SEQLENS]
         positions = mb[POSITION_IDS]
         total = ids.shape[0]
         labels = next_token_labels(ids)
-        if bounds is None:
-            bounds = tuple(int(b) for b in cu.tolist())
         max_len = max(b - a for a, b in itertools.pairwise(bounds))
         cu32 = cu.to(torch.int32)
         # the global sequence bounds, for the engine's attentions (and flash-attention varlen)
@@ -112,6 +140,8 @@ class MicroBatchForward:
             ids, positions, labels = ids[part], positions[part], labels[part]
             kwargs[SP_GROUP_KWARG] = self.sp_group
         inputs = {"input_ids": ids.unsqueeze(0), "position_ids": positions.unsqueeze(0), "use_cache": False, **kwargs}
+        if self.vision is not None:
+            inputs.update(self.vision.model_inputs(mb, bounds))
         if self.spec.role == "critic":
             out = self.model(**inputs)
             return {"values": align_to_tokens(self._gather(values_per_position(out.logits)), cu)}

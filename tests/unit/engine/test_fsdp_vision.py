@@ -1,0 +1,113 @@
+"""The FSDP engine trains vision-language models (tiny Qwen2-VL and Qwen2.5-VL) on packed batches:
+log-probs equal transformers' forward of each sequence alone, the gradients and one clipped AdamW
+step equal transformers' own ``loss.backward()`` and step (the vision tower's included), and the
+weights it publishes carry the names of the server's model class (and load into it).
+
+One rank (a gloo group of one), fp32 on CPU; the batch holds two sequences with images (two images
+of different sizes, one image) and a text-only one, split into two micro-batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_tasks.config.engine import EngineConfig, LRScheduleConfig, OptimizerConfig
+from areal_tasks.config.micro_batch import MicroBatchSpec
+from areal_tasks.engine.fsdp.engine import FSDPEngine
+from tests.unit.engine.vision_helpers import (
+    load_reference,
+    reference_logprobs,
+    token_mean_loss,
+    token_weight,
+    vision_batch,
+)
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+
+
+@pytest.fixture(params=FAMILIES)
+def vlm_dir(request, tiny_model_factory):
+    return tiny_model_factory(request.param)
+
+
+def _engine(model_dir, **optimizer) -> FSDPEngine:
+    config = EngineConfig(
+        optimizer=OptimizerConfig(**optimizer),
+        lr_schedule=LRScheduleConfig(type="constant"),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+    )
+    engine = FSDPEngine(config, str(model_dir))
+    engine.initialize()
+    return engine
+
+
+def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in engine.iter_weights()}
+
+
+def test_packed_logprobs_equal_transformers_per_sequence(vlm_dir, world_of_one):
+    batch = vision_batch(seed=1)
+    engine = _engine(vlm_dir)
+    assert engine.vision is not None and engine.kernels["attention"] == "areal_varlen"
+    out = engine.forward_batch(batch, with_entropy=True)
+    with torch.no_grad():
+        expected = reference_logprobs(load_reference(vlm_dir), batch)
+    torch.testing.assert_close(out["logprobs"], expected, atol=1e-5, rtol=1e-5)
+    # the images matter: other pixels change the scores of the tokens after them
+    other = dict(batch, pixel_values=torch.randn_like(batch["pixel_values"]))
+    assert (engine.forward_batch(other)["logprobs"] - out["logprobs"]).abs().max() > 1e-4
+
+
+def test_one_step_equals_transformers_backward_and_adamw(vlm_dir, world_of_one):
+    batch = vision_batch(seed=2)
+    settings = {"lr": 1e-3, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 0.5}
+    engine = _engine(vlm_dir, **settings)
+    before = _params(engine)
+    engine.accumulate_gradients(batch, token_mean_loss, token_weight)
+    grads = engine.full_gradients()
+    stats = engine.train_batch(batch, token_mean_loss, token_weight)
+    after = _params(engine)
+
+    model = load_reference(vlm_dir)
+    loss, _ = token_mean_loss({"logprobs": reference_logprobs(model, batch)}, batch)
+    loss.backward()
+    assert grads.keys() == {name for name, p in model.named_parameters() if p.grad is not None}
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings["grad_clip"])
+    torch.optim.AdamW(
+        model.parameters(),
+        lr=settings["lr"],
+        betas=(settings["beta1"], settings["beta2"]),
+        eps=settings["eps"],
+        weight_decay=settings["weight_decay"],
+    ).step()
+    expected = {name: p.detach() for name, p in model.named_parameters()}
+
+    assert stats["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    assert stats["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+    assert after.keys() == expected.keys()
+    for name, tensor in after.items():
+        torch.testing.assert_close(tensor, expected[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    # the vision tower trained too
+    moved = [n for n in after if n.startswith("model.visual.") and (after[n] - before[n]).abs().max() > 1e-4]
+    assert moved, "no vision-tower parameter changed in the step"
+
+
+def test_published_weights_load_into_the_servers_model_class(vlm_dir, world_of_one, tmp_path):
+    """``weight_specs``/``iter_weights`` name every tensor as ``Qwen2VLForConditionalGeneration``
+    (or 2.5) names its own, and an HF save loads back with ``from_pretrained`` unchanged."""
+    engine = _engine(vlm_dir, lr=1e-2)
+    engine.train_batch(vision_batch(seed=3), token_mean_loss, token_weight)
+    published = dict(engine.iter_weights())
+    model = load_reference(vlm_dir)
+    assert [spec.name for spec in engine.weight_specs()] == list(published)
+    assert published.keys() == model.state_dict().keys()
+    assert any(name.startswith("model.visual.") for name in published)
+    model.load_state_dict(published, strict=True)
+    engine.save(str(tmp_path / "hf"), "hf")
+    reloaded = load_reference(tmp_path / "hf").state_dict()
+    assert reloaded.keys() == published.keys()
+    for name, tensor in published.items():
+        torch.testing.assert_close(reloaded[name], tensor, atol=0, rtol=0, msg=name)
