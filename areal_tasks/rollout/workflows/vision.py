@@ -13,6 +13,11 @@ expanded ``input_ids`` and the images as base64 PNG in ``ModelRequest.image_data
 "image_grid_thw": [N, 3] int64}``, exactly as the processor computed them for this sample, so the
 train engine sees what the server saw.
 
+A generated image placeholder token (the policy may sample one; a placeholder the processor did
+not put there has no image behind it, and no engine can train the sequence) ends the output: the
+tokens before it are kept and scored, the placeholder and what follows are dropped
+(``metadata["cut_at_placeholder"]``), as a length limit would cut them.
+
 Items without images are rendered as ``rlvr`` renders them (through the tokenizer's chat template),
 and their trajectories have no ``multimodal``: one job may mix both. The processor is loaded on the
 first item with images: the image processor of ``options.processor`` (a model directory) when set,
@@ -24,10 +29,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from areal_tasks.api.inference import InferenceEngine, ModelRequest, SamplingParams
+from areal_tasks.api.inference import InferenceEngine, ModelRequest, ModelResponse, SamplingParams
 from areal_tasks.api.workflow import Trajectory
 from areal_tasks.datasets.images import image_list
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT, chat_messages
@@ -39,7 +44,10 @@ from areal_tasks.trace.sessions import note_rejection
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RenderedPrompt", "VisionRLVROptions", "VisionRLVRWorkflow", "item_images"]
+__all__ = ["RenderedPrompt", "VisionRLVROptions", "VisionRLVRWorkflow", "cut_at_placeholders", "item_images"]
+
+#: the video placeholder token of Qwen2-VL-style tokenizers (never in a prompt here: no video).
+VIDEO_PAD = "<|video_pad|>"
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,21 @@ class RenderedPrompt:
     image_data: list[str]
     #: ``{"pixel_values", "image_grid_thw"}`` tensors, or None for a text prompt.
     multimodal: dict[str, Any] | None
+
+
+def cut_at_placeholders(response: ModelResponse, placeholders: frozenset[int]) -> ModelResponse:
+    """``response`` with its output ending before the first token of ``placeholders`` (the same
+    response when it has none; a cut one stops by ``length``)."""
+    cut = next((i for i, t in enumerate(response.output_ids) if t in placeholders), None)
+    if cut is None:
+        return response
+    return replace(
+        response,
+        output_ids=response.output_ids[:cut],
+        output_logprobs=response.output_logprobs[:cut],
+        output_versions=response.output_versions[:cut],
+        stop_reason="length",
+    )
 
 
 def item_images(data: Any) -> tuple[Any, ...]:
@@ -105,6 +128,15 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             self._processor = load_processor(self._given, self.processor_source)
         return self._processor
 
+    def placeholder_ids(self) -> frozenset[int]:
+        """The model's image (and video) placeholder token ids, which a generated output must not hold."""
+        processor = self.processor
+        ids = {processor.image_token_id}
+        video = processor.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        if isinstance(video, int) and video != processor.tokenizer.unk_token_id:
+            ids.add(video)
+        return frozenset(ids)
+
     def item_messages(self, data: Any, n_images: int) -> list[dict[str, Any]]:
         """The item's chat (its ``messages``, or its prompt as a user turn) with the system prompt and
         ``n_images`` image parts."""
@@ -134,19 +166,23 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             return None
         request = ModelRequest(list(rendered.input_ids), self.sampling, image_data=tuple(rendered.image_data))
         response = await engine.agenerate(request)
-        if not response.output_ids:
+        cut = response
+        if rendered.image_data or self._processor is not None:  # a vision-language model's output
+            cut = cut_at_placeholders(response, self.placeholder_ids())
+        if not cut.output_ids:
             logger.debug("rejecting an empty generation (stop_reason=%s)", response.stop_reason)
             note_rejection("empty output")
             return None
-        completion = self.decode(response.output_ids)
+        completion = self.decode(cut.output_ids)
         reward = float(await self.reward(completion, answer, **reward_extras(data)))
         builder = TrajectoryBuilder(rendered.input_ids)
-        builder.add_generated(response)
+        builder.add_generated(cut)
         metadata = {
-            **response_metadata(response, completion),
+            **response_metadata(cut, completion),
             "answer": answer,
             "turns": 1,
             "n_images": len(rendered.image_data),
+            "cut_at_placeholder": cut is not response,
         }
         trajectory = builder.build(reward, metadata)
         trajectory.multimodal = rendered.multimodal
