@@ -137,9 +137,10 @@ def _count_layout(answer: int, size: int, rng: random.Random, max_count: int) ->
     cells = rng.sample(range(grid * grid), answer)
     shapes = []
     for index in sorted(cells):
-        side = rng.randint(cell * 5 // 8, cell * 7 // 8)
-        x = (index % grid) * cell + rng.randint(0, cell - side)
-        y = (index // grid) * cell + rng.randint(0, cell - side)
+        # a pixel of margin on every side of a cell: shapes of neighbouring cells never touch
+        side = rng.randint(min(cell * 5 // 8, cell - 2), min(cell * 7 // 8, cell - 2))
+        x = (index % grid) * cell + 1 + rng.randint(0, cell - side - 2)
+        y = (index // grid) * cell + 1 + rng.randint(0, cell - side - 2)
         shapes.append((rng.choice(("square", "circle", "triangle")), x, y, side, rng.randrange(len(_PALETTE))))
     return tuple(shapes)
 

@@ -10,11 +10,13 @@ Resuming a pass part-way: without shuffle, from ``datasets``' own ``state_dict``
 shard and row, reading nothing twice); with shuffle, by drawing the same pass again and skipping the
 records already handed out (the order is a function of seed and epoch, so the continuation is
 exact; the cost is reading that part of the pass once more). :func:`record_to_json` /
-:func:`record_from_json` carry records handed out but not yet trained on in a checkpoint.
+:func:`record_from_json` carry records handed out but not yet trained on in a checkpoint (their
+images as base64 PNG text).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import logging
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from areal_tasks.datasets.columns import RecordMapper
+from areal_tasks.datasets.images import to_image
 from areal_tasks.datasets.registry import Record
 from areal_tasks.errors import ConfigError
 
@@ -34,8 +37,12 @@ SHUFFLE_BUFFER = 1000
 
 
 def record_to_json(record: Record) -> dict[str, Any]:
-    """A JSON-safe dict of ``record`` (for checkpoints)."""
-    return dataclasses.asdict(record)
+    """A JSON-safe dict of ``record`` (for checkpoints; images as base64 PNG text)."""
+    from areal_tasks.models.vision_processor import encode_image
+
+    data = dataclasses.asdict(dataclasses.replace(record, images=()))
+    data["images"] = [encode_image(image) for image in record.images]
+    return data
 
 
 def record_from_json(data: Mapping[str, Any]) -> Record:
@@ -48,6 +55,10 @@ def record_from_json(data: Mapping[str, Any]) -> Record:
         messages=None if messages is None else tuple(messages),
         tests=data.get("tests"),
         metadata=data.get("metadata"),
+        images=tuple(
+            to_image(base64.b64decode(text), f"checkpointed record image {i + 1}")
+            for i, text in enumerate(data.get("images") or ())
+        ),
     )
 
 

@@ -5,8 +5,8 @@ to a text chat); the model's chat template writes one placeholder per image and 
 :class:`~areal_tasks.models.vision_processor.VisionProcessor` (its tokenizer and image processor)
 expands each to the image's token count and computes the pixel inputs.
 
-* :func:`load_processor`: the ``VisionProcessor`` of a model directory, reusing a tokenizer already
-  loaded from it.
+* :func:`load_processor`: the ``VisionProcessor`` of a model directory (or of the directory a
+  tokenizer was loaded from, reusing that tokenizer).
 * :func:`render_vision_prompt`: ``(input_ids, multimodal)`` of a chat with the assistant header (what
   a policy generates from); ``multimodal`` is ``{"pixel_values": [P, D] float32,
   "image_grid_thw": [N, 3] int64}``, the keys of ``Trajectory.multimodal``.
@@ -39,10 +39,10 @@ IMAGE_PARTS = ("image", "image_url")
 
 
 def load_processor(tokenizer: Any, processor: str | None = None) -> VisionProcessor:
-    """The processor images are rendered with: ``tokenizer`` itself when it is one; else the image
-    processor of ``processor`` (a model directory) or of the directory ``tokenizer`` was loaded from
-    (``name_or_path``), paired with ``tokenizer``. ConfigError when there is none, or the model is not
-    a vision-language model."""
+    """The processor images are rendered with: ``tokenizer`` itself when it is one; the processor
+    (tokenizer and image processor) of the model directory ``processor`` when given; else
+    ``tokenizer`` paired with the image processor of the directory it was loaded from
+    (``name_or_path``). ConfigError when there is none, or the model is not a vision-language model."""
     from areal_tasks.models.vision_processor import VisionProcessor
 
     if isinstance(tokenizer, VisionProcessor):
@@ -56,15 +56,16 @@ def load_processor(tokenizer: Any, processor: str | None = None) -> VisionProces
     from transformers import AutoImageProcessor
 
     try:
-        image_processor = AutoImageProcessor.from_pretrained(str(source))
-        return VisionProcessor(tokenizer, image_processor)
+        if processor:
+            return VisionProcessor.from_pretrained(Path(processor).expanduser())
+        return VisionProcessor(tokenizer, AutoImageProcessor.from_pretrained(str(source)))
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"{source!r} has no image processor ({type(exc).__name__}: {exc}); images need a vision-language "
             "model directory (preprocessor_config.json)"
         ) from exc
     except ModelError as exc:
-        raise ConfigError(f"{source!r}: {exc}") from exc
+        raise ConfigError(f"{source!r}: {exc}; images need a vision-language model directory") from exc
 
 
 def _count_image_parts(messages: Sequence[Mapping[str, Any]]) -> int:

@@ -20,9 +20,9 @@ tokens before it are kept and scored, the placeholder and what follows are dropp
 
 Items without images are rendered as ``rlvr`` renders them (through the tokenizer's chat template),
 and their trajectories have no ``multimodal``: one job may mix both. The processor is loaded on the
-first item with images: the image processor of ``options.processor`` (a model directory) when set,
-else of the directory the tokenizer was loaded from (``tokenizer.name_or_path``), with the tokenizer;
-a ``VisionProcessor`` passed as the tokenizer is used as is.
+first item with images: the processor of ``options.processor`` (a model directory) when set, else
+the tokenizer with the image processor of the directory it was loaded from (``name_or_path``); a
+``VisionProcessor`` passed as the tokenizer is used as is.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ VIDEO_PAD = "<|video_pad|>"
 class VisionRLVROptions:
     """``rollout.workflow.options`` of ``vision``."""
 
-    #: the directory (or hub name) of the processor; None = the directory the tokenizer was loaded from.
+    #: the model directory whose processor (tokenizer and image processor) renders prompts with images;
+    #: None = the directory the tokenizer was loaded from.
     processor: str | None = None
 
 
