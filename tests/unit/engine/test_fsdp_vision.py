@@ -111,3 +111,39 @@ def test_published_weights_load_into_the_servers_model_class(vlm_dir, world_of_o
     assert reloaded.keys() == published.keys()
     for name, tensor in published.items():
         torch.testing.assert_close(reloaded[name], tensor, atol=0, rtol=0, msg=name)
+
+
+def test_lora_adapts_the_language_model_only_and_steps_like_peft(tiny_qwen2_5_vl, world_of_one):
+    """LoRA's default adapters sit in the language model (Qwen2.5-VL's vision blocks have MLP
+    projections of the same names, left frozen); one step publishes what a peft-wrapped
+    transformers model merges after the same step."""
+    from areal_tasks.config.engine import LoRAConfig
+    from areal_tasks.models.lora import LoraMerger, apply_lora, lora_scalings
+
+    lora = LoRAConfig(enabled=True, rank=4, alpha=8.0)
+    config = EngineConfig(
+        optimizer=OptimizerConfig(lr=1e-2, grad_clip=0.0),
+        lr_schedule=LRScheduleConfig(type="constant"),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+        lora=lora,
+    )
+    engine = FSDPEngine(config, str(tiny_qwen2_5_vl), seed=3)
+    engine.initialize()
+    trained = [n for n, p in engine.model.named_parameters() if p.requires_grad]
+    assert trained and all(".language_model." in n and ".lora_" in n for n in trained)
+    batch = vision_batch(seed=5)
+    engine.train_batch(batch, token_mean_loss, token_weight)
+    published = dict(engine.iter_weights())
+
+    model = apply_lora(load_reference(tiny_qwen2_5_vl), lora, seed=3)
+    loss, _ = token_mean_loss({"logprobs": reference_logprobs(model, batch)}, batch)
+    loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01).step()
+    expected = dict(LoraMerger(lora_scalings(model))(model.state_dict().items()))
+    assert published.keys() == expected.keys()
+    for name, tensor in published.items():
+        torch.testing.assert_close(tensor, expected[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    base = load_reference(tiny_qwen2_5_vl).state_dict()
+    changed = [n for n in published if (published[n] - base[n]).abs().max() > 0]
+    assert changed and all(".language_model." in n for n in changed)
