@@ -147,3 +147,28 @@ def test_lora_adapts_the_language_model_only_and_steps_like_peft(tiny_qwen2_5_vl
     base = load_reference(tiny_qwen2_5_vl).state_dict()
     changed = [n for n in published if (published[n] - base[n]).abs().max() > 0]
     assert changed and all(".language_model." in n for n in changed)
+
+
+def test_the_chunked_lm_head_scores_a_vlm_as_the_full_logits_do(tiny_qwen2_vl, world_of_one, monkeypatch):
+    """The VL families are not marked ``plain_lm_head`` (``models/families.py``); marked, the engine
+    installs the chunked fused head, whose log-probs, entropy and gradients equal the full logits'."""
+    import areal_tasks.kernels.lm_head as lm_head
+
+    monkeypatch.setattr(lm_head, "PLAIN_HEAD_FAMILIES", (*lm_head.PLAIN_HEAD_FAMILIES, "qwen2_vl"))
+    batch = vision_batch(seed=6)
+    results = {}
+    for chunked in (True, False):
+        engine = FSDPEngine(
+            EngineConfig(micro_batch=MicroBatchSpec(n_mbs=2)), str(tiny_qwen2_vl), chunked_lm_head=chunked
+        )
+        engine.initialize()
+        assert engine.kernels["lm_head"].startswith("chunked") == chunked
+        out = engine.forward_batch(batch, with_entropy=True)
+        engine.accumulate_gradients(batch, token_mean_loss, token_weight)
+        results[chunked] = (out, engine.full_gradients())
+    (chunked_out, chunked_grads), (full_out, full_grads) = results[True], results[False]
+    for key in ("logprobs", "entropy"):
+        torch.testing.assert_close(chunked_out[key], full_out[key], atol=1e-6, rtol=1e-5)
+    assert chunked_grads.keys() == full_grads.keys()
+    for name, grad in chunked_grads.items():
+        torch.testing.assert_close(grad, full_grads[name], atol=1e-6, rtol=1e-4)
