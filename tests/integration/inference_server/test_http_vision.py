@@ -14,6 +14,8 @@ import pytest
 import torch
 from embedded_server import running_server
 
+from areal_tasks.api.inference import ModelRequest, SamplingParams
+from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, make_adapter
 from areal_tasks.models.tiny.vision_kit import VISION_IDS
 from areal_tasks.models.vision_processor import VisionProcessor, encode_image, expand_image_pads, image_token_counts
 
@@ -36,10 +38,15 @@ def vlm_path(tiny_qwen2_vl: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vlm(vlm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def vlm_url(vlm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("vision-server") / "server.log"
-    args = ("--context-length", "512", "--max-running-requests", "4")
-    with running_server(vlm_path, log, *args) as url, httpx.Client(base_url=url, timeout=120.0) as client:
+    with running_server(vlm_path, log, "--context-length", "512", "--max-running-requests", "4") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def vlm(vlm_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=vlm_url, timeout=120.0) as client:
         yield client
 
 
@@ -192,3 +199,37 @@ def test_resubmitted_rollout_with_a_sampled_pad(vlm, processor) -> None:
     expanded = expand_image_pads(PROMPT, PAD, image_token_counts(grid, processor.merge_size))
     answer = _generate(vlm, input_ids=[*expanded, 45, PAD, 46], image_data=encode_image(image))
     assert answer["meta_info"]["prompt_tokens"] == len(expanded) + 3
+
+
+def test_continuing_from_a_partial_output_equals_one_run(vlm, processor) -> None:
+    """What a partial rollout resubmitted after an abort gets: the prompt plus the output so far
+    (its rotary positions recomputed by the server) continues exactly as one run would."""
+    image = encode_image(_image(7, 48, 64))
+    whole = _generate(vlm, input_ids=PROMPT, image_data=image)
+    half = NEW_TOKENS // 2
+    first = _generate(vlm, input_ids=PROMPT, image_data=image, sampling_params={**GREEDY, "max_new_tokens": half})
+    prompt = [*PROMPT[:3], *[PAD] * (first["meta_info"]["prompt_tokens"] - len(PROMPT) + 1), *PROMPT[4:]]
+    rest = _generate(
+        vlm,
+        input_ids=prompt + first["output_ids"],
+        image_data=image,
+        sampling_params={**GREEDY, "max_new_tokens": NEW_TOKENS - half},
+    )
+    assert first["output_ids"] + rest["output_ids"] == whole["output_ids"]
+    assert _answer(first)[1] + _answer(rest)[1] == pytest.approx(_answer(whole)[1], abs=2e-5)
+
+
+def test_client_sends_the_images(vlm, vlm_url: str) -> None:
+    import asyncio
+
+    image = encode_image(_image(8, 40, 56))
+    expected = _generate(vlm, input_ids=PROMPT, image_data=image)
+
+    async def scenario() -> list[int]:
+        client = RemoteInferenceEngine([vlm_url], make_adapter("embedded"), ClientConfig())
+        async with client as engine:
+            sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0)
+            response = await engine.agenerate(ModelRequest(PROMPT, sampling, image_data=(image,)))
+            return response.output_ids
+
+    assert asyncio.run(scenario()) == expected["output_ids"]
