@@ -19,6 +19,8 @@ from areal_tasks.inference.client import ClientConfig, RemoteInferenceEngine, ma
 from areal_tasks.models.tiny.vision_kit import VISION_IDS
 from areal_tasks.models.vision_processor import VisionProcessor, encode_image, expand_image_pads, image_token_counts
 
+pytestmark = pytest.mark.integration
+
 PAD, START, END = VISION_IDS["<|image_pad|>"], VISION_IDS["<|vision_start|>"], VISION_IDS["<|vision_end|>"]
 PROMPT = [40, 41, START, PAD, END, 42, 43]
 NEW_TOKENS = 6
