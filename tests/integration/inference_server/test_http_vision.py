@@ -235,3 +235,10 @@ def test_client_sends_the_images(vlm, vlm_url: str) -> None:
             return response.output_ids
 
     assert asyncio.run(scenario()) == expected["output_ids"]
+
+
+def test_text_prompt_with_a_placeholder_and_image_data(vlm, processor) -> None:
+    image = _image(9, 32, 48)
+    text = "<|vision_start|><|image_pad|><|vision_end|>what is it?"
+    answer = _generate(vlm, text=text, image_data=encode_image(image))
+    assert answer["meta_info"]["prompt_tokens"] == len(processor.encode(text, [image]).input_ids)
