@@ -164,13 +164,19 @@ def create_app(server: EmbeddedServer) -> FastAPI:
         }
 
     async def split(req: GenerateReqInput) -> tuple[list[dict[str, Any]], bool]:
-        """``split_generate``, with text measured first and tokenised on the tokenize lane."""
+        """``split_generate``, with text measured first and tokenised on the tokenize lane, then the
+        images made ready (``EmbeddedServer.prepare_images``)."""
         if req.text is None:
-            return split_generate(req, server.tokenizer.encode)
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        check_request_size(server.limits, [1] * len(texts))
-        check_prompt_chars(server.limits, texts)
-        return await server.off_loop(split_generate, req, server.tokenizer.encode, what="tokenizing the prompt")
+            items, is_batch = split_generate(req, server.tokenizer.encode)
+        else:
+            texts = [req.text] if isinstance(req.text, str) else req.text
+            check_request_size(server.limits, [1] * len(texts))
+            check_prompt_chars(server.limits, texts)
+            items, is_batch = await server.off_loop(
+                split_generate, req, server.tokenizer.encode, what="tokenizing the prompt"
+            )
+        await server.prepare_images(items)
+        return items, is_batch
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(req: GenerateReqInput, request: Request) -> Response:

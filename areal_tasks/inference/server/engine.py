@@ -520,6 +520,7 @@ class Engine:
             positions,
             previous.tokens if carried and previous is not None else None,
             rows if carried else None,
+            **({"rope_deltas": [s.rope_delta for s in batch]} if self.runner.is_vision else {}),
         )
         return batch, logits
 

@@ -12,6 +12,14 @@ Attention is transformers' SDPA with grouped-query decode (``attention.py``). Tw
 * :meth:`ModelRunner.decode` runs one new token for each of many slots (continuous batching); each
   row attends to its own slot's filled positions only.
 
+A vision-language model (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) loads as
+``AutoModelForImageTextToText`` with its image processor (``vision.py`` prepares a prompt's images).
+Its prefill of a prompt with images runs the vision tower, writes its features into the prompt's
+embeddings at the images' placeholders and takes the prompt's multimodal rotary positions; its
+decode rows rotate at ``position + rope_delta`` of their own sequence. Text-only prompts run
+through it as through a causal LM. It is served without ``torch.compile`` (and the
+server decodes it without CUDA graphs: ``server.py``).
+
 Only the calling thread (the engine loop) may use a runner: it is not thread-safe.
 """
 
@@ -33,6 +41,7 @@ from areal_tasks.inference.server.decode_kernel import kernel_available
 from areal_tasks.inference.server.greedy import GreedyPicker
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
 from areal_tasks.inference.server.transfer import host_to_device
+from areal_tasks.inference.server.vision import VisionPreparer, VisionPrompt
 from areal_tasks.models.compile import compile_pointwise_modules
 
 logger = logging.getLogger(__name__)
@@ -91,6 +100,11 @@ def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def is_vision_config(config: Any) -> bool:
+    """Whether a Hugging Face config is a vision-language model's (it has a ``vision_config``)."""
+    return getattr(config, "vision_config", None) is not None
+
+
 def resolve_dtype(name: str, device: torch.device, config: Any) -> torch.dtype:
     """``auto``: float32 on CPU; on CUDA the checkpoint's dtype (bfloat16 if it says float32 or nothing)."""
     if name != "auto":
@@ -108,7 +122,7 @@ class ModelRunner:
     """Owns the model, the tokenizer and the KV cache of one server (see the module doc)."""
 
     def __init__(self, cfg: RunnerConfig) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         path = Path(cfg.model_path).expanduser()
         if not (path / "config.json").is_file():
@@ -120,23 +134,31 @@ class ModelRunner:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or path)
         self._targets: dict[str, torch.Tensor] = {}
         self._targets_model: torch.nn.Module | None = None
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=self.dtype, attn_implementation=register_serve_attention()
-        )
+        #: the model reads images (a vision-language model); ``vision`` prepares them.
+        self.is_vision = is_vision_config(hf_config)
+        self.model = self._load_model(path)
         self.model.to(self.device).eval()
+        self.vision: VisionPreparer | None = None
+        if self.is_vision:
+            from transformers import AutoImageProcessor
+
+            self.vision = VisionPreparer(self.model, AutoImageProcessor.from_pretrained(path))
         #: ``triton`` or ``sdpa``: what runs the grouped decode attention (``RunnerConfig.decode_attention``).
         self.decode_attention = self._decode_attention(cfg.decode_attention)
+        compile_now = cfg.torch_compile and self.device.type == "cuda"
+        if compile_now and self.is_vision:
+            logger.info("%s is a vision-language model: served without torch.compile", cfg.model_path)
         #: names of the modules run through torch.compile (CUDA only; empty otherwise).
-        self.compiled = (
-            compile_pointwise_modules(self.model) if cfg.torch_compile and self.device.type == "cuda" else []
-        )
+        self.compiled = compile_pointwise_modules(self.model) if compile_now and not self.is_vision else []
         #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner).
         self.greedy = GreedyPicker()
         self.config = self.model.config
-        self._window = getattr(self.config, "sliding_window", None)
-        self._use_mapping = bool(getattr(self.config, "layer_types", None))
+        #: the language model's config (the config itself for a causal LM).
+        self.text_config = self.config.get_text_config()
+        self._window = getattr(self.text_config, "sliding_window", None)
+        self._use_mapping = bool(getattr(self.text_config, "layer_types", None))
         if self._use_mapping:
-            self._layer_types = set(self.config.layer_types)
+            self._layer_types = set(self.text_config.layer_types)
         else:
             # no per-layer types (e.g. Mistral): a sliding_window applies to every layer
             self._layer_types = {"sliding_attention" if self._window else "full_attention"}
@@ -145,7 +167,7 @@ class ModelRunner:
             raise ModelError(f"{cfg.model_path}: layer types {sorted(unsupported)} are not supported")
         params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        max_pos = int(getattr(self.config, "max_position_embeddings", 0) or 0) or 4096
+        max_pos = int(getattr(self.text_config, "max_position_embeddings", 0) or 0) or 4096
         self.max_len = min(cfg.context_length or max_pos, max_pos)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = self._eos_ids()
@@ -160,6 +182,18 @@ class ModelRunner:
             cfg.max_running_requests,
             self.max_len,
         )
+
+    def _load_model(self, path: Path) -> torch.nn.Module:
+        """The causal LM, or the vision-language model with the serving attention in its language model
+        and SDPA in its vision tower (whose attention is not over the KV cache)."""
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        serve = register_serve_attention()
+        if self.is_vision:
+            return AutoModelForImageTextToText.from_pretrained(
+                path, dtype=self.dtype, attn_implementation={"text_config": serve, "vision_config": "sdpa"}
+            )
+        return AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, attn_implementation=serve)
 
     def _decode_attention(self, choice: str) -> str:
         if choice not in DECODE_ATTENTION_CHOICES:
@@ -180,7 +214,7 @@ class ModelRunner:
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (getattr(self.model, "generation_config", None), self.config):
+        for source in (getattr(self.model, "generation_config", None), self.config, self.text_config):
             eos = getattr(source, "eos_token_id", None)
             if eos is not None:
                 ids.update([eos] if isinstance(eos, int) else eos)
@@ -242,15 +276,17 @@ class ModelRunner:
 
     def _forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         view: BatchCacheView,
         masks: Any,
         logits_to_keep: int | torch.Tensor,
         upcast: bool = True,
+        **inputs: Any,
     ) -> torch.Tensor:
         """The model's logits for ``logits_to_keep``; in fp32 unless ``upcast`` is False (then in
-        the model's dtype: the captured decode steps leave the upcast to the sampler)."""
+        the model's dtype: the captured decode steps leave the upcast to the sampler). ``inputs``
+        are the model's other inputs (a vision prefill's ``inputs_embeds``, in place of ``input_ids``)."""
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -258,13 +294,34 @@ class ModelRunner:
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **{self._cache_kwarg: view},
+            **inputs,
         )
         return out.logits.float() if upcast else out.logits
 
+    def _embed_images(self, ids: torch.Tensor, vision: VisionPrompt) -> torch.Tensor:
+        """The embeddings [1, T, H] of ``ids`` with the vision tower's features of the prompt's images
+        at their placeholders (``VisionPrompt.image_tokens``; any other pad stays a text token)."""
+        embeds = self.model.get_input_embeddings()(ids)
+        features = self.model.get_image_features(
+            vision.pixel_values.to(self.device), vision.image_grid_thw.to(self.device), return_dict=True
+        ).pooler_output
+        features = torch.cat(features) if isinstance(features, (tuple, list)) else features
+        embeds[0, vision.image_tokens.to(self.device)] = features.to(embeds.dtype)
+        return embeds
+
     # ---- forwards ----
     @torch.inference_mode()
-    def prefill(self, slot: int, token_ids: list[int], start: int = 0, all_logits: bool = False) -> torch.Tensor:
-        """Run ``token_ids`` into ``slot`` at positions ``start..``; returns logits [T, V] (or [1, V])."""
+    def prefill(
+        self,
+        slot: int,
+        token_ids: list[int],
+        start: int = 0,
+        all_logits: bool = False,
+        vision: VisionPrompt | None = None,
+    ) -> torch.Tensor:
+        """Run ``token_ids`` into ``slot`` at positions ``start..``; returns logits [T, V] (or [1, V]).
+        With ``vision`` (a prompt's images, from position 0) the vision tower runs too and the
+        tokens take the prompt's multimodal rotary positions."""
         steps = len(token_ids)
         if steps == 0 or start + steps > self.max_len:
             raise InferenceError(f"prefill of {steps} tokens at {start} does not fit the context of {self.max_len}")
@@ -272,8 +329,16 @@ class ModelRunner:
         positions = torch.arange(start, kv_len, device=self.device).view(1, -1)
         view = BatchCacheView(self.cache, [slot], [start], kv_len)
         masks = self._masks(positions, kv_len, trivial=(start == 0))
-        ids = torch.tensor([token_ids], device=self.device)
-        logits = self._forward(ids, positions, view, masks, 0 if all_logits else 1)
+        ids: torch.Tensor | None = torch.tensor([token_ids], device=self.device)
+        inputs: dict[str, Any] = {}
+        rotary = positions
+        if vision is not None:
+            if start != 0:
+                raise InferenceError(f"a prefill with images starts at position 0, not {start}")
+            rotary = vision.positions_for(steps).to(self.device).view(3, 1, steps)
+            inputs = {"inputs_embeds": self._embed_images(ids, vision)}
+            ids = None
+        logits = self._forward(ids, rotary, view, masks, 0 if all_logits else 1, **inputs)
         self.cache.lengths[slot] = kv_len
         return logits[0]
 
@@ -310,8 +375,12 @@ class ModelRunner:
         positions: list[int],
         carried: torch.Tensor | None = None,
         carried_rows: list[int] | None = None,
+        rope_deltas: list[int] | None = None,
     ) -> torch.Tensor:
         """One new token per slot, each at its own position; returns logits [B, V].
+
+        With ``rope_deltas`` (a vision-language model's rows, one per row: 0 for a text-only
+        sequence) row ``i`` rotates at ``positions[i] + rope_deltas[i]`` on the three rotary axes.
 
         With ``carried`` (token ids on the device, the previous step's samples) and ``carried_rows``,
         row ``i`` takes ``carried[carried_rows[i]]`` where that index is >= 0, and ``tokens[i]``
@@ -326,7 +395,11 @@ class ModelRunner:
         ids = host_to_device(tokens, torch.long, self.device)
         if carried is not None and carried_rows is not None:
             ids = take_carried(ids, carried, host_to_device(carried_rows, torch.long, self.device))
-        logits = self._forward(ids.view(-1, 1), pos, view, masks, 1)
+        rotary = pos
+        if rope_deltas is not None and any(rope_deltas):
+            deltas = host_to_device(rope_deltas, torch.long, self.device).view(-1, 1)
+            rotary = (pos + deltas).unsqueeze(0).expand(3, -1, -1)
+        logits = self._forward(ids.view(-1, 1), rotary, view, masks, 1)
         for slot, p in zip(slots, positions):
             self.cache.lengths[slot] = p + 1
         return logits[:, -1]

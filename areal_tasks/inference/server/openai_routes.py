@@ -16,6 +16,10 @@ tokens; for ``n > 1`` the prompt counts once) and SGLang's ``metadata.weight_ver
 server's ``tool_call_parser`` set (``hermes``/``qwen25``: Hermes/Qwen style
 ``<tool_call>{"name", "arguments"}</tool_call>`` blocks, parsed by ``areal_tasks.agent.tool_calls``),
 tool calls in the output are returned as ``message.tool_calls`` with finish reason ``tool_calls``.
+
+Chat messages may carry images as ``image_url`` content parts with ``data:`` URLs
+(``openai_images.py``); the template renders one placeholder per image, which the server expands
+(``vision.py``), and ``usage.prompt_tokens`` counts the expanded prompt.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from areal_tasks.inference.server.limits import (
     check_request_size,
 )
 from areal_tasks.inference.server.openai_bodies import ChatCompletionRequest, CompletionRequest
+from areal_tasks.inference.server.openai_images import chat_images, without_images
 from areal_tasks.inference.server.openai_logprobs import alternatives, chat_logprobs, completion_logprobs
 from areal_tasks.inference.server.openai_stream import OpenAIStream, SSEResponse, finish_of
 from areal_tasks.inference.server.request import Sequence
@@ -146,7 +151,8 @@ def openai_router() -> APIRouter:
             }
             for p in prompts
         ]
-        return prompts, items
+        await server.prepare_images(items)
+        return [item["input_ids"] for item in items], items
 
     async def _completions(req: CompletionRequest, server: Any) -> dict[str, Any]:
         prompts, items = await _completion_items(req, server)
@@ -202,7 +208,9 @@ def openai_router() -> APIRouter:
     async def _chat_items(req: ChatCompletionRequest, server: Any) -> tuple[list[int], list[dict[str, Any]]]:
         check_chat_template_kwargs(server.limits, req.chat_template_kwargs)
         # the rendering holds every message and tool: longer text than the context holds cannot fit
-        check_prompt_chars(server.limits, ["".join(_strings([req.messages, req.tools or []]))], "chat")
+        images = chat_images(req.messages)
+        text = "".join(_strings([without_images(req.messages), req.tools or []]))
+        check_prompt_chars(server.limits, [text], "chat")
         prompt = await server.off_loop(render_chat, req, server.tokenizer, what="rendering the chat")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         item = {
@@ -212,8 +220,11 @@ def openai_router() -> APIRouter:
             "return_logprob": req.logprobs,
             "logprob_start_len": -1,
             "top_logprobs_num": req.top_logprobs_num,
+            "image_data": images,
+            "image_field": "image_url",
         }
-        return prompt, [item]
+        await server.prepare_images([item])
+        return item["input_ids"], [item]
 
     async def _chat_completions(req: ChatCompletionRequest, server: Any) -> dict[str, Any]:
         prompt, items = await _chat_items(req, server)

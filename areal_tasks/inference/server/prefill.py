@@ -7,6 +7,7 @@ distinct last positions). Other sequences go one at a time:
 * a sibling of an ``n > 1`` request samples its first token from the prompt logits its group keeps
   and copies the prompt's KV from a live sibling (or prefills it again when none is left);
 * a sequence retracted by a ``retract`` pause prefills its prompt plus its output so far;
+* a prompt with images (``SequenceGroup.vision``) runs the vision tower in its own prefill;
 * a request that wants prompt logprobs (``logprob_start_len >= 0``) gets all prompt logits (and,
   with ``top_logprobs_num``, each prompt position's most likely alternatives, SGLang's
   ``input_top_logprobs``: raw logits, like the prompt logprobs).
@@ -84,6 +85,7 @@ class Prefiller:
             batchable = (
                 not seq.retracted
                 and seq.group.prompt_logits is None
+                and seq.group.vision is None
                 and seq.params.max_new_tokens > 0
                 and not _wants_prompt_logprobs(seq)
             )
@@ -136,7 +138,7 @@ class Prefiller:
         if seq.retracted:
             tokens = group.prompt_ids + seq.output_ids
             seq.slot = self.cache.allocate()
-            logits = self.runner.prefill(seq.slot, tokens)[-1]
+            logits = self.runner.prefill(seq.slot, tokens, vision=group.vision)[-1]
             seq.retracted = False
             self.counters.add_prompt_tokens(len(tokens))
             self.sample_and_check([seq], logits.view(1, -1))
@@ -150,7 +152,7 @@ class Prefiller:
             if group.source_slot is not None:
                 self.cache.copy_prefix(group.source_slot, seq.slot, len(group.prompt_ids))
                 return
-            self.runner.prefill(seq.slot, group.prompt_ids)
+            self.runner.prefill(seq.slot, group.prompt_ids, vision=group.vision)
             group.source_slot = seq.slot
             self.counters.add_prompt_tokens(len(group.prompt_ids))
 
@@ -162,7 +164,7 @@ class Prefiller:
             seq.finish_reason = finish_length(0)
             return
         seq.slot = self.cache.allocate()
-        logits = self.runner.prefill(seq.slot, group.prompt_ids, all_logits=want_input)
+        logits = self.runner.prefill(seq.slot, group.prompt_ids, all_logits=want_input, vision=group.vision)
         self.counters.add_prompt_tokens(len(group.prompt_ids))
         if want_input:
             logprobs = torch.log_softmax(logits[:-1], dim=-1)

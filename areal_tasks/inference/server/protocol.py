@@ -2,8 +2,11 @@
 
 Request bodies follow ``sglang/srt/managers/io_struct.py`` (and the ``sglang.api.v1`` JSON
 contract): unknown top-level keys of ``/generate`` are ignored like SGLang does, unknown
-``sampling_params`` keys are rejected, and fields this server cannot honour (images, LoRA,
+``sampling_params`` keys are rejected, and fields this server cannot honour (video, audio, LoRA,
 ``token_ids_logprob``, hidden states, grammars...) are refused when set instead of silently ignored.
+``image_data`` (SGLang's) gives a prompt's images: for one prompt a string or a list of strings,
+for a batch one entry (a string, a list of strings or null) per prompt; each string base64 image
+bytes or a ``data:image/...;base64`` URL (``images.py``, ``vision.py``).
 Bodies are strict: values must have their JSON type already (a string is not a number, ``true`` is
 not a token id, an integer is accepted for a float); a wrong one is a 400 naming the field, never
 converted and never a 500.
@@ -36,7 +39,6 @@ logger = logging.getLogger(__name__)
 #: /generate fields SGLang has that this server does not implement: refused unless unset/default.
 _REFUSED_GENERATE_FIELDS: dict[str, Any] = {
     "input_embeds": None,
-    "image_data": None,
     "video_data": None,
     "audio_data": None,
     "token_ids_logprob": None,
@@ -69,6 +71,7 @@ class GenerateReqInput(_Body):
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    image_data: str | list[str | list[str] | None] | None = None
 
     def refused_fields(self) -> list[str]:
         extra = self.model_extra or {}
@@ -181,9 +184,30 @@ def _per_item(value: Any, count: int, name: str) -> list[Any]:
     return [value] * count
 
 
+def split_images(image_data: Any, count: int, is_batch: bool) -> list[list[str]]:
+    """Each prompt's images (see the module doc for the shapes ``image_data`` takes)."""
+    if image_data is None:
+        return [[] for _ in range(count)]
+    if not is_batch:
+        images = [image_data] if isinstance(image_data, str) else image_data
+        if not all(isinstance(image, str) for image in images):
+            raise InferenceRequestError(
+                "image_data: for one prompt, give a string or a list of strings", param="image_data"
+            )
+        return [list(images)]
+    if not isinstance(image_data, list) or len(image_data) != count:
+        got = len(image_data) if isinstance(image_data, list) else "a string"
+        raise InferenceRequestError(
+            f"image_data: a batch of {count} prompts needs a list of {count} entries (one per prompt), got {got}",
+            param="image_data",
+        )
+    return [[] if entry is None else [entry] if isinstance(entry, str) else list(entry) for entry in image_data]
+
+
 def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str, Any]], bool]:
     """One dict per prompt (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
-    ``logprob_start_len``, ``top_logprobs_num``) and whether the request was a batch."""
+    ``logprob_start_len``, ``top_logprobs_num``; with images ``image_data``, and ``image_field``
+    that names them in errors) and whether the request was a batch."""
     refused = req.refused_fields()
     if refused:
         raise InferenceRequestError(f"/generate: {refused} are not supported by the embedded server")
@@ -215,6 +239,7 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
     params = _per_item(req.sampling_params, count, "sampling_params")
     logprob = _per_item(req.return_logprob, count, "return_logprob")
     start = _per_item(req.logprob_start_len, count, "logprob_start_len")
+    images = split_images(req.image_data, count, is_batch)
     items = [
         {
             "input_ids": prompts[i],
@@ -226,6 +251,9 @@ def split_generate(req: GenerateReqInput, tokenize: Any) -> tuple[list[dict[str,
         }
         for i in range(count)
     ]
+    for i, item in enumerate(items):
+        if images[i]:
+            item["image_data"], item["image_field"] = images[i], f"image_data[{i}]" if is_batch else "image_data"
     return items, is_batch
 
 

@@ -23,6 +23,7 @@ import torch
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.sampling import SamplingParams
 from areal_tasks.inference.server.top_logprobs import TopEntry
+from areal_tasks.inference.server.vision import VisionPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class SequenceGroup:
     """What the ``n`` samples of one request share: the prompt's prefill."""
 
     prompt_ids: list[int]
+    #: the prompt's images, ready for a vision-language model (``vision.py``); None for text.
+    vision: VisionPrompt | None = None
     #: slot of a live member whose first ``len(prompt_ids)`` cached positions are the prompt.
     source_slot: int | None = None
     #: the logits after the last prompt token ([V], float32) under the current weights.
@@ -103,6 +106,13 @@ class Sequence:
     @property
     def prompt_ids(self) -> list[int]:
         return self.group.prompt_ids
+
+    @property
+    def rope_delta(self) -> int:
+        """What a decode step adds to this sequence's rotary position (its images' ``rope_delta``; 0
+        for text)."""
+        vision = self.group.vision
+        return 0 if vision is None else vision.rope_delta
 
     @property
     def finished(self) -> bool:

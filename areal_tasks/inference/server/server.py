@@ -10,6 +10,7 @@ without a key unless ``allow_unauthenticated_admin`` (``auth.py``). ``areal serv
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -104,6 +105,17 @@ class ServerConfig:
             )
 
 
+def vision_model(model_path: str) -> bool:
+    """Whether ``model_path`` holds a vision-language model (its config has a ``vision_config``)."""
+    config = Path(model_path).expanduser() / "config.json"
+    if not config.is_file():
+        return False  # the runner says what is wrong with the directory
+    try:
+        return "vision_config" in json.loads(config.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InferenceError(f"{config}: cannot read the model's config ({exc})") from exc
+
+
 def build_app(cfg: ServerConfig) -> Any:
     """Load the model, start the engine and return the FastAPI app serving it."""
     import torch
@@ -119,6 +131,13 @@ def build_app(cfg: ServerConfig) -> Any:
         torch.set_num_threads(cfg.num_threads)
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
+    eager = vision_model(cfg.model_path)
+    if eager and (cfg.cuda_graphs or cfg.torch_compile):
+        logger.info(
+            "%s is a vision-language model: its decode runs eagerly, without CUDA graphs or torch.compile "
+            "(each row's multimodal rotary positions are not part of the captured steps)",
+            cfg.model_path,
+        )
     runner = build_runner(
         RunnerConfig(
             model_path=cfg.model_path,
@@ -127,8 +146,8 @@ def build_app(cfg: ServerConfig) -> Any:
             max_running_requests=cfg.max_running_requests,
             context_length=cfg.context_length,
             tokenizer_path=cfg.tokenizer_path,
-            cuda_graphs=cfg.cuda_graphs,
-            torch_compile=cfg.torch_compile,
+            cuda_graphs=cfg.cuda_graphs and not eager,
+            torch_compile=cfg.torch_compile and not eager,
             compile_scope=cfg.torch_compile_scope,
             decode_attention=cfg.decode_attention,
         )

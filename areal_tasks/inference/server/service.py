@@ -14,7 +14,10 @@ checked before anything is queued, the engine's queue bound is set from the limi
 text is measured before it is tokenised. Tokenising and chat-template rendering run on the
 ``tokenize`` thread lane (``executors.py``) within ``tokenize_timeout_s``: past it the request is
 refused (413 when its own work took too long, 429 when it never got a thread), so the event loop
-keeps answering ``/health`` and every other request. A request whose handler is cancelled (its
+keeps answering ``/health`` and every other request. So does the decoding of a request's images
+(:meth:`EmbeddedServer.prepare_images`: decode, check, image processor, placeholder expansion and
+rotary positions; ``vision.py``), once per request before its sequences are queued; a bad image is
+a 400 naming it and never reaches the engine. A request whose handler is cancelled (its
 client went away: ``disconnect.py``) aborts its sequences in the engine; a streamed one
 (``openai_stream.py``) queues them with :meth:`EmbeddedServer.submit_sequences`, reads them as
 they grow and aborts the unfinished ones when its stream ends.
@@ -42,6 +45,7 @@ from areal_tasks.inference.server.protocol import generate_response
 from areal_tasks.inference.server.request import Sequence, SequenceGroup
 from areal_tasks.inference.server.sampling import SamplingParams
 from areal_tasks.inference.server.server import WeightBounds
+from areal_tasks.inference.server.vision import refuse_images
 from areal_tasks.inference.server.weight_service import WeightService
 
 logger = logging.getLogger(__name__)
@@ -154,6 +158,32 @@ class EmbeddedServer:
         finally:
             self._tokenize_pending -= 1
 
+    # ---------------- images ----------------
+    async def prepare_images(self, items: list[dict[str, Any]]) -> None:
+        """Ready the images of every item (``image_data``, ``image_field``) for the engine: each item
+        with images gets its expanded ``input_ids`` and its ``vision`` inputs. Images for a model
+        without a vision tower, bad images and placeholders that do not match them are refused
+        (400); the work runs on the tokenize lane."""
+        with_images = [item for item in items if item.get("image_data")]
+        vision = self.runner.vision
+        if vision is None:
+            if with_images:
+                raise refuse_images(with_images[0].get("image_field", "image_data"))
+            return
+        if not with_images:
+            for item in items:  # a text prompt to a vision model: no placeholders without images
+                vision.prepare(item["input_ids"], [])
+            return
+
+        def prepare() -> list[tuple[list[int], Any]]:
+            return [
+                vision.prepare(item["input_ids"], item.get("image_data") or [], item.get("image_field", "image_data"))
+                for item in items
+            ]
+
+        for item, (ids, prompt) in zip(items, await self.off_loop(prepare, what="decoding the images")):
+            item["input_ids"], item["vision"] = ids, prompt
+
     # ---------------- generation ----------------
     async def generate_sequences(self, items: list[dict[str, Any]]) -> list[Sequence]:
         """Run every item (``input_ids``, ``sampling_params``, ``rid``, ``return_logprob``,
@@ -187,7 +217,7 @@ class EmbeddedServer:
         for params in all_params:
             check_stops(self.limits, params.stop)
         for item, params in zip(items, all_params):
-            group = SequenceGroup(prompt_ids=[int(t) for t in item["input_ids"]])
+            group = SequenceGroup(prompt_ids=[int(t) for t in item["input_ids"]], vision=item.get("vision"))
             base_rid = item["rid"] or uuid.uuid4().hex
             for j in range(params.n):
                 fut: asyncio.Future[Sequence] = loop.create_future()
@@ -286,7 +316,7 @@ class EmbeddedServer:
             "reasoning_parser": None,
             "tool_call_parser": self.tool_call_parser,
             "disaggregation_mode": "null",
-            "has_image_understanding": False,
+            "has_image_understanding": self.runner.vision is not None,
             "has_audio_understanding": False,
             "model_type": getattr(config, "model_type", None),
             "architectures": getattr(config, "architectures", None),
