@@ -97,7 +97,8 @@ def test_one_step_equals_transformers_backward_and_adamw(vlm_dir, world_of_one):
 
 def test_published_weights_load_into_the_servers_model_class(vlm_dir, world_of_one, tmp_path):
     """``weight_specs``/``iter_weights`` name every tensor as ``Qwen2VLForConditionalGeneration``
-    (or 2.5) names its own, and an HF save loads back with ``from_pretrained`` unchanged."""
+    (or 2.5) names its own, the inference server's model runner loads them as a weight update, and
+    an HF save loads back with ``from_pretrained`` unchanged."""
     engine = _engine(vlm_dir, lr=1e-2)
     engine.train_batch(vision_batch(seed=3), token_mean_loss, token_weight)
     published = dict(engine.iter_weights())
@@ -106,6 +107,16 @@ def test_published_weights_load_into_the_servers_model_class(vlm_dir, world_of_o
     assert published.keys() == model.state_dict().keys()
     assert any(name.startswith("model.visual.") for name in published)
     model.load_state_dict(published, strict=True)
+    # the system's own inference server takes them as a weight update
+    from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
+
+    runner = ModelRunner(RunnerConfig(model_path=str(vlm_dir), device="cpu", max_running_requests=1, context_length=64))
+    specs = runner.weight_specs()
+    assert runner.required_weight_names() <= published.keys() <= specs.keys()
+    assert all(specs[name][0] == tuple(tensor.shape) for name, tensor in published.items())
+    assert runner.load_weights(published.items()) == len(published)
+    served = dict(runner.model.named_parameters())
+    assert all(torch.equal(served[name], published[name]) for name in runner.required_weight_names())
     engine.save(str(tmp_path / "hf"), "hf")
     reloaded = load_reference(tmp_path / "hf").state_dict()
     assert reloaded.keys() == published.keys()
