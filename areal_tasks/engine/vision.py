@@ -17,7 +17,7 @@ the plain per-sequence text positions first (what a packing-aware attention read
 rotary rows.
 
 Dummy image. Under FSDP with more than one rank, every rank's backward must reduce the gradients
-of the same parameters: a micro-batch without images would leave the vision tower without
+of the same parameters: a micro-batch without images would leave a trained vision tower without
 gradients on one rank while another rank has them. :meth:`VLMInputs.with_dummy_image` appends a
 one-token sequence holding a blank image of the smallest grid; its scores are cut off again, so it
 adds zero to every gradient and nothing to the outputs.
@@ -43,7 +43,14 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VISION_MODEL_TYPES", "VLMInputs", "is_vision_language", "load_vision_language", "model_problems"]
+__all__ = [
+    "VISION_MODEL_TYPES",
+    "VLMInputs",
+    "is_vision_language",
+    "load_vision_language",
+    "model_problems",
+    "vision_tower_trains",
+]
 
 #: the vision-language ``model_type`` values the engine trains.
 VISION_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
@@ -101,6 +108,11 @@ def load_vision_language(path: str, attn: str, dtype: torch.dtype) -> torch.nn.M
 def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers ``...ForConditionalGeneration`` under a peft wrapper (or ``model`` itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def vision_tower_trains(model: torch.nn.Module) -> bool:
+    """Whether any parameter of a VLM's vision tower takes gradients (not with LoRA's defaults)."""
+    return any(p.requires_grad for p in _base_model(model).model.visual.parameters())
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from areal_tasks.engine.step_common import (
     loss_weights,
     plan_micro_batches,
 )
-from areal_tasks.engine.vision import VLMInputs
+from areal_tasks.engine.vision import VLMInputs, vision_tower_trains
 from areal_tasks.errors import EngineError
 from areal_tasks.trace import span
 
@@ -159,8 +159,13 @@ class FSDPEngine(TrainEngine):
             lm_head=built.lm_head,
             host_bounds=built.compile_scope != "blocks",
             vision=self.vision,
-            # several ranks reduce the vision tower's gradients: every micro-batch must have some
-            ensure_image=self.trainable and self.mesh.fsdp_mesh.size() > 1,
+            # several ranks reduce a trained vision tower's gradients: every micro-batch must have some
+            ensure_image=(
+                self.vision is not None
+                and self.trainable
+                and self.mesh.fsdp_mesh.size() > 1
+                and vision_tower_trains(self.model)
+            ),
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None

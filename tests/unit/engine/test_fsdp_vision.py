@@ -15,6 +15,7 @@ import torch
 from areal_tasks.config.engine import EngineConfig, LRScheduleConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
+from areal_tasks.engine.vision import vision_tower_trains
 from tests.unit.engine.vision_helpers import (
     load_reference,
     reference_logprobs,
@@ -63,6 +64,7 @@ def test_one_step_equals_transformers_backward_and_adamw(vlm_dir, world_of_one):
     batch = vision_batch(seed=2)
     settings = {"lr": 1e-3, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 0.5}
     engine = _engine(vlm_dir, **settings)
+    assert vision_tower_trains(engine.model)
     before = _params(engine)
     engine.accumulate_gradients(batch, token_mean_loss, token_weight)
     grads = engine.full_gradients()
@@ -142,6 +144,7 @@ def test_lora_adapts_the_language_model_only_and_steps_like_peft(tiny_qwen2_5_vl
     engine.initialize()
     trained = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     assert trained and all(".language_model." in n and ".lora_" in n for n in trained)
+    assert not vision_tower_trains(engine.model)  # no dummy images needed on several ranks
     batch = vision_batch(seed=5)
     engine.train_batch(batch, token_mean_loss, token_weight)
     published = dict(engine.iter_weights())
