@@ -50,6 +50,7 @@ __all__ = [
     "load_vision_language",
     "model_problems",
     "vision_tower_trains",
+    "with_vision_tower",
 ]
 
 #: the vision-language ``model_type`` values the engine trains.
@@ -113,6 +114,29 @@ def _base_model(model: torch.nn.Module) -> torch.nn.Module:
 def vision_tower_trains(model: torch.nn.Module) -> bool:
     """Whether any parameter of a VLM's vision tower takes gradients (not with LoRA's defaults)."""
     return any(p.requires_grad for p in _base_model(model).model.visual.parameters())
+
+
+def with_vision_tower(estimate: Any, model: torch.nn.Module) -> Any:
+    """``estimate`` (a :class:`~areal_tasks.models.memory.MemoryEstimate` of the language model) with
+    a VLM's vision tower added to its static bytes, sharded like the rest: parameters (and the
+    published copy) grow with the tower's parameters, gradients and optimizer state with its trained
+    ones. The tower's activations stay uncounted, as the estimate's own docstring says."""
+    import dataclasses
+
+    tower = list(_base_model(model).model.visual.parameters())
+    n_tower = sum(p.numel() for p in tower)  # a DTensor counts its global size
+    n_trained = sum(p.numel() for p in tower if p.requires_grad)
+    grow = (estimate.num_params + n_tower) / estimate.num_params
+    grow_trained = (estimate.num_trainable_params + n_trained) / max(estimate.num_trainable_params, 1)
+    return dataclasses.replace(
+        estimate,
+        num_params=estimate.num_params + n_tower,
+        num_trainable_params=estimate.num_trainable_params + n_trained,
+        param_bytes=round(estimate.param_bytes * grow),
+        grad_bytes=round(estimate.grad_bytes * grow_trained),
+        optimizer_bytes=round(estimate.optimizer_bytes * grow_trained),
+        publish_buffer_bytes=round(estimate.publish_buffer_bytes * grow),
+    )
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from areal_tasks.engine.step_common import (
     loss_weights,
     plan_micro_batches,
 )
-from areal_tasks.engine.vision import VLMInputs, vision_tower_trains
+from areal_tasks.engine.vision import VLMInputs, is_vision_language, vision_tower_trains, with_vision_tower
 from areal_tasks.errors import EngineError
 from areal_tasks.trace import span
 
@@ -516,7 +516,7 @@ def _micro_batch_spec(
     config: EngineConfig, built: BuiltModel, dims: ParallelDims, *, shared_weight_buffer: bool = False
 ) -> Any:
     """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget
-    (less the shared weight-update buffer when the engine keeps one)."""
+    (less the shared weight-update buffer when the engine keeps one, and a VLM's vision tower)."""
     from areal_tasks.models.memory import estimate_memory, resolve_max_tokens_per_mb
 
     spec = config.micro_batch
@@ -536,5 +536,7 @@ def _micro_batch_spec(
             ce_keep_logits=built.lm_head is not None and built.lm_head.keep_logits,
             publish_buffer=shared_weight_buffer,
         )
+        if is_vision_language(built.hf_config):  # the estimate above is the language model's
+            estimate = with_vision_tower(estimate, built.model)
         cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)
     return dataclasses.replace(spec, pad_to_multiple_of=multiple, max_tokens_per_mb=cap)

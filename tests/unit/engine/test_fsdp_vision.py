@@ -186,3 +186,23 @@ def test_the_chunked_lm_head_scores_a_vlm_as_the_full_logits_do(tiny_qwen2_vl, w
     assert chunked_grads.keys() == full_grads.keys()
     for name, grad in chunked_grads.items():
         torch.testing.assert_close(grad, full_grads[name], atol=1e-6, rtol=1e-4)
+
+
+def test_the_memory_budget_counts_the_vision_tower(tiny_qwen2_vl, world_of_one):
+    """``micro_batch.memory_budget_gb``: the language model's estimate plus the vision tower's
+    parameters, gradients and AdamW state leave fewer tokens per micro-batch than the text alone."""
+    from areal_tasks.engine.vision import with_vision_tower
+    from areal_tasks.models.memory import GIB, estimate_memory, max_tokens_for_budget
+
+    budget_gb = 0.02
+    config = EngineConfig(micro_batch=MicroBatchSpec(memory_budget_gb=budget_gb, pad_to_multiple_of=8))
+    engine = FSDPEngine(config, str(tiny_qwen2_vl))
+    engine.initialize()
+    text = estimate_memory(engine.hf_config(), param_dtype="float32", dp=1, tp=1, sp=1, fsdp_wrap="root")
+    full = with_vision_tower(text, engine.model)
+    n_tower = sum(p.numel() for p in engine.model.model.visual.parameters())
+    assert full.num_params == text.num_params + n_tower == sum(p.numel() for p in engine.model.parameters())
+    assert full.static_bytes > text.static_bytes
+    budget = int(budget_gb * GIB)
+    assert engine.mb_spec.max_tokens_per_mb == max_tokens_for_budget(full, budget, multiple=8)
+    assert engine.mb_spec.max_tokens_per_mb < max_tokens_for_budget(text, budget, multiple=8)
