@@ -116,6 +116,13 @@ def vision_tower_trains(model: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in _base_model(model).model.visual.parameters())
 
 
+def freeze_vision_tower(model: torch.nn.Module, path: str) -> None:
+    """``engine.freeze_vision``: no gradients for the vision tower (EngineError for a text model)."""
+    if not hasattr(_base_model(model), "model") or not hasattr(_base_model(model).model, "visual"):
+        raise EngineError(f"engine.freeze_vision is set, but {path} has no vision tower; unset it for a text model")
+    _base_model(model).model.visual.requires_grad_(False)
+
+
 def with_vision_tower(estimate: Any, model: torch.nn.Module) -> Any:
     """``estimate`` (a :class:`~areal_tasks.models.memory.MemoryEstimate` of the language model) with
     a VLM's vision tower added to its static bytes, sharded like the rest: parameters (and the

@@ -16,6 +16,7 @@ from areal_tasks.config.engine import EngineConfig, LRScheduleConfig, OptimizerC
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
 from areal_tasks.engine.vision import vision_tower_trains
+from areal_tasks.errors import EngineError
 from tests.unit.engine.vision_helpers import (
     load_reference,
     reference_logprobs,
@@ -95,6 +96,27 @@ def test_one_step_equals_transformers_backward_and_adamw(vlm_dir, world_of_one):
     # the vision tower trained too
     moved = [n for n in after if n.startswith("model.visual.") and (after[n] - before[n]).abs().max() > 1e-4]
     assert moved, "no vision-tower parameter changed in the step"
+
+
+def test_freeze_vision_trains_the_language_model_only(tiny_qwen2_vl, tiny_qwen2, world_of_one):
+    config = EngineConfig(
+        optimizer=OptimizerConfig(lr=1e-2),
+        lr_schedule=LRScheduleConfig(type="constant"),
+        micro_batch=MicroBatchSpec(n_mbs=2),
+        freeze_vision=True,
+    )
+    engine = FSDPEngine(config, str(tiny_qwen2_vl))
+    engine.initialize()
+    assert not vision_tower_trains(engine.model)
+    before = _params(engine)
+    batch = vision_batch(seed=3)
+    engine.train_batch(batch, token_mean_loss, token_weight)
+    after = _params(engine)
+    changed = {n for n in after if not torch.equal(after[n], before[n])}
+    assert changed and not any(n.startswith("model.visual.") for n in changed)
+    assert any(n.startswith("model.language_model.") for n in changed)
+    with pytest.raises(EngineError, match="no vision tower"):
+        FSDPEngine(config, str(tiny_qwen2)).initialize()
 
 
 def test_published_weights_load_into_the_servers_model_class(vlm_dir, world_of_one, tmp_path):
@@ -194,11 +216,21 @@ def test_the_memory_budget_counts_the_vision_tower(tiny_qwen2_vl, world_of_one):
     from areal_tasks.engine.vision import with_vision_tower
     from areal_tasks.models.memory import GIB, estimate_memory, max_tokens_for_budget
 
-    budget_gb = 0.02
+    budget_gb = 2.0  # room beyond the chunked LM head's fixed workspace
     config = EngineConfig(micro_batch=MicroBatchSpec(memory_budget_gb=budget_gb, pad_to_multiple_of=8))
     engine = FSDPEngine(config, str(tiny_qwen2_vl))
     engine.initialize()
-    text = estimate_memory(engine.hf_config(), param_dtype="float32", dp=1, tp=1, sp=1, fsdp_wrap="root")
+    head = engine.lm_head  # the chunked LM head's workspace is part of the estimate
+    text = estimate_memory(
+        engine.hf_config(),
+        param_dtype="float32",
+        dp=1,
+        tp=1,
+        sp=1,
+        fsdp_wrap="root",
+        ce_chunk_tokens=head.chunk if head is not None else None,
+        ce_keep_logits=head is not None and head.keep_logits,
+    )
     full = with_vision_tower(text, engine.model)
     n_tower = sum(p.numel() for p in engine.model.model.visual.parameters())
     assert full.num_params == text.num_params + n_tower == sum(p.numel() for p in engine.model.parameters())
