@@ -7,10 +7,14 @@ server's decode steps run:
 
 * ``sort``: the server's sampler before issue #33 (``sampling_kernels.sorted_draw_reference``: a
   segmented sort of every row, a cumulative sum, masks over sorted ranks), eager;
-* ``sort-free, eager``: :func:`~areal_tasks.inference.server.sampling_kernels.draw_rows` (the
-  threshold search over order keys, fixed rounds), eager;
+* ``sort-free, eager, fan-out F``: :func:`~areal_tasks.inference.server.sampling_kernels.draw_rows`
+  (the threshold search over order keys, fixed rounds, ``F - 1`` points a round), eager (the
+  server's eager runners use ``F = 2``);
 * ``sort-free, compiled, fan-out F``: the same through ``torch.compile`` (what the CUDA-graph
-  runner uses: ``GreedyPicker.draw``), ``F - 1`` points a search round.
+  runner uses: ``GreedyPicker.draw``, ``F = 4``).
+
+A variant that fails (a compilation error, say) is reported with its error and the others still
+run.
 
 Each row also checks the draw: the share of rows whose sampled token the sorted filter keeps
 (ties on the threshold value aside: 1.0). Prints a table and writes JSON
@@ -70,9 +74,9 @@ def time_ms(fn: Callable[[], object], iters: int, device: torch.device) -> float
     return start.elapsed_time(end) / (3 * iters)
 
 
-def _compiled(fan_out: int) -> Draw:
-    """:func:`draw_rows` through ``torch.compile`` (static shapes) with ``fan_out``."""
-    fn = torch.compile(draw_rows, dynamic=False)
+def _compiled(fan_out: int, compiled: bool = True) -> Draw:
+    """:func:`draw_rows` with ``fan_out``, through ``torch.compile`` (static shapes) if ``compiled``."""
+    fn = torch.compile(draw_rows, dynamic=False) if compiled else draw_rows
 
     def draw(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return fn(*args, fan_out=fan_out)
@@ -113,26 +117,34 @@ def run(args: argparse.Namespace) -> list[dict]:
     logits[:, : args.vocab // 100] += 6.0 * torch.rand(args.batch, args.vocab // 100, device=device, generator=gen)
     logits = logits.to(torch.bfloat16)
     uniforms = torch.rand(args.batch, device=device, generator=gen)
-    variants: list[tuple[str, Draw]] = [("sort", sorted_draw_reference), ("sort-free, eager", draw_rows)]
+    variants: list[tuple[str, Draw]] = [("sort", sorted_draw_reference)]
+    variants += [(f"sort-free, eager, fan-out {f}", _compiled(f, compiled=False)) for f in args.eager_fan_outs]
     if not args.no_compile:
         variants += [(f"sort-free, compiled, fan-out {f}", _compiled(f)) for f in args.fan_outs]
     rows = []
+    print(f"{'setting':<10} {'variant':<34} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
     with torch.inference_mode():
         for name in args.settings:
             table = settings(name, args.batch, device)
             for label, fn in variants:
-                start = time.perf_counter()
-                tokens, _ = fn(logits, *table, uniforms)  # first call: compiles where compiled
-                first_s = time.perf_counter() - start
-                ms = time_ms(lambda fn=fn, table=table: fn(logits, *table, uniforms), args.iters, device)
-                rows.append(
-                    {
-                        "setting": name,
-                        "variant": label,
-                        "ms": ms,
-                        "first_call_s": first_s,
-                        "kept_share": kept_share(logits, tokens, table),
-                    }
+                row = {"setting": name, "variant": label}
+                try:
+                    start = time.perf_counter()
+                    tokens, _ = fn(logits, *table, uniforms)  # first call: compiles where compiled
+                    row["first_call_s"] = time.perf_counter() - start
+                    row["ms"] = time_ms(lambda fn=fn, table=table: fn(logits, *table, uniforms), args.iters, device)
+                except RuntimeError as exc:  # reported in the table and the JSON, then the next variant
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    print(f"{name:<10} {label:<34} failed: {row['error']}")
+                    rows.append(row)
+                    continue
+                row["kept_share"] = kept_share(logits, tokens, table)
+                sort_ms = next(r["ms"] for r in [*rows, row] if r["setting"] == name and r["variant"] == "sort")
+                row["speedup_vs_sort"] = sort_ms / row["ms"]
+                rows.append(row)
+                print(
+                    f"{name:<10} {label:<34} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
+                    f"{row['first_call_s']:>12.1f} {row['kept_share']:>6.3f}"
                 )
     return rows
 
@@ -142,7 +154,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--settings", nargs="+", default=["top_p=0.9", "top_k=50"])
-    parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8], help="compiled variants' fan-outs")
+    parser.add_argument("--eager-fan-outs", type=int, nargs="+", default=[2, 4], help="eager variants' fan-outs")
     parser.add_argument("--iters", type=int, default=10, help="draws per captured graph (CPU: timed calls)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled variants")
@@ -150,17 +163,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --device cpu for a smoke run)")
-    rows = run(args)
     where = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"sampled step: batch {args.batch} x vocab {args.vocab}, bf16 logits, temperature 1 ({where})")
-    print(f"{'setting':<10} {'variant':<34} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
-    for row in rows:
-        sort_ms = next(r["ms"] for r in rows if r["setting"] == row["setting"] and r["variant"] == "sort")
-        row["speedup_vs_sort"] = sort_ms / row["ms"]
-        print(
-            f"{row['setting']:<10} {row['variant']:<34} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
-            f"{row['first_call_s']:>12.1f} {row['kept_share']:>6.3f}"
-        )
+    rows = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
         json.dumps({"args": vars(args), "device": where, "torch": torch.__version__, "rows": rows}, indent=1)

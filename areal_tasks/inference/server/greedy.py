@@ -17,6 +17,8 @@ passes over ``[B, V]`` temporaries, compiled each round is one pass over the log
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from areal_tasks.inference.server.sampling_kernels import draw_rows
@@ -29,7 +31,11 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, best - torch.logsumexp(scores, dim=-1)
 
 
+logger = logging.getLogger(__name__)
+
 _HALF = (torch.bfloat16, torch.float16)
+#: points a round of the sort-free draw's threshold search: fewer passes eagerly, fewer rounds compiled.
+EAGER_FAN_OUT, COMPILED_FAN_OUT = 2, 4
 
 
 class GreedyPicker:
@@ -38,7 +44,7 @@ class GreedyPicker:
 
     def __init__(self, compiled: bool = False) -> None:
         self._fused = torch.compile(greedy_pick, dynamic=True) if compiled else None
-        self._draw = torch.compile(draw_rows, dynamic=True, fullgraph=True) if compiled else None
+        self._draw = torch.compile(draw_rows, dynamic=True) if compiled else None
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._fused is not None and logits.dtype in _HALF:
@@ -57,8 +63,11 @@ class GreedyPicker:
         filtered: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`draw_rows` (sampled batches), compiled for half-precision logits when ``compiled``."""
-        fn = self._draw if self._draw is not None and logits.dtype in _HALF else draw_rows
-        return fn(logits, temperatures, top_ks, top_ps, min_ps, greedy, uniforms, filtered=filtered)
+        if self._draw is not None and logits.dtype in _HALF:
+            fn, fan_out = self._draw, COMPILED_FAN_OUT
+        else:
+            fn, fan_out = draw_rows, EAGER_FAN_OUT
+        return fn(logits, temperatures, top_ks, top_ps, min_ps, greedy, uniforms, filtered=filtered, fan_out=fan_out)
 
     def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile :func:`greedy_pick` now for one row and for several (the shapes a server meets first)."""
@@ -69,13 +78,19 @@ class GreedyPicker:
 
     def warm_up_draw(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile :func:`draw_rows` now for one row and for several, with and without filters
-        (four compilations: about a minute on a CPU, so only the GPU runner calls this)."""
+        (four compilations: about a minute on a CPU, so only the GPU runner calls this). If the
+        compilation fails, the error is logged with its traceback and sampled batches draw eagerly
+        (the same results, more passes over the logits)."""
         if self._draw is None:
             return
-        for rows in (1, 2):
-            logits = torch.zeros(rows, vocab, dtype=dtype, device=device)
-            ones = torch.ones(rows, device=device)
-            top_ks = torch.full((rows,), vocab, dtype=torch.long, device=device)
-            no = torch.zeros(rows, dtype=torch.bool, device=device)
-            for filtered in (False, True):
-                self.draw(logits, ones, top_ks, ones, ones * 0, no, ones * 0.5, filtered=filtered)
+        try:
+            for rows in (1, 2):
+                logits = torch.zeros(rows, vocab, dtype=dtype, device=device)
+                ones = torch.ones(rows, device=device)
+                top_ks = torch.full((rows,), vocab, dtype=torch.long, device=device)
+                no = torch.zeros(rows, dtype=torch.bool, device=device)
+                for filtered in (False, True):
+                    self.draw(logits, ones, top_ks, ones, ones * 0, no, ones * 0.5, filtered=filtered)
+        except RuntimeError:  # torch._dynamo's and Inductor's errors are RuntimeErrors
+            logger.exception("compiling the sort-free sampler failed; sampled batches draw eagerly")
+            self._draw = None

@@ -29,9 +29,10 @@ its own), not the same token for a given number. The sampled token's logprob is 
 reports, ``log_softmax(logits / temperature)`` at the token, before any filtering.
 
 Nothing here reads a value back to the host, every shape is fixed by the inputs' shapes and every
-loop has a fixed count, so the whole draw can be compiled with ``fullgraph=True`` and captured in a
-CUDA graph (``tests/gpu/test_sampling_gpu.py``; ``benchmarks/sampling_kernels.py`` times it
-against the sort there).
+loop has a fixed count, so the whole draw can be captured in a CUDA graph, eager or compiled
+(``tests/gpu/test_sampling_gpu.py``; ``benchmarks/sampling_kernels.py`` times it against the sort
+there). Compiled, the threshold search fuses; the two cumulative sums stay eager (Inductor's scan
+codegen fails at this width in torch 2.11) and break the compiled graph in three.
 """
 
 from __future__ import annotations
@@ -114,6 +115,13 @@ def threshold_keys(
     return hi
 
 
+@torch.compiler.disable
+def _tie_ranks(tied: torch.Tensor) -> torch.Tensor:
+    """1-based rank of each tied token among its row's ties, in index order (an eager scan: see
+    :func:`inverse_cdf`)."""
+    return tied.to(torch.int32).cumsum(dim=-1, dtype=torch.int32)
+
+
 def kept_mask(
     keys: torch.Tensor,
     probs: torch.Tensor,
@@ -134,15 +142,19 @@ def kept_mask(
     room = ((top_ps - mass) / tie_prob.clamp(min=torch.finfo(torch.float32).tiny)).clamp(min=0.0)
     by_mass = torch.where(top_ps >= 1.0, ties.double(), torch.floor(room.double().clamp(max=ties.double())) + 1)
     keep_ties = torch.minimum(torch.minimum(ties, top_ks - count), by_mass.long())
-    tie_rank = tied.to(torch.int32).cumsum(dim=-1, dtype=torch.int32)  # 1-based among the ties
+    tie_rank = _tie_ranks(tied)
     kept = above | (tied & (tie_rank <= keep_ties.view(-1, 1)))
     top = probs.amax(dim=-1, keepdim=True)
     return kept & (probs >= top * min_ps.view(-1, 1))
 
 
+@torch.compiler.disable
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One index per row [B] drawn with probability proportional to ``weights`` [B, V] (>= 0, a
-    positive entry per row) from ``uniforms`` [B] in [0, 1), by a cumulative sum in index order."""
+    positive entry per row) from ``uniforms`` [B] in [0, 1), by a cumulative sum in index order.
+
+    Never compiled (nor :func:`_tie_ranks`): Inductor's split scan over a 151,936-wide row fails to
+    generate its Triton kernel in torch 2.11, and the eager scan is one kernel anyway."""
     cdf = torch.cumsum(weights, dim=-1)
     total = cdf[:, -1]
     # strictly below the total, so the search lands inside the CDF
