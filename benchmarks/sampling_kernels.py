@@ -5,7 +5,7 @@ default), temperature 1, each setting of ``--settings`` (``top_p=0.9``, ``top_k=
 CUDA events inside a CUDA graph (``--iters`` draws captured in one graph, replayed 3 times), as the
 server's decode steps run:
 
-* ``sort``: the server's sampler before issue #33 (``sampling_kernels.sorted_draw_reference``: a
+* ``sort``: the server's sampler before issue #33 (``sampling_kernels.sorted_draw``: a
   segmented sort of every row, a cumulative sum, masks over sorted ranks), eager;
 * ``sort-free, eager, fan-out F``: :func:`~areal_tasks.inference.server.sampling_kernels.draw_rows`
   (the threshold search over order keys, fixed rounds, ``F - 1`` points a round), eager (the
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from areal_tasks.inference.server.sampling import TOP_K_ALL
-from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw_reference, sorted_filter_reference
+from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw, sorted_filter
 
 Draw = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -104,7 +104,7 @@ def kept_share(logits: torch.Tensor, tokens: torch.Tensor, table: tuple[torch.Te
     """Share of rows whose token the sorted filter keeps (weight > 0 at the token)."""
     temperatures, top_ks, top_ps, min_ps, _ = table
     probs = torch.softmax(logits.float() / temperatures.view(-1, 1), dim=-1)
-    weights, ids = sorted_filter_reference(probs, top_ks, top_ps, min_ps)
+    weights, ids = sorted_filter(probs, top_ks, top_ps, min_ps)
     kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, weights > 0)
     return kept.gather(1, tokens.view(-1, 1)).float().mean().item()
 
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     logits[:, : args.vocab // 100] += 6.0 * torch.rand(args.batch, args.vocab // 100, device=device, generator=gen)
     logits = logits.to(torch.bfloat16)
     uniforms = torch.rand(args.batch, device=device, generator=gen)
-    variants: list[tuple[str, Draw]] = [("sort", sorted_draw_reference)]
+    variants: list[tuple[str, Draw]] = [("sort", sorted_draw)]
     variants += [(f"sort-free, eager, fan-out {f}", _compiled(f, compiled=False)) for f in args.eager_fan_outs]
     if not args.no_compile:
         variants += [(f"sort-free, compiled, fan-out {f}", _compiled(f)) for f in args.fan_outs]

@@ -23,7 +23,7 @@ from areal_tasks.inference.server.sampling_kernels import (
     kept_mask,
     order_keys,
     search_rounds,
-    sorted_filter_reference,
+    sorted_filter,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -56,7 +56,7 @@ def _logits(dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 def _sorted_kept(logits: torch.Tensor, table: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     temperatures, top_ks, top_ps, min_ps, _ = table
     probs = torch.softmax(logits.float() / temperatures.view(-1, 1), dim=-1)
-    weights, ids = sorted_filter_reference(probs.clone(), top_ks, torch.where(top_ps >= 1, torch.inf, top_ps), min_ps)
+    weights, ids = sorted_filter(probs.clone(), top_ks, torch.where(top_ps >= 1, torch.inf, top_ps), min_ps)
     return torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, weights > 0), probs
 
 
@@ -132,7 +132,7 @@ def test_draws_follow_the_truncated_distribution_on_the_gpu() -> None:
         batch, ones * 0.9, top_ks, top_ps, min_ps, greedy, torch.rand(draws, device="cuda", generator=gen)
     )
     probs = torch.softmax(batch[:1].float() / 0.9, dim=-1)
-    weights, ids = sorted_filter_reference(probs, top_ks[:1], top_ps[:1], min_ps[:1])
+    weights, ids = sorted_filter(probs, top_ks[:1], top_ps[:1], min_ps[:1])
     expected = torch.zeros(vocab, device="cuda").scatter_(0, ids[0], weights[0])
     expected = (expected / expected.sum()).double()
     counts = torch.bincount(tokens, minlength=vocab).double()

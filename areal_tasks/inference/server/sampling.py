@@ -11,8 +11,9 @@ for ``stop``; anything else is refused with a message naming the parameter.
 
 :func:`sample` handles a whole batch at once: greedy rows take the argmax; the other rows are
 scaled by their temperature, filtered by top-k, top-p and min-p with SGLang's rules (top-p on the
-mass of the unfiltered probabilities above a token) but without sorting the vocabulary (a search
-for each row's threshold, ``sampling_kernels.py``), and drawn by inverse CDF with one uniform
+mass of the unfiltered probabilities above a token) without sorting the vocabulary (a search
+for each row's threshold, ``sampling_kernels.py``; an uncompiled picker on a GPU still sorts,
+which is faster there eagerly: ``greedy.py``), and drawn by inverse CDF with one uniform
 number per row, from the row's own ``torch.Generator`` when the request carries a seed, without
 reading anything back from the device. The returned logprob of a
 sampled token is SGLang's: ``log_softmax`` of the logits divided by the temperature (the raw logits
@@ -300,8 +301,8 @@ def sample(
     and greedy rows then take their argmax (their temperature is 1 in the batch, so their logprob
     is that of the raw logits, as SGLang reports it). An all-greedy batch goes to ``greedy``
     (``greedy.py``; a runner may hand in its compiled one); a :class:`GreedyPicker` also draws the
-    other batches, through its compiled sort-free kernel where it has one
-    (``sampling_kernels.draw_rows``)."""
+    other batches (:meth:`GreedyPicker.draw`: the compiled sort-free kernel where it has one), any
+    other ``greedy`` leaves them to the eager :func:`~.sampling_kernels.draw_rows`."""
     if batch.all_greedy:
         return greedy(logits)
     draw = greedy.draw if isinstance(greedy, GreedyPicker) else draw_rows

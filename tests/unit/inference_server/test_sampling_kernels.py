@@ -16,14 +16,14 @@ import torch
 from server_helpers import chi_square, chi_square_critical, expected_probs
 
 from areal_tasks.errors import InferenceError
-from areal_tasks.inference.server.greedy import greedy_pick
+from areal_tasks.inference.server.greedy import GreedyPicker, greedy_pick
 from areal_tasks.inference.server.sampling import TOP_K_ALL, SamplingParams
 from areal_tasks.inference.server.sampling_kernels import (
     draw_rows,
     kept_mask,
     order_keys,
     search_rounds,
-    sorted_filter_reference,
+    sorted_filter,
     threshold_keys,
 )
 
@@ -74,7 +74,7 @@ def _sorted_kept(probs: torch.Tensor, top_ks, top_ps, min_ps) -> torch.Tensor:
     """The sorted filter's kept set; top_p = 1 is "no top-p" (the sorted filter's float cumsum may
     pass 1.0 and drop a tail of near-zero tokens there; the search does not filter such rows)."""
     no_top_p = torch.where(top_ps >= 1.0, torch.inf, top_ps)
-    weights, ids = sorted_filter_reference(probs.clone(), top_ks, no_top_p, min_ps)
+    weights, ids = sorted_filter(probs.clone(), top_ks, no_top_p, min_ps)
     return torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, weights > 0)
 
 
@@ -190,3 +190,30 @@ def test_mixed_rows_greedy_unfiltered_and_filtered_in_one_batch() -> None:
     assert tokens[1] == 0  # an unfiltered row: every token is kept, the first one at u = 0
     want = torch.log_softmax(logits / temperatures.view(-1, 1), -1).gather(1, tokens.view(-1, 1)).view(-1)
     torch.testing.assert_close(logprobs, want, rtol=0, atol=1e-5)
+
+
+def test_the_eager_picker_draws_the_same_tokens_at_any_fan_out() -> None:
+    gen = torch.Generator().manual_seed(11)
+    logits = (torch.randn(16, 500, generator=gen) * 3).to(torch.bfloat16)
+    table = _settings(16, SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.01))
+    uniforms = torch.rand(16, generator=gen)
+    tokens, logprobs = GreedyPicker().draw(logits, *table, uniforms)  # fan-out 2 eagerly
+    for fan_out in (4, 8):
+        want_tokens, want_logprobs = draw_rows(logits, *table, uniforms, fan_out=fan_out)
+        assert torch.equal(tokens, want_tokens) and torch.equal(logprobs, want_logprobs)
+
+
+def test_a_failed_compilation_is_logged_and_the_picker_draws_eagerly(caplog: pytest.LogCaptureFixture) -> None:
+    picker = GreedyPicker()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("InductorError: no kernel today")
+
+    picker._fused, picker._draw = greedy_pick, broken  # as a compiled picker whose draw cannot compile
+    with caplog.at_level("ERROR"):
+        picker.warm_up_draw(64, torch.bfloat16, torch.device("cpu"))
+    assert picker._draw is None and "sampled batches draw eagerly" in caplog.text
+    assert "no kernel today" in caplog.text  # the traceback is logged
+    logits = torch.randn(2, 64).to(torch.bfloat16)
+    tokens, _ = picker.draw(logits, *_settings(2, SamplingParams(top_k=3)), torch.zeros(2))
+    assert torch.equal(tokens, logits.float().topk(3).indices.min(dim=-1).values)
