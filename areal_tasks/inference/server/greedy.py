@@ -25,6 +25,8 @@ import torch
 
 from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw
 
+logger = logging.getLogger(__name__)
+
 
 def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(argmax ids [B] int64, their logprobs [B] float32) of ``logits`` [B, V] of any float dtype."""
@@ -32,8 +34,6 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     best, tokens = scores.max(dim=-1)
     return tokens, best - torch.logsumexp(scores, dim=-1)
 
-
-logger = logging.getLogger(__name__)
 
 _HALF = (torch.bfloat16, torch.float16)
 #: points a round of the sort-free draw's threshold search: fewer passes eagerly, fewer rounds compiled.
