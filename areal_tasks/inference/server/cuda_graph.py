@@ -145,6 +145,8 @@ class GraphModelRunner(ModelRunner):
         if self.capture and self.compiled:
             self.greedy = GreedyPicker(compiled=True)
             self.greedy.warm_up(self.config.vocab_size, self.dtype, self.device)
+            # the sort-free sampler of sampled batches, compiled too (sampling_kernels.py)
+            self.greedy.warm_up_draw(self.config.vocab_size, self.dtype, self.device)
 
     @property
     def compile_scope(self) -> str | None:
