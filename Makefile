@@ -37,8 +37,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: setup lint vllm-env sky-env agents-env browser cluster-deps
+test: deps lint
 	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
+
+# every environment the suite needs, built side by side (each pip install is mostly waiting on the
+# network and the disk); the two apt installs share dpkg's lock, so they run one after the other
+.PHONY: deps system-deps
+
+deps:
+	@$(MAKE) --no-print-directory --output-sync=target -j5 setup vllm-env sky-env agents-env system-deps
+
+system-deps:
+	@$(MAKE) --no-print-directory browser
+	@$(MAKE) --no-print-directory cluster-deps
 
 # ruff's lint and format checks (configured in pyproject.toml); `make format` applies the formatter
 lint: setup

@@ -13,7 +13,9 @@
 # trainer colocated on it, disk weight updates, eta=0 and eta=2 in place), async_ipc (the same with
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
 # sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size and
-# kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests),
+# kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests), sampling (sort vs sort-free
+# sampled step, benchmarks/sampling_kernels.py, then its GPU test), rlstep (an RL step: log-prob forward + PPO
+# update with both MFUs, benchmarks/rl_step_throughput.py; RL_ARGS adds options),
 # train (train throughput, 1 GPU, the engine's defaults: compiled, no FSDP, 8 blocks a compiled graph and the
 # logits kept, all by auto; profiled; TRAIN_ARGS adds options), train_groups (the same with 4
 # decoder blocks a compiled graph; BLOCKS_PER_GRAPH sets another number), train_kept (the same with the
@@ -131,6 +133,10 @@ for p in "$@"; do
                 rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3}
             keep_steps async_ipc_work async_vs_sync_gpu_shared_ipc ;;
         lmhead) part lmhead 240 python benchmarks/lm_head_chunks.py ;;
+        sampling) part sampling 130 python benchmarks/sampling_kernels.py
+            save
+            part samplinggpu 170 python -m pytest -q -s tests/gpu/test_sampling_gpu.py ;;
+        rlstep) part rlstep 180 python benchmarks/rl_step_throughput.py --preset qwen2.5-0.5b ${RL_ARGS:-} ;;
         lmkernels) part lmkernels 150 python -m pytest -q tests/gpu/test_lm_head_kernels_gpu.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
         train) part train1 240 python benchmarks/train_throughput.py --preset qwen2.5-0.5b --profile ${TRAIN_ARGS:-} ;;

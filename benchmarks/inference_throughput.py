@@ -480,6 +480,9 @@ def main() -> None:
             f"--hf-batches sizes must be at least 1 (leave it empty to skip generate), got {args.hf_batches!r}"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
+
+    quiet_third_party_loggers()  # httpx logs every request at INFO: thousands of lines and client time
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
 

@@ -15,11 +15,14 @@ from one read-back to the next, so the times add up to the whole window. ``--syn
 times each step between two device synchronisations instead (the measurement before the tenth
 session: it includes the host's ramp at every step's start, while the device has nothing queued).
 
-MFU = (6 * params * tokens + attention FLOPs) / step time / peak FLOP/s (per GPU, ``--peak-flops``,
-default 795e12 for bf16 on an H200). Attention FLOPs count the causal score and value matmuls of
-every sequence: ``6 * layers * heads * head_dim * sum(L^2)`` for forward + backward (``2 L^2 H d``
-forward, half of the full square, three times for the backward). Recomputation under gradient
-checkpointing is not counted (that would be hardware FLOPs utilisation).
+MFU = (6 * params * tokens + attention FLOPs) / step time / peak FLOP/s per GPU, against two peaks
+(``mfu.py``): the measured bf16 matmul rate (``mfu``: ``--peak-flops``, default 795e12, measured on
+an H200; every earlier JSON's figure) and the vendor's dense bf16 spec (``mfu_spec``: 989 TFLOP/s
+for an H200, looked up by device name; ``--peak-tflops`` for a GPU the table lacks). Attention
+FLOPs count the causal score and value matmuls of every sequence: ``6 * layers * heads * head_dim
+* sum(L^2)`` for forward + backward (``2 L^2 H d`` forward, half of the full square, three times for
+the backward). Recomputation under gradient checkpointing is not counted (that would be hardware
+FLOPs utilisation).
 
 Prints a table and writes JSON (``benchmarks/results/train_throughput_<preset>_dp<d>sp<s>tp<t>.json``
 by default), both naming the attention and LM-head paths the engine ran (``engine.kernels``: e.g.
@@ -64,7 +67,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from profiling import (  # benchmarks/ is the script's directory, first on sys.path
+from mfu import MEASURED_PEAK_FLOPS, mfu_fields, mfu_lines, spec_peak  # benchmarks/ is first on sys.path
+from profiling import (
     busy_fraction,
     device_kernels,
     device_time_by_kind,
@@ -426,7 +430,8 @@ def run(args: argparse.Namespace) -> dict:
         gc.unfreeze()
     gpus = world
     tokens_per_s = sum(tokens) / sum(times)
-    mfu = sum(flops) / sum(times) / (args.peak_flops * gpus)
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    mfu = mfu_fields(sum(flops), sum(times), gpus, args.peak_flops, spec_peak(device_name, args.peak_tflops))
     result = {
         "preset": args.preset,
         "shape": shape,
@@ -444,10 +449,9 @@ def run(args: argparse.Namespace) -> dict:
         "tokens_per_step": statistics.mean(tokens),
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_per_device": tokens_per_s / gpus,
-        "mfu": mfu,
-        "peak_flops": args.peak_flops,
+        **mfu,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
+        "device": device_name,
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "attn_implementation": kernels["attention"],
@@ -563,7 +567,19 @@ def main() -> None:
         "--sync-every-step): the top operators, the GPU-busy fraction, device time by kind per "
         "step and every host-device synchronisation with the Python line that caused it",
     )
-    parser.add_argument("--peak-flops", type=float, default=795e12, help="peak FLOP/s of one device")
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=MEASURED_PEAK_FLOPS,
+        help="measured bf16 matmul FLOP/s of one device (the MFU every JSON's 'mfu' has used; 795e12: an H200)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="spec (vendor) dense bf16 TFLOP/s of one device for 'mfu_spec' (default: benchmarks/mfu.py's "
+        "table by device name, 989 for an H200)",
+    )
     parser.add_argument(
         "--model-root",
         default=str(Path(tempfile.gettempdir()) / "areal_bench_models"),
@@ -607,7 +623,7 @@ def main() -> None:
             ),
             ("step time (median)", f"{result['step_time_s_median']:.3f} s"),
             ("tokens/s", f"{result['tokens_per_s']:.0f}"),
-            ("MFU", f"{100 * result['mfu']:.1f} %"),
+            *mfu_lines(result),
             ("peak memory", f"{result['peak_memory_gib']:.1f} GiB" if result["peak_memory_gib"] else "n/a"),
         ]
         if result["profile"]:

@@ -114,16 +114,6 @@ def _mlflow_hook(uri: str | None) -> Any:
     return MlflowHook(tracking_uri=uri or None)
 
 
-def local_artifact_location(tracking_uri: str) -> str | None:
-    """For a ``sqlite:///`` store: ``file://<db folder>/mlartifacts``, so artifacts stay beside the database
-    (MLflow's default, ``./mlruns``, would depend on the worker's working directory). None otherwise:
-    a tracking server chooses its own artifact store."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    database = Path(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
-    return (database.expanduser().resolve().parent / "mlartifacts").as_uri()
-
-
 @task(multiple_outputs=True, execution_timeout=timedelta(minutes=5))
 def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
     """Create the MLflow run this DAG run logs into (the training job's callback attaches to it)."""
@@ -140,7 +130,6 @@ def start_mlflow_run(job: Mapping[str, Any]) -> dict[str, Any]:
         job["experiment"],
         run_name=f"{job['trial']} {context['run_id']}",
         tags=tags,
-        artifact_location=local_artifact_location(hook.tracking_uri),
     )
     pipeline_params = {f"airflow.{key}": value for key, value in params.items() if value not in (None, "", [])}
     hook.log_params(run_id, {key: json.dumps(v) if not isinstance(v, str) else v for key, v in pipeline_params.items()})

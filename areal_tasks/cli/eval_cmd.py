@@ -68,16 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_eval_cmd(args: argparse.Namespace) -> int:
     """Evaluate, print the summary JSON, write ``--out`` and the item JSONL; 1 on a run-time failure."""
-    import logging
     from pathlib import Path
 
     from areal_tasks.config import load_config
     from areal_tasks.errors import InferenceError, RewardTimeoutError, SchedulerError
     from areal_tasks.evaluation import EvalOptions, run_eval, write_run
     from areal_tasks.evaluation.report import items_path_for
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
     from storage.redact import redact_text
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_third_party_loggers()
     cfg = load_config(args.config, args.overrides)
     options = EvalOptions(
         n_samples=args.n_samples, k=args.k, temperature=args.temperature, reward=args.reward, max_items=args.max_items

@@ -123,8 +123,9 @@ def run_proxy_cmd(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     addresses = [a.strip() for a in (args.inference_addresses or "").split(",") if a.strip()]
     from areal_tasks.agent.proxy.launch import run_proxy
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_third_party_loggers()
     return run_proxy(
         cfg,
         host=args.host,

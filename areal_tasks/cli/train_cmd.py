@@ -44,8 +44,9 @@ def run_train_cmd(args: argparse.Namespace) -> int:
 
     from areal_tasks.config import load_config
     from areal_tasks.launch.registry import runs_here
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_third_party_loggers()
     cfg = load_config(args.config, args.overrides)
     if not runs_here(cfg):
         from areal_tasks.launch.submit import check_not_resubmitting, submit_and_follow

@@ -159,5 +159,8 @@ class EngineConfig:
     ppo_n_minibatches: int = 1
     #: add a scalar value head (critic engines).
     value_head: bool = False
+    #: a vision-language model's vision tower stays as loaded (no gradients, no optimizer state);
+    #: only the language model trains. Off by default: the whole model trains.
+    freeze_vision: bool = False
     #: settings of the ``archon`` backend (ignored by ``fsdp``).
     archon: ArchonConfig = field(default_factory=ArchonConfig)

@@ -81,10 +81,8 @@ def select_image_keys(batch: Mapping[str, torch.Tensor], seq_indices: Sequence[i
 
 def pack_images(per_sequence: Sequence[Mapping[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
     """The image keys of a packed batch from every sequence's pixel inputs, in sequence order:
-    ``{"pixel_values": [P_i, D], "image_grid_thw": [N_i, 3]}`` or None for a text-only sequence.
-    Empty (no keys) when no sequence has pixel inputs."""
-    if all(item is None for item in per_sequence):
-        return {}
+    ``{"pixel_values": [P_i, D], "image_grid_thw": [N_i, 3]}``, or None (or no image) for a text-only
+    sequence. Empty (no keys) when no sequence has pixel inputs."""
     pixels: list[torch.Tensor] = []
     grids: list[torch.Tensor] = []
     counts: list[int] = []
@@ -104,12 +102,17 @@ def pack_images(per_sequence: Sequence[Mapping[str, torch.Tensor] | None]) -> di
                 f"sequence {i}: {PIXEL_VALUES} must be [sum(prod({IMAGE_GRID_THW})), D] = "
                 f"[{int(grid.prod(-1).sum())}, D], got {tuple(pix.shape)}"
             )
+        if grid.shape[0] == 0:  # a text-only sample's empty inputs (any width)
+            counts.append(0)
+            continue
         if width is not None and pix.shape[1] != width:
             raise EngineError(f"sequence {i}: {PIXEL_VALUES} rows have {pix.shape[1]} values, earlier ones {width}")
         width = int(pix.shape[1])
         pixels.append(pix.to(torch.float32))
         grids.append(grid.to(torch.long))
         counts.append(int(grid.shape[0]))
+    if not grids:
+        return {}
     return {
         PIXEL_VALUES: torch.cat(pixels),
         IMAGE_GRID_THW: torch.cat(grids),

@@ -17,7 +17,7 @@ the plain per-sequence text positions first (what a packing-aware attention read
 rotary rows.
 
 Dummy image. Under FSDP with more than one rank, every rank's backward must reduce the gradients
-of the same parameters: a micro-batch without images would leave the vision tower without
+of the same parameters: a micro-batch without images would leave a trained vision tower without
 gradients on one rank while another rank has them. :meth:`VLMInputs.with_dummy_image` appends a
 one-token sequence holding a blank image of the smallest grid; its scores are cut off again, so it
 adds zero to every gradient and nothing to the outputs.
@@ -43,7 +43,15 @@ from areal_tasks.errors import EngineError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VISION_MODEL_TYPES", "VLMInputs", "is_vision_language", "load_vision_language", "model_problems"]
+__all__ = [
+    "VISION_MODEL_TYPES",
+    "VLMInputs",
+    "is_vision_language",
+    "load_vision_language",
+    "model_problems",
+    "vision_tower_trains",
+    "with_vision_tower",
+]
 
 #: the vision-language ``model_type`` values the engine trains.
 VISION_MODEL_TYPES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
@@ -101,6 +109,41 @@ def load_vision_language(path: str, attn: str, dtype: torch.dtype) -> torch.nn.M
 def _base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers ``...ForConditionalGeneration`` under a peft wrapper (or ``model`` itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def vision_tower_trains(model: torch.nn.Module) -> bool:
+    """Whether any parameter of a VLM's vision tower takes gradients (not with LoRA's defaults)."""
+    return any(p.requires_grad for p in _base_model(model).model.visual.parameters())
+
+
+def freeze_vision_tower(model: torch.nn.Module, path: str) -> None:
+    """``engine.freeze_vision``: no gradients for the vision tower (EngineError for a text model)."""
+    if not hasattr(_base_model(model), "model") or not hasattr(_base_model(model).model, "visual"):
+        raise EngineError(f"engine.freeze_vision is set, but {path} has no vision tower; unset it for a text model")
+    _base_model(model).model.visual.requires_grad_(False)
+
+
+def with_vision_tower(estimate: Any, model: torch.nn.Module) -> Any:
+    """``estimate`` (a :class:`~areal_tasks.models.memory.MemoryEstimate` of the language model) with
+    a VLM's vision tower added to its static bytes, sharded like the rest: parameters (and the
+    published copy) grow with the tower's parameters, gradients and optimizer state with its trained
+    ones. The tower's activations stay uncounted, as the estimate's own docstring says."""
+    import dataclasses
+
+    tower = list(_base_model(model).model.visual.parameters())
+    n_tower = sum(p.numel() for p in tower)  # a DTensor counts its global size
+    n_trained = sum(p.numel() for p in tower if p.requires_grad)
+    grow = (estimate.num_params + n_tower) / estimate.num_params
+    grow_trained = (estimate.num_trainable_params + n_trained) / max(estimate.num_trainable_params, 1)
+    return dataclasses.replace(
+        estimate,
+        num_params=estimate.num_params + n_tower,
+        num_trainable_params=estimate.num_trainable_params + n_trained,
+        param_bytes=round(estimate.param_bytes * grow),
+        grad_bytes=round(estimate.grad_bytes * grow_trained),
+        optimizer_bytes=round(estimate.optimizer_bytes * grow_trained),
+        publish_buffer_bytes=round(estimate.publish_buffer_bytes * grow),
+    )
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,12 @@ FAMILIES: dict[str, FamilyTraits] = {
     "mixtral": FamilyTraits(qkv_bias=False, o_bias=False, moe="mixtral"),
     "deepseek_v2": FamilyTraits(attention="mla", moe="deepseek"),
     "deepseek_v3": FamilyTraits(attention="mla", moe="deepseek"),
-    "qwen2_vl": FamilyTraits(qkv_bias=True, o_bias=False, text_type="qwen2", vision_type="qwen2_vl"),
-    "qwen2_5_vl": FamilyTraits(qkv_bias=True, o_bias=False, text_type="qwen2", vision_type="qwen2_5_vl"),
+    "qwen2_vl": FamilyTraits(
+        qkv_bias=True, o_bias=False, text_type="qwen2", vision_type="qwen2_vl", plain_lm_head=True
+    ),
+    "qwen2_5_vl": FamilyTraits(
+        qkv_bias=True, o_bias=False, text_type="qwen2", vision_type="qwen2_5_vl", plain_lm_head=True
+    ),
     "llava": FamilyTraits(text_type="llama", vision_type="clip"),
 }
 

@@ -5,7 +5,8 @@ fine-tuning best). MoE families adapt attention only by default: their routed ex
 as fused 3-D expert tensors (not ``nn.Linear`` modules a LoRA adapter can wrap), a per-expert
 adapter multiplies adapter memory by the expert count, and adapting the router destabilises
 routing. Pass ``target_modules`` explicitly to go further (e.g. a Qwen2-MoE shared expert's
-``gate_proj``/``up_proj``/``down_proj``).
+``gate_proj``/``up_proj``/``down_proj``). A vision-language model's default adapters sit in its
+language model only (:func:`language_model_targets`); its vision tower is frozen.
 
 :func:`apply_lora` wraps a model with peft so only the adapters train (any engine). Export works
 on the *full* (gathered) state dict of the peft-wrapped model, whose keys look like
@@ -97,11 +98,25 @@ def default_target_modules(model_type: str) -> list[str]:
     return list(lora_target_modules(model_type))
 
 
+def language_model_targets(model_type: str, names: Iterable[str]) -> str | list[str]:
+    """``names`` as peft targets that stay inside a vision-language model's language model (a regex
+    over module paths: Qwen2.5-VL's vision blocks have ``gate_proj``/``up_proj``/``down_proj`` too);
+    the plain list for a text family."""
+    import re
+
+    family = canonical_family(model_type)
+    if family not in FAMILIES or not traits(family).is_vision_language:
+        return list(names)
+    alternatives = "|".join(re.escape(name) for name in names)
+    return rf"(?:.*\.)?language_model\..*\.(?:{alternatives})"
+
+
 def peft_lora_config(cfg: LoRAConfig, model_type: str) -> object:
-    """The peft ``LoraConfig`` of ``cfg`` (default targets from the model kit)."""
+    """The peft ``LoraConfig`` of ``cfg`` (default targets from the model kit; a vision-language
+    model's stay in its language model, so its vision tower is frozen with the other base weights)."""
     from peft import LoraConfig
 
-    targets = cfg.target_modules or default_target_modules(model_type)
+    targets = cfg.target_modules or language_model_targets(model_type, default_target_modules(model_type))
     return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, bias="none")
 
 

@@ -13,15 +13,14 @@ with one pad per image, as SGLang does.
 
 Pixel inputs are what the model's ``forward`` takes: ``pixel_values`` ``[patches, C * T * P * P]``
 (float32) and ``image_grid_thw`` ``[images, 3]`` (int64). :func:`mm_token_type_ids` marks the image
-tokens (1) for the multimodal rotary index (``get_rope_index``).
+tokens (1) for the multimodal rotary index (``get_rope_index``). :func:`encode_image` gives an image's
+wire form (base64 PNG); the server's ``images.py`` reads it back, refusing anything but inline images.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import io
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +33,6 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 IMAGE_PAD = "<|image_pad|>"
-#: the largest encoded image accepted (bytes, after base64 decoding)
-MAX_IMAGE_BYTES = 16 * 1024 * 1024
-#: the largest image accepted (pixels, before the processor's resize): a decompression-bomb guard
-MAX_IMAGE_PIXELS = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -79,53 +74,6 @@ def expand_image_pads(input_ids: Sequence[int], image_token_id: int, counts: Seq
 def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
     """1 where ``input_ids`` holds an image token, else 0 (same shape, int32)."""
     return (input_ids == image_token_id).int()
-
-
-def decode_image(data: str | bytes, index: int = 0) -> Image:
-    """A PIL image (RGB) from raw bytes, base64 text or a ``data:image/...;base64,`` URL.
-
-    Paths and http(s) URLs are refused: images travel inline, nothing is fetched or read from disk.
-    ModelError names the image's ``index`` and what was wrong."""
-    from PIL import Image as PILImage
-
-    raw: bytes
-    if isinstance(data, bytes):
-        raw = data
-    else:
-        text = data.strip()
-        if text.startswith("data:"):
-            header, sep, payload = text.partition(",")
-            if not sep or not header.startswith("data:image/") or not header.endswith(";base64"):
-                raise ModelError(f"image {index}: a data URL must read data:image/<type>;base64,<data>")
-            text = payload
-        elif text.startswith(("http://", "https://", "file:", "/", "./", "~")):
-            raise ModelError(
-                f"image {index}: only inline images are accepted (base64 or a data:image/...;base64 URL); "
-                "URLs and paths are not fetched"
-            )
-        if len(text) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-            raise ModelError(f"image {index}: larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MiB")
-        try:
-            raw = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ModelError(f"image {index}: not valid base64 ({exc})") from exc
-    if len(raw) > MAX_IMAGE_BYTES:
-        raise ModelError(f"image {index}: larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MiB")
-    try:
-        with warnings.catch_warnings():  # the size is checked below, with an error that names the image
-            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
-            probe = PILImage.open(io.BytesIO(raw))
-        with probe:
-            width, height = probe.size
-            if width * height > MAX_IMAGE_PIXELS:
-                raise ModelError(f"image {index}: {width}x{height} pixels is more than {MAX_IMAGE_PIXELS:,}")
-            image = probe.convert("RGB")
-            image.load()
-    except ModelError:
-        raise
-    except (OSError, ValueError, PILImage.DecompressionBombError) as exc:
-        raise ModelError(f"image {index}: not a readable image ({exc})") from exc
-    return image
 
 
 def encode_image(image: Image, image_format: str = "PNG") -> str:

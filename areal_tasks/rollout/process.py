@@ -284,7 +284,9 @@ def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ..
         force=True,
         format=f"%(asctime)s [rl rank {rank} rollout] %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
+
+    quiet_third_party_loggers()
     from areal_tasks.trace import configure_from_env, uninstall
 
     configure_from_env("rollout")

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s [rl rank {rank}] %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from areal_tasks.quiet_logs import quiet_third_party_loggers
+
+    quiet_third_party_loggers()
     from storage.redact import install_log_redaction
 
     install_log_redaction()  # the config's secrets, once loaded, are masked in this log

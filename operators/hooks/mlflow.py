@@ -148,9 +148,13 @@ class MlflowHook(BaseHook):
         *,
         artifact_location: str | None = None,
     ) -> str:
-        """Create a run in ``experiment`` (created when missing, with ``artifact_location``); its id."""
+        """Create a run in ``experiment`` (created when missing, with ``artifact_location``: by default,
+        for a ``sqlite:///`` store, a folder beside the database); its id."""
         from mlflow.exceptions import MlflowException
 
+        from areal_tasks.config.mlflow_paths import local_artifact_location
+
+        artifact_location = artifact_location or local_artifact_location(self.tracking_uri)
         client = self.get_conn()
         try:
             found = client.get_experiment_by_name(experiment)

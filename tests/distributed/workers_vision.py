@@ -38,7 +38,7 @@ def vlm_grads_and_step(rank: int, world: int, out_dir: Path, model_dir: str, n_m
                 "step_stats": step_stats,
                 "params": params,
                 "forward": forward,
-                "published": sorted(published),
+                "published": published,
                 "local_images": int(local["image_grid_thw"].shape[0]),
             },
             out_dir / "result.pt",

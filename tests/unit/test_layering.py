@@ -5,7 +5,7 @@ parse-time surface stays torch-free.
 nothing of Airflow, operators reach areal_tasks only inside functions (never at module import), and
 the modules that Airflow or ``areal --help`` import at parse time never import torch. Outside
 ``engine/``, code reaches an engine implementation only through ``engine/registry.py`` (the shared
-helpers ``microbatch``, ``packing``, ``memory`` and ``parallel`` excepted), and ``inference/`` and
+helpers ``microbatch``, ``packing``, ``image_rows``, ``memory`` and ``parallel`` excepted), and ``inference/`` and
 ``checkpoint/`` import nothing from ``engine/``; tests and benchmarks may import implementations.
 """
 
@@ -135,7 +135,7 @@ def test_every_python_file_has_a_module_docstring() -> None:
 
 #: ``areal_tasks.engine.<name>`` modules that code outside ``engine/`` may import: the registry and
 #: the engine-neutral helpers every engine shares.
-ENGINE_PUBLIC = {"registry", "microbatch", "packing", "parallel"}
+ENGINE_PUBLIC = {"registry", "microbatch", "packing", "image_rows", "parallel"}
 #: packages that import nothing from ``areal_tasks.engine`` at all: the servers and the client meet
 #: the trainer only through ``areal_tasks.api`` and the weight transports, which belong to neither.
 ENGINE_FREE = ("areal_tasks/inference", "areal_tasks/checkpoint", "areal_tasks/weights")

@@ -216,6 +216,10 @@ def build_model(
     attn = _attn_implementation(attn_implementation, dims.sp, device)
     model = _load(model_path, role, attn, dims)
     hf_config = model.config
+    if config.freeze_vision:
+        from areal_tasks.engine.vision import freeze_vision_tower
+
+        freeze_vision_tower(model, model_path)
     lm_head = None
     if chunked_lm_head and role == "actor":
         from areal_tasks.kernels.lm_head import install_chunked_head

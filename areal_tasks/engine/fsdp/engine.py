@@ -59,7 +59,7 @@ from areal_tasks.engine.step_common import (
     loss_weights,
     plan_micro_batches,
 )
-from areal_tasks.engine.vision import VLMInputs
+from areal_tasks.engine.vision import VLMInputs, is_vision_language, vision_tower_trains, with_vision_tower
 from areal_tasks.errors import EngineError
 from areal_tasks.trace import span
 
@@ -159,8 +159,13 @@ class FSDPEngine(TrainEngine):
             lm_head=built.lm_head,
             host_bounds=built.compile_scope != "blocks",
             vision=self.vision,
-            # several ranks reduce the vision tower's gradients: every micro-batch must have some
-            ensure_image=self.trainable and self.mesh.fsdp_mesh.size() > 1,
+            # several ranks reduce a trained vision tower's gradients: every micro-batch must have some
+            ensure_image=(
+                self.vision is not None
+                and self.trainable
+                and self.mesh.fsdp_mesh.size() > 1
+                and vision_tower_trains(self.model)
+            ),
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.lr_scheduler = None
@@ -511,7 +516,7 @@ def _micro_batch_spec(
     config: EngineConfig, built: BuiltModel, dims: ParallelDims, *, shared_weight_buffer: bool = False
 ) -> Any:
     """The engine's micro-batch spec: padded for sp, token cap resolved from the memory budget
-    (less the shared weight-update buffer when the engine keeps one)."""
+    (less the shared weight-update buffer when the engine keeps one, and a VLM's vision tower)."""
     from areal_tasks.models.memory import estimate_memory, resolve_max_tokens_per_mb
 
     spec = config.micro_batch
@@ -531,5 +536,7 @@ def _micro_batch_spec(
             ce_keep_logits=built.lm_head is not None and built.lm_head.keep_logits,
             publish_buffer=shared_weight_buffer,
         )
+        if is_vision_language(built.hf_config):  # the estimate above is the language model's
+            estimate = with_vision_tower(estimate, built.model)
         cap = resolve_max_tokens_per_mb(spec, estimate, multiple=multiple)
     return dataclasses.replace(spec, pad_to_multiple_of=multiple, max_tokens_per_mb=cap)

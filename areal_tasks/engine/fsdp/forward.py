@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from areal_tasks.api.batch import CU_SEQLENS, INPUT_IDS, POSITION_IDS
+from areal_tasks.api.batch import CU_SEQLENS, IMAGE_GRID_THW, INPUT_IDS, POSITION_IDS
 from areal_tasks.engine.parallel.ulysses import SP_GROUP_KWARG, gather_sequence
 from areal_tasks.errors import EngineError
 from areal_tasks.kernels.attention import BOUNDS_KWARG
@@ -102,6 +102,11 @@ class MicroBatchForward:
         if bounds is None:
             bounds = tuple(int(b) for b in mb[CU_SEQLENS].tolist())
         vision = self.vision
+        if vision is None and IMAGE_GRID_THW in mb and mb[IMAGE_GRID_THW].shape[0] > 0:
+            raise EngineError(
+                f"the micro-batch carries {mb[IMAGE_GRID_THW].shape[0]} images, but the model is not a "
+                "vision-language model; train a VLM (qwen2_vl, qwen2_5_vl) or drop the images"
+            )
         if vision is not None and self.ensure_image and torch.is_grad_enabled() and vision.needs_dummy_image(mb):
             n_tokens = mb[INPUT_IDS].shape[0]
             padded, padded_bounds = vision.with_dummy_image(mb, bounds)

@@ -360,7 +360,9 @@ class RemoteInferenceEngine(InferenceEngine):
                     break
                 prefix = list(req.input_ids) + out_ids
                 sampling = req.sampling.with_max_new_tokens(remaining)
-                piece, attempt = await self._generate_piece(req.rid, prefix, sampling, progress, attempt)
+                piece, attempt = await self._generate_piece(
+                    req.rid, prefix, sampling, progress, attempt, req.image_data
+                )
                 out = piece.output
                 if ttft is None and out.output_ids:
                     first = out.first_token_latency_s
@@ -436,9 +438,17 @@ class RemoteInferenceEngine(InferenceEngine):
             progress.held = False
 
     async def _generate_piece(
-        self, rid: str, input_ids: list[int], sampling: SamplingParams, progress: InflightRequest, attempt: int
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        progress: InflightRequest,
+        attempt: int,
+        image_data: tuple[str, ...] = (),
     ) -> tuple[_Piece, int]:
-        """Send one piece until a server answers it; returns the piece and the next attempt number."""
+        """Send one piece until a server answers it; returns the piece and the next attempt number.
+        A piece of a prompt with images carries them again (``input_ids`` is the prompt, its
+        placeholders expanded, plus the output so far)."""
         failures: list[str] = []
         tried: set[str] = set()
         retries = waits = 0
@@ -447,7 +457,7 @@ class RemoteInferenceEngine(InferenceEngine):
         while True:
             await self._wait_resumed(progress)
             server = self._pool.choose(affinity=progress.server or None, avoid=tried)
-            inp = GenerateInput(f"{rid}-{attempt:04d}", input_ids, sampling)
+            inp = GenerateInput(f"{rid}-{attempt:04d}", input_ids, sampling, image_data)
             attempt += 1
             try:
                 piece = await self._send(server, inp)

@@ -60,6 +60,9 @@ class GenerateInput:
     rid: str
     input_ids: list[int]
     sampling: SamplingParams
+    #: the prompt's images (``ModelRequest.image_data``): base64 or ``data:image/...;base64`` URLs, in
+    #: the order of their placeholders in ``input_ids``; every attempt sends them again.
+    image_data: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

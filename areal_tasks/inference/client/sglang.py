@@ -1,7 +1,8 @@
 """The SGLang native protocol (checked field for field against sglang 0.5.23, see docs/inference.md).
 
 ``POST /generate`` takes ``{"rid", "input_ids", "sampling_params", "return_logprob": true,
-"stream": false}`` and answers ``{"text", "output_ids", "meta_info": {"id", "finish_reason":
+"stream": false}`` (plus ``image_data``, the prompt's images, when it has any) and answers
+``{"text", "output_ids", "meta_info": {"id", "finish_reason":
 {"type": "stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens",
 "output_token_logprobs": [[logprob, token_id, text|null], ...], "weight_version",
 "weight_versions": [{"version", "start", "end"}], ...}}``. Control endpoints:
@@ -90,6 +91,8 @@ class SGLangAdapter(ProtocolAdapter):
             "return_logprob": True,
             "stream": False,
         }
+        if inp.image_data:
+            body["image_data"] = list(inp.image_data)
         return HttpCall("POST", "/generate", json=body)
 
     def parse_generate(self, payload: Any, inp: GenerateInput) -> GenerateOutput:

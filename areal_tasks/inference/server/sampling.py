@@ -10,10 +10,12 @@ is a number; a boolean is not), an integer where an integer belongs, a string or
 for ``stop``; anything else is refused with a message naming the parameter.
 
 :func:`sample` handles a whole batch at once: greedy rows take the argmax; the other rows are
-scaled by their temperature, filtered by top-k, top-p and min-p exactly like SGLang's torch
-sampler (top-p on the cumulative mass of the unfiltered sorted probabilities), and drawn by
-inverse-CDF with one uniform number per row, from the row's own ``torch.Generator`` when the
-request carries a seed, without reading anything back from the device. The returned logprob of a
+scaled by their temperature, filtered by top-k, top-p and min-p with SGLang's rules (top-p on the
+mass of the unfiltered probabilities above a token) without sorting the vocabulary (a search
+for each row's threshold, ``sampling_kernels.py``; an uncompiled picker on a GPU still sorts,
+which is faster there eagerly: ``greedy.py``), and drawn by inverse CDF with one uniform
+number per row, from the row's own ``torch.Generator`` when the request carries a seed, without
+reading anything back from the device. The returned logprob of a
 sampled token is SGLang's: ``log_softmax`` of the logits divided by the temperature (the raw logits
 for greedy rows), before any filtering. The rows that ask for the most likely alternatives get them
 from that same distribution (``top_logprobs.py``; :attr:`SamplingBatch.top` names those rows).
@@ -30,7 +32,8 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceRequestError
-from areal_tasks.inference.server.greedy import greedy_pick
+from areal_tasks.inference.server.greedy import GreedyPicker, greedy_pick
+from areal_tasks.inference.server.sampling_kernels import draw_rows
 from areal_tasks.inference.server.top_logprobs import TopRows
 from areal_tasks.inference.server.transfer import host_to_device
 
@@ -286,20 +289,6 @@ def _uniforms(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Te
     return u
 
 
-def _filtered_probs(probs: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted probabilities with top-k/top-p/min-p applied (SGLang's order) and their token ids."""
-    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
-    probs_sum = torch.cumsum(probs_sort, dim=-1)
-    ranks = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
-    # masked_fill_, not ``probs_sort[mask] = 0``: boolean-mask assignment may look up the mask's
-    # true positions first, which waits for the device
-    probs_sort.masked_fill_(ranks >= batch.top_ks.view(-1, 1), 0.0)
-    probs_sort.masked_fill_((probs_sum - probs_sort) > batch.top_ps.view(-1, 1), 0.0)
-    min_p_thresholds = probs_sort[:, :1] * batch.min_ps.view(-1, 1)
-    probs_sort.masked_fill_(probs_sort < min_p_thresholds, 0.0)
-    return probs_sort, probs_idx
-
-
 def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
@@ -311,28 +300,19 @@ def sample(
     can queue a step's sampling behind its forward and go on. Every row of a mixed batch is drawn
     and greedy rows then take their argmax (their temperature is 1 in the batch, so their logprob
     is that of the raw logits, as SGLang reports it). An all-greedy batch goes to ``greedy``
-    (``greedy.py``; a runner may hand in its compiled one)."""
+    (``greedy.py``; a runner may hand in its compiled one); a :class:`GreedyPicker` also draws the
+    other batches (:meth:`GreedyPicker.draw`: the compiled sort-free kernel where it has one), any
+    other ``greedy`` leaves them to the eager :func:`~.sampling_kernels.draw_rows`."""
     if batch.all_greedy:
         return greedy(logits)
-    logits = logits.float()
-    scaled = logits / batch.temperatures.view(-1, 1)
-    logprobs_all = torch.log_softmax(scaled, dim=-1)
-    probs = logprobs_all.exp()
-    if batch.any_filter:
-        weights, ids = _filtered_probs(probs, batch)
-    else:
-        weights, ids = probs, None
-    cdf = torch.cumsum(weights, dim=-1)
-    total = cdf[:, -1]
-    # strictly below the total, so the search lands inside the CDF
-    targets = torch.minimum(
-        _uniforms(batch, logits.shape[0], logits.device) * total, torch.nextafter(total, torch.zeros_like(total))
+    draw = greedy.draw if isinstance(greedy, GreedyPicker) else draw_rows
+    return draw(
+        logits,
+        batch.temperatures,
+        batch.top_ks,
+        batch.top_ps,
+        batch.min_ps,
+        batch.greedy,
+        _uniforms(batch, logits.shape[0], logits.device),
+        filtered=batch.any_filter,
     )
-    picks = torch.searchsorted(cdf, targets.view(-1, 1), right=True).clamp_(max=weights.shape[-1] - 1)
-    # a pick lands on a zero weight only through the scan's float rounding (a parallel cumsum may
-    # step up where a weight is 0): it then takes the row's most likely token, without a sync
-    picks = torch.where(weights.gather(1, picks) > 0, picks, weights.argmax(dim=-1, keepdim=True))
-    chosen = picks.view(-1) if ids is None else ids.gather(1, picks).view(-1)
-    tokens = torch.where(batch.greedy, torch.argmax(logits, dim=-1), chosen)
-    logprobs = logprobs_all.gather(1, tokens.view(-1, 1)).view(-1)
-    return tokens, logprobs

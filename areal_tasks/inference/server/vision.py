@@ -13,7 +13,12 @@ cached ``rope_deltas`` (one value for a whole batch).
 
 The placeholders of a prompt must match its images: runs of ``<|image_pad|>`` of exactly each
 image's token count, in order, or exactly one pad per image; anything else is a 400 naming the
-count found and the counts expected. So are images sent to a model without a vision tower.
+count found and the counts expected. So are images sent to a model without a vision tower, and
+pads in a prompt without images. One exception: after the expanded runs of all its images, a
+prompt may hold more pads, as text: a resubmitted partial rollout is the prompt plus the tokens
+sampled so far, and a model may sample a pad. Only the placeholders take image features (the
+runner writes them into the prompt's embeddings at :attr:`VisionPrompt.image_tokens`), so such a
+token, in a prompt or in a retracted sequence's output, is embedded as the text token it is.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.images import decode_images
-from areal_tasks.models.vision_processor import IMAGE_PAD, image_token_counts, mm_token_type_ids
+from areal_tasks.models.vision_processor import IMAGE_PAD, image_token_counts
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,8 @@ class VisionPrompt:
     pixel_values: torch.Tensor
     #: [images, 3]: each image's temporal, height and width patch counts.
     image_grid_thw: torch.Tensor
+    #: the prompt indices that take the images' features, in order (the placeholders' pads).
+    image_tokens: torch.Tensor
     #: [3, prompt length]: the prompt's rotary positions (temporal, height, width).
     positions: torch.Tensor
     #: a text token after the prompt at index ``i`` rotates at ``i + rope_delta`` on every axis.
@@ -67,22 +74,27 @@ def pad_runs(ids: list[int], pad: int) -> list[tuple[int, int]]:
     return runs
 
 
-def expand_pads(ids: list[int], counts: list[int], pad: int, pad_name: str = IMAGE_PAD) -> list[int]:
-    """``ids`` with each image's placeholder run ``counts[i]`` pads long (see the module doc)."""
+def expand_pads(ids: list[int], counts: list[int], pad: int, pad_name: str = IMAGE_PAD) -> tuple[list[int], list[int]]:
+    """``ids`` with each image's placeholder run ``counts[i]`` pads long, and the index of every
+    image token in them (see the module doc for the forms accepted)."""
     runs = pad_runs(ids, pad)
     lengths = [n for _, n in runs]
-    if lengths == counts:
-        return list(ids)
-    if len(runs) == len(counts) and all(n == 1 for n in lengths):
+    images = len(counts)
+    if images and lengths[:images] == counts:  # expanded (pads after the images' runs are text)
+        return list(ids), [i for start, n in runs[:images] for i in range(start, start + n)]
+    if len(runs) == images and all(n == 1 for n in lengths):  # one pad per image
         out: list[int] = []
+        where: list[int] = []
         previous = 0
         for (start, _), count in zip(runs, counts):
-            out += ids[previous:start] + [pad] * count
+            out += ids[previous:start]
+            where += range(len(out), len(out) + count)
+            out += [pad] * count
             previous = start + 1
-        return out + ids[previous:]
+        return out + ids[previous:], where
     raise InferenceRequestError(
-        f"input_ids hold {sum(lengths)} {pad_name} tokens (runs of {lengths}); the {len(counts)} images "
-        f"need {sum(counts)} (runs of {counts}, as the processor expands them) or {len(counts)} "
+        f"input_ids hold {sum(lengths)} {pad_name} tokens (runs of {lengths}); the {images} images "
+        f"need {sum(counts)} (runs of {counts}, as the processor expands them) or {images} "
         "(one per image, which the server expands)",
         param="input_ids",
     )
@@ -110,15 +122,16 @@ class VisionPreparer:
         images = decode_images(image_data, field)
         processed = self.image_processor(images=images, return_tensors="pt")
         grid = processed["image_grid_thw"].long()
-        ids = expand_pads(input_ids, image_token_counts(grid, self.merge), self.image_token_id, self.pad_name)
-        ids_t = torch.tensor([ids], dtype=torch.long)
+        ids, where = expand_pads(input_ids, image_token_counts(grid, self.merge), self.image_token_id, self.pad_name)
+        image_tokens = torch.tensor(where, dtype=torch.long)
+        token_types = torch.zeros(1, len(ids), dtype=torch.int)
+        token_types[0, image_tokens] = 1
         with torch.inference_mode():
-            positions, deltas = self._rope_index(
-                ids_t, mm_token_type_ids(ids_t, self.image_token_id), image_grid_thw=grid
-            )
+            positions, deltas = self._rope_index(torch.tensor([ids]), token_types, image_grid_thw=grid)
         prompt = VisionPrompt(
             pixel_values=processed["pixel_values"].float(),
             image_grid_thw=grid,
+            image_tokens=image_tokens,
             positions=positions[:, 0].clone(),
             rope_delta=int(deltas.view(-1)[0]),
         )

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.run_dir import MLFLOW_RUN_ID_ENV
+from areal_tasks.config.mlflow_paths import local_artifact_location
 from areal_tasks.errors import ConfigError
 from areal_tasks.trainer.callbacks.base import Callback
 
@@ -305,7 +306,8 @@ class MLflowCallback(Callback):
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is None:
             try:
-                return client.create_experiment(self.experiment, artifact_location=self.artifact_location)
+                location = self.artifact_location or local_artifact_location(self.tracking_uri)
+                return client.create_experiment(self.experiment, artifact_location=location)
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise

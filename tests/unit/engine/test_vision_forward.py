@@ -1,7 +1,7 @@
 """One packed VLM micro-batch through ``MicroBatchForward`` (a plain model, no FSDP): the 3-D rotary
 positions restart with every sequence and equal the model's own ``get_rope_index`` of each sequence
-alone; image tokens without their images are refused; the dummy image (several FSDP ranks) changes
-no score and gives the vision tower zero gradients."""
+alone; image tokens without their images are refused, and so are images a text model cannot see;
+the dummy image (several FSDP ranks) changes no score and gives the vision tower zero gradients."""
 
 from __future__ import annotations
 
@@ -75,3 +75,13 @@ def test_dummy_image_changes_no_score_and_gives_the_tower_zero_gradients(model):
     tower = {n: p.grad for n, p in model.named_parameters() if n.startswith("model.visual.")}
     assert tower and all(g is not None and g.abs().max() == 0 for g in tower.values())
     assert model.lm_head.weight.grad.abs().max() > 0
+
+
+def test_a_text_model_refuses_a_micro_batch_with_images(tiny_qwen2):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_qwen2), dtype=torch.float32)
+    mb = _mb(seed=7)
+    mb["input_ids"] = mb["input_ids"] % 200
+    with pytest.raises(EngineError, match="carries 3 images, but the model is not a vision-language model"):
+        MicroBatchForward(model, ForwardSpec(role="actor"), None)(mb)

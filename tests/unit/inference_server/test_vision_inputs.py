@@ -72,9 +72,17 @@ def test_placeholders_expanded_or_one_per_image() -> None:
     pad = IMAGE_PAD
     one_each = [1, pad, 2, pad, 3]
     expanded = [1, pad, pad, pad, 2, pad, pad, 3]
-    assert expand_pads(one_each, [3, 2], pad) == expanded
-    assert expand_pads(expanded, [3, 2], pad) == expanded
-    assert expand_pads([1, 2], [], pad) == [1, 2]
+    where = [1, 2, 3, 5, 6]
+    assert expand_pads(one_each, [3, 2], pad) == (expanded, where)
+    assert expand_pads(expanded, [3, 2], pad) == (expanded, where)
+    assert expand_pads([1, 2], [], pad) == ([1, 2], [])
+
+
+def test_pads_after_the_expanded_placeholders_are_text() -> None:
+    """A resubmitted partial rollout: the expanded prompt, then sampled tokens, a pad among them."""
+    pad = IMAGE_PAD
+    resubmitted = [1, pad, pad, pad, 2, pad, 7, pad]
+    assert expand_pads(resubmitted, [3], pad) == (resubmitted, [1, 2, 3])
 
 
 @pytest.mark.parametrize(
@@ -83,6 +91,7 @@ def test_placeholders_expanded_or_one_per_image() -> None:
         ([1, IMAGE_PAD, 2], [3, 2], r"hold 1 <\|image_pad\|> tokens .* the 2 images need 5 .* or 2"),
         ([1, IMAGE_PAD, IMAGE_PAD, 2], [3], r"hold 2 .* need 3 .* or 1"),
         ([1, IMAGE_PAD, 2], [], r"hold 1 .* the 0 images need 0"),
+        ([1, IMAGE_PAD, 2, IMAGE_PAD], [3], r"hold 2 .*runs of \[1, 1\]"),
         ([1, 2], [4], r"hold 0 .* need 4"),
     ],
 )
@@ -92,7 +101,7 @@ def test_placeholder_count_mismatch_names_both_counts(ids: list[int], counts: li
 
 def test_positions_of_a_prompt_followed_by_output() -> None:
     positions = torch.tensor([[0, 1, 1, 1, 3], [0, 1, 1, 2, 3], [0, 1, 2, 1, 3]])
-    prompt = VisionPrompt(torch.zeros(4, 2), torch.tensor([[1, 2, 2]]), positions, rope_delta=-1)
+    prompt = VisionPrompt(torch.zeros(4, 2), torch.tensor([[1, 2, 2]]), torch.tensor([1, 2, 3]), positions, -1)
     torch.testing.assert_close(prompt.positions_for(5), positions)
     torch.testing.assert_close(prompt.positions_for(7)[:, 5:], torch.tensor([[4, 5]] * 3))
 
