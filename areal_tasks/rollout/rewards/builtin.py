@@ -1,4 +1,4 @@
-"""The built-in rewards: ``exact_match``, ``numeric``, ``arithmetic`` and ``math_verify``.
+"""The built-in rewards: ``exact_match``, ``numeric``, ``arithmetic``, ``answer_only`` and ``math_verify``.
 
 Each returns 1.0 for a correct completion and 0.0 otherwise, and accepts (and ignores) keyword
 arguments it does not know, as every reward must. A completion without a usable answer scores 0.0;
@@ -81,6 +81,20 @@ def arithmetic(completion: str, answer: str, **_: Any) -> float:
         return arithmetic_reward(completion, answer)
     except ConfigError as exc:
         raise RewardError(f"arithmetic reward: {exc}") from exc
+
+
+@register_reward("answer_only")
+def answer_only(completion: str, answer: str, **_: Any) -> float:
+    """The demo tasks' format and nothing else: 1.0 if the completion (stripped) is exactly ``Answer: N``
+    with ``N`` the reference integer. Unlike ``arithmetic`` (the last ``Answer:`` wins) text around the
+    answer scores 0, so a policy cannot keep what it earns by running on past its answer."""
+    from areal_tasks.datasets.answers import format_answer
+
+    try:
+        reference = int(str(answer).strip())
+    except ValueError as exc:
+        raise RewardError(f"answer_only reward: reference answer {answer!r} is not an integer") from exc
+    return 1.0 if completion.strip() == format_answer(reference) else 0.0
 
 
 @register_reward("math_verify")

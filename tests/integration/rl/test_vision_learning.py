@@ -2,13 +2,14 @@
 of the tiny Qwen2-VL on the ``shapes`` colour task, then GRPO through the embedded server with
 images) raises the mean eval reward clearly above the warm start's.
 
-One ``run_train`` of the shipped config, shortened: 60 SFT steps (its own), 20 RL steps instead of
-40. The warm start learns to see (greedy accuracy far above the 0.5 of a guess between the two
-colours) but, trained on 30% wrong demonstrations for a few steps, samples the right answer in its
-exact format only about a third of the time; RL raises that. Eval reward is the expected reward of
-the sampling policy on the 64 held-out images (4 samples each at temperature 1, 256 episodes: a
-standard error of about 0.03); past runs gained about 0.25 (docs/vision.md), ``MIN_GAIN`` is 0.1.
-The run prints its figures with ``-s``.
+One ``run_train`` of the shipped config as it is (60 SFT steps, 40 RL steps; about 90 s on 2
+cores). The warm start learns to see (greedy accuracy far above the 0.5 of a guess between the two
+colours) but, trained on 30% wrong demonstrations for a few steps, samples exactly ``Answer: N``
+with the right N only about a third of the time; RL raises that. Eval reward is the expected reward
+of the sampling policy on the 64 held-out images (4 samples each at temperature 1, 256 episodes: a
+standard error of about 0.03 each); past runs gained 0.34 (docs/vision.md), ``MIN_GAIN`` is 0.15.
+With 20 RL steps one run gained only 0.14: too close to a margin. The run prints its figures with
+``-s``.
 """
 
 from __future__ import annotations
@@ -23,24 +24,14 @@ from areal_tasks.trainer.rl import run_train
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.distributed]
 
 CONFIG = "configs/demo_vision_grpo.yaml"
-RL_STEPS = 20
 #: the smallest rise of the mean eval reward that counts as learning.
-MIN_GAIN = 0.1
+MIN_GAIN = 0.15
 #: the warm start's greedy accuracy must show it reads the images (a guess scores 0.5).
 MIN_WARM_GREEDY = 0.75
 
 
 def test_vision_grpo_raises_the_eval_reward(tmp_path: Path) -> None:
-    base = load_config(CONFIG)
-    sft_steps = base.train.sft_warmup_steps
-    cfg = load_config(
-        CONFIG,
-        [
-            f"experiment.run_dir={tmp_path}",
-            f"train.total_steps={sft_steps + RL_STEPS}",
-            "saver.freq_steps=null",
-        ],
-    )
+    cfg = load_config(CONFIG, [f"experiment.run_dir={tmp_path}", "saver.freq_steps=null"])
     run = run_train(cfg)
     gain = run["reward_after"] - run["reward_before"]
     print(
@@ -49,7 +40,7 @@ def test_vision_grpo_raises_the_eval_reward(tmp_path: Path) -> None:
         f"{run['reward_after']:.3f} (gain {gain:.3f}, MIN_GAIN {MIN_GAIN}); greedy accuracy "
         f"{run['greedy_accuracy_before']:.3f} -> {run['greedy_accuracy_after']:.3f}; {run['wall_seconds']:.0f} s"
     )
-    assert run["steps"] == RL_STEPS, run
+    assert run["steps"] == cfg.train.total_steps - cfg.train.sft_warmup_steps, run
     assert run["greedy_accuracy_before"] >= MIN_WARM_GREEDY, run
     assert run["reward_after"] >= run["reward_before"] + MIN_GAIN, run
     # every episode was trained with its image: nothing rejected or failed on the way
