@@ -162,10 +162,9 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
     return sum(r.get(key, 0.0) for r in rows) / len(rows)
 
 
-def summarize(
-    eta: int, rows: list[dict[str, float]], summary: dict[str, Any], batch_size: int, warmup_steps: int = 2
-) -> dict[str, Any]:
-    """One eta's figures from its per-step metrics (``rows``, one per RL step) and its run summary.
+def summarize_steps(eta: int, rows: list[dict[str, float]], batch_size: int, warmup_steps: int = 2) -> dict[str, Any]:
+    """One eta's figures from its per-step metrics alone (``rows``, one per RL step): no reward,
+    and the staleness from the steps' own figures where they logged them (else None).
 
     Throughput comes from the steady window, the steps after the first ``warmup_steps`` (their
     seconds are reported as ``warmup_s``); the weight update's spread from steps 2 onward (the first
@@ -177,8 +176,7 @@ def summarize(
     # starts with a head start; the figure without the first eta steady steps shows its weight
     late = steady[eta:]
     updates = rows[1:] or rows
-    staleness = summary["executor"]["staleness_hist"]
-    n = sum(staleness.values())
+    logged_staleness = all("staleness/mean" in r and "staleness/max" in r for r in rows)
     result: dict[str, Any] = {
         "eta": eta,
         "steps": len(rows),
@@ -199,6 +197,30 @@ def summarize(
         "wait_total_s": sum(r["perf/rollout_wait_s"] for r in steady),
         "train_total_s": sum(r["perf/train_s"] for r in steady),
         "first_update_ms": 1000 * rows[0]["perf/weight_update_s"],
+        "reward_before": None,
+        "reward_after": None,
+        "greedy_accuracy_after": None,
+        "staleness_mean": _mean(rows, "staleness/mean") if logged_staleness else None,
+        "staleness_max": int(max(r["staleness/max"] for r in rows)) if logged_staleness else None,
+        "staleness_bound": None,
+        "late_samples": int(sum(r.get("rollout/late_samples", 0.0) for r in rows)),
+        "wall_s": None,
+    }
+    for part, key in UPDATE_PARTS.items():
+        for stat, value in spread([r.get(key, 0.0) for r in updates]).items():
+            result[f"{part}_{stat}_ms"] = 1000 * value
+    return result
+
+
+def summarize(
+    eta: int, rows: list[dict[str, float]], summary: dict[str, Any], batch_size: int, warmup_steps: int = 2
+) -> dict[str, Any]:
+    """One eta's figures: :func:`summarize_steps` of its per-step metrics, with the reward, the
+    staleness histogram's mean and max, the bound and the late samples from its run summary."""
+    staleness = summary["executor"]["staleness_hist"]
+    n = sum(staleness.values())
+    return {
+        **summarize_steps(eta, rows, batch_size, warmup_steps),
         "reward_before": summary["reward_before"],
         "reward_after": summary["reward_after"],
         "greedy_accuracy_after": summary["greedy_accuracy_after"],
@@ -209,10 +231,25 @@ def summarize(
         "late_samples": summary["executor"].get("late_samples", 0),
         "wall_s": summary["wall_seconds"],
     }
-    for part, key in UPDATE_PARTS.items():
-        for stat, value in spread([r.get(key, 0.0) for r in updates]).items():
-            result[f"{part}_{stat}_ms"] = 1000 * value
-    return result
+
+
+def summarize_kept(specs: list[str], warmup_steps: int) -> list[dict[str, Any]]:
+    """``ETA=PATH`` each: a finished run's kept per-step metrics (``rl_metrics.jsonl``, as
+    ``gpu_suite.sh`` keeps them) summarized again, the batch size read from ``rollout/n_samples``."""
+    results = []
+    for spec in specs:
+        eta_text, sep, path = spec.partition("=")
+        if not sep or not eta_text.strip().isdigit():
+            raise ConfigError(f"--metrics takes ETA=PATH (e.g. 2=runs/eta2/rl_metrics.jsonl), got {spec!r}")
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+        sizes = {r.get("rollout/n_samples") for r in rows}
+        if len(sizes) != 1 or None in sizes:
+            raise ConfigError(
+                f"{path}: every step needs the same rollout/n_samples to count samples, found {sorted(map(str, sizes))}"
+            )
+        results.append(summarize_steps(int(eta_text), rows, int(sizes.pop()), warmup_steps))
+    return results
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -234,6 +271,14 @@ def _num(value: float | None, width: int, spec: str, suffix: str = "") -> str:
     return f"{'-':>{width}}" if value is None else f"{format(value, spec) + suffix:>{width}}"
 
 
+def _reward(r: dict[str, Any]) -> str:
+    return "-" if r["reward_before"] is None else f"{r['reward_before']:.3f}->{r['reward_after']:.3f}"
+
+
+def _staleness(r: dict[str, Any]) -> str:
+    return "-" if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f}/{r['staleness_max']}"
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
     """Two tables: throughput (steady window) and the weight update (steps 2 onward)."""
     sync = compare(results)
@@ -248,8 +293,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r['samples_per_s']:>9.1f} {_num(r['speed_up'], 8, '.2f', 'x')} "
             f"{_num(r['samples_per_s_late'], 8, '.1f')} "
             f"{r['gen_s']:>6.3f} {r['train_s']:>6.3f} {_num(r['overlap_efficiency'], 7, '.2f')} "
-            f"{r['reward_before']:>5.3f}->{r['reward_after']:.3f} {r['staleness_mean']:>5.2f}/{r['staleness_max']:<3} "
-            f"{r['staleness_bound']:>9} {r['late_samples']:>5}"
+            f"{_reward(r):>13} {_staleness(r):>9} {r['staleness_bound'] or '-':>9} {r['late_samples']:>5}"
         )
     if sync is not None:
         lines.append(
@@ -270,6 +314,24 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def rescore(specs: list[str], warmup_steps: int, out: Path | None) -> None:
+    """``--metrics``: print (and with ``out``, write) the summary of kept per-step metrics."""
+    results = summarize_kept(specs, warmup_steps)
+    table = format_table(results)
+    print(table)
+    if out is not None:
+        payload = {
+            "benchmark": "async_vs_sync",
+            "rescored_from": specs,
+            "settings": {"warmup_steps": warmup_steps},
+            "synchronous": compare(results),
+            "results": results,
+            "table": table,
+        }
+        out.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+        print(f"written to {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="warm-started model dir (default: run the SFT warm start)")
@@ -285,8 +347,19 @@ def main() -> None:
     parser.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--work", type=Path, default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        metavar="ETA=PATH",
+        help="run nothing: summarize finished runs' kept per-step metrics (rl_metrics.jsonl) again "
+        "with --warmup-steps (no reward; JSON only with --out)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = parser.parse_args()
+    if args.metrics:
+        rescore(args.metrics, args.warmup_steps, args.out)
+        return
     if not 0 <= args.warmup_steps < args.steps:
         parser.error(
             f"--warmup-steps {args.warmup_steps} must be at least 0 and below --steps {args.steps}, "

@@ -4,12 +4,25 @@ times and the overlap efficiency, and the weight update's median, p90 and max ov
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from areal_tasks.errors import ConfigError
-from benchmarks.async_vs_sync import compare, format_table, overlap_efficiency, split_warmup, spread, summarize
+from benchmarks.async_vs_sync import (
+    compare,
+    format_table,
+    overlap_efficiency,
+    split_warmup,
+    spread,
+    summarize,
+    summarize_kept,
+)
 
 
 def step(step_s: float, wait: float, train: float, update: float = 0.02, paused: float = 0.01) -> dict[str, float]:
@@ -120,3 +133,36 @@ def test_too_few_steps_for_the_warm_up_is_a_clear_error() -> None:
         split_warmup(rows, -1)
     warm, steady = split_warmup(rows, 0)
     assert warm == [] and len(steady) == 2
+
+
+def test_kept_per_step_metrics_are_summarized_again_without_a_run(tmp_path: Path) -> None:
+    rows = [step(20.0, 1.0, 19.0)] + [step(1.0, 0.6, 0.3)] * 3
+    for row in rows:
+        row.update({"rollout/n_samples": 64.0, "staleness/mean": 1.0, "staleness/max": 2.0})
+    path = tmp_path / "rl_metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    [result] = summarize_kept([f"2={path}"], warmup_steps=1)
+    assert result["eta"] == 2 and result["samples_per_s"] == pytest.approx(64.0) and result["warmup_s"] == 20.0
+    assert result["reward_before"] is None and result["staleness_mean"] == 1.0 and result["staleness_max"] == 2
+    cells = format_table([result]).splitlines()[1].split()
+    assert cells[9] == "-" and cells[10] == "1.00/2"  # no reward; the steps' own staleness
+    with pytest.raises(ConfigError, match="ETA=PATH"):
+        summarize_kept([str(path)], warmup_steps=1)
+    path.write_text(json.dumps(step(1.0, 0.5, 0.5)) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="rollout/n_samples"):
+        summarize_kept([f"0={path}"], warmup_steps=0)
+
+
+def test_the_script_rescores_kept_metrics_from_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "eta0.jsonl"
+    rows = [{**step(9.0, 1.0, 8.0), "rollout/n_samples": 8.0}] + [{**step(1.0, 0.5, 0.4), "rollout/n_samples": 8.0}] * 2
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "rescored.json"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "async_vs_sync.py"
+    env = {**os.environ, "PYTHONPATH": str(script.parents[1])}
+    cmd = [sys.executable, str(script), "--warmup-steps", "1", "--metrics", f"0={path}", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(out.read_text(encoding="utf-8"))
+    assert payload["results"][0]["samples_per_s"] == pytest.approx(8.0) and payload["synchronous"]["gen_s"] == 0.5
+    assert "1+2" in done.stdout
