@@ -134,13 +134,13 @@ for p in "$@"; do
                 --out benchmarks/results/async_vs_sync_gpu_bounds_admission.json -- \
                 "${ASYNC_GPU[@]}" rollout.pause_mode=in_place rollout.staleness_bound=admission ${ASYNC_ARGS:-}
             keep_steps async_admission_work async_vs_sync_gpu_bounds_admission ;;
-        async_shared) part async_shared "${ASYNC_LIMIT:-600}" python benchmarks/async_vs_sync.py --sft-steps 50 \
+        async_shared) part async_shared "${ASYNC_LIMIT:-560}" python benchmarks/async_vs_sync.py --sft-steps 50 \
                 "${ASYNC_STEPS[@]}" --etas 0 2 --work "$LOGS/async_shared_work" \
                 --out benchmarks/results/async_vs_sync_gpu_shared_steady.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
                 rollout.weight_update=disk rollout.pause_mode=in_place ${ASYNC_ARGS:-}
             keep_steps async_shared_work async_vs_sync_gpu_shared_steady ;;
-        async_ipc) part async_ipc "${ASYNC_LIMIT:-600}" python benchmarks/async_vs_sync.py --sft-steps "${SFT_STEPS:-200}" \
+        async_ipc) part async_ipc "${ASYNC_LIMIT:-560}" python benchmarks/async_vs_sync.py --sft-steps "${SFT_STEPS:-200}" \
                 "${ASYNC_STEPS[@]}" --etas 0 2 --work "$LOGS/async_ipc_work" \
                 --out benchmarks/results/async_vs_sync_gpu_shared_ipc_steady.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
