@@ -27,7 +27,10 @@
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
-# logs to $OUT. The machine needs torch, transformers and the pure-Python wheels in .whl/ (lark).
+# logs to $OUT. The machine needs torch, transformers and the wheels in .whl/ (git-ignored; fetch them with
+# `pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl lark fastapi starlette uvicorn h11 click
+# pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio`): the embedded
+# server needs fastapi/uvicorn/pydantic, the config parser lark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-}
