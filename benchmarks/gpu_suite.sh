@@ -27,7 +27,10 @@
 # two GPU processes by CUDA_VISIBLE_DEVICES, benchmarks/weight_broadcast.py).
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
-# logs to $OUT. The machine needs torch, transformers and the pure-Python wheels in .whl/ (lark).
+# logs to $OUT. The machine needs torch, transformers and the wheels in .whl/ (git-ignored; fetch them with
+# `pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl lark fastapi starlette uvicorn h11 click
+# pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio`): the embedded
+# server needs fastapi/uvicorn/pydantic, the config parser lark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-}
@@ -60,6 +63,11 @@ ASYNC_GPU=(cluster.gpus_per_node=2 allocation=embedded:d1+fsdp:d1 rollout.weight
     "model.path=$QWEN05_TINY" "rollout.server.extra_args=[--max-running-requests,256]"
     rollout.max_concurrent_rollouts=128 train.sft_lr=1e-3 actor.optimizer.lr=2e-5
     evaluation.max_eval_prompts=32 evaluation.n_samples=2)
+
+# the async parts: ASYNC_RL_STEPS RL steps a run (32), the first ASYNC_WARMUP (2) the warm-up that the
+# throughput leaves out (torch.compile, the first weight update; benchmarks/async_vs_sync.py); ASYNC_ARGS adds
+# config overrides to every run; ASYNC_LIMIT sets each async part's time limit in seconds
+ASYNC_STEPS=(--steps "${ASYNC_RL_STEPS:-32}" --warmup-steps "${ASYNC_WARMUP:-2}")
 
 part() {  # part NAME SECONDS COMMAND...
     local name=$1 limit=$2
@@ -107,31 +115,40 @@ for p in "$@"; do
         kernel) part kernel 150 python -m pytest -q tests/gpu/test_decode_kernel_gpu.py ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
         varlen) part varlen 90 python -m pytest -q -s tests/gpu/test_varlen_attention_gpu.py ;;
-        async) part async 330 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 --work "$LOGS/async_work" -- \
-            "${ASYNC_GPU[@]}" ;;
+        async) part async "${ASYNC_LIMIT:-450}" python benchmarks/async_vs_sync.py --sft-steps 50 "${ASYNC_STEPS[@]}" \
+            --etas 0 2 --work "$LOGS/async_work" --out benchmarks/results/async_vs_sync_gpu_steady.json -- \
+            "${ASYNC_GPU[@]}" ${ASYNC_ARGS:-}
+            keep_steps async_work async_vs_sync_gpu_steady ;;
         async_inplace) warm=()  # the async part's warm start when it ran first
             [[ -d $LOGS/async_work/sft/sft ]] && warm=(--model "$LOGS/async_work/sft/sft")
-            part async_inplace 150 python benchmarks/async_vs_sync.py "${warm[@]}" --sft-steps 50 --steps 10 --etas 2 \
-            --work "$LOGS/async_inplace_work" --out benchmarks/results/async_vs_sync_gpu_in_place.json -- \
-            "${ASYNC_GPU[@]}" rollout.pause_mode=in_place ;;
+            part async_inplace "${ASYNC_LIMIT:-240}" python benchmarks/async_vs_sync.py "${warm[@]}" --sft-steps 50 \
+            "${ASYNC_STEPS[@]}" --etas 2 --work "$LOGS/async_inplace_work" \
+            --out benchmarks/results/async_vs_sync_gpu_in_place_steady.json -- \
+            "${ASYNC_GPU[@]}" rollout.pause_mode=in_place ${ASYNC_ARGS:-}
+            keep_steps async_inplace_work async_vs_sync_gpu_in_place_steady ;;
         async_bounds)
-            part async_sample 360 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 \
-                --work "$LOGS/async_bounds_work" --out benchmarks/results/async_vs_sync_gpu_in_place.json -- \
-                "${ASYNC_GPU[@]}" rollout.pause_mode=in_place
+            part async_sample "${ASYNC_LIMIT:-480}" python benchmarks/async_vs_sync.py --sft-steps 50 "${ASYNC_STEPS[@]}" \
+                --etas 0 2 --work "$LOGS/async_bounds_work" --out benchmarks/results/async_vs_sync_gpu_bounds_sample.json \
+                -- "${ASYNC_GPU[@]}" rollout.pause_mode=in_place ${ASYNC_ARGS:-}
+            keep_steps async_bounds_work async_vs_sync_gpu_bounds_sample
             save
-            part async_admission 150 python benchmarks/async_vs_sync.py --model "$LOGS/async_bounds_work/sft/sft" \
-                --steps 10 --etas 2 --work "$LOGS/async_admission_work" \
-                --out benchmarks/results/async_vs_sync_gpu_admission.json -- \
-                "${ASYNC_GPU[@]}" rollout.pause_mode=in_place rollout.staleness_bound=admission ;;
-        async_shared) part async_shared 480 python benchmarks/async_vs_sync.py --sft-steps 50 --steps 10 --etas 0 2 \
-                --work "$LOGS/async_shared_work" --out benchmarks/results/async_vs_sync_gpu_shared.json -- \
+            part async_admission "${ASYNC_LIMIT:-240}" python benchmarks/async_vs_sync.py \
+                --model "$LOGS/async_bounds_work/sft/sft" "${ASYNC_STEPS[@]}" --etas 2 --work "$LOGS/async_admission_work" \
+                --out benchmarks/results/async_vs_sync_gpu_bounds_admission.json -- \
+                "${ASYNC_GPU[@]}" rollout.pause_mode=in_place rollout.staleness_bound=admission ${ASYNC_ARGS:-}
+            keep_steps async_admission_work async_vs_sync_gpu_bounds_admission ;;
+        async_shared) part async_shared "${ASYNC_LIMIT:-560}" python benchmarks/async_vs_sync.py --sft-steps 50 \
+                "${ASYNC_STEPS[@]}" --etas 0 2 --work "$LOGS/async_shared_work" \
+                --out benchmarks/results/async_vs_sync_gpu_shared_steady.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
-                rollout.weight_update=disk rollout.pause_mode=in_place ;;
-        async_ipc) part async_ipc 500 python benchmarks/async_vs_sync.py --sft-steps ${SFT_STEPS:-200} --steps 10 \
-                --etas 0 2 --work "$LOGS/async_ipc_work" --out benchmarks/results/async_vs_sync_gpu_shared_ipc.json -- \
+                rollout.weight_update=disk rollout.pause_mode=in_place ${ASYNC_ARGS:-}
+            keep_steps async_shared_work async_vs_sync_gpu_shared_steady ;;
+        async_ipc) part async_ipc "${ASYNC_LIMIT:-560}" python benchmarks/async_vs_sync.py --sft-steps "${SFT_STEPS:-200}" \
+                "${ASYNC_STEPS[@]}" --etas 0 2 --work "$LOGS/async_ipc_work" \
+                --out benchmarks/results/async_vs_sync_gpu_shared_ipc_steady.json -- \
                 "${ASYNC_GPU[@]}" cluster.gpus_per_node=1 "allocation=embedded[rollout]:d1|fsdp[actor]:d1" \
-                rollout.weight_update=shared rollout.pause_mode=in_place train.sft_lr=${SFT_LR:-1e-3}
-            keep_steps async_ipc_work async_vs_sync_gpu_shared_ipc ;;
+                rollout.weight_update=shared rollout.pause_mode=in_place "train.sft_lr=${SFT_LR:-1e-3}" ${ASYNC_ARGS:-}
+            keep_steps async_ipc_work async_vs_sync_gpu_shared_ipc_steady ;;
         lmhead) part lmhead 240 python benchmarks/lm_head_chunks.py ;;
         sampling) part sampling 130 python benchmarks/sampling_kernels.py
             save
