@@ -260,6 +260,7 @@ EXAMPLE_CONFIGS = (
     "configs/agent_openai_sdk.yaml",
     "configs/agent_openai_agents.yaml",
     "configs/demo_agent_calculator.yaml",
+    "configs/demo_vision_grpo.yaml",
 )
 
 

@@ -37,6 +37,8 @@ HF_SIDE_FILES = (
     "tokenizer.model",
     "chat_template.jinja",
     "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
 )
 
 
