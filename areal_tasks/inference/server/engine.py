@@ -130,6 +130,8 @@ class Engine:
         self.counters = EngineCounters()
         #: the prefix cache over the runner's KV slots (None: off).
         self.prefix_cache = PrefixCache(runner.cache) if prefix_cache else None
+        if self.prefix_cache is None:
+            runner.cache.attach(None)  # an earlier engine's retained entries are dropped
         self.prefiller = Prefiller(runner, self.counters, max_prefill_tokens, self._sample_and_check, self.prefix_cache)
 
     # ---------------- thread-safe API ----------------

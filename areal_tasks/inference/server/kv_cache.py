@@ -130,6 +130,12 @@ class SlotKVCache:
             self.listener.slots_dropped(dropped)
         return dropped
 
+    def attach(self, listener: SlotEvents | None) -> None:
+        """Make ``listener`` the one told of moves and drops (None: nobody), dropping the retained
+        content first (an index it was not in: a new engine over this runner starts empty)."""
+        self.drop_retained()
+        self.listener = listener
+
     def free_slot_ids(self) -> list[int]:
         """The free slots (any order)."""
         return list(self._free)

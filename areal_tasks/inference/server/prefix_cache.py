@@ -88,14 +88,12 @@ class PrefixCache:
     def __init__(self, cache: SlotKVCache, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if block_size < 1:
             raise InferenceError(f"prefix cache block_size must be >= 1, got {block_size}")
-        if cache.listener is not None:
-            raise InferenceError("the KV cache already has a prefix cache")
         self.cache = cache
         self.block_size = block_size
         self._by_slot: dict[int, CacheEntry] = {}
         self._blocks: dict[int, set[CacheEntry]] = {}
         self._prompts: dict[int, set[CacheEntry]] = {}
-        cache.listener = self
+        cache.attach(self)  # an earlier engine's retained entries are dropped
 
     # ---- figures ----
     @property
