@@ -19,7 +19,8 @@ So requests join and leave the running batch between decode steps.
 the slot is free, and new prompts reuse cached prefixes. Every weight change
 (:meth:`Engine.weights_changed`) and every failed decode step drops all entries. On a runner
 whose captured decode steps pad the batch (``cuda_graph.py``: padding rows write position 0 of
-the free slots above the batch) the retained entries of those slots are dropped before the step.
+the free slots above the batch) the retained entries of those slots move above the padding (or
+are dropped, without room) before the step.
 
 **Overlap** (on by default; SGLang's overlap scheduler, ``overlap=False`` for its
 ``--disable-overlap-schedule``): a step's sampled tokens stay on the device as the next step's
@@ -555,14 +556,15 @@ class Engine:
         return batch, logits
 
     def _spare_padding(self, count: int) -> None:
-        """Drop the retained prefix-cache entries in the free slots a padded captured decode step
-        of ``count`` rows (slots ``0..count-1``) writes position 0 of (``cuda_graph.py``)."""
+        """Move away (or drop, without room) the retained prefix-cache entries in the free slots
+        a padded captured decode step of ``count`` rows (slots ``0..count-1``) writes position 0
+        of (``cuda_graph.py``)."""
         buckets = getattr(self.runner, "buckets", None)
         cache = self.runner.cache
         if self.prefix_cache is None or not buckets or count > buckets[-1] or not cache.retained_slots:
             return
         padded = buckets[bisect.bisect_left(buckets, count)]
-        cache.drop_retained([s for s in cache.retained_slots if count <= s < padded])
+        cache.evacuate([s for s in cache.retained_slots if count <= s < padded], padded)
 
     def _collect(self) -> float:
         """Read back the step in flight, if any: extend outputs, check finish rules, retire the

@@ -130,6 +130,31 @@ class SlotKVCache:
             self.listener.slots_dropped(dropped)
         return dropped
 
+    def evacuate(self, slots: list[int], floor: int) -> None:
+        """Move the retained content of ``slots`` to the highest free empty slots at or above
+        ``floor`` (one indexed copy per layer), dropping what finds no room: those slots are about
+        to be overwritten (a padded decode step's padding rows)."""
+        leaving = [s for s in slots if s in self._retained]
+        if not leaving:
+            return
+        room = sorted(
+            (s for s in self._free if s >= floor and s not in self._retained and s not in slots), reverse=True
+        )
+        moves = list(zip(leaving, room))
+        self.drop_retained(leaving[len(moves) :])
+        if not moves:
+            return
+        length = max(self.lengths[s] for s, _ in moves)
+        src = host_to_device([s for s, _ in moves], torch.long, self.device)
+        dst = host_to_device([d for _, d in moves], torch.long, self.device)
+        for store in self.kv.values():
+            store[:, dst, :, :length] = store[:, src, :, :length]
+        for source, target in moves:
+            self.lengths[target], self._retained[target] = self.lengths[source], self._retained.pop(source)
+            self.lengths[source] = 0
+        if self.listener is not None:
+            self.listener.slots_moved(dict(moves))
+
     def attach(self, listener: SlotEvents | None) -> None:
         """Make ``listener`` the one told of moves and drops (None: nobody), dropping the retained
         content first (an index it was not in: a new engine over this runner starts empty)."""

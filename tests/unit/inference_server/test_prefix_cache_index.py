@@ -103,6 +103,21 @@ def test_a_compaction_move_into_a_retained_slot_swaps_the_two() -> None:
     assert sorted(cache.free_slot_ids()) == [3, 4] and cache.used_tokens == 5
 
 
+def test_evacuate_moves_retained_content_above_a_floor_or_drops_it() -> None:
+    cache, events = _cache(), Recorder()
+    cache.listener = events
+    for slot in range(SLOTS):
+        cache.allocate()
+        _fill(cache, slot, slot + 3)
+    for slot in (1, 2, 3):
+        cache.release(slot, retain=True)
+    cache.release(4)  # free and empty: the only room at or above the floor
+    cache.evacuate([1, 2, 0], floor=3)  # 0 is in use: not retained, left alone
+    assert events.dropped == [[2]] and events.moved == [{1: 4}]
+    assert cache.retained_slots == [3, 4] and cache.lengths[4] == 4 and _origin(cache, 4, 4) == {1}
+    assert cache.lengths[1] == cache.lengths[2] == 0 and cache.lengths[0] == 3
+
+
 def test_claim_release_and_clear() -> None:
     cache = _cache()
     slot = cache.allocate()

@@ -7,7 +7,8 @@
   expanded ids equal a cached text prompt's prefills in full and equals transformers' answer.
 * A request for prompt logprobs prefills its whole prompt (it needs every prompt position's logits).
 * On a runner whose static decode steps pad the batch (``cuda_graph.py``, run eagerly on the CPU),
-  the entries of the padded free slots are dropped before the step, and answers stay exact.
+  the entries of the padded free slots move above the padding (or are dropped without room) before
+  the step, and answers stay exact.
 * ``prefix_cache=False`` turns it off; ``/metrics`` reports cached tokens and the hit rate.
 """
 
@@ -159,25 +160,32 @@ def test_image_prompts_are_never_shared(tiny_model_factory: Any, one_thread: Non
         engine.shutdown()
 
 
-def test_padded_static_steps_drop_the_entries_they_overwrite(tiny_qwen2: Path, plain: Engine) -> None:
+@pytest.mark.parametrize("slots", [6, 8])
+def test_padded_static_steps_spare_the_entries_they_would_overwrite(
+    tiny_qwen2: Path, plain: Engine, slots: int
+) -> None:
+    """Four kept prompts, then three new sequences in slots 0..2 decoded as a padded batch of 4:
+    slot 3's entry moves above the padding where a free empty slot is left (8 slots), or is
+    dropped (6 slots: every free slot keeps an entry)."""
     from areal_tasks.inference.server.cuda_graph import GraphModelRunner
 
     runner = GraphModelRunner(
-        RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6, context_length=512), capture=False
+        RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=slots, context_length=512), capture=False
     )
-    assert runner.buckets == [1, 2, 4, 6]
+    assert runner.buckets[:3] == [1, 2, 4]
     engine = _engine(tiny_qwen2, runner=runner)
     try:
         first = [_tokens(60 + i, 20 + i) for i in range(4)]
         _same(_run(engine, first), _run(plain, first))
         assert runner.cache.retained_slots == [0, 1, 2, 3]
-        # three new sequences: slots 0..2, decoded as a padded batch of 4 (slot 3 is padding)
         second = [_tokens(70 + i, 18) for i in range(3)]
         _same(_run(engine, second, max_new_tokens=12), _run(plain, second, max_new_tokens=12))
-        assert engine.prefix_cache is not None and engine.prefix_cache.entry(3) is None
-        # the prompt that lived in slot 3 is prefilled again, and every kept one answers exactly
+        assert engine.prefix_cache is not None
+        moved = engine.prefix_cache.exact(first[3])
+        assert (moved is not None) == (slots == 8) and engine.prefix_cache.entry(3) is None
+        # the prompt that lived in slot 3 answers exactly: from its moved KV, or prefilled again
         (alone,), prefilled, _ = _counted(engine, [first[3]])
-        assert prefilled == len(first[3])
+        assert prefilled == (0 if slots == 8 else len(first[3]))
         _same([alone], _run(plain, [first[3]]))
         again = first + second
         _same(_run(engine, again), _run(plain, again))
