@@ -138,9 +138,16 @@ def test_image_prompts_are_never_shared(tiny_model_factory: Any, one_thread: Non
             return req
 
         # the same ids as text (image pads as plain tokens), twice: cached like any text prompt
-        _run(engine, [ids])
+        (text,) = _run(engine, [ids])
         _, prefilled, cached = _counted(engine, [ids])
         assert (prefilled, cached) == (0, len(ids))
+        # a text turn extending it prefills from the cached position, on the vision model too
+        turn = [*ids, *text.output_ids, 44, 45]
+        (second,), prefilled, cached = _counted(engine, [turn])
+        assert cached == len(ids) + NEW - 1 and prefilled == 3
+        expected_ids, expected_logprobs = reference_greedy(reference, turn, None, NEW)
+        assert second.output_ids == expected_ids
+        assert second.output_logprobs == pytest.approx(expected_logprobs, abs=2e-5)
         for rid in ("img0", "img1"):
             req = image_request(rid)
             before = engine.stats()
@@ -151,10 +158,10 @@ def test_image_prompts_are_never_shared(tiny_model_factory: Any, one_thread: Non
             assert seq.output_logprobs == pytest.approx(want_logprobs, abs=2e-5)
             assert after.prompt_tokens_total - before.prompt_tokens_total == len(ids)
             assert after.cached_tokens_total == before.cached_tokens_total and seq.cached_tokens == 0
-        # the image prompts' KV (image features at the pads) was not kept: only the two text runs'
+        # the image prompts' KV (image features at the pads) was not kept: only the text runs'
         assert engine.prefix_cache is not None
         kept = [engine.prefix_cache.entry(s) for s in runner.cache.retained_slots]
-        assert len(kept) == engine.prefix_cache.entries == 2
+        assert len(kept) == engine.prefix_cache.entries == 2  # the turn took over the first run's slot
         assert all(e is not None and e.tokens[: len(ids)] == ids for e in kept)
     finally:
         engine.shutdown()
