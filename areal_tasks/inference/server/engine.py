@@ -7,11 +7,20 @@ between two steps: pause, continue, weight swaps, cache flush). One iteration:
 1. run queued control calls;
 2. unless paused, admit waiting sequences into free KV slots (``prefill.py``: fresh prompts are
    prefilled together; a sibling of an ``n > 1`` request copies the prompt's KV from a live
-   sibling), sampling each one's first token from its prefill logits;
+   sibling; with the prefix cache, a prompt whose KV is cached copies it and prefills only the
+   rest), sampling each one's first token from its prefill logits;
 3. unless paused, compact the running sequences into slots ``0..B-1``, run one decode step over
    all of them, sample, and retire the finished ones, freeing their slots.
 
 So requests join and leave the running batch between decode steps.
+
+**Prefix cache** (``prefix_cache.py``; on by default, ``prefix_cache=False`` for SGLang's
+``--disable-radix-cache``): a sequence leaving its slot keeps its KV there as a cache entry while
+the slot is free, and new prompts reuse cached prefixes. Every weight change
+(:meth:`Engine.weights_changed`) and every failed decode step drops all entries. On a runner
+whose captured decode steps pad the batch (``cuda_graph.py``: padding rows write position 0 of
+the free slots above the batch) the retained entries of those slots move above the padding (or
+are dropped, without room) before the step.
 
 **Overlap** (on by default; SGLang's overlap scheduler, ``overlap=False`` for its
 ``--disable-overlap-schedule``): a step's sampled tokens stay on the device as the next step's
@@ -42,6 +51,7 @@ iteration while it had work.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
 import logging
@@ -57,7 +67,8 @@ import torch
 from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
-from areal_tasks.inference.server.prefill import Prefiller, release_slot
+from areal_tasks.inference.server.prefill import Prefiller
+from areal_tasks.inference.server.prefix_cache import PrefixCache
 from areal_tasks.inference.server.readback import InflightStep, ReadbackBuffer
 from areal_tasks.inference.server.request import FinishChecker, Sequence, check_prompt, finish_abort
 from areal_tasks.inference.server.sampling import SamplingBatch, make_generator, sample
@@ -80,7 +91,12 @@ class Engine:
     """Continuous-batching generation over one :class:`ModelRunner` (see the module doc)."""
 
     def __init__(
-        self, runner: ModelRunner, weight_version: str = "0", max_prefill_tokens: int = 8192, overlap: bool = True
+        self,
+        runner: ModelRunner,
+        weight_version: str = "0",
+        max_prefill_tokens: int = 8192,
+        overlap: bool = True,
+        prefix_cache: bool = True,
     ) -> None:
         self.runner = runner
         #: launch each decode step before reading back the previous one (see the module doc).
@@ -113,7 +129,11 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.counters = EngineCounters()
-        self.prefiller = Prefiller(runner, self.counters, max_prefill_tokens, self._sample_and_check)
+        #: the prefix cache over the runner's KV slots (None: off).
+        self.prefix_cache = PrefixCache(runner.cache) if prefix_cache else None
+        if self.prefix_cache is None:
+            runner.cache.attach(None)  # an earlier engine's retained entries are dropped
+        self.prefiller = Prefiller(runner, self.counters, max_prefill_tokens, self._sample_and_check, self.prefix_cache)
 
     # ---------------- thread-safe API ----------------
     def start(self) -> None:
@@ -212,6 +232,10 @@ class Engine:
             decode_steps_total=counters.decode_steps,
             decode_seconds_total=counters.decode_seconds,
             decode_wait_seconds_total=counters.decode_wait_seconds,
+            cached_tokens_total=counters.cached_tokens,
+            prefix_cache=self.prefix_cache is not None,
+            prefix_cache_entries=0 if self.prefix_cache is None else self.prefix_cache.entries,
+            prefix_cache_retained_tokens=cache.retained_tokens,
         )
 
     # ---------------- control operations (run inside the loop via call) ----------------
@@ -225,7 +249,7 @@ class Engine:
         if mode == "retract":
             retracted = list(self._running)
             for seq in retracted:
-                release_slot(self.runner.cache, seq)
+                self.prefiller.release(seq)
                 seq.retracted = True
                 seq.num_retractions += 1
             self._running.clear()
@@ -275,9 +299,14 @@ class Engine:
         return len(running) + len(victims)
 
     def weights_changed(self, new_version: str | None) -> None:
-        """Call after the model's weights changed: prompts prefilled under the old weights are no
-        longer shared with siblings; with ``new_version``, unfinished sequences note the old version's
-        span (SGLang's ``weight_versions``) and the version changes."""
+        """Call after the model's weights changed (every weight update does, each bucket of a
+        collective one too): prompts prefilled under the old weights are no longer shared with
+        siblings and the prefix cache forgets every entry; with ``new_version``, unfinished
+        sequences note the old version's span (SGLang's ``weight_versions``) and the version
+        changes."""
+        dropped = self.prefiller.drop_cache()
+        if dropped:
+            logger.info("weights changed: %d prefix-cache entries dropped", dropped)
         with self._cond:
             waiting = list(self._waiting)
         for seq in waiting:
@@ -379,6 +408,7 @@ class Engine:
                 logger.exception("reading back the step in flight failed too; its tokens are lost")
             failed = self._running + self._draining
             self._running, self._draining = [], []
+            self.prefiller.drop_cache()  # a failed step may have left partial KV behind
             for seq in failed:
                 seq.pending_tokens = 0
                 if seq.finished:  # finished by the step read back just before the failure
@@ -489,7 +519,7 @@ class Engine:
             if seq.pending_tokens and (
                 produced >= seq.params.max_new_tokens or len(seq.prompt_ids) + produced >= max_len
             ):
-                release_slot(self.runner.cache, seq)
+                self.prefiller.release(seq)
                 self._draining.append(seq)
             else:
                 keep.append(seq)
@@ -514,6 +544,7 @@ class Engine:
             seq.pending_tokens += 1
             seq.step_row = row
         carried = previous is not None and max(rows) >= 0
+        self._spare_padding(len(batch))
         logits = self.runner.decode(
             [s.slot for s in batch],
             tokens,
@@ -523,6 +554,17 @@ class Engine:
             **({"rope_deltas": [s.rope_delta for s in batch]} if self.runner.is_vision else {}),
         )
         return batch, logits
+
+    def _spare_padding(self, count: int) -> None:
+        """Move away (or drop, without room) the retained prefix-cache entries in the free slots
+        a padded captured decode step of ``count`` rows (slots ``0..count-1``) writes position 0
+        of (``cuda_graph.py``)."""
+        buckets = getattr(self.runner, "buckets", None)
+        cache = self.runner.cache
+        if self.prefix_cache is None or not buckets or count > buckets[-1] or not cache.retained_slots:
+            return
+        padded = buckets[bisect.bisect_left(buckets, count)]
+        cache.evacuate([s for s in cache.retained_slots if count <= s < padded], padded)
 
     def _collect(self) -> float:
         """Read back the step in flight, if any: extend outputs, check finish rules, retire the
@@ -595,13 +637,13 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         """Retire a sequence that finished during a step."""
-        release_slot(self.runner.cache, seq)
+        self.prefiller.release(seq)
         self._deliver(seq)
 
     def _finish(self, seq: Sequence, reason: dict) -> None:
         """Finish ``seq`` from outside a step (abort); its partial output is kept."""
         seq.finish_reason = reason
-        release_slot(self.runner.cache, seq)
+        self.prefiller.release(seq)
         self._deliver(seq)
 
     def _deliver(self, seq: Sequence) -> None:

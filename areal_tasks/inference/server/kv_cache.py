@@ -7,6 +7,15 @@ attention goes through ``Cache.update`` works without reading head counts from i
 Slots are handed out lowest first and the engine keeps running sequences in slots ``0..B-1``
 (:meth:`SlotKVCache.move_many`), so a decode step reads one contiguous view instead of gathering.
 
+**Retained slots** (the prefix cache, ``prefix_cache.py``): a slot released with ``retain=True``
+is free (it counts in :attr:`SlotKVCache.free_slots`, so it never holds admission back) but keeps
+its positions until the pool needs it. Taking the lowest free slot when it is retained moves its
+content to the highest free slot that holds nothing, or, with none, over the least recently used
+retained slot (that entry is dropped), or drops it when it is the least recently used itself. A
+compaction move into a retained slot swaps the two: the retained content goes to the slot the
+running sequence leaves. Every move and drop of content is told to the :class:`SlotEvents`
+listener, which keeps its index of slots in step; nothing else changes a slot's content.
+
 :class:`BatchCacheView` is the ``transformers`` ``Cache`` handed to one forward pass: its
 ``update`` writes the step's new keys/values into each row's slot at that row's positions and
 returns the keys/values the rows attend to: for a prefill from position 0 the new ones
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import Cache
@@ -28,8 +38,19 @@ from areal_tasks.inference.server.transfer import host_to_device
 logger = logging.getLogger(__name__)
 
 
+class SlotEvents(Protocol):
+    """What a :class:`SlotKVCache` tells about retained content it moves or drops on its own."""
+
+    def slots_moved(self, moves: dict[int, int]) -> None:
+        """The content of each slot ``old`` now lives in slot ``moves[old]`` (applied all at once: a
+        swap names both slots)."""
+
+    def slots_dropped(self, slots: list[int]) -> None:
+        """The retained content of ``slots`` is gone (the slots are plain free slots now)."""
+
+
 class SlotKVCache:
-    """Fixed-size pool of per-sequence KV slots."""
+    """Fixed-size pool of per-sequence KV slots (see the module doc)."""
 
     def __init__(self, num_slots: int, max_len: int, device: torch.device) -> None:
         if num_slots < 1 or max_len < 2:
@@ -41,38 +62,142 @@ class SlotKVCache:
         self.kv: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
-        #: tokens whose keys/values are stored, per slot.
+        #: tokens whose keys/values are stored, per slot (retained slots keep theirs).
         self.lengths = [0] * num_slots
         self._free = list(range(num_slots))  # a min-heap: the lowest free slot first
+        #: free slots that keep their content: slot -> last use (a counter; lowest: least recent).
+        self._retained: dict[int, int] = {}
+        self._clock = 0
+        #: told when retained content moves or is dropped (the prefix cache's index).
+        self.listener: SlotEvents | None = None
 
     # ---- slot pool ----
     @property
     def free_slots(self) -> int:
+        """Free slots, retained ones included (any of them can be taken at once)."""
         return len(self._free)
 
+    @property
+    def retained_slots(self) -> list[int]:
+        """The free slots that keep their content (ascending)."""
+        return sorted(self._retained)
+
     def allocate(self) -> int:
-        """Take a free slot (its length starts at 0); raises when none is left."""
+        """Take the lowest free slot (its length starts at 0); raises when none is left. Retained
+        content there moves away or is dropped first (see the module doc)."""
         if not self._free:
             raise InferenceError("KV cache has no free slot")
         slot = heapq.heappop(self._free)
+        if slot in self._retained:
+            self._vacate(slot)
         self.lengths[slot] = 0
         return slot
 
-    def release(self, slot: int) -> None:
-        """Give ``slot`` back to the pool."""
+    def claim(self, slot: int, length: int) -> None:
+        """Take the retained free ``slot`` itself, keeping its first ``length`` positions (the
+        caller owns its content from now on: nothing is told to the listener)."""
+        if slot not in self._retained:
+            raise InferenceError(f"KV slot {slot} is not a retained free slot")
+        if length > self.lengths[slot]:
+            raise InferenceError(f"slot {slot} holds {self.lengths[slot]} positions, cannot keep {length}")
+        del self._retained[slot]
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        self.lengths[slot] = length
+
+    def release(self, slot: int, retain: bool = False) -> None:
+        """Give ``slot`` back to the pool; with ``retain`` it keeps its content until needed."""
         if slot in self._free:
             raise InferenceError(f"KV slot {slot} released twice")
-        self.lengths[slot] = 0
+        if retain and self.lengths[slot] > 0:
+            self._retained[slot] = self._tick()
+        else:
+            self.lengths[slot] = 0
         heapq.heappush(self._free, slot)
+
+    def touch(self, slot: int) -> None:
+        """Mark a retained slot as just used (the last to be evicted)."""
+        if slot in self._retained:
+            self._retained[slot] = self._tick()
+
+    def drop_retained(self, slots: list[int] | None = None) -> list[int]:
+        """Forget the content of the retained ``slots`` (default: all of them); returns those dropped."""
+        dropped = [s for s in (self._retained if slots is None else slots) if s in self._retained]
+        for slot in dropped:
+            del self._retained[slot]
+            self.lengths[slot] = 0
+        if dropped and self.listener is not None:
+            self.listener.slots_dropped(dropped)
+        return dropped
+
+    def evacuate(self, slots: list[int], floor: int) -> None:
+        """Move the retained content of ``slots`` to the highest free empty slots at or above
+        ``floor`` (one indexed copy per layer), dropping what finds no room: those slots are about
+        to be overwritten (a padded decode step's padding rows)."""
+        leaving = [s for s in slots if s in self._retained]
+        if not leaving:
+            return
+        room = sorted(
+            (s for s in self._free if s >= floor and s not in self._retained and s not in slots), reverse=True
+        )
+        moves = list(zip(leaving, room))
+        self.drop_retained(leaving[len(moves) :])
+        if not moves:
+            return
+        length = max(self.lengths[s] for s, _ in moves)
+        src = host_to_device([s for s, _ in moves], torch.long, self.device)
+        dst = host_to_device([d for _, d in moves], torch.long, self.device)
+        for store in self.kv.values():
+            store[:, dst, :, :length] = store[:, src, :, :length]
+        for source, target in moves:
+            self.lengths[target], self._retained[target] = self.lengths[source], self._retained.pop(source)
+            self.lengths[source] = 0
+        if self.listener is not None:
+            self.listener.slots_moved(dict(moves))
+
+    def attach(self, listener: SlotEvents | None) -> None:
+        """Make ``listener`` the one told of moves and drops (None: nobody), dropping the retained
+        content first (an index it was not in: a new engine over this runner starts empty)."""
+        self.drop_retained()
+        self.listener = listener
 
     def free_slot_ids(self) -> list[int]:
         """The free slots (any order)."""
         return list(self._free)
 
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _vacate(self, slot: int) -> None:
+        """``slot`` was retained and is being taken: move its content to the highest plain free slot,
+        else over the least recently used retained slot older than it, else drop it."""
+        stamp = self._retained.pop(slot)
+        plain = [s for s in self._free if s not in self._retained]
+        if plain:
+            target = max(plain)
+        else:
+            older = [s for s, used in self._retained.items() if used < stamp]
+            if not older:
+                self.lengths[slot] = 0
+                if self.listener is not None:
+                    self.listener.slots_dropped([slot])
+                return
+            target = min(older, key=self._retained.__getitem__)
+            self.drop_retained([target])
+        length = self.lengths[slot]
+        for store in self.kv.values():
+            store[:, target, :, :length] = store[:, slot, :, :length]
+        self.lengths[target] = length
+        self._retained[target] = stamp
+        if self.listener is not None:
+            self.listener.slots_moved({slot: target})
+
     def move_many(self, moves: list[tuple[int, int]]) -> None:
         """Move several slots at once (``(src, dst)`` pairs, every ``dst`` free and distinct, no slot
         both a source and a destination): one indexed copy per layer and tensor for all of them,
-        instead of two slice copies per layer and move."""
+        instead of two slice copies per layer and move. A retained ``dst`` swaps: its content goes
+        to ``src``, which stays retained (see the module doc)."""
         if not moves:
             return
         sources, targets = [s for s, _ in moves], [d for _, d in moves]
@@ -81,39 +206,63 @@ class SlotKVCache:
             raise InferenceError(f"invalid KV slot moves {moves}: the targets must be distinct free slots")
         if len(set(sources)) != len(moves) or set(sources) & free:
             raise InferenceError(f"invalid KV slot moves {moves}: the sources must be distinct slots in use")
+        swaps = [(s, d) for s, d in moves if d in self._retained]
+        saved: list[torch.Tensor] = []
+        swap_len = max((self.lengths[d] for _, d in swaps), default=0)
+        if swaps:  # the retained content, kept aside while the moves overwrite it
+            parked = host_to_device([d for _, d in swaps], torch.long, self.device)
+            saved = [store[:, parked, :, :swap_len].clone() for store in self.kv.values()]
         length = max(self.lengths[s] for s in sources)
         if length > 0:
             src = host_to_device(sources, torch.long, self.device)
             dst = host_to_device(targets, torch.long, self.device)
             for store in self.kv.values():
                 store[:, dst, :, :length] = store[:, src, :, :length]
+        if swaps:
+            back = host_to_device([s for s, _ in swaps], torch.long, self.device)
+            for store, content in zip(self.kv.values(), saved):
+                store[:, back, :, :swap_len] = content
+        swapped = {d: (self.lengths[d], self._retained.pop(d)) for _, d in swaps}
         self._free = [slot for slot in self._free if slot not in targets]
-        heapq.heapify(self._free)
         for source, target in moves:
             self.lengths[target] = self.lengths[source]
-            self.release(source)
+            if target in swapped:
+                self.lengths[source], self._retained[source] = swapped[target]
+            else:
+                self.lengths[source] = 0
+            self._free.append(source)
+        heapq.heapify(self._free)
+        if self.listener is not None:
+            self.listener.slots_moved({**dict(moves), **{d: s for s, d in swaps}})
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst``."""
+        """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst`` (one copy per
+        layer: keys and values together)."""
         if length > self.lengths[src]:
             raise InferenceError(f"slot {src} holds {self.lengths[src]} positions, cannot copy {length}")
-        for layer in self.keys:
-            self.keys[layer][dst, :, :length] = self.keys[layer][src, :, :length]
-            self.values[layer][dst, :, :length] = self.values[layer][src, :, :length]
+        for store in self.kv.values():
+            store[:, dst, :, :length] = store[:, src, :, :length]
         self.lengths[dst] = length
 
     def clear(self) -> None:
-        """Zero the storage in place (``/flush_cache`` on an idle server; addresses stay valid for
-        captured CUDA graphs)."""
+        """Drop the retained content and zero the storage in place (``/flush_cache`` on an idle
+        server; addresses stay valid for captured CUDA graphs)."""
         if len(self._free) != self.num_slots:
             raise InferenceError("cannot clear the KV cache while slots are in use")
+        self.drop_retained()
         for tensor in self.kv.values():
             tensor.zero_()
 
     # ---- usage figures ----
     @property
     def used_tokens(self) -> int:
-        return sum(self.lengths)
+        """Positions filled in slots in use (retained slots are reclaimable: not counted)."""
+        return sum(self.lengths) - self.retained_tokens
+
+    @property
+    def retained_tokens(self) -> int:
+        """Positions kept in retained free slots."""
+        return sum(self.lengths[s] for s in list(self._retained))  # a snapshot: /metrics reads it
 
     @property
     def capacity_tokens(self) -> int:

@@ -7,8 +7,12 @@ holds new requests back until those in flight finish); counters ``sglang:prompt_
 ``sglang:generation_tokens_total`` and ``sglang:num_requests_total``; and ``areal:decode_steps_total``,
 ``areal:decode_seconds_total`` (host time in decode steps) and ``areal:decode_wait_seconds_total``
 (the part of it spent waiting for the device: near the whole, decoding is device-bound; near zero,
-host-bound). Every sample carries the
-``model_name`` label, like SGLang's.
+host-bound). The prefix cache (``prefix_cache.py``): counter ``sglang:cached_tokens_total`` (prompt
+positions whose KV was reused instead of prefilled), gauge ``sglang:cache_hit_rate`` (those over
+all prompt positions admitted: ``cached / (cached + prompt_tokens_total)``), and gauges
+``areal:prefix_cache_entries`` and ``areal:prefix_cache_retained_tokens`` (the entries, live and
+retained, and the positions kept in free slots). Every sample carries the ``model_name`` label,
+like SGLang's.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
             stats.generation_tokens_total,
         ),
         ("sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished_total),
+        ("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens.", stats.cached_tokens_total),
+        ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.", stats.cache_hit_rate),
+        ("areal:prefix_cache_entries", "gauge", "Prefix-cache entries, live and retained.", stats.prefix_cache_entries),
+        (
+            "areal:prefix_cache_retained_tokens",
+            "gauge",
+            "KV positions the prefix cache keeps in free slots.",
+            stats.prefix_cache_retained_tokens,
+        ),
         ("areal:decode_steps_total", "counter", "Decode steps run.", stats.decode_steps_total),
         ("areal:decode_seconds_total", "counter", "Host seconds spent in decode steps.", stats.decode_seconds_total),
         (

@@ -12,8 +12,18 @@ distinct last positions). Other sequences go one at a time:
   with ``top_logprobs_num``, each prompt position's most likely alternatives, SGLang's
   ``input_top_logprobs``: raw logits, like the prompt logprobs).
 
+With the **prefix cache** (``prefix_cache.py``; the engine's default) a text prompt first looks for
+cached KV: a prompt equal to one prefilled before (a GRPO group's samples sent as separate
+requests, in the same admission or later, while that KV is kept) copies its KV and samples from
+the logits kept with it, with no forward; a prompt that extends a cached sequence (a later turn:
+the earlier prompt, its output, new tokens) or shares whole blocks with one copies the matched
+positions and prefills only the rest, from there. Identical prompts admitted together are
+prefilled once. The rest are prefilled together as above. Prompts with images and prompts that
+want prompt logprobs (all their logits) are not looked up; the KV of every text sequence is kept
+when it leaves its slot (finished, aborted, retracted), except after a failed prefill.
+
 A failure inside a prefill finishes the sequences involved with an ``abort`` carrying status 500
-(their slots freed); the engine keeps running.
+(their slots freed, their KV not kept); the engine keeps running.
 """
 
 from __future__ import annotations
@@ -23,8 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from areal_tasks.inference.server.kv_cache import SlotKVCache
 from areal_tasks.inference.server.model_runner import ModelRunner
+from areal_tasks.inference.server.prefix_cache import PrefixCache, PrefixMatch
 from areal_tasks.inference.server.request import Sequence, finish_abort, finish_length
 from areal_tasks.inference.server.stats import EngineCounters
 from areal_tasks.inference.server.top_logprobs import TopEntry
@@ -35,20 +45,11 @@ logger = logging.getLogger(__name__)
 MAX_DISTINCT_LENGTHS = 4
 
 
-def release_slot(cache: SlotKVCache, seq: Sequence) -> None:
-    """Free ``seq``'s slot (and stop sharing it as its group's prompt source)."""
-    if seq.slot is None:
-        return
-    if seq.group.source_slot == seq.slot:
-        seq.group.source_slot = None
-    cache.release(seq.slot)
-    seq.slot = None
-
-
 def _share_prompt(seq: Sequence, logits: torch.Tensor) -> None:
-    """Keep the prompt's logits and KV source for the siblings of an ``n > 1`` request."""
+    """Keep the prompt's logits (a tensor of its own, never written) and KV source for the
+    siblings of an ``n > 1`` request."""
     if seq.params.n > 1:
-        seq.group.source_slot, seq.group.prompt_logits = seq.slot, logits.clone()
+        seq.group.source_slot, seq.group.prompt_logits = seq.slot, logits
 
 
 def _prompt_top(logprobs: torch.Tensor, k: int) -> list[TopEntry | None]:
@@ -63,7 +64,8 @@ def _wants_prompt_logprobs(seq: Sequence) -> bool:
 
 
 class Prefiller:
-    """Runs the admission prefills of the engine loop (see the module doc)."""
+    """Runs the admission prefills of the engine loop (see the module doc); ``prefix``: the
+    prefix cache over the runner's KV cache (None: off)."""
 
     def __init__(
         self,
@@ -71,13 +73,43 @@ class Prefiller:
         counters: EngineCounters,
         max_prefill_tokens: int,
         sample_and_check: Callable[[list[Sequence], torch.Tensor], None],
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.runner = runner
         self.cache = runner.cache
         self.counters = counters
         self.max_prefill_tokens = max_prefill_tokens
         self.sample_and_check = sample_and_check
+        self.prefix = prefix
 
+    # ---- slots ----
+    def release(self, seq: Sequence, keep: bool = True) -> None:
+        """Free ``seq``'s slot (and stop sharing it as its group's prompt source). With the prefix
+        cache and ``keep``, a text sequence's KV stays cached (its prompt and output so far)."""
+        slot = seq.slot
+        if slot is None:
+            return
+        if seq.group.source_slot == slot:
+            seq.group.source_slot = None
+        seq.slot = None
+        if self.prefix is None:
+            self.cache.release(slot)
+            return
+        self.prefix.release(slot, [*seq.prompt_ids, *seq.output_ids] if keep and self._shareable(seq) else None)
+
+    def drop_cache(self) -> int:
+        """Forget every prefix-cache entry (the weights changed, or a step failed); returns how many."""
+        return 0 if self.prefix is None else self.prefix.invalidate()
+
+    def _shareable(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s KV may be looked up and kept: a text prompt, with the prefix cache on."""
+        return self.prefix is not None and seq.group.vision is None
+
+    def _count(self, seq: Sequence, prefilled: int, cached: int) -> None:
+        self.counters.add_prompt_tokens(prefilled, cached)
+        seq.cached_tokens += cached
+
+    # ---- admission ----
     def admit(self, seqs: list[Sequence]) -> None:
         """Prefill ``seqs``; afterwards each one holds a slot and a first token, or is finished."""
         fresh, others, groups = [], [], set()
@@ -94,10 +126,29 @@ class Prefiller:
                 groups.add(id(seq.group))
             else:
                 others.append(seq)
+        fresh, cached = self._split_cached(fresh)
         for chunk in self._chunks(fresh):
             self._guard(chunk, self._prefill_fresh)
+        if cached:
+            self._prefill_cached(cached)
         for seq in others:
             self._guard([seq], self._prefill_one)
+
+    def _split_cached(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
+        """``(to prefill together, to serve from the prefix cache)``: a prompt with cached KV, or
+        equal to one prefilled together now, goes to the cache (after those prefills)."""
+        if self.prefix is None:
+            return seqs, []
+        fresh, cached, seen = [], [], set()
+        for seq in seqs:
+            prompt = seq.prompt_ids
+            key = tuple(prompt)
+            if key in seen or self.prefix.exact(prompt) is not None or self.prefix.lookup(prompt, len(prompt) - 1):
+                cached.append(seq)
+            else:
+                seen.add(key)
+                fresh.append(seq)
+        return fresh, cached
 
     def _chunks(self, seqs: list[Sequence]) -> list[list[Sequence]]:
         chunks: list[list[Sequence]] = []
@@ -118,29 +169,87 @@ class Prefiller:
             prefill(seqs)
         except Exception as exc:
             logger.exception("prefill of %s failed", [s.rid for s in seqs])
-            for seq in seqs:
-                release_slot(self.cache, seq)
-                if seq.finish_reason is None:
-                    seq.finish_reason = finish_abort(f"prefill failed: {type(exc).__name__}: {exc}", status_code=500)
+            self._fail(seqs, exc)
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> None:
+        """Finish ``seqs`` with a 500 abort for ``exc``; their slots are freed, their KV not kept."""
+        for seq in seqs:
+            self.release(seq, keep=False)
+            if seq.finish_reason is None:
+                seq.finish_reason = finish_abort(f"prefill failed: {type(exc).__name__}: {exc}", status_code=500)
 
     def _prefill_fresh(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
             seq.slot = self.cache.allocate()
         logits = self.runner.prefill_batch([s.slot for s in seqs], [s.prompt_ids for s in seqs])
-        self.counters.add_prompt_tokens(sum(len(s.prompt_ids) for s in seqs))
+        self._count_all(seqs)
         for seq, row in zip(seqs, logits):
-            _share_prompt(seq, row)
+            self._keep(seq, seq.prompt_ids, row)
         self.sample_and_check(seqs, logits)
+
+    def _count_all(self, seqs: list[Sequence]) -> None:
+        self.counters.add_prompt_tokens(sum(len(s.prompt_ids) for s in seqs))
+
+    def _keep(self, seq: Sequence, tokens: list[int], logits: torch.Tensor) -> None:
+        """``seq`` now holds ``tokens``' KV, followed by ``logits`` [V] (a row of a forward's
+        logits): a copy is shared with its ``n > 1`` siblings and, for a text prompt, entered in
+        the prefix cache with the slot."""
+        shareable = self._shareable(seq)
+        if seq.params.n == 1 and not shareable:
+            return
+        owned = logits.clone()
+        _share_prompt(seq, owned)
+        if self.prefix is not None and shareable and seq.slot is not None:
+            self.prefix.register(seq.slot, tokens, owned)
+
+    def _prefill_cached(self, seqs: list[Sequence]) -> None:
+        """Give each of ``seqs`` its prompt's KV from the prefix cache (prefilling what is not
+        cached), then sample their first tokens together."""
+        ready: list[Sequence] = []
+        rows: list[torch.Tensor] = []
+        for seq in seqs:
+            try:
+                rows.append(self._cached_prefill(seq, seq.prompt_ids))
+            except Exception as exc:
+                logger.exception("prefill of %s failed", seq.rid)
+                self._fail([seq], exc)
+                continue
+            _share_prompt(seq, rows[-1])
+            ready.append(seq)
+        if ready:
+            self._guard(ready, lambda batch: self.sample_and_check(batch, torch.stack(rows)))
+
+    def _cached_prefill(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
+        """Give ``seq`` a slot holding ``tokens``' KV, reusing the longest cached prefix, and
+        return the logits [V] after ``tokens`` (those kept with an equal prompt, or the prefill's)."""
+        assert self.prefix is not None
+        entry = self.prefix.exact(tokens)
+        if entry is not None and entry.logits is not None:
+            seq.slot, length = self.prefix.acquire(PrefixMatch(entry, len(tokens)))
+            if length == len(tokens):
+                self._count(seq, 0, length)
+                self.prefix.register(seq.slot, tokens, entry.logits)
+                return entry.logits
+        else:
+            match = self.prefix.lookup(tokens, len(tokens) - 1)
+            seq.slot, length = self.prefix.acquire(match) if match is not None else (self.cache.allocate(), 0)
+        logits = self.runner.prefill(seq.slot, tokens[length:], start=length)[-1]
+        self._count(seq, len(tokens) - length, length)
+        self.prefix.register(seq.slot, tokens, logits)
+        return logits
 
     def _prefill_one(self, seqs: list[Sequence]) -> None:
         (seq,) = seqs
         group = seq.group
         if seq.retracted:
             tokens = group.prompt_ids + seq.output_ids
-            seq.slot = self.cache.allocate()
-            logits = self.runner.prefill(seq.slot, tokens, vision=group.vision)[-1]
+            if self._shareable(seq):
+                logits = self._cached_prefill(seq, tokens)
+            else:
+                seq.slot = self.cache.allocate()
+                logits = self.runner.prefill(seq.slot, tokens, vision=group.vision)[-1]
+                self.counters.add_prompt_tokens(len(tokens))
             seq.retracted = False
-            self.counters.add_prompt_tokens(len(tokens))
             self.sample_and_check([seq], logits.view(1, -1))
         elif group.prompt_logits is None:
             self._prefill_prompt(seq)
@@ -148,16 +257,33 @@ class Prefiller:
             self.sample_and_check([seq], group.prompt_logits.view(1, -1))
             if seq.finished:
                 return
+            self._sibling_kv(seq)
+
+    def _sibling_kv(self, seq: Sequence) -> None:
+        """The prompt's KV for a sibling that already has its first token: copied from a live
+        sibling, else from the prefix cache (prefilling what is not cached), else prefilled."""
+        group, prompt = seq.group, seq.prompt_ids
+        length = 0
+        if group.source_slot is not None:
             seq.slot = self.cache.allocate()
-            if group.source_slot is not None:
-                self.cache.copy_prefix(group.source_slot, seq.slot, len(group.prompt_ids))
-                return
-            self.runner.prefill(seq.slot, group.prompt_ids, vision=group.vision)
+            self.cache.copy_prefix(group.source_slot, seq.slot, len(prompt))
+            length = len(prompt)
+        elif self._shareable(seq):
+            assert self.prefix is not None
+            match = self.prefix.lookup(prompt, len(prompt))
+            seq.slot, length = self.prefix.acquire(match) if match is not None else (self.cache.allocate(), 0)
+        else:
+            seq.slot = self.cache.allocate()
+        if length < len(prompt):
+            self.runner.prefill(seq.slot, prompt[length:], start=length, vision=group.vision)
+        self._count(seq, len(prompt) - length, length)
+        if group.source_slot is None:
             group.source_slot = seq.slot
-            self.counters.add_prompt_tokens(len(group.prompt_ids))
+        if self.prefix is not None and self._shareable(seq):
+            self.prefix.register(seq.slot, prompt, group.prompt_logits)
 
     def _prefill_prompt(self, seq: Sequence) -> None:
-        """A single prompt prefill (prompt logprobs, or ``max_new_tokens`` 0)."""
+        """A single prompt prefill (prompt logprobs, ``max_new_tokens`` 0, or images)."""
         group = seq.group
         want_input = _wants_prompt_logprobs(seq)
         if seq.params.max_new_tokens == 0 and not want_input:
@@ -174,7 +300,9 @@ class Prefiller:
             if seq.top_logprobs_num > 0:
                 group.input_top_logprobs = _prompt_top(logprobs, seq.top_logprobs_num)[seq.logprob_start_len :]
         if seq.params.max_new_tokens == 0:
+            if self.prefix is not None and self._shareable(seq):
+                self.prefix.register(seq.slot, group.prompt_ids, logits[-1].clone())
             seq.finish_reason = finish_length(0)
             return
-        _share_prompt(seq, logits[-1])
+        self._keep(seq, group.prompt_ids, logits[-1])
         self.sample_and_check([seq], logits[-1].view(1, -1))

@@ -1,7 +1,8 @@
 """The state of one generated sequence inside the engine, and SGLang's finish rules.
 
 A ``/generate`` request with ``n`` samples becomes ``n`` :class:`Sequence` objects sharing one
-:class:`SequenceGroup`, so that the prompt is prefilled once and its KV copied to the siblings.
+:class:`SequenceGroup`, so that the prompt is prefilled once and its KV copied to the siblings
+(separate requests with one prompt share it through the prefix cache, ``prefix_cache.py``).
 
 Finish rules follow SGLang's ``Req.update_finish_state`` order: a stop string (checked on the
 decoded tail of the output), then a stop token or EOS (unless ``ignore_eos``; explicit
@@ -95,6 +96,8 @@ class Sequence:
     length_cap: int = 0
     watch_text: bool = True
     num_retractions: int = 0
+    #: prompt positions whose KV came from cached KV instead of a prefill (SGLang's ``cached_tokens``).
+    cached_tokens: int = 0
     #: (old weight version, output tokens generated under it) at each weight change during the run.
     version_events: list[tuple[str, int]] = field(default_factory=list)
     #: the weight version when the sequence finished (what its answer reports).

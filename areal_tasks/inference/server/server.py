@@ -76,6 +76,9 @@ class ServerConfig:
     #: launch each decode step before reading the previous one back (SGLang's overlap scheduler;
     #: its --disable-overlap-schedule turns it off).
     overlap_schedule: bool = True
+    #: keep finished sequences' KV in free slots and reuse cached prompt prefixes (``prefix_cache.py``;
+    #: SGLang's --disable-radix-cache turns it off).
+    prefix_cache: bool = True
     #: seed of the shared sampling stream (unseeded requests); None = nondeterministic.
     seed: int | None = None
     #: CPU intra-op threads for torch; None keeps torch's default.
@@ -157,6 +160,7 @@ def build_app(cfg: ServerConfig) -> Any:
         weight_version=cfg.weight_version,
         max_prefill_tokens=cfg.max_prefill_tokens,
         overlap=cfg.overlap_schedule,
+        prefix_cache=cfg.prefix_cache,
     )
     name = cfg.served_model_name or Path(cfg.model_path).name
     server = EmbeddedServer(

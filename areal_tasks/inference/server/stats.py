@@ -9,6 +9,11 @@ Decode steps are timed on the host: the time the engine thread spent in them and
 time it waited for the device to finish a step's sampled tokens. A wait close to the whole step
 means the device bounds decoding; a wait near zero means the host's own work (launches,
 bookkeeping, finish checks) does, and a faster GPU would not help.
+
+Prompt positions are counted twice over: those prefilled (``prompt_tokens``, SGLang's
+``prompt_tokens_total``) and those whose KV was reused instead (``cached_tokens``: prefix-cache
+hits and the prompt copies of ``n > 1`` siblings; SGLang's ``cached_tokens_total``). Their ratio is
+the cache hit rate.
 """
 
 from __future__ import annotations
@@ -44,6 +49,19 @@ class EngineStats:
     #: host seconds in decode steps, and the part of them spent waiting for the device.
     decode_seconds_total: float = 0.0
     decode_wait_seconds_total: float = 0.0
+    #: prompt positions whose KV was reused (prefix cache, ``n > 1`` siblings) instead of prefilled;
+    #: ``prompt_tokens_total`` counts the prefilled ones.
+    cached_tokens_total: int = 0
+    #: whether the prefix cache is on; its entries (live and retained) and the positions retained.
+    prefix_cache: bool = False
+    prefix_cache_entries: int = 0
+    prefix_cache_retained_tokens: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Reused prompt positions over all prompt positions admitted (0 before any)."""
+        total = self.cached_tokens_total + self.prompt_tokens_total
+        return self.cached_tokens_total / total if total else 0.0
 
 
 class EngineCounters:
@@ -52,6 +70,7 @@ class EngineCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.generation_tokens = 0
         self.requests_finished = 0
         self.decode_steps = 0
@@ -60,9 +79,11 @@ class EngineCounters:
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._finished_at: collections.deque[float] = collections.deque()
 
-    def add_prompt_tokens(self, count: int) -> None:
+    def add_prompt_tokens(self, count: int, cached: int = 0) -> None:
+        """``count`` prompt positions prefilled and ``cached`` ones reused from cached KV."""
         with self._lock:
             self.prompt_tokens += count
+            self.cached_tokens += cached
 
     def add_generated(self, count: int) -> None:
         with self._lock:
