@@ -199,6 +199,13 @@ def add_safety_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an update on a server that is not paused waits for requests in flight (default 30)",
     )
     parser.add_argument(
+        "--disable-radix-cache",
+        "--disable-prefix-cache",
+        dest="disable_radix_cache",
+        action="store_true",
+        help="no prefix cache: every prompt is prefilled in full (SGLang's flag name; docs/inference.md)",
+    )
+    parser.add_argument(
         "--shutdown-timeout-s",
         type=float,
         default=15.0,
@@ -348,6 +355,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
         cuda_graphs=not args.disable_cuda_graph,
+        prefix_cache=not args.disable_radix_cache,
         torch_compile=not args.disable_torch_compile,
         torch_compile_scope=args.torch_compile_scope,
         decode_attention=args.decode_attention,

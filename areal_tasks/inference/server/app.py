@@ -157,6 +157,7 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             "torch_compile_scope": getattr(server.runner, "compile_scope", None),
             "decode_attention": server.runner.decode_attention,
             "overlap_schedule": server.engine.overlap,
+            "prefix_cache": server.engine.prefix_cache is not None,
             "paused": stats.paused,
             "weight_update_groups": server.weights.groups,
             "request_limits": dataclasses.asdict(server.limits),

@@ -294,7 +294,7 @@ def generate_response(seq: Sequence, text: str, decode_token: Any | None = None)
         "num_retractions": seq.num_retractions,
         "reasoning_tokens": 0,
         "completion_tokens": len(seq.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": seq.cached_tokens,
         "e2e_latency": end - seq.created_at,
     }
     if seq.version_events:

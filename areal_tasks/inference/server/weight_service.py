@@ -19,7 +19,8 @@
 * **Cache flush.** With ``flush_cache`` (the default) an update fails after loading the weights
   when sequences still hold KV computed before it (running or retracted ones after an
   ``in_place``/``retract`` pause), exactly as SGLang's ``flush_cache_after_weight_update`` does.
-  The embedded server has no prefix cache; prompts shared by ``n > 1`` samples are recomputed.
+  Every update also calls ``Engine.weights_changed``, which drops every prefix-cache entry: KV
+  computed with older weights is never reused.
 * **Sessions.** ``/update_weights_from_distributed`` runs only inside
   ``/begin_weight_update`` ... ``/end_weight_update`` (SGLang 0.5.23 refuses it otherwise).
   ``/end_weight_update`` fails when the buckets left a MoE layer's per-expert tensors incomplete
