@@ -257,7 +257,9 @@ def decode_kernels(runner, batch: int, calls: int = 10) -> list[dict]:
     return rows
 
 
-def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int) -> dict:
+def profile_engine(
+    runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int, prefix_cache: bool = True
+) -> dict:
     """One untimed greedy run on a fresh engine under two profilers: ``cProfile`` inside the engine's
     loop thread (where the host time of a decode step goes) and the torch profiler's device
     activity (which kernels run, and the GPU-busy fraction: the union of kernel intervals over the
@@ -271,7 +273,7 @@ def profile_engine(runner, prompts: list[list[int]], new_tokens: int, max_prefil
 
     from areal_tasks.inference.server.engine import Engine
 
-    engine = Engine(runner, max_prefill_tokens=max_prefill_tokens)
+    engine = Engine(runner, max_prefill_tokens=max_prefill_tokens, prefix_cache=prefix_cache)
     host = cProfile.Profile()
     loop = engine._loop  # the thread's target is looked up at start(): profile the loop from inside
     engine._loop = lambda: host.runcall(loop)  # type: ignore[method-assign]
@@ -460,6 +462,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
     parser.add_argument(
+        "--prefix-cache",
+        choices=("on", "off"),
+        default="on",
+        help="the engine's prefix cache (on: the server's default; docs/inference.md)",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -515,7 +523,7 @@ def main() -> None:
         dtype = runner.dtype
         cuda_graphs = bool(getattr(runner, "capture", False))
         compiled = bool(runner.compiled)
-        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens)
+        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, prefix_cache=args.prefix_cache == "on")
         engine.start()
         try:
             warm_up(engine, prompts)
@@ -548,7 +556,9 @@ def main() -> None:
             engine.shutdown()
         # the same engine reading each step back before launching the next (SGLang's
         # --disable-overlap-schedule), to show what the overlap buys
-        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, overlap=False)
+        engine = Engine(
+            runner, max_prefill_tokens=args.max_prefill_tokens, overlap=False, prefix_cache=args.prefix_cache == "on"
+        )
         engine.start()
         try:
             warm_up(engine, prompts)
@@ -564,7 +574,11 @@ def main() -> None:
             )
         finally:
             engine.shutdown()
-        profiled = profile_engine(runner, prompts, args.profile, args.max_prefill_tokens) if args.profile else None
+        profiled = (
+            profile_engine(runner, prompts, args.profile, args.max_prefill_tokens, args.prefix_cache == "on")
+            if args.profile
+            else None
+        )
         step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
         kernels = {"default": decode_kernels(runner, args.concurrency)} if device.type == "cuda" else None
         del engine, runner
@@ -582,7 +596,14 @@ def main() -> None:
                     **overrides,
                 )
             )
-            engine = Engine(runner, **{"max_prefill_tokens": args.max_prefill_tokens, **engine_overrides})
+            engine = Engine(
+                runner,
+                **{
+                    "max_prefill_tokens": args.max_prefill_tokens,
+                    "prefix_cache": args.prefix_cache == "on",
+                    **engine_overrides,
+                },
+            )
             engine.start()
             try:
                 warm_up(engine, prompts)

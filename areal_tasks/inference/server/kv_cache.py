@@ -130,6 +130,7 @@ class SlotKVCache:
             self.listener.slots_dropped(dropped)
         return dropped
 
+    @torch.inference_mode()  # the KV tensors are inference tensors: callers need not be in the mode
     def evacuate(self, slots: list[int], floor: int) -> None:
         """Move the retained content of ``slots`` to the highest free empty slots at or above
         ``floor`` (one indexed copy per layer), dropping what finds no room: those slots are about
@@ -169,6 +170,7 @@ class SlotKVCache:
         self._clock += 1
         return self._clock
 
+    @torch.inference_mode()  # the KV tensors are inference tensors: callers need not be in the mode
     def _vacate(self, slot: int) -> None:
         """``slot`` was retained and is being taken: move its content to the highest plain free slot,
         else over the least recently used retained slot older than it, else drop it."""
@@ -193,6 +195,7 @@ class SlotKVCache:
         if self.listener is not None:
             self.listener.slots_moved({slot: target})
 
+    @torch.inference_mode()  # the KV tensors are inference tensors: callers need not be in the mode
     def move_many(self, moves: list[tuple[int, int]]) -> None:
         """Move several slots at once (``(src, dst)`` pairs, every ``dst`` free and distinct, no slot
         both a source and a destination): one indexed copy per layer and tensor for all of them,
@@ -306,7 +309,9 @@ class BatchCacheView(Cache):
     """The ``Cache`` of one forward pass over some slots (see the module doc).
 
     ``start[b]`` is row ``b``'s first new position; a forward of T > 1 tokens per row is a prefill
-    from position 0 (several rows, right-padded) or from ``start`` (one row).
+    from position 0 (several rows, right-padded), from ``start`` (one row), or from each row's own
+    ``start`` (several rows, right-padded: a prefill after cached prefixes; row ``b``'s padding
+    writes past its own tokens, which nothing reads, so ``start[b] + T`` must fit the slot).
     """
 
     def __init__(self, store: SlotKVCache, slots: list[int], start: list[int], kv_len: int) -> None:
@@ -331,7 +336,7 @@ class BatchCacheView(Cache):
             return k_store[slot : slot + 1, :, : self.kv_len], v_store[slot : slot + 1, :, : self.kv_len]
         if steps > 1:
             if any(self.start):
-                raise InferenceError("a batched prefill starts every row at position 0")
+                return self._update_ragged(k_store, v_store, key_states, value_states)
             k_store[self.slots, :, :steps] = key_states
             v_store[self.slots, :, :steps] = value_states
             return key_states, value_states
@@ -339,6 +344,19 @@ class BatchCacheView(Cache):
         v_store[self.slots, :, self.positions] = value_states[:, :, 0]
         if self.contiguous:
             return k_store[:batch, :, : self.kv_len], v_store[:batch, :, : self.kv_len]
+        return k_store[self.slots, :, : self.kv_len], v_store[self.slots, :, : self.kv_len]
+
+    def _update_ragged(
+        self, k_store: torch.Tensor, v_store: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of T tokens written from their own starts; returns every row's keys/values up to ``kv_len``."""
+        steps = key_states.shape[2]
+        if max(self.start) + steps > self.store.max_len:
+            raise InferenceError(f"a prefill of {steps} tokens from {max(self.start)} does not fit the slot")
+        positions = self.positions.view(-1, 1) + torch.arange(steps, device=self.positions.device)
+        rows = self.slots.view(-1, 1)
+        k_store[rows, :, positions] = key_states.transpose(1, 2)
+        v_store[rows, :, positions] = value_states.transpose(1, 2)
         return k_store[self.slots, :, : self.kv_len], v_store[self.slots, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

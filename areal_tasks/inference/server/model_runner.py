@@ -368,6 +368,32 @@ class ModelRunner:
         return logits[torch.arange(len(prompts), device=self.device), column]
 
     @torch.inference_mode()
+    def prefill_from(self, slots: list[int], suffixes: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Prefill each ``suffixes[b]`` into ``slots[b]`` at positions ``starts[b]..`` (the slots hold
+        the positions before it: cached prefixes) in one forward, right-padded; returns each row's
+        last-token logits [B, V] (computed only at the distinct last positions)."""
+        lengths = [len(s) for s in suffixes]
+        steps = max(lengths)
+        ends = [start + n for start, n in zip(starts, lengths)]
+        if min(lengths) == 0 or max(starts) + steps > self.max_len:
+            raise InferenceError(f"prefill of up to {steps} tokens from {max(starts)} does not fit {self.max_len}")
+        ids = torch.zeros(len(suffixes), steps, dtype=torch.long)
+        for row, suffix in enumerate(suffixes):
+            ids[row, : len(suffix)] = torch.tensor(suffix)
+        first = host_to_device(starts, torch.long, self.device).view(-1, 1)
+        positions = first + torch.arange(steps, device=self.device)
+        kv_len = max(ends)
+        view = BatchCacheView(self.cache, slots, starts, kv_len)
+        masks = self._masks(positions, kv_len, trivial=False, filled=host_to_device(ends, torch.long, self.device))
+        last = sorted(set(lengths))
+        keep = torch.tensor([n - 1 for n in last], device=self.device)
+        logits = self._forward(ids.to(self.device), positions, view, masks, keep)
+        column = torch.tensor([last.index(n) for n in lengths], device=self.device)
+        for slot, end in zip(slots, ends):
+            self.cache.lengths[slot] = end
+        return logits[torch.arange(len(suffixes), device=self.device), column]
+
+    @torch.inference_mode()
     def decode(
         self,
         slots: list[int],

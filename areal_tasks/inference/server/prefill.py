@@ -207,6 +207,8 @@ class Prefiller:
         cached), then sample their first tokens together."""
         ready: list[Sequence] = []
         rows: list[torch.Tensor] = []
+        if not self.runner.is_vision:  # text: the uncached rests of all of them in one forward
+            seqs = self._prefill_rests(seqs, ready, rows)
         for seq in seqs:
             try:
                 rows.append(self._cached_prefill(seq, seq.prompt_ids))
@@ -218,6 +220,52 @@ class Prefiller:
             ready.append(seq)
         if ready:
             self._guard(ready, lambda batch: self.sample_and_check(batch, torch.stack(rows)))
+
+    def _prefill_rests(self, seqs: list[Sequence], ready: list[Sequence], rows: list[torch.Tensor]) -> list[Sequence]:
+        """Serve the sequences of ``seqs`` whose prompt has a cached prefix but not its own cached
+        logits: each takes a slot with the prefix, then what follows it is prefilled for all of them
+        in one forward (one forward each was launch-bound on a GPU: a tenth of the batched prefill's
+        throughput). Appends them and their logits to ``ready``/``rows``; returns the others (exact
+        hits, and prompts whose match arrives with an earlier one of this batch)."""
+        assert self.prefix is not None
+        batch: list[tuple[Sequence, int]] = []
+        others: list[Sequence] = []
+        for seq in seqs:
+            tokens = seq.prompt_ids
+            entry = self.prefix.exact(tokens)
+            match = (
+                None if entry is not None and entry.logits is not None else self.prefix.lookup(tokens, len(tokens) - 1)
+            )
+            if match is None:
+                others.append(seq)
+                continue
+            try:
+                seq.slot, length = self.prefix.acquire(match)
+            except Exception as exc:
+                logger.exception("prefill of %s failed", seq.rid)
+                self._fail([seq], exc)
+                continue
+            batch.append((seq, length))
+        if not batch:
+            return others
+        members = [seq for seq, _ in batch]
+        try:
+            logits = self.runner.prefill_from(
+                [seq.slot for seq in members],
+                [seq.prompt_ids[length:] for seq, length in batch],
+                [length for _, length in batch],
+            )
+        except Exception as exc:
+            logger.exception("prefill of %d sequences after cached prefixes failed", len(members))
+            self._fail(members, exc)
+            return others
+        for (seq, length), row in zip(batch, logits):
+            self._count(seq, len(seq.prompt_ids) - length, length)
+            self.prefix.register(seq.slot, seq.prompt_ids, row)
+            _share_prompt(seq, row)
+            ready.append(seq)
+            rows.append(row)
+        return others
 
     def _cached_prefill(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
         """Give ``seq`` a slot holding ``tokens``' KV, reusing the longest cached prefix, and

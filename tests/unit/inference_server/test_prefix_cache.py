@@ -134,6 +134,33 @@ def test_a_second_turn_prefills_only_its_new_tokens(engines: dict[str, Engine]) 
     assert (prefilled, cached) == (3 + 1, len(second) + NEW - 1)
 
 
+def test_second_turns_admitted_together_prefill_their_rests_in_one_forward(engines: dict[str, Engine]) -> None:
+    """Three first turns of different lengths, then their second turns (new tokens of different
+    lengths) in one admission: the uncached rests are prefilled by one ragged forward, exactly."""
+    on = engines["on"]
+    firsts = [_tokens(20 + i, n) for i, n in enumerate((24, 40, 33))]
+    turn1 = _run(on, firsts, max_new_tokens=6)
+    seconds = [f + t.output_ids + _tokens(30 + i, k) for i, (f, t, k) in enumerate(zip(firsts, turn1, (2, 7, 4)))]
+    want = _run(engines["off"], seconds)
+    calls: list[int] = []
+    runner = on.runner
+    original = runner.prefill_from
+
+    def counting(slots, suffixes, starts):
+        calls.append(len(slots))
+        return original(slots, suffixes, starts)
+
+    runner.prefill_from = counting
+    try:
+        got, prefilled, cached = _counted(on, seconds)
+    finally:
+        del runner.prefill_from
+    _same(got, want)
+    assert calls == [3]
+    assert cached == sum(len(f) + 6 - 1 for f in firsts)
+    assert prefilled == sum(len(s) for s in seconds) - cached
+
+
 @pytest.mark.parametrize("shared", [BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK - 1, 2 * BLOCK, 3 * BLOCK - 1, 3 * BLOCK])
 def test_a_prompt_sharing_part_of_a_cached_sequence_reuses_exactly_that_part(
     engines: dict[str, Engine], shared: int

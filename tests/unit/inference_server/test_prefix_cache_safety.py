@@ -230,3 +230,21 @@ def test_the_switch_and_the_figures(tiny_qwen2: Path, plain: Engine) -> None:
     assert 'sglang:cache_hit_rate{model_name="m"} 0.75' in lines
     assert 'areal:prefix_cache_entries{model_name="m"} 3.0' in lines
     assert 'areal:prefix_cache_retained_tokens{model_name="m"} 64.0' in lines
+
+
+def test_a_retained_slot_is_taken_outside_inference_mode(tiny_qwen2: Path, one_thread: None) -> None:
+    """Taking a slot whose kept content must move works from any caller (the KV tensors are
+    inference tensors: moving them outside ``torch.inference_mode`` used to raise)."""
+    import torch
+
+    runner = ModelRunner(RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=2, context_length=64))
+    cache = runner.cache
+    slot = cache.allocate()
+    runner.prefill(slot, [5, 6, 7])
+    kept = [t[:, slot, :, :3].clone() for t in cache.kv.values()]  # [2, slots, heads, len, dim]
+    cache.release(slot, retain=True)
+    assert not torch.is_inference_mode_enabled()
+    taken = cache.allocate()  # the lowest free slot: the retained one, whose content moves up
+    assert taken == slot and cache.retained_slots == [1] and cache.lengths[1] == 3
+    for before, store in zip(kept, cache.kv.values()):
+        assert torch.equal(store[:, 1, :, :3], before)
