@@ -258,7 +258,7 @@ def decode_kernels(runner, batch: int, calls: int = 10) -> list[dict]:
 
 
 def profile_engine(
-    runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int, prefix_cache: bool = True
+    runner, prompts: list[list[int]], new_tokens: int, max_prefill_tokens: int, prefix_cache: bool = False
 ) -> dict:
     """One untimed greedy run on a fresh engine under two profilers: ``cProfile`` inside the engine's
     loop thread (where the host time of a decode step goes) and the torch profiler's device
@@ -464,8 +464,8 @@ def main() -> None:
     parser.add_argument(
         "--prefix-cache",
         choices=("on", "off"),
-        default="on",
-        help="the engine's prefix cache (on: the server's default; docs/inference.md)",
+        default="off",
+        help="the engine's prefix cache (off: the server's default; docs/inference.md)",
     )
     parser.add_argument(
         "--profile",

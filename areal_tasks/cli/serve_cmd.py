@@ -199,11 +199,16 @@ def add_safety_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an update on a server that is not paused waits for requests in flight (default 30)",
     )
     parser.add_argument(
+        "--enable-prefix-cache",
+        action="store_true",
+        help="keep finished sequences' KV and reuse cached prompt prefixes (off by default; docs/inference.md)",
+    )
+    parser.add_argument(
         "--disable-radix-cache",
         "--disable-prefix-cache",
         dest="disable_radix_cache",
         action="store_true",
-        help="no prefix cache: every prompt is prefilled in full (SGLang's flag name; docs/inference.md)",
+        help="no prefix cache, even with --enable-prefix-cache (SGLang's flag name)",
     )
     parser.add_argument(
         "--shutdown-timeout-s",
@@ -355,7 +360,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         seed=args.seed,
         cuda_graphs=not args.disable_cuda_graph,
-        prefix_cache=not args.disable_radix_cache,
+        prefix_cache=args.enable_prefix_cache and not args.disable_radix_cache,
         torch_compile=not args.disable_torch_compile,
         torch_compile_scope=args.torch_compile_scope,
         decode_attention=args.decode_attention,

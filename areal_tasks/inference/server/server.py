@@ -76,9 +76,9 @@ class ServerConfig:
     #: launch each decode step before reading the previous one back (SGLang's overlap scheduler;
     #: its --disable-overlap-schedule turns it off).
     overlap_schedule: bool = True
-    #: keep finished sequences' KV in free slots and reuse cached prompt prefixes (``prefix_cache.py``;
-    #: SGLang's --disable-radix-cache turns it off).
-    prefix_cache: bool = True
+    #: keep finished sequences' KV in free slots and reuse cached prompt prefixes (``prefix_cache.py``);
+    #: off by default until its cost on GPUs is understood (``engine.py``, docs/inference.md).
+    prefix_cache: bool = False
     #: seed of the shared sampling stream (unseeded requests); None = nondeterministic.
     seed: int | None = None
     #: CPU intra-op threads for torch; None keeps torch's default.
