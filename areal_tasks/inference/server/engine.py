@@ -16,8 +16,9 @@ So requests join and leave the running batch between decode steps.
 
 **Prefix cache** (``prefix_cache.py``; off by default, ``prefix_cache=True`` / ``areal serve
 --enable-prefix-cache`` turns it on: on an H200 it cut the throughput benchmark's greedy decode
-from 97.6k to 9.3k tokens/s, its admissions taking about 2 s each, a cost not seen on CPU and not
-yet explained; docs/inference.md): a sequence leaving its slot keeps its KV there as a cache entry while
+from 97.6k to 9.3k tokens/s, because a wave of prompts over full retained slots evicted its own
+entries and prefilled them one sequence at a time; fixed since, but not yet re-measured on a GPU;
+docs/inference.md): a sequence leaving its slot keeps its KV there as a cache entry while
 the slot is free, and new prompts reuse cached prefixes. Every weight change
 (:meth:`Engine.weights_changed`) and every failed decode step drops all entries. On a runner
 whose captured decode steps pad the batch (``cuda_graph.py``: padding rows write position 0 of

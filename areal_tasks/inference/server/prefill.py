@@ -222,32 +222,48 @@ class Prefiller:
             self._guard(ready, lambda batch: self.sample_and_check(batch, torch.stack(rows)))
 
     def _prefill_rests(self, seqs: list[Sequence], ready: list[Sequence], rows: list[torch.Tensor]) -> list[Sequence]:
-        """Serve the sequences of ``seqs`` whose prompt has a cached prefix but not its own cached
-        logits: each takes a slot with the prefix, then what follows it is prefilled for all of them
-        in one forward (one forward each was launch-bound on a GPU: a tenth of the batched prefill's
-        throughput). Appends them and their logits to ``ready``/``rows``; returns the others (exact
-        hits, and prompts whose match arrives with an earlier one of this batch)."""
+        """Serve text ``seqs`` from the prefix cache with at most one forward: each takes a slot
+        holding its cached prefix (a prompt cached with its logits needs nothing more), then the
+        uncached rests of all of them are prefilled together, each from its own start. One forward
+        each was launch-bound on a GPU: a tenth of the batched prefill's throughput.
+
+        Every entry this admission reads is marked used first, so the slots it takes evict other
+        entries: taking slots one by one used to evict the entries of the batch's later prompts,
+        each of which then needed a whole prefill of its own. Appends the served sequences and their
+        logits to ``ready``/``rows``; returns none left (the signature keeps the caller's loop)."""
         assert self.prefix is not None
+        for seq in seqs:
+            entry = self.prefix.exact(seq.prompt_ids)
+            if entry is None:
+                match = self.prefix.lookup(seq.prompt_ids, len(seq.prompt_ids) - 1)
+                entry = match.entry if match is not None else None
+            if entry is not None and not entry.live:
+                self.cache.touch(entry.slot)
         batch: list[tuple[Sequence, int]] = []
-        others: list[Sequence] = []
         for seq in seqs:
             tokens = seq.prompt_ids
-            entry = self.prefix.exact(tokens)
-            match = (
-                None if entry is not None and entry.logits is not None else self.prefix.lookup(tokens, len(tokens) - 1)
-            )
-            if match is None:
-                others.append(seq)
-                continue
             try:
-                seq.slot, length = self.prefix.acquire(match)
+                entry = self.prefix.exact(tokens)
+                if entry is not None and entry.logits is not None:
+                    logits = entry.logits
+                    seq.slot, length = self.prefix.acquire(PrefixMatch(entry, len(tokens)))
+                    if length == len(tokens):  # the prompt and its logits: no forward
+                        self._count(seq, 0, length)
+                        self.prefix.register(seq.slot, tokens, logits)
+                        _share_prompt(seq, logits)
+                        ready.append(seq)
+                        rows.append(logits)
+                        continue
+                else:
+                    match = self.prefix.lookup(tokens, len(tokens) - 1)
+                    seq.slot, length = self.prefix.acquire(match) if match is not None else (self.cache.allocate(), 0)
             except Exception as exc:
                 logger.exception("prefill of %s failed", seq.rid)
                 self._fail([seq], exc)
                 continue
             batch.append((seq, length))
         if not batch:
-            return others
+            return []
         members = [seq for seq, _ in batch]
         try:
             logits = self.runner.prefill_from(
@@ -258,14 +274,14 @@ class Prefiller:
         except Exception as exc:
             logger.exception("prefill of %d sequences after cached prefixes failed", len(members))
             self._fail(members, exc)
-            return others
+            return []
         for (seq, length), row in zip(batch, logits):
             self._count(seq, len(seq.prompt_ids) - length, length)
             self.prefix.register(seq.slot, seq.prompt_ids, row)
             _share_prompt(seq, row)
             ready.append(seq)
             rows.append(row)
-        return others
+        return []
 
     def _cached_prefill(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
         """Give ``seq`` a slot holding ``tokens``' KV, reusing the longest cached prefix, and

@@ -145,11 +145,13 @@ class PrefixCache:
 
     def acquire(self, match: PrefixMatch) -> tuple[int, int]:
         """A slot for a new sequence holding ``match``'s positions: ``(slot, positions)``. A
-        retained entry matched to its end (or whose slot is the last free one) is claimed;
+        retained entry matched to its end (or when no free slot is empty, so that taking one would
+        evict an entry anyway) is claimed;
         otherwise the lowest free slot is taken and the positions copied into it (0 positions if
         taking it evicted the entry)."""
         entry = match.entry
-        if not entry.live and (match.length == len(entry.tokens) or self.cache.free_slots == 1):
+        no_empty_slot = self.cache.free_slots == len(self.cache.retained_slots)  # taking one evicts an entry
+        if not entry.live and (match.length == len(entry.tokens) or no_empty_slot):
             self._forget(entry)
             self.cache.claim(entry.slot, match.length)
             return entry.slot, match.length

@@ -161,6 +161,34 @@ def test_second_turns_admitted_together_prefill_their_rests_in_one_forward(engin
     assert prefilled == sum(len(s) for s in seconds) - cached
 
 
+def test_a_repeated_wave_over_full_retained_slots_needs_no_per_sequence_forward(
+    engines: dict[str, Engine],
+) -> None:
+    """Every slot retained (a first wave of as many prompts as slots), then the same prompts again:
+    served from the cache with no forward of one sequence (taking slots one by one used to evict the
+    entries of the wave's later prompts, each then prefilled alone: launch-bound on a GPU)."""
+    on = engines["on"]
+    prompts = [_tokens(60 + i, 40) for i in range(4)]  # the "on" engine has 4 slots
+    first = _run(on, prompts)
+    assert len(on.runner.cache.retained_slots) == 4
+    runner = on.runner
+    singles: list[int] = []
+    original = runner.prefill
+
+    def counting(slot, token_ids, start=0, all_logits=False):
+        singles.append(slot)
+        return original(slot, token_ids, start, all_logits)
+
+    runner.prefill = counting
+    try:
+        again, prefilled, cached = _counted(on, prompts)
+    finally:
+        del runner.prefill
+    _same(again, first)
+    assert singles == []
+    assert cached >= 3 * 40 and prefilled + cached == 4 * 40
+
+
 @pytest.mark.parametrize("shared", [BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK - 1, 2 * BLOCK, 3 * BLOCK - 1, 3 * BLOCK])
 def test_a_prompt_sharing_part_of_a_cached_sequence_reuses_exactly_that_part(
     engines: dict[str, Engine], shared: int
