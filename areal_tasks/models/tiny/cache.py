@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from areal_tasks.errors import ModelError
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "AREAL_CACHE_DIR"
@@ -64,3 +66,14 @@ def copy_tree_files(src: Path, dst: Path) -> Path:
         if item.is_file():
             shutil.copy2(item, dst / item.name)
     return dst
+
+
+def deliver(cached: Path, target: Path | None) -> Path:
+    """``cached`` itself (``target`` None), or its files copied to ``target`` (ModelError naming the
+    target when it cannot be written)."""
+    if target is None:
+        return cached
+    try:
+        return copy_tree_files(cached, target)
+    except OSError as exc:
+        raise ModelError(f"cannot write the tiny model to {target}: {exc.strerror or exc}") from exc

@@ -27,7 +27,7 @@ from typing import Any
 from areal_tasks.errors import ModelError
 from areal_tasks.models.dims import ModelDims
 from areal_tasks.models.families import TEXT_MODEL_TYPE
-from areal_tasks.models.tiny.cache import cache_root, content_hash, copy_tree_files, get_or_build
+from areal_tasks.models.tiny.cache import cache_root, content_hash, copy_tree_files, deliver, get_or_build
 from areal_tasks.models.tiny.tokenizer_kit import (
     BOS_ID,
     ENDOFTEXT,
@@ -243,9 +243,4 @@ def build_tiny_model(
         _write_model(tmp, family, seed, config, build_tiny_tokenizer(cache_dir))
 
     cached = get_or_build(root, tiny_model_key(family, seed, config), build)
-    if target is None:
-        return cached
-    try:
-        return copy_tree_files(cached, target)
-    except OSError as exc:
-        raise ModelError(f"cannot write the tiny model to {target}: {exc.strerror or exc}") from exc
+    return deliver(cached, target)
