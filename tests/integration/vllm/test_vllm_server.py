@@ -5,6 +5,7 @@ the middle of generation that loses no request. All tests share one server (see 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -92,6 +93,27 @@ def test_collective_update_with_buckets_splitting_layers(vllm: VLLMSession) -> N
     check_against_model(other, PROMPT, after.output_ids, after.output_logprobs)
 
 
+async def stream_then_pause(http: httpx.AsyncClient, body: dict, after_tokens: int) -> dict:
+    """Stream ``body``; once ``after_tokens`` tokens have arrived, pause the server (abort mode) and read the
+    stream to its end. Returns the streamed ``token_ids`` and the last ``finish_reason``: the pause lands
+    mid-generation whatever the machine's load, since it waits for output rather than for a clock."""
+    tokens: list[int] = []
+    finish = None
+    paused = False
+    async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data: ") :])["choices"][0]
+            tokens += choice.get("token_ids") or []
+            finish = choice.get("finish_reason") or finish
+            if not paused and len(tokens) >= after_tokens:
+                assert (await http.post("/pause", params={"mode": "abort"})).status_code == 200
+                paused = True
+    return {"token_ids": tokens, "finish_reason": finish, "paused": paused}
+
+
 def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: VLLMSession) -> None:
     body = {
         "model": SERVED_NAME,
@@ -106,16 +128,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
         async with httpx.AsyncClient(
             base_url=f"http://{vllm.server.address}", headers=vllm.server.headers, timeout=120.0
         ) as http:
-            for attempt in range(10):  # pause at a moment when the long request has partial output
-                long = asyncio.create_task(http.post("/v1/completions", json=body))
-                await asyncio.sleep(0.2 * (attempt + 1))
-                assert (await http.post("/pause", params={"mode": "abort"})).status_code == 200
-                cut = (await long).json()["choices"][0]
-                if 0 < len(cut["token_ids"]) < body["max_tokens"]:
-                    break
-                assert (await http.post("/resume")).status_code == 200
-            else:
-                raise AssertionError("no pause caught the request with partial output")
+            cut = await stream_then_pause(http, body, after_tokens=8)
             paused = (await http.get("/is_paused")).json()
             held = asyncio.create_task(http.post("/v1/completions", json={**body, "max_tokens": len(cut["token_ids"])}))
             done, _ = await asyncio.wait({held}, timeout=1.0)
@@ -123,6 +136,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
             return cut, paused, done, (await held).json()["choices"][0]
 
     cut, paused, done_while_paused, after = asyncio.run(scenario())
+    assert cut["paused"] and 8 <= len(cut["token_ids"]) < body["max_tokens"], cut
     assert cut["finish_reason"] == "abort"
     assert paused == {"is_paused": True}
     assert not done_while_paused  # held, not refused
