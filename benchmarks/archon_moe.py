@@ -35,16 +35,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from train_throughput import (  # benchmarks/ is the script's directory, first on sys.path
-    _init_distributed,
-    _sync,
-    _timed_pipelined,
+from train_batches import (  # benchmarks/ is the script's directory, first on sys.path
     fill_micro_batches,
     long_tail_batch,
     pg_loss,
     step_flops,
     token_weight,
 )
+from train_throughput import _init_distributed
+from train_timing import _sync, _timed_pipelined
 
 from areal_tasks.config.engine import ArchonConfig, EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mfu import MEASURED_PEAK_FLOPS, mfu_fields, mfu_lines, spec_peak  # benchmarks/ is first on sys.path
-from train_throughput import PRESETS, RESULTS_DIR, _init_distributed, _sync, build_model_dir
+from train_throughput import PRESETS, RESULTS_DIR, _init_distributed, build_model_dir
+from train_timing import _sync
 
 from areal_tasks.algo import build_algorithm
 from areal_tasks.api.workflow import Trajectory

@@ -50,8 +50,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import gc
 import json
 import logging
@@ -59,28 +57,19 @@ import os
 import platform
 import statistics
 import tempfile
-import time
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from mfu import MEASURED_PEAK_FLOPS, mfu_fields, mfu_lines, spec_peak  # benchmarks/ is first on sys.path
-from profiling import (
-    busy_fraction,
-    device_kernels,
-    device_time_by_kind,
-    idle_gaps,
-    idle_summary,
-    top_kernels_by_kind,
-)
+from train_batches import fill_micro_batches, long_tail_batch, pg_loss, step_flops, token_weight
+from train_profile import _allocator_counts, _dynamo_counts, _profile_step
+from train_timing import _freeze_gc, _sync, _timed_pipelined, _timed_synced
 
 from areal_tasks.config.engine import EngineConfig, OptimizerConfig
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.fsdp.engine import FSDPEngine
-from areal_tasks.engine.microbatch import select_sequences, split_into_micro_batches
+from areal_tasks.engine.microbatch import split_into_micro_batches
 from areal_tasks.engine.parallel.mesh import ParallelDims
 
 logger = logging.getLogger(__name__)
@@ -127,183 +116,6 @@ def build_model_dir(preset: str, root: Path) -> tuple[Path, dict]:
     return path, shape
 
 
-def long_tail_batch(total_tokens: int, max_len: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    """Sequences of lognormal lengths (median ~665) clipped to [32, max_len], about ``total_tokens`` in all."""
-    rng = np.random.default_rng(seed)
-    lengths: list[int] = []
-    while sum(lengths) < total_tokens:
-        lengths.append(int(np.clip(rng.lognormal(6.5, 1.1), 32, max_len)))
-    lengths[-1] -= sum(lengths) - total_tokens
-    lengths = [n for n in lengths if n >= 2]
-    total = sum(lengths)
-    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        "input_ids": torch.randint(0, vocab, (total,), generator=gen),
-        "cu_seqlens": cu,
-        "loss_mask": torch.ones(total, dtype=torch.int32),
-        "advantages": torch.randn(total, generator=gen),
-    }
-
-
-def fill_micro_batches(batch: dict[str, torch.Tensor], spec: MicroBatchSpec, n_mbs: int) -> dict[str, torch.Tensor]:
-    """``batch`` without the sequences the engine's packing puts after its first ``n_mbs``
-    micro-batches (first-fit decreasing leaves later bins' placements unchanged, so the rest packs
-    into exactly ``n_mbs``)."""
-    plan = split_into_micro_batches(batch, spec)
-    if plan.n_micro_batches <= n_mbs:
-        return batch
-    kept = sorted(i for indices in plan.indices[:n_mbs] for i in indices)
-    filled = select_sequences(batch, kept)
-    repacked = split_into_micro_batches(filled, spec).n_micro_batches
-    if repacked != n_mbs:
-        raise RuntimeError(f"the kept sequences pack into {repacked} micro-batches, not {n_mbs}")
-    return filled
-
-
-def pg_loss(outputs: dict, mb: dict) -> tuple[torch.Tensor, dict]:
-    mask = mb["loss_mask"].float()
-    return -(outputs["logprobs"] * mb["advantages"] * mask).sum() / mask.sum().clamp(min=1.0), {}
-
-
-def token_weight(mb: dict) -> float:
-    return float(mb["loss_mask"].sum())
-
-
-def step_flops(batch: dict, n_params: int, shape: dict) -> float:
-    """Model FLOPs of one training step on ``batch`` (see the module docstring)."""
-    lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).double()
-    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
-    attn = 6 * shape["num_hidden_layers"] * shape["num_attention_heads"] * head_dim * float((lengths**2).sum())
-    return 6.0 * n_params * float(lengths.sum()) + attn
-
-
-def _profile_step(engine: FSDPEngine, batches: list[dict]) -> dict | None:
-    """Extra (untimed) steps under the torch profiler: one step on its own, or several back to back
-    as the pipelined timing runs them (each step's stats read after the next is submitted). Rank 0
-    prints the costliest operators and returns ``{"steps", "step_s", "gpu_busy_s",
-    "gpu_busy_fraction", "device_ms_by_kind", "device_top_kernels", "idle_gaps", "idle"}`` (None on
-    CPU): ``step_s``, ``gpu_busy_s`` and ``device_ms_by_kind`` per step (the profiled span over
-    ``steps``), the top kernels, idle gaps and idle summary over the whole span. Busy time counts
-    device kernels only, not the device-side spans of annotated regions."""
-    from torch.profiler import ProfilerActivity, profile
-
-    on_gpu = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    _sync()
-    with profile(activities=activities) as prof, _synchronisations() as syncs:
-        if len(batches) == 1:
-            engine.train_batch(batches[0], pg_loss, token_weight)
-        else:
-            _timed_pipelined(engine, batches)
-    _sync()
-    n = len(batches)
-    if dist.get_rank() != 0:
-        return None
-    averages = prof.key_averages()
-    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    print(averages.table(sort_by=key, row_limit=20, max_name_column_width=60))
-    print(averages.table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
-    if not on_gpu:
-        return None
-    for where, count in syncs.most_common():
-        print(f"synchronisation x{count}: {where}")
-    events = prof.events()
-    start = min(e.time_range.start for e in events)
-    end = max(e.time_range.end for e in events)
-    kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
-    fraction = busy_fraction(kernels, start, end)
-    summary = {
-        "steps": n,
-        "step_s": (end - start) / 1e6 / n,
-        "gpu_busy_s": fraction * (end - start) / 1e6 / n,
-        "gpu_busy_fraction": fraction,
-    }
-    print(
-        f"profiled {n} step(s): {summary['step_s']:.3f} s a step, GPU busy {summary['gpu_busy_s']:.3f} s "
-        f"({100 * fraction:.1f} %)"
-    )
-    summary["device_ms_by_kind"] = {kind: ms / n for kind, ms in device_time_by_kind(events).items()}
-    print(
-        "device time by kind of kernel:", ", ".join(f"{k} {v:.1f} ms" for k, v in summary["device_ms_by_kind"].items())
-    )
-    summary["device_top_kernels"] = top_kernels_by_kind(events)
-    for kind, rows in summary["device_top_kernels"].items():
-        print(
-            f"  {kind} (all {n} steps): "
-            + "; ".join(f"{r['kernel'][:90]} {r['ms']:.1f} ms x{r['launches']}" for r in rows)
-        )
-    summary["idle_gaps"] = idle_gaps(events)
-    print("longest device idle stretches (ms from the step's start, length, host operators meanwhile):")
-    for gap in summary["idle_gaps"]:
-        print(f"  at {gap['start_ms']:8.1f} ms  {gap['ms']:6.2f} ms  {' > '.join(gap['host'])[:200]}")
-    summary["idle"] = idle = idle_summary(events)
-    print(
-        f"device idle: {idle['lead_ms']:.2f} ms before the first kernel, {idle['tail_ms']:.2f} ms after the last; "
-        "between kernels "
-        + ", ".join(f"{b['range_us']} us: {b['count']} gaps {b['ms']:.1f} ms" for b in idle["by_length"])
-    )
-    print("device idle per tenth of the profiled span (ms): " + " ".join(f"{v:.1f}" for v in idle["by_tenth_ms"]))
-    return summary
-
-
-@contextlib.contextmanager
-def _synchronisations() -> Iterator[collections.Counter]:
-    """Count the host-device synchronisations inside the block by the Python line that caused them
-    (torch's CUDA sync debug mode warns on each; a no-op without CUDA)."""
-    found: collections.Counter = collections.Counter()
-    if not torch.cuda.is_available():
-        yield found
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            yield found
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    for warning in caught:
-        if "synchroniz" in str(warning.message).lower():
-            found[f"{warning.filename}:{warning.lineno}"] += 1
-
-
-def _dynamo_counts() -> dict[str, int]:
-    """Graphs compiled and graph breaks over the run (a break splits a block into several graphs,
-    each with its own host overhead)."""
-    from torch._dynamo.utils import counters
-
-    return {
-        "unique_graphs": int(counters["stats"]["unique_graphs"]),
-        "graph_breaks": int(sum(counters["graph_break"].values())),
-    }
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _allocator_counts() -> dict[str, int]:
-    """The caching allocator's driver calls so far: ``cudaMalloc`` (``num_device_alloc``),
-    ``cudaFree`` (``num_device_free``) and the retries after an allocation failed and the cache
-    was emptied (``num_alloc_retries``); zeros without CUDA. Growing during timed steps means
-    shapes the cache could not serve."""
-    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
-    if not torch.cuda.is_available():
-        return dict.fromkeys(keys, 0)
-    stats = torch.cuda.memory_stats()
-    return {key: int(stats.get(key, 0)) for key in keys}
-
-
-def _freeze_gc() -> None:
-    """Collect once, move every live object out of the collector's view and switch automatic
-    collection off (``--freeze-gc``): no collection pause can fall inside a timed step."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-
-
 def _init_distributed() -> None:
     """``env://`` under torchrun, else a world of one."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -314,38 +126,6 @@ def _init_distributed() -> None:
     else:
         store = Path(tempfile.mkdtemp(prefix="areal_bench_pg_")) / "store"
         dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
-
-
-def _timed_synced(engine: FSDPEngine, batches: list[dict]) -> tuple[list[float], list[dict]]:
-    """Each step between two synchronisations: its wall time includes the host's ramp before the
-    device has work queued."""
-    times, results = [], []
-    for batch in batches:
-        _sync()
-        start = time.perf_counter()
-        results.append(engine.train_batch(batch, pg_loss, token_weight))
-        _sync()
-        times.append(time.perf_counter() - start)
-    return times, results
-
-
-def _timed_pipelined(engine: FSDPEngine, batches: list[dict]) -> tuple[list[float], list[dict]]:
-    """The steps back to back: step ``k``'s stats are read after step ``k + 1`` is submitted. A
-    step's time runs from the previous read-back to its own, so the times sum to the window
-    between a synchronisation before the first step and the last read-back."""
-    times, results = [], []
-    _sync()
-    last = time.perf_counter()
-    previous = None
-    for batch in [*batches, None]:
-        submitted = engine.submit_train_batch(batch, pg_loss, token_weight) if batch is not None else None
-        if previous is not None:
-            results.append(previous.result())
-            now = time.perf_counter()
-            times.append(now - last)
-            last = now
-        previous = submitted
-    return times, results
 
 
 def _blocks_per_graph(text: str) -> int | str:

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profiling import cuda_median_ms
-from train_throughput import fill_micro_batches, long_tail_batch
+from train_batches import fill_micro_batches, long_tail_batch
 
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.microbatch import split_into_micro_batches

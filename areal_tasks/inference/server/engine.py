@@ -25,16 +25,10 @@ whose captured decode steps pad the batch (``cuda_graph.py``: padding rows write
 the free slots above the batch) the retained entries of those slots move above the padding (or
 are dropped, without room) before the step.
 
-**Overlap** (on by default; SGLang's overlap scheduler, ``overlap=False`` for its
-``--disable-overlap-schedule``): a step's sampled tokens stay on the device as the next step's
-inputs, and the host reads them back one step late (``readback.py``). Each iteration launches
-step N+1 first and only then extends the outputs and checks the finish rules of step N, so the
-host's per-token work runs while the device computes instead of between device steps. A sequence
-that stops at step N (EOS, a stop string) has already been launched in step N+1: that one token is
-computed and dropped. A sequence whose length budget ends with its unread tokens is not launched
-again (its slot is freed at once) and finishes when they are read. Control calls (pause, weight
-updates, aborts) first read the step in flight, so they always see every sampled token, under the
-weights that produced it.
+**Overlap** (on by default, ``overlap=False`` turns it off): the decode step (``decode_step.py``)
+launches step N+1 before the host reads back step N. Control calls (pause, weight updates, aborts)
+first read the step in flight, so they always see every sampled token, under the weights that
+produced it.
 
 Pause modes follow SGLang:
 ``abort`` finishes every running and waiting sequence with its partial output and finish reason
@@ -54,7 +48,6 @@ iteration while it had work.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import concurrent.futures
 import logging
@@ -67,8 +60,8 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from areal_tasks.api.faults import fault_point
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
+from areal_tasks.inference.server.decode_step import DecodeSteps
 from areal_tasks.inference.server.model_runner import ModelRunner, on_device
 from areal_tasks.inference.server.prefill import Prefiller
 from areal_tasks.inference.server.prefix_cache import PrefixCache
@@ -90,8 +83,9 @@ T = TypeVar("T")
 PauseMode = Literal["abort", "retract", "in_place"]
 
 
-class Engine:
-    """Continuous-batching generation over one :class:`ModelRunner` (see the module doc)."""
+class Engine(DecodeSteps):
+    """Continuous-batching generation over one :class:`ModelRunner` (see the module doc); its decode
+    step is :class:`DecodeSteps`'s."""
 
     def __init__(
         self,
@@ -102,7 +96,7 @@ class Engine:
         prefix_cache: bool = False,
     ) -> None:
         self.runner = runner
-        #: launch each decode step before reading back the previous one (see the module doc).
+        #: launch each decode step before reading back the previous one (``decode_step.py``).
         self.overlap = overlap
         self.weight_version = weight_version
         self.max_prefill_tokens = max_prefill_tokens
@@ -464,158 +458,6 @@ class Engine:
         with self._cond:
             self._admitting = 0
         return len(seqs), tokens
-
-    def _compact(self) -> None:
-        """Move running sequences into slots ``0..B-1`` (highest first into the lowest holes), so a
-        decode step reads one contiguous block of the cache; rows are then ordered by slot."""
-        cache, count = self.runner.cache, len(self._running)
-        movers = sorted((s for s in self._running if s.slot >= count), key=lambda s: -s.slot)
-        holes = sorted(slot for slot in cache.free_slot_ids() if slot < count)
-        moves = []
-        for seq, hole in zip(movers, holes):
-            if seq.group.source_slot == seq.slot:
-                seq.group.source_slot = hole
-            moves.append((seq.slot, hole))
-            seq.slot = hole
-        cache.move_many(moves)  # all of a step's moves in one copy per layer
-        self._running.sort(key=lambda s: s.slot)
-
-    def _decode_step(self) -> None:
-        """Launch a decode step of the running sequences; then read back the step launched before it
-        (overlap) or this one (no overlap)."""
-        started = time.perf_counter()
-        self._set_aside_exhausted()
-        if not self._running:
-            self._collect()
-            return
-        batch, logits = self._launch()
-        fault_point("server.decode", version=self.weight_version)  # the fault tests' (a no-op unless set)
-        sampling = self._sampling_table(batch, logits.device)
-        # queued behind the forward: sampling never syncs
-        tokens, logprobs = sample(logits, sampling, self.runner.greedy)
-        logprobs, top = top_logprobs(logits, sampling, tokens, logprobs)
-        launched = self._readback.start(batch, tokens, logprobs, sampling.top, top)
-        # the host's work on the previous step runs while the device computes this one
-        waited = self._collect()
-        self._inflight = launched
-        if not self.overlap:
-            waited += self._collect()
-        self.counters.add_decode_step(time.perf_counter() - started, waited)
-
-    def _sampling_table(self, batch: list[Sequence], device: torch.device) -> SamplingBatch:
-        """The sampling settings of ``batch``'s rows, rebuilt only when its rows changed (each
-        build is a host-to-device copy; a batch keeps its rows for many steps)."""
-        rows, table = self._sampling_rows
-        if table is None or len(rows) != len(batch) or any(a is not b for a, b in zip(rows, batch)):
-            table = SamplingBatch.build(
-                [s.params for s in batch], [s.generator for s in batch], device, [s.top_logprobs_num for s in batch]
-            )
-            self._sampling_rows = (batch, table)
-        return table
-
-    def _set_aside_exhausted(self) -> None:
-        """Stop decoding sequences whose length budget ends with their unread tokens (see the module
-        doc): they move to the draining list and their slots are freed for the step to come."""
-        max_len, keep = self.runner.max_len, []
-        for seq in self._running:
-            produced = len(seq.output_ids) + seq.pending_tokens
-            if seq.pending_tokens and (
-                produced >= seq.params.max_new_tokens or len(seq.prompt_ids) + produced >= max_len
-            ):
-                self.prefiller.release(seq)
-                self._draining.append(seq)
-            else:
-                keep.append(seq)
-        self._running = keep
-
-    def _launch(self) -> tuple[list[Sequence], torch.Tensor]:
-        """Queue one decode forward of every running sequence; returns the rows and their logits. A
-        row with an unread token (it was in the step in flight) takes it from that step's device
-        tensor."""
-        self._compact()
-        batch, previous = list(self._running), self._inflight
-        tokens, rows, positions = [], [], []
-        for row, seq in enumerate(batch):
-            output = seq.output_ids
-            if seq.pending_tokens:  # its last token is in the step in flight, at seq.step_row
-                tokens.append(0)
-                rows.append(seq.step_row)
-            else:
-                tokens.append(output[-1])
-                rows.append(-1)
-            positions.append(len(seq.group.prompt_ids) + len(output) + seq.pending_tokens - 1)
-            seq.pending_tokens += 1
-            seq.step_row = row
-        carried = previous is not None and max(rows) >= 0
-        self._spare_padding(len(batch))
-        logits = self.runner.decode(
-            [s.slot for s in batch],
-            tokens,
-            positions,
-            previous.tokens if carried and previous is not None else None,
-            rows if carried else None,
-            **({"rope_deltas": [s.rope_delta for s in batch]} if self.runner.is_vision else {}),
-        )
-        return batch, logits
-
-    def _spare_padding(self, count: int) -> None:
-        """Move away (or drop, without room) the retained prefix-cache entries in the free slots
-        a padded captured decode step of ``count`` rows (slots ``0..count-1``) writes position 0
-        of (``cuda_graph.py``)."""
-        buckets = getattr(self.runner, "buckets", None)
-        cache = self.runner.cache
-        if self.prefix_cache is None or not buckets or count > buckets[-1] or not cache.retained_slots:
-            return
-        padded = buckets[bisect.bisect_left(buckets, count)]
-        cache.evacuate([s for s in cache.retained_slots if count <= s < padded], padded)
-
-    def _collect(self) -> float:
-        """Read back the step in flight, if any: extend outputs, check finish rules, retire the
-        sequences that finished (a token of a sequence that stopped a step earlier is dropped).
-        Returns the seconds spent waiting for the device."""
-        step, self._inflight = self._inflight, None
-        if step is None:
-            return 0.0
-        token_list, logprob_list = step.results()
-        fresh, check = 0, self.finisher.check
-        # the hot loop of a decode step (every running sequence, every step): Sequence.append and
-        # the finish rules inlined, and the full check only where a rule can apply (prepare())
-        for seq, value, logprob in zip(step.seqs, token_list, logprob_list):
-            seq.pending_tokens -= 1
-            if seq.finish_reason is not None:
-                continue
-            fresh += 1
-            token = int(value)
-            output = seq.output_ids
-            output.append(token)
-            seq.output_logprobs.append(logprob)
-            if seq.first_token_at is None:
-                seq.first_token_at = time.perf_counter()
-            if seq.watch_text or token in seq.stop_ids or len(output) >= seq.length_cap:
-                seq.finish_reason = check(seq)
-        if step.top is not None:
-            attach(step.seqs, step.top, step.top_results())
-        self.counters.add_generated(fresh)
-        self._retire_finished()
-        return step.waited
-
-    def _retire_finished(self) -> None:
-        """Release the running or draining sequences that have finished; draining ones without
-        unread tokens have finished by now (their length budget ended)."""
-        if any(s.finished for s in self._running):
-            still = []
-            for seq in self._running:
-                if seq.finished:
-                    self._release(seq)
-                else:
-                    still.append(seq)
-            self._running = still
-        if self._draining:
-            waiting = [s for s in self._draining if s.pending_tokens]
-            for seq in self._draining:
-                if not seq.pending_tokens:
-                    self._release(seq)
-            self._draining = waiting
 
     def _sample_and_check(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per sequence from ``logits`` and read it back now (admission prefills)."""

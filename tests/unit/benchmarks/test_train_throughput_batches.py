@@ -8,7 +8,7 @@ import torch
 
 from areal_tasks.config.micro_batch import MicroBatchSpec
 from areal_tasks.engine.microbatch import sequence_lengths, split_into_micro_batches
-from benchmarks.train_throughput import fill_micro_batches, long_tail_batch
+from benchmarks.train_batches import fill_micro_batches, long_tail_batch
 
 
 @pytest.mark.parametrize("seed", [0, 1, 5, 7])

@@ -1,0 +1,70 @@
+"""In-process engine runs of the inference throughput benchmark (``inference_throughput.py``): every
+prompt submitted at once to an :class:`~areal_tasks.inference.server.engine.Engine`, timed until
+the last answer, and the fastest of several runs with its decode anatomy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def run_engine(engine, prompts: list[list[int]], new_tokens: int, sampling: dict) -> tuple[float, list[list[int]]]:
+    """Submit every prompt at once; returns (seconds until the last answer, outputs)."""
+    import concurrent.futures
+
+    from areal_tasks.inference.server.request import Sequence, SequenceGroup
+    from areal_tasks.inference.server.sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, **sampling)
+    futures, seqs = [], []
+    for i, prompt in enumerate(prompts):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        seqs.append(
+            Sequence(
+                rid=f"b{i}",
+                group=SequenceGroup(list(prompt)),
+                params=params,
+                on_finish=lambda s, f=fut: f.set_result(s),
+            )
+        )
+        futures.append(fut)
+    start = time.perf_counter()
+    engine.submit(seqs)
+    done = [f.result(timeout=3600) for f in futures]
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, [s.output_ids for s in done]
+
+
+def warm_up(engine, prompts: list[list[int]]) -> None:
+    """Every prompt for a few tokens: the timed runs then meet admission prefills of shapes the
+    engine has run before, as a serving engine does after its first requests. A new shape's
+    first-call cost (per-shape kernel selection) is measured on its own in ``step_parts``."""
+    run_engine(engine, prompts, 4, {"temperature": 0.0})
+
+
+def timed_engine_run(
+    engine, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int
+) -> tuple[float, list[list[int]], dict]:
+    """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
+    the engine's decode counters over that run: steps, host milliseconds a step and the part of
+    them the host waited for the device (near the whole step: device-bound; near zero: host-bound)."""
+    best = None
+    for _ in range(repeats):
+        before = engine.stats()
+        seconds, outputs = run_engine(engine, prompts, new_tokens, sampling)
+        after = engine.stats()
+        steps = after.decode_steps_total - before.decode_steps_total
+        host = after.decode_seconds_total - before.decode_seconds_total
+        waited = after.decode_wait_seconds_total - before.decode_wait_seconds_total
+        anatomy = {
+            "decode_steps": steps,
+            "ms_per_step": 1e3 * host / max(steps, 1),
+            "wait_ms_per_step": 1e3 * waited / max(steps, 1),
+        }
+        if best is None or seconds < best[0]:
+            best = (seconds, outputs, anatomy)
+    assert best is not None
+    return best
