@@ -5,12 +5,12 @@ The model is a random Qwen3-MoE from the tiny-model kit (``build_tiny_model``; n
 the shape of ``--preset``: ``moe`` (a few hundred million active parameters, 16 experts, top 2) for
 one GPU, ``tiny`` for the CPU dry run (``--dry-run``: the tiny shape, one warm-up step and one timed
 step per engine, float32). Batches are the train benchmark's long-tail mixes packed into exactly
-``--mbs-per-step`` micro-batches (``train_throughput.long_tail_batch`` / ``fill_micro_batches``),
+``--mbs-per-step`` micro-batches (``train_batches.long_tail_batch`` / ``fill_micro_batches``),
 timed as that benchmark times them: after ``--warmup`` untimed steps, ``--steps`` steps back to
 back, each step's stats read after the next is submitted.
 
 MFU counts ACTIVE parameters: ``6 * active * tokens`` plus the causal attention matmuls
-(``6 * layers * heads * head_dim * sum(L^2)``), as ``train_throughput.step_flops`` does, with
+(``6 * layers * heads * head_dim * sum(L^2)``), as ``train_batches.step_flops`` does, with
 ``active`` = every parameter less the ``num_experts - num_experts_per_tok`` experts a token skips.
 It is given against the measured bf16 matmul peak of an H200 (``--peak-flops``, 795 TFLOP/s) and
 against the 989 TFLOP/s spec peak. A table is printed and JSON written
