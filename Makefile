@@ -37,8 +37,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
+# the suite as two pytest sessions side by side (scripts/test_suite.sh says why); with PYTEST_ARGS
+# (a path, -k, -m ...), one session over tests/ with those arguments
 test: deps lint
-	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
+	@if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
+		$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS); \
+	else \
+		PY=$(PY) bash scripts/test_suite.sh; \
+	fi
 
 # every environment the suite needs, built side by side (each pip install is mostly waiting on the
 # network and the disk); the two apt installs share dpkg's lock, so they run one after the other
