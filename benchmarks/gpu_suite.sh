@@ -29,8 +29,9 @@
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
 # logs to $OUT. The machine needs torch, transformers and the wheels in .whl/ (git-ignored; fetch them with
 # `pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl lark fastapi starlette uvicorn h11 click
-# pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio`): the embedded
-# server needs fastapi/uvicorn/pydantic, the config parser lark.
+# pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio aiohttp multidict
+# yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna`): the embedded server needs fastapi/uvicorn/pydantic,
+# the config parser lark, the RL client aiohttp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-}

@@ -1,22 +1,28 @@
 """The HTTP run of the inference throughput benchmark (``inference_throughput.py --http``): ``areal
-serve`` started on a free loopback port, every prompt sent as a concurrent ``/generate`` call
-through the RL client's transport, and the server stopped by PID.
+serve`` started on a free loopback port (:func:`serving`, also used by ``http_client_cost.py``), every
+prompt sent as a concurrent ``/generate`` call through the RL client's transport, and the server
+stopped by PID.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
 async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> float:
     """Every prompt as a concurrent ``/generate`` call through the RL client's own transport
-    (sharded ``httpx`` pools, see ``areal_tasks/inference/client/transport.py``), after a warm-up
+    (aiohttp, see ``areal_tasks/inference/client/http_backends.py``), after a warm-up
     of every prompt for 4 tokens on the same transport: the timed calls find their connections
     open, as the long-lived client of an RL run does, and the engine has seen the admission shapes.
     Returns the timed run's seconds."""
@@ -43,12 +49,10 @@ async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> floa
         await transport.aclose()
 
 
-def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> float:
-    """Throughput through ``areal serve`` (started here on a free port, stopped by PID)."""
-    import os
-    import signal
-    import socket
-
+@contextlib.contextmanager
+def serving(model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    """``areal serve`` on ``model_dir`` (a free loopback port, the benchmark's shape and threads),
+    yielding its URL and PID once ``/health`` answers; stopped by PID on exit."""
     import httpx
 
     with socket.socket() as sock:
@@ -89,8 +93,14 @@ def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]
                         break
                 except httpx.TransportError:
                     time.sleep(0.5)
-            return asyncio.run(_http_run(url, prompts, args.new_tokens))
+            yield url, proc.pid
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=60)
+
+
+def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> float:
+    """Throughput through ``areal serve`` (started here on a free port, stopped by PID)."""
+    with serving(model_dir, args) as (url, _):
+        return asyncio.run(_http_run(url, prompts, args.new_tokens))

@@ -6,14 +6,9 @@ work), a total deadline per call, and transport failures turned into the client'
 :class:`~areal_tasks.errors.InferenceConnectionError`. HTTP error statuses are returned, not raised:
 what they mean is for the core and the adapter to judge.
 
-Connection pools are sharded: httpcore's pool does work proportional to the requests it holds on
-every request it assigns, so one pool of 256 connections costs quadratic host time: with 256
-concurrent ``/generate`` calls to the embedded server on 2 CPU cores, 16 pools of 16 connections
-carried several times the tokens of one pool (docs/benchmarks_history.md, "Inference throughput
-(H200)", 2026-11-30). So the transport keeps ``ceil(max_connections / POOL_CONNECTIONS)`` clients
-per loop and hands calls to them in turn. The pools share one TLS context (:func:`tls_context`):
-left to itself, httpx builds a verifying context, CA bundle included, for every client, which
-held back the first of 256 concurrent calls (the same page, third session).
+The connections themselves are ``http_backends.py``'s: an ``aiohttp`` session per running event
+loop by default (a tenth of httpx's host time a call), sharded ``httpx`` pools when a caller gives
+an ``httpx`` transport factory (tests serve fake servers in process through ``httpx.MockTransport``).
 
 API keys: every call carries ``Authorization: Bearer <key>`` when the transport has a key; calls
 to :data:`ADMIN_PATHS` (pause/resume, weight updates, aborts) carry the admin key when one is set,
@@ -29,56 +24,53 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import functools
-import itertools
+import json
 import logging
 import math
-import ssl
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 
-from areal_tasks.errors import InferenceConnectionError, InferenceTimeoutError
+from areal_tasks.errors import InferenceConnectionError
 from areal_tasks.inference.admin_paths import EMBEDDED_ADMIN_PATHS
+from areal_tasks.inference.client.http_backends import (
+    KEEPALIVE_EXPIRY_S,
+    POOL_CONNECTIONS,
+    AiohttpBackend,
+    HttpBackend,
+    HttpxBackend,
+    never_sent,
+    tls_context,
+)
 from areal_tasks.inference.client.protocol import HttpCall
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "ADMIN_PATHS",
+    "KEEPALIVE_EXPIRY_S",
+    "POOL_CONNECTIONS",
     "Answer",
     "HttpTransport",
     "choose_key",
     "may_have_reached_server",
     "refusal_message",
     "retry_after_s",
+    "tls_context",
 ]
 
-#: seconds an idle pooled connection is kept: below the servers' keep-alive timeouts (uvicorn's
-#: default is 5 s; the embedded server keeps 75 s).
-KEEPALIVE_EXPIRY_S = 2.0
 
-#: connections per ``httpx.AsyncClient`` pool (see the module doc).
-POOL_CONNECTIONS = 16
-
-
-@functools.cache
-def tls_context() -> ssl.SSLContext:
-    """The verifying TLS context (httpx's default: the certifi CA bundle) every pool shares."""
-    return httpx.create_ssl_context()
-
-
-def _decode(response: httpx.Response) -> Any:
-    if "json" in response.headers.get("content-type", ""):
+def _decode(url: str, headers: Mapping[str, str], body: bytes) -> Any:
+    if "json" in headers.get("content-type", ""):
         try:
-            return response.json()
+            return json.loads(body)
         except ValueError:
-            logger.warning("%s answered invalid JSON; keeping the text", response.request.url)
-    return response.text
+            logger.warning("%s answered invalid JSON; keeping the text", url)
+    return body.decode("utf-8", errors="replace")
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
@@ -161,14 +153,10 @@ def refusal_message(path: str, sent: KeyKind | None) -> str:
     )
 
 
-#: httpx failures that happen before a request's bytes leave the client.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-
-
 def may_have_reached_server(exc: InferenceConnectionError) -> bool:
     """Whether the call that failed with ``exc`` (raised by :meth:`HttpTransport.send`) may be
     running on the server: False only when the connection was never opened."""
-    return not isinstance(exc.__cause__, _NOT_SENT)
+    return not never_sent(exc.__cause__)
 
 
 class HttpTransport:
@@ -183,41 +171,34 @@ class HttpTransport:
         api_key: str | None = None,
         admin_api_key: str | None = None,
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         self._connect_timeout_s = connect_timeout_s
+        self._max_connections = max_connections
         # secrets: private, never logged (the class keeps object's repr)
         self._api_key = api_key
         self._admin_api_key = admin_api_key
-        # idle connections are dropped before servers drop them (uvicorn closes after 5 s by default):
-        # reusing one the server is closing at that instant fails the request with a ReadError
-        if max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        self._pools = math.ceil(max_connections / POOL_CONNECTIONS)
-        per_pool = math.ceil(max_connections / self._pools)
-        self._limits = httpx.Limits(
-            max_connections=per_pool, max_keepalive_connections=per_pool, keepalive_expiry=KEEPALIVE_EXPIRY_S
-        )
         self._factory = transport_factory
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._turn = itertools.count()
+        self._backends: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpBackend] = weakref.WeakKeyDictionary()
 
-    def _client(self) -> httpx.AsyncClient:
-        """The next of the running loop's pools, in turn (created on first use, re-created if closed)."""
+    @property
+    def n_pools(self) -> int:
+        """Connection pools a loop uses: one aiohttp session, or the sharded httpx pools."""
+        return 1 if self._factory is None else math.ceil(self._max_connections / POOL_CONNECTIONS)
+
+    def backend(self) -> HttpBackend:
+        """The running loop's connections (made on first use). Those of loops closed since are dropped."""
         loop = asyncio.get_running_loop()
-        clients = self._clients.setdefault(loop, [])
-        index = next(self._turn) % self._pools
-        while len(clients) <= index:
-            clients.append(self._new_client())
-        if clients[index].is_closed:
-            clients[index] = self._new_client()
-        return clients[index]
-
-    def _new_client(self) -> httpx.AsyncClient:
-        transport = self._factory() if self._factory is not None else None
-        return httpx.AsyncClient(
-            transport=transport, limits=self._limits, timeout=None, trust_env=False, verify=tls_context()
-        )
+        backend = self._backends.get(loop)
+        if backend is None:
+            for other in [other for other in self._backends if other.is_closed()]:
+                self._backends.pop(other).forget()
+            if self._factory is None:
+                backend = AiohttpBackend(self._max_connections)
+            else:
+                backend = HttpxBackend(self._max_connections, self._factory)
+            self._backends[loop] = backend
+        return backend
 
     async def send(self, address: str, call: HttpCall, timeout_s: float) -> tuple[int, Any]:
         """Execute ``call`` on the server at ``address`` (a base URL); returns ``(status, payload)``."""
@@ -225,31 +206,21 @@ class HttpTransport:
         return answer.status, answer.payload
 
     async def exchange(self, address: str, call: HttpCall, timeout_s: float) -> Answer:
-        """:meth:`send`, with the ``Retry-After`` of the answer."""
-        timeout = httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s))
+        """:meth:`send`, with the ``Retry-After`` of the answer. Raises InferenceTimeoutError past
+        ``timeout_s`` (the whole call) and InferenceConnectionError when the connection fails."""
         sent, key = choose_key(call.path, self._api_key, self._admin_api_key)
         headers = {"Authorization": f"Bearer {key}"} if key is not None else None
-        client = self._client()
-        try:
-            async with asyncio.timeout(timeout_s):  # the total deadline, without a task per call
-                response = await client.request(
-                    call.method,
-                    address + call.path,
-                    json=call.json,
-                    params=call.params,
-                    headers=headers,
-                    timeout=timeout,
-                )
-        except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
-            raise InferenceTimeoutError(f"{address}{call.path}: no answer within {timeout_s:.1f}s") from exc
-        except httpx.TransportError as exc:
-            raise InferenceConnectionError(f"{address}{call.path}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code in (401, 403):
+        url = address + call.path
+        status, reply_headers, body = await self.backend().request(
+            call.method, url, call.json, call.params, headers, timeout_s, min(self._connect_timeout_s, timeout_s)
+        )
+        if status in (401, 403):
             # the caller turns the status into its error; this says which key to fix
-            return Answer(response.status_code, refusal_message(call.path, sent))
-        return Answer(response.status_code, _decode(response), retry_after_s(response.headers.get("retry-after")))
+            return Answer(status, refusal_message(call.path, sent))
+        return Answer(status, _decode(url, reply_headers, body), retry_after_s(reply_headers.get("retry-after")))
 
     async def aclose(self) -> None:
         """Close the connections of the running event loop."""
-        for client in self._clients.pop(asyncio.get_running_loop(), []):
-            await client.aclose()
+        backend = self._backends.pop(asyncio.get_running_loop(), None)
+        if backend is not None:
+            await backend.aclose()

@@ -1,6 +1,7 @@
-"""``HttpTransport`` spreads calls over sharded connection pools: each pool holds at most
-``POOL_CONNECTIONS`` connections, calls take the pools in turn, every pool reaches the server, and
-``aclose`` closes them all."""
+"""``HttpTransport`` over httpx (a transport factory given: the tests' in-process fakes) spreads calls
+over sharded connection pools: each pool holds at most ``POOL_CONNECTIONS`` connections, calls take
+the pools in turn, every pool reaches the server, and ``aclose`` closes them all. Over aiohttp (the
+default) every loop's session shares the one TLS context."""
 
 from __future__ import annotations
 
@@ -38,16 +39,18 @@ def test_calls_take_the_pools_in_turn(max_connections, pools):
         answers = await asyncio.gather(
             *(transport.send("http://server", HttpCall("GET", "/health"), 5.0) for _ in range(3 * pools))
         )
-        clients = list(transport._clients[asyncio.get_running_loop()])
+        backend = transport.backend()
+        clients = list(backend.clients)
         await transport.aclose()
         assert all(client.is_closed for client in clients)
+        assert backend.limits.max_connections <= POOL_CONNECTIONS
         return answers
 
     answers = asyncio.run(run())
     assert all(status == 200 for status, _ in answers)
     assert sorted(set(seen)) == list(range(pools))
     assert all(seen.count(pool) == 3 for pool in range(pools))
-    assert transport._limits.max_connections <= POOL_CONNECTIONS
+    assert transport.n_pools == pools
 
 
 def test_max_connections_must_be_positive():
@@ -55,10 +58,12 @@ def test_max_connections_must_be_positive():
         HttpTransport(max_connections=0)
 
 
-def test_pools_share_one_tls_context(monkeypatch) -> None:
-    """httpx would build a verifying context (CA bundle loaded) per client, holding back the first
-    of 256 concurrent calls. All pools share one."""
+def test_sessions_share_one_tls_context(monkeypatch) -> None:
+    """Building a verifying context loads the CA bundle (it held back the first of 256 concurrent
+    calls when httpx built one per client): the sessions of every event loop share one."""
     import ssl
+
+    from areal_tasks.inference.client.http_backends import AiohttpBackend
 
     built: list[ssl.SSLContext] = []
     real = ssl.create_default_context
@@ -68,13 +73,14 @@ def test_pools_share_one_tls_context(monkeypatch) -> None:
         return built[-1]
 
     monkeypatch.setattr(ssl, "create_default_context", counting)
-    transport = HttpTransport(max_connections=8 * POOL_CONNECTIONS)  # eight pools, real httpx transports
+    transport = HttpTransport(max_connections=8 * POOL_CONNECTIONS)
+    assert transport.n_pools == 1
 
     async def run() -> None:
-        for _ in range(8):
-            transport._client()
-        assert len(transport._clients[asyncio.get_running_loop()]) == 8
+        assert isinstance(transport.backend(), AiohttpBackend)
+        assert transport.backend() is transport.backend()
         await transport.aclose()
 
-    asyncio.run(run())
+    for _ in range(3):
+        asyncio.run(run())
     assert len(built) <= 1  # the shared context (none when an earlier test built it already)
