@@ -158,7 +158,8 @@ class AiohttpBackend:
     def __del__(self) -> None:
         # a loop that ended without aclose (a thread's own loop): its session would log "Unclosed
         # client session" at garbage collection; nothing is left to close on that loop
-        if not self._session.closed:
+        session = getattr(self, "_session", None)  # absent when __init__ failed
+        if session is not None and not session.closed:
             self.forget()
 
 
