@@ -11,7 +11,11 @@ server's decode steps run:
   (the threshold search over order keys, fixed rounds, ``F - 1`` points a round), eager (the
   server's eager runners use ``F = 2``);
 * ``sort-free, compiled, fan-out F``: the same through ``torch.compile`` (what the CUDA-graph
-  runner uses: ``GreedyPicker.draw``, ``F = 4``).
+  runner used before the Triton kernel: ``GreedyPicker.draw``, ``F = 4``);
+* ``triton, block B, fan-out F, W warps``: the one-launch kernel of ``sampling_triton.py`` (what
+  every CUDA runner uses where Triton is present), one configuration per ``--triton-configs`` entry.
+
+``--settings`` also takes ``none`` (temperature 1, no filter).
 
 A variant that fails (a compilation error, say) is reported with its error and the others still
 run.
@@ -39,6 +43,7 @@ import torch
 
 from areal_tasks.inference.server.sampling import TOP_K_ALL
 from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw, sorted_filter
+from areal_tasks.inference.server.sampling_triton import kernel_available, triton_draw
 
 Draw = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -84,13 +89,27 @@ def _compiled(fan_out: int, compiled: bool = True) -> Draw:
     return draw
 
 
+def _triton(config: str, seeds: torch.Tensor) -> Draw:
+    """:func:`triton_draw` with ``config`` ("BLOCK,FAN_OUT,WARPS") and fixed per-row ``seeds`` (the
+    uniform numbers the other variants take are ignored). Always built with the search: a row that
+    does not filter skips it at run time (``none``)."""
+    block, fan_out, warps = (int(v) for v in config.split(","))
+
+    def draw(logits: torch.Tensor, *table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        *settings_, _uniforms = table
+        return triton_draw(logits, *settings_, seeds, True, block=block, fan_out=fan_out, num_warps=warps)
+
+    return draw
+
+
 def settings(name: str, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(temperatures, top_ks, top_ps, min_ps, greedy) for ``top_p=X`` or ``top_k=N`` at temperature 1."""
+    """(temperatures, top_ks, top_ps, min_ps, greedy) for ``top_p=X``, ``top_k=N`` or ``none`` at
+    temperature 1."""
     key, _, value = name.partition("=")
     top_k = int(value) if key == "top_k" else TOP_K_ALL
     top_p = float(value) if key == "top_p" else 1.0
-    if key not in ("top_k", "top_p"):
-        raise SystemExit(f"--settings takes top_p=X or top_k=N, got {name!r}")
+    if key not in ("top_k", "top_p", "none"):
+        raise SystemExit(f"--settings takes top_p=X, top_k=N or none, got {name!r}")
     return (
         torch.ones(rows, device=device),
         torch.full((rows,), top_k, dtype=torch.long, device=device),
@@ -121,8 +140,13 @@ def run(args: argparse.Namespace) -> list[dict]:
     variants += [(f"sort-free, eager, fan-out {f}", _compiled(f, compiled=False)) for f in args.eager_fan_outs]
     if not args.no_compile:
         variants += [(f"sort-free, compiled, fan-out {f}", _compiled(f)) for f in args.fan_outs]
+    if device.type == "cuda" and kernel_available():
+        seeds = torch.randint(0, 2**62, (args.batch,), device=device, generator=gen)
+        for config in args.triton_configs:
+            block, fan_out, warps = config.split(",")
+            variants.append((f"triton, block {block}, fan-out {fan_out}, {warps} warps", _triton(config, seeds)))
     rows = []
-    print(f"{'setting':<10} {'variant':<34} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
+    print(f"{'setting':<10} {'variant':<38} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
     with torch.inference_mode():
         for name in args.settings:
             table = settings(name, args.batch, device)
@@ -135,7 +159,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     row["ms"] = time_ms(lambda fn=fn, table=table: fn(logits, *table, uniforms), args.iters, device)
                 except RuntimeError as exc:  # reported in the table and the JSON, then the next variant
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                    print(f"{name:<10} {label:<34} failed: {row['error']}")
+                    print(f"{name:<10} {label:<38} failed: {row['error']}")
                     rows.append(row)
                     continue
                 row["kept_share"] = kept_share(logits, tokens, table)
@@ -143,7 +167,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 row["speedup_vs_sort"] = sort_ms / row["ms"]
                 rows.append(row)
                 print(
-                    f"{name:<10} {label:<34} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
+                    f"{name:<10} {label:<38} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
                     f"{row['first_call_s']:>12.1f} {row['kept_share']:>6.3f}"
                 )
     return rows
@@ -153,7 +177,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
-    parser.add_argument("--settings", nargs="+", default=["top_p=0.9", "top_k=50"])
+    parser.add_argument("--settings", nargs="+", default=["top_p=0.9", "top_k=50", "none"])
+    parser.add_argument(
+        "--triton-configs",
+        nargs="+",
+        default=["1024,16,8", "2048,16,8", "512,16,4", "1024,8,8", "1024,16,16"],
+        help="Triton kernel variants: BLOCK,FAN_OUT,WARPS each",
+    )
     parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8], help="compiled variants' fan-outs")
     parser.add_argument("--eager-fan-outs", type=int, nargs="+", default=[2, 4], help="eager variants' fan-outs")
     parser.add_argument("--iters", type=int, default=10, help="draws per captured graph (CPU: timed calls)")

@@ -143,9 +143,9 @@ class GraphModelRunner(ModelRunner):
         if self.capture:
             self._capture_or_fall_back()
         if self.capture and self.compiled:
-            self.greedy = GreedyPicker(compiled=True)
+            self.greedy = GreedyPicker(compiled=True, kernel=True)
             self.greedy.warm_up(self.config.vocab_size, self.dtype, self.device)
-            # the sort-free sampler of sampled batches, compiled too (sampling_kernels.py)
+            # the sort-free sampler of sampled batches: the Triton kernel, or compiled where Triton is missing
             self.greedy.warm_up_draw(self.config.vocab_size, self.dtype, self.device)
 
     @property

@@ -23,6 +23,7 @@ import logging
 
 import torch
 
+from areal_tasks.inference.server import sampling_triton
 from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw
 
 logger = logging.getLogger(__name__)
@@ -42,16 +43,37 @@ EAGER_FAN_OUT, COMPILED_FAN_OUT = 2, 4
 
 class GreedyPicker:
     """:func:`greedy_pick` and :func:`draw_rows`, through ``torch.compile`` for half-precision
-    logits when ``compiled``."""
+    logits when ``compiled``; sampled batches through the Triton kernel instead when ``kernel`` and
+    Triton runs here (``sampling_triton.py``)."""
 
-    def __init__(self, compiled: bool = False) -> None:
+    def __init__(self, compiled: bool = False, kernel: bool = False) -> None:
+        self.kernel = kernel and sampling_triton.kernel_available()
         self._fused = torch.compile(greedy_pick, dynamic=True) if compiled else None
-        self._draw = torch.compile(draw_rows, dynamic=True) if compiled else None
+        self._draw = torch.compile(draw_rows, dynamic=True) if compiled and not self.kernel else None
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self._fused is not None and logits.dtype in _HALF:
             return self._fused(logits)
         return greedy_pick(logits)
+
+    def draws_with_seeds(self, logits: torch.Tensor) -> bool:
+        """Whether a sampled batch of ``logits`` goes to :meth:`kernel_draw` (a seed per row) rather
+        than :meth:`draw` (a uniform number per row)."""
+        return self.kernel and sampling_triton.kernel_fits(logits)
+
+    def kernel_draw(
+        self,
+        logits: torch.Tensor,
+        temperatures: torch.Tensor,
+        top_ks: torch.Tensor,
+        top_ps: torch.Tensor,
+        min_ps: torch.Tensor,
+        greedy: torch.Tensor,
+        seeds: torch.Tensor,
+        filtered: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row of a sampled batch through the Triton kernel (``sampling_triton.py``)."""
+        return sampling_triton.triton_draw(logits, temperatures, top_ks, top_ps, min_ps, greedy, seeds, filtered)
 
     def draw(
         self,
@@ -87,7 +109,17 @@ class GreedyPicker:
         """Compile :func:`draw_rows` now for one row and for several, with and without filters
         (four compilations: about a minute on a CPU, so only the GPU runner calls this). If the
         compilation fails, the error is logged with its traceback and sampled batches draw eagerly
-        (the same results, more passes over the logits)."""
+        (the same results, more passes over the logits). A picker that draws with the Triton kernel
+        compiles it here instead (once for each of the kernel's two forms, a few seconds)."""
+        if self.kernel:
+            logits = torch.zeros(2, vocab, dtype=dtype, device=device)
+            ones = torch.ones(2, device=device)
+            no = torch.zeros(2, dtype=torch.bool, device=device)
+            seeds = torch.zeros(2, dtype=torch.long, device=device)
+            for filtered in (False, True):
+                top_ks = torch.full((2,), 2 if filtered else vocab, dtype=torch.long, device=device)
+                self.kernel_draw(logits, ones, top_ks, ones, ones * 0, no, seeds, filtered=filtered)
+            return
         if self._draw is None:
             return
         try:

@@ -150,8 +150,9 @@ class ModelRunner:
             logger.info("%s is a vision-language model: served without torch.compile", cfg.model_path)
         #: names of the modules run through torch.compile (CUDA only; empty otherwise).
         self.compiled = compile_pointwise_modules(self.model) if compile_now and not self.is_vision else []
-        #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner).
-        self.greedy = GreedyPicker()
+        #: what the sampler calls for an all-greedy batch (compiled by the CUDA-graph runner); on CUDA,
+        #: sampled batches draw with the Triton kernel (sampling_triton.py).
+        self.greedy = GreedyPicker(kernel=self.device.type == "cuda")
         self.config = self.model.config
         #: the language model's config (the config itself for a causal LM).
         self.text_config = self.config.get_text_config()

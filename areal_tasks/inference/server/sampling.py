@@ -289,6 +289,16 @@ def _uniforms(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Te
     return u
 
 
+def _seeds(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Tensor:
+    """One Philox key per row (int64, for ``sampling_triton.py``): from the row's generator if
+    seeded, else the shared stream."""
+    seeds = torch.randint(0, 2**62, (rows,), device=device)
+    for row, gen in enumerate(batch.generators):
+        if gen is not None:
+            seeds[row] = torch.randint(0, 2**62, (1,), generator=gen, device=gen.device).to(device)[0]
+    return seeds
+
+
 def sample(
     logits: torch.Tensor,
     batch: SamplingBatch,
@@ -302,17 +312,14 @@ def sample(
     is that of the raw logits, as SGLang reports it). An all-greedy batch goes to ``greedy``
     (``greedy.py``; a runner may hand in its compiled one); a :class:`GreedyPicker` also draws the
     other batches (:meth:`GreedyPicker.draw`: the compiled sort-free kernel where it has one), any
-    other ``greedy`` leaves them to the eager :func:`~.sampling_kernels.draw_rows`."""
+    other ``greedy`` leaves them to the eager :func:`~.sampling_kernels.draw_rows`. A picker that
+    draws with the Triton kernel (:meth:`GreedyPicker.draws_with_seeds`) gets a seed per row
+    instead of a uniform number."""
     if batch.all_greedy:
         return greedy(logits)
+    settings = (batch.temperatures, batch.top_ks, batch.top_ps, batch.min_ps, batch.greedy)
+    if isinstance(greedy, GreedyPicker) and greedy.draws_with_seeds(logits):
+        seeds = _seeds(batch, logits.shape[0], logits.device)
+        return greedy.kernel_draw(logits, *settings, seeds, filtered=batch.any_filter)
     draw = greedy.draw if isinstance(greedy, GreedyPicker) else draw_rows
-    return draw(
-        logits,
-        batch.temperatures,
-        batch.top_ks,
-        batch.top_ps,
-        batch.min_ps,
-        batch.greedy,
-        _uniforms(batch, logits.shape[0], logits.device),
-        filtered=batch.any_filter,
-    )
+    return draw(logits, *settings, _uniforms(batch, logits.shape[0], logits.device), filtered=batch.any_filter)

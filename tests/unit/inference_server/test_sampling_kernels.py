@@ -17,7 +17,7 @@ from server_helpers import chi_square, chi_square_critical, expected_probs
 
 from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.greedy import GreedyPicker, greedy_pick
-from areal_tasks.inference.server.sampling import TOP_K_ALL, SamplingParams
+from areal_tasks.inference.server.sampling import TOP_K_ALL, SamplingBatch, SamplingParams, sample
 from areal_tasks.inference.server.sampling_kernels import (
     draw_rows,
     kept_mask,
@@ -217,3 +217,15 @@ def test_a_failed_compilation_is_logged_and_the_picker_draws_eagerly(caplog: pyt
     logits = torch.randn(2, 64).to(torch.bfloat16)
     tokens, _ = picker.draw(logits, *_settings(2, SamplingParams(top_k=3)), torch.zeros(2))
     assert torch.equal(tokens, logits.float().topk(3).indices.min(dim=-1).values)
+
+
+def test_a_kernel_picker_without_triton_on_cuda_keeps_the_torch_draw() -> None:
+    """``kernel=True`` (every CUDA runner) where Triton or CUDA is missing: uniforms, the torch draw."""
+    from areal_tasks.inference.server.sampling_triton import kernel_available
+
+    picker = GreedyPicker(kernel=True)
+    logits = torch.randn(3, 64)
+    assert picker.kernel is kernel_available() and not picker.draws_with_seeds(logits)
+    batch = SamplingBatch.build([SamplingParams(top_k=3)] * 3, [None] * 3, torch.device("cpu"))
+    tokens, _ = sample(logits, batch, picker)
+    assert (logits.gather(1, tokens.view(-1, 1)) >= logits.topk(3).values[:, -1:]).all()

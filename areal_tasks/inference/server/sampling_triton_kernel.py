@@ -1,0 +1,153 @@
+"""The Triton source of the sampled step's draw (``sampling_triton.py`` launches it and documents
+the method). Imports Triton at module level: import this module only where
+:func:`~.sampling_triton.kernel_available` is True."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def order_key(x, KEY_BITS: tl.constexpr):
+    """int32 keys that order as the float values do (see sampling_kernels.order_keys)."""
+    if KEY_BITS == 16:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32)
+        return bits ^ ((bits >> 15) & 0x7FFF)
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def key_value(key, logits_ptr, KEY_BITS: tl.constexpr):
+    """The float value (fp32) of an order key (the key transform is its own inverse)."""
+    if KEY_BITS == 16:  # noqa: SIM108 (a compile-time branch of the kernel: no conditional expression in Triton)
+        bits = (key ^ ((key >> 15) & 0x7FFF)).to(tl.int16)
+    else:
+        bits = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.int32)
+    return bits.to(logits_ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def sample_rows_kernel(
+    logits_ptr,
+    row_stride,
+    vocab,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    greedy_ptr,
+    seed_ptr,
+    tokens_ptr,
+    logprobs_ptr,
+    FILTERED: tl.constexpr,
+    KEY_BITS: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    FAN: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * row_stride
+    span = tl.arange(0, BLOCK_V)
+    temperature = tl.load(temperature_ptr + row)
+
+    # pass 1: log-sum-exp, argmax, key range
+    best = -3.0e38
+    total = 0.0
+    argmax = 0
+    key_lo = 2147483647
+    key_hi = -2147483647 - 1
+    for start in range(0, vocab, BLOCK_V):
+        index = start + span
+        inside = index < vocab
+        x = tl.load(base + index, mask=inside, other=float("-inf"))
+        scaled = x.to(tl.float32) / temperature
+        block_best = tl.max(scaled, 0)
+        block_arg = tl.argmax(scaled, 0)
+        new_best = tl.maximum(best, block_best)
+        total = total * tl.exp(best - new_best) + tl.sum(tl.exp(scaled - new_best), 0)
+        argmax = tl.where(block_best > best, start + block_arg, argmax)
+        best = new_best
+        key = order_key(x, KEY_BITS)
+        key_lo = tl.minimum(key_lo, tl.min(tl.where(inside, key, 2147483647), 0))
+        key_hi = tl.maximum(key_hi, tl.max(tl.where(inside, key, -2147483647 - 1), 0))
+    lse = best + tl.log(total)
+    pick = argmax
+
+    if tl.load(greedy_ptr + row) == 0:
+        top_k = tl.load(top_k_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        # the bracket (lo, hi] of the threshold key; counts of tokens strictly above its ends
+        lo = key_lo.to(tl.int64) - 1
+        hi = lo
+        above_lo = vocab.to(tl.int64)
+        above_hi = vocab.to(tl.int64)
+        mass_hi = 1.0
+        mass_cap = tl.where(top_p >= 1.0, float("inf"), top_p)  # no top-p: any mass passes
+        if FILTERED:  # noqa: SIM102 (compile-time, then a runtime test: Triton cannot `and` them)
+            if (top_k < vocab).to(tl.int32) + (top_p < 1.0).to(tl.int32) > 0:
+                hi = key_hi.to(tl.int64)
+                above_hi = above_hi * 0
+                mass_hi = 0.0
+                j = tl.arange(0, FAN) + 1  # the last point is hi itself, where the predicate holds
+                for _ in range(ROUNDS):
+                    points = lo + ((hi - lo) * j) // FAN
+                    points32 = points.to(tl.int32)
+                    count = tl.zeros([FAN], dtype=tl.int32)
+                    mass = tl.zeros([FAN], dtype=tl.float32)
+                    for start in range(0, vocab, BLOCK_V):
+                        index = start + span
+                        inside = index < vocab
+                        x = tl.load(base + index, mask=inside, other=float("-inf"))
+                        prob = tl.exp(x.to(tl.float32) / temperature - lse)
+                        key = order_key(x, KEY_BITS)
+                        above = (key[None, :] > points32[:, None]) & inside[None, :]
+                        count += tl.sum(above.to(tl.int32), 1)
+                        mass += tl.sum(tl.where(above, prob[None, :], 0.0), 1)
+                    ok = (count < top_k) & (mass <= mass_cap)
+                    first = tl.min(tl.where(ok, j, FAN + 1), 0)
+                    at_first = j == first
+                    before_first = j == first - 1
+                    moved = first > 1
+                    new_lo = tl.where(moved, tl.sum(tl.where(before_first, points, 0), 0), lo)
+                    above_lo = tl.where(moved, tl.sum(tl.where(before_first, count, 0), 0).to(tl.int64), above_lo)
+                    hi = tl.sum(tl.where(at_first, points, 0), 0)
+                    above_hi = tl.sum(tl.where(at_first, count, 0), 0).to(tl.int64)
+                    mass_hi = tl.sum(tl.where(at_first, mass, 0.0), 0)
+                    lo = new_lo
+        # tokens tied on the threshold: as many as the rank and mass rules allow, lowest first
+        ties = above_lo - above_hi
+        tie_prob = tl.exp(key_value(hi, logits_ptr, KEY_BITS) / temperature - lse)
+        room = tl.maximum((top_p - mass_hi) / tl.maximum(tie_prob, 1.1754944e-38), 0.0)
+        by_mass = tl.where(top_p >= 1.0, ties, tl.minimum(room, ties.to(tl.float32)).to(tl.int64) + 1)
+        keep_ties = tl.minimum(tl.minimum(ties, top_k - above_hi), by_mass)
+        threshold = tl.maximum(hi, -2147483647 - 1).to(tl.int32)
+        min_prob = tl.load(min_p_ptr + row) * tl.exp(best - lse)
+        seed = tl.load(seed_ptr + row)
+
+        # pass 3: the exponential race among the kept tokens
+        winner = float("-inf")
+        seen_ties = 0
+        for start in range(0, vocab, BLOCK_V):
+            index = start + span
+            inside = index < vocab
+            x = tl.load(base + index, mask=inside, other=float("-inf"))
+            scaled = x.to(tl.float32) / temperature
+            key = order_key(x, KEY_BITS)
+            tied = (key == threshold) & inside
+            tie_rank = seen_ties + tl.cumsum(tied.to(tl.int32), 0)
+            seen_ties += tl.sum(tied.to(tl.int32), 0)
+            kept = ((key > threshold) & inside) | (tied & (tie_rank <= keep_ties))
+            kept = kept & (tl.exp(scaled - lse) >= min_prob)
+            u = tl.rand(seed, index)
+            race = tl.where(u < 1.0e-4, u + 0.5 * u * u, -tl.log(1.0 - u))
+            race = tl.maximum(race, 2.3283064e-10)  # u == 0: half the generator's smallest step
+            score = tl.where(kept, scaled - tl.log(race), float("-inf"))
+            block_best = tl.max(score, 0)
+            block_arg = tl.argmax(score, 0)
+            pick = tl.where(block_best > winner, start + block_arg, pick)
+            winner = tl.maximum(winner, block_best)
+
+    chosen = tl.load(base + pick).to(tl.float32) / temperature
+    tl.store(tokens_ptr + row, pick.to(tl.int64))
+    tl.store(logprobs_ptr + row, chosen - lse)
