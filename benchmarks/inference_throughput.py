@@ -331,7 +331,12 @@ def main() -> None:
         f"{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
         f"{args.prompt_len} prompt + {args.new_tokens} new tokens a sequence",
     )
-    print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, mean matching prefix {prefix:.1%}")
+    if checked:
+        print(
+            f"greedy parity vs generate (batch 1): {identical}/{checked} identical, mean matching prefix {prefix:.1%}"
+        )
+    else:
+        print("greedy parity vs generate: not checked (--check 0)")
     if gaps:
         print(
             "  at each first divergence, generate's logit gap to the engine's token: "
