@@ -190,7 +190,10 @@ def parse_args() -> argparse.Namespace:
     if args.repeats < 1 or args.groups < 0:
         parser.error(f"--repeats must be at least 1 and --groups at least 0, got {args.repeats} and {args.groups}")
     if args.groups and GROUP_MODE in args.mode_list and args.groups > args.levels[0]:
-        parser.error(f"--groups {args.groups} is larger than the first --concurrency ({args.levels[0]})")
+        parser.error(
+            f"--groups {args.groups} is larger than the first --concurrency ({args.levels[0]}): lower --groups "
+            "or put a larger size first"
+        )
     return args
 
 
