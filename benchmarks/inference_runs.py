@@ -65,7 +65,8 @@ def timed_engine_run(
 ) -> tuple[float, list[list[int]], dict]:
     """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
     the engine's decode counters over that run: steps, host milliseconds a step and the part of
-    them the host waited for the device (near the whole step: device-bound; near zero: host-bound)."""
+    them the host waited for the device (near the whole step: device-bound; near zero: host-bound),
+    and the prompt tokens prefilled and those whose KV was reused (``n > 1`` siblings, prefix hits)."""
     best = None
     for _ in range(repeats):
         before = engine.stats()
@@ -78,6 +79,8 @@ def timed_engine_run(
             "decode_steps": steps,
             "ms_per_step": 1e3 * host / max(steps, 1),
             "wait_ms_per_step": 1e3 * waited / max(steps, 1),
+            "prefilled_tokens": after.prompt_tokens_total - before.prompt_tokens_total,
+            "reused_prompt_tokens": after.cached_tokens_total - before.cached_tokens_total,
         }
         if best is None or seconds < best[0]:
             best = (seconds, outputs, anatomy)
