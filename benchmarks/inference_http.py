@@ -1,7 +1,8 @@
-"""The HTTP run of the inference throughput benchmark (``inference_throughput.py --http``): ``areal
-serve`` started on a free loopback port (:func:`serving`, also used by ``http_client_cost.py``), every
-prompt sent as a concurrent ``/generate`` call through the RL client's transport, and the server
-stopped by PID.
+"""The HTTP runs of the inference throughput benchmark (``inference_throughput.py --http``): ``areal
+serve`` started once on a free loopback port (:func:`serving`, also used by ``http_client_cost.py``)
+and stopped by PID, and an :class:`HttpClient` that sends every row's requests as concurrent
+``/generate`` calls through the RL client's transport, on one event loop and one connection pool
+kept across the rows (as the long-lived client of an RL run keeps them).
 """
 
 from __future__ import annotations
@@ -18,42 +19,23 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-
-async def _http_run(url: str, prompts: list[list[int]], new_tokens: int) -> float:
-    """Every prompt as a concurrent ``/generate`` call through the RL client's own transport
-    (aiohttp, see ``areal_tasks/inference/client/http_backends.py``), after a warm-up
-    of every prompt for 4 tokens on the same transport: the timed calls find their connections
-    open, as the long-lived client of an RL run does, and the engine has seen the admission shapes.
-    Returns the timed run's seconds."""
-    from areal_tasks.inference.client.protocol import HttpCall
-    from areal_tasks.inference.client.transport import HttpTransport
-
-    transport = HttpTransport(max_connections=len(prompts))
-
-    async def run(tokens: int) -> float:
-        body = {"sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
-        start = time.perf_counter()
-        answers = await asyncio.gather(
-            *(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}), 3600.0) for p in prompts)
-        )
-        elapsed = time.perf_counter() - start
-        if any(status != 200 for status, _ in answers):
-            raise RuntimeError(f"/generate failed: {next(text for status, text in answers if status != 200)}")
-        return elapsed
-
-    try:
-        await run(4)
-        return await run(new_tokens)
-    finally:
-        await transport.aclose()
+from typing import Any
 
 
 @contextlib.contextmanager
-def serving(model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
-    """``areal serve`` on ``model_dir`` (a free loopback port, the benchmark's shape and threads),
-    yielding its URL and PID once ``/health`` answers; stopped by PID on exit."""
+def serving(
+    model_dir: Path,
+    args: argparse.Namespace,
+    max_running_requests: int | None = None,
+    max_prefill_tokens: int | None = None,
+    prefix_cache: bool = False,
+) -> Iterator[tuple[str, int]]:
+    """``areal serve`` on ``model_dir`` (a free loopback port, the benchmark's shape and threads;
+    ``max_running_requests`` slots, ``args.concurrency`` when None), yielding its URL and PID once
+    ``/health`` answers; stopped by PID on exit."""
     import httpx
+
+    from areal_tasks.errors import InferenceError
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -72,10 +54,14 @@ def serving(model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, in
         "--device",
         args.device,
         "--max-running-requests",
-        str(args.concurrency),
+        str(max_running_requests or args.concurrency),
         "--context-length",
         str(args.prompt_len + args.new_tokens + 8),
     ]
+    if max_prefill_tokens is not None:
+        argv += ["--max-prefill-tokens", str(max_prefill_tokens)]
+    if prefix_cache:
+        argv.append("--enable-prefix-cache")
     if args.num_threads:
         argv += ["--num-threads", str(args.num_threads)]
     if args.disable_torch_compile:
@@ -87,7 +73,9 @@ def serving(model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, in
             while True:
                 if proc.poll() is not None:
                     tail = Path(log.name).read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"areal serve exited with {proc.returncode}; its log ({log.name}) ends:\n{tail}")
+                    raise InferenceError(
+                        f"areal serve exited with {proc.returncode}; its log ({log.name}) ends:\n{tail}"
+                    )
                 try:
                     if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                         break
@@ -100,7 +88,61 @@ def serving(model_dir: Path, args: argparse.Namespace) -> Iterator[tuple[str, in
                 proc.wait(timeout=60)
 
 
-def run_http(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> float:
-    """Throughput through ``areal serve`` (started here on a free port, stopped by PID)."""
-    with serving(model_dir, args) as (url, _):
-        return asyncio.run(_http_run(url, prompts, args.new_tokens))
+class HttpClient:
+    """Concurrent ``/generate`` calls to ``url`` through the RL client's own transport (aiohttp,
+    see ``areal_tasks/inference/client/http_backends.py``), on one event loop kept open between
+    calls of :meth:`timed` so the connections stay open. Use as a context manager."""
+
+    def __init__(self, url: str, max_connections: int) -> None:
+        from areal_tasks.inference.client.transport import HttpTransport
+
+        self.url = url
+        self._loop = asyncio.Runner()
+        self._transport = HttpTransport(max_connections=max_connections)
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._loop.run(self._transport.aclose())
+        finally:
+            self._loop.close()
+
+    async def _run(self, prompts: list[list[int]], new_tokens: int, sampling: dict, n: int) -> float:
+        from areal_tasks.errors import InferenceError
+        from areal_tasks.inference.client.protocol import HttpCall
+
+        params = {**sampling, "max_new_tokens": new_tokens, "ignore_eos": True, "n": n}
+        start = time.perf_counter()
+        answers = await asyncio.gather(
+            *(
+                self._transport.send(
+                    self.url, HttpCall("POST", "/generate", {"input_ids": p, "sampling_params": params}), 3600.0
+                )
+                for p in prompts
+            )
+        )
+        elapsed = time.perf_counter() - start
+        if failed := [(status, payload) for status, payload in answers if status != 200]:
+            raise InferenceError(f"{len(failed)} /generate calls failed, the first with {failed[0]}")
+        got = sum(_completion_tokens(payload) for _, payload in answers)
+        if got != len(prompts) * n * new_tokens:
+            raise InferenceError(
+                f"/generate answered {got} tokens, not {len(prompts)} x {n} x {new_tokens}; "
+                "the server's context must hold --prompt-len + --new-tokens"
+            )
+        return elapsed
+
+    def timed(self, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int, n: int = 1) -> float:
+        """Every prompt as a concurrent ``/generate`` call asking for ``n`` samples: a warm-up of
+        4 tokens (the server meets the row's admission and sampling shapes, as the engine runs
+        do), then the fastest of ``repeats`` timed runs, in seconds."""
+        self._loop.run(self._run(prompts, 4, sampling, n))
+        return min(self._loop.run(self._run(prompts, new_tokens, sampling, n)) for _ in range(repeats))
+
+
+def _completion_tokens(payload: Any) -> int:
+    """Generated tokens of one ``/generate`` answer: an object, or a list of them for ``n > 1``."""
+    answers = payload if isinstance(payload, list) else [payload]
+    return sum(int(a["meta_info"]["completion_tokens"]) for a in answers)

@@ -1,28 +1,48 @@
-"""Inference throughput: the embedded server's engine vs ``transformers.generate``.
+"""Inference throughput: the embedded server's engine, ``areal serve`` over HTTP and ``transformers.generate``.
 
 A randomly initialised Qwen2 model of the chosen shape (``qwen2.5-0.5b``: hidden 896, 24 layers, 14
 heads, 2 KV heads, intermediate 4864, vocab 151936, tied embeddings; ``tiny``: the tiny-model kit's
-qwen2 for a CPU run) serves ``--concurrency`` requests of ``--prompt-len`` random prompt tokens and
-``--new-tokens`` generated tokens each (greedy, EOS ignored), all submitted at once to the engine
-(in process, no HTTP; ``--http`` adds a run through ``areal serve`` with concurrent ``/generate``
-calls). Throughput is generated tokens / wall time from submission to the last answer (prefill
-included). The baseline is ``generate`` on the same model, dtype and device at each of
-``--hf-batches`` (equal-length prompts, no padding, static cache on CUDA not forced).
+qwen2 for a CPU run) generates for requests of ``--prompt-len`` random prompt tokens and
+``--new-tokens`` generated tokens each (EOS ignored, so every count is exact), all submitted at
+once. Throughput is generated tokens / wall time from submission to the last answer (prefill
+included).
 
-Every timed run is repeated ``--repeats`` times and the fastest kept (shared machines are noisy).
+One run measures a table whose rows are workloads and whose columns are the engine (in process, no
+HTTP) and, with ``--http``, ``areal serve`` over HTTP (concurrent ``/generate`` calls through the
+RL client's transport) with the HTTP / engine ratio:
 
-Greedy parity: the engine's outputs for the first ``--check`` prompts are compared with ``generate``
-at batch 1; the table reports how many are token-identical and the mean fraction of matching
-leading tokens (bf16 batched kernels may flip near-ties of a random model; fp32 on CPU matches),
-and, for each output that differs, the reference's logit gap between its token and the engine's at
-the first difference: a gap near the dtype's rounding is a near-tie, a large one a real error.
+* each sampling mode of ``--modes`` (greedy; T=1; T=1 top_p 0.9; T=1 top_k 50; all four with
+  ``--sampling``, greedy alone without) at each of the ``--concurrency`` list's sizes;
+* GRPO groups (with the top_p mode, ``--groups N``): at the first concurrency, its sequences as one
+  ``n=N`` request a prompt (one prefill shared by the N samples) against N separate requests a
+  prompt (each prefilled on its own, the prefix cache being off by default);
+* the greedy engine without the overlap of host and device (SGLang's --disable-overlap-schedule), at
+  the first concurrency;
+* on CUDA, ``--variants``: the greedy engine on runners with one setting changed, at the first
+  concurrency, and the parts and kernels of a decode step (``step_parts``, ``decode_kernels``);
+* ``transformers generate`` (greedy) at each of ``--hf-batches`` (equal-length prompts, no padding).
 
-Prints a table and writes JSON (``benchmarks/results/inference_throughput_<device>.json`` by default).
+The runner is built once for the largest concurrency (its CUDA-graph batch buckets cover every
+size) and ``areal serve`` started once likewise; every row reuses them. Every timed run follows a
+4-token warm-up of the same requests, is repeated ``--repeats`` times and the fastest is kept
+(shared machines are noisy).
+
+Greedy parity: the engine's greedy outputs for the first ``--check`` prompts are compared with
+``generate`` at batch 1; the report gives how many are token-identical and the mean fraction of
+matching leading tokens (bf16 batched kernels may flip near-ties of a random model; fp32 on CPU
+matches), and, for each output that differs, the reference's logit gap between its token and the
+engine's at the first difference: a gap near the dtype's rounding is a near-tie, a large one a real
+error.
+
+Prints each figure as it is measured, then the table, and writes JSON
+(``benchmarks/results/inference_throughput_<device>.json`` by default).
 
 Usage::
 
-    python benchmarks/inference_throughput.py --preset tiny                    # CPU, about a minute
-    python benchmarks/inference_throughput.py --preset qwen2.5-0.5b            # one GPU
+    python benchmarks/inference_throughput.py --preset tiny                    # CPU, greedy, a few minutes
+    python benchmarks/inference_throughput.py --preset tiny --hf-batches= --check 0 --http --sampling \\
+        --concurrency 64,128 --new-tokens 64 --repeats 1                        # CPU, the whole table
+    python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --concurrency 256,512,1024 --http --sampling
     python benchmarks/inference_throughput.py --preset tiny --profile 32       # where a step's time goes
 """
 
@@ -37,10 +57,13 @@ import tempfile
 from pathlib import Path
 
 import torch
-from inference_http import run_http  # benchmarks/ is the script's directory, first on sys.path
+from inference_http import HttpClient, serving  # benchmarks/ is the script's directory, first on sys.path
 from inference_profile import decode_kernels, forward_and_sampling_times, profile_engine
 from inference_reference import divergence_gaps, hf_generate, parity
+from inference_report import Rows, print_table
 from inference_runs import timed_engine_run, warm_up
+from inference_variants import VARIANTS, run_variants
+from inference_workloads import GROUP_MODE, MODES, group_pair, matrix, parse_modes, parse_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +80,6 @@ PRESETS = {
         "tie_word_embeddings": True,
         "max_position_embeddings": 32768,
     },
-}
-#: comparison runs against the default server (``--variants``): label and RunnerConfig overrides.
-VARIANTS = {
-    "pointwise": ("pointwise compiled", {"compile_scope": "pointwise"}, {}),
-    "sdpa": ("SDPA decode attention", {"decode_attention": "sdpa"}, {}),
-    "prefill32k": ("max_prefill_tokens 32768", {}, {"max_prefill_tokens": 32768}),
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -92,17 +109,38 @@ def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
     return torch.randint(3, 1000, (count, length), generator=gen).tolist()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=("tiny", *PRESETS), default="tiny")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
-    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument(
+        "--concurrency",
+        default="256",
+        help="comma-separated sequences in flight, one row of each mode at each (the runner and the "
+        "server are built for the largest; groups, no-overlap and variants run at the first)",
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--hf-batches", default="256,1", help="comma-separated generate batch sizes")
+    parser.add_argument("--hf-batches", default="256,1", help="comma-separated generate batch sizes; empty: none")
     parser.add_argument("--check", type=int, default=8, help="prompts compared with generate at batch 1")
-    parser.add_argument("--sampling", action="store_true", help="also run temperature 1, top_p 0.9")
+    parser.add_argument(
+        "--sampling", action="store_true", help="also the sampled modes (the default of --modes: greedy without it)"
+    )
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help=f"comma-separated sampling modes, of: {', '.join(f'{k} ({v[0]})' for k, v in MODES.items())} "
+        "(default: all with --sampling, greedy without)",
+    )
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=8,
+        metavar="N",
+        help=f"GRPO rows when the {GROUP_MODE} mode runs: n=N samples a request against N requests a "
+        "prompt, at the first concurrency; 0 skips them",
+    )
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument(
@@ -122,7 +160,7 @@ def main() -> None:
         default=8192,
         help="prompt tokens prefilled per engine iteration at most (the server's default)",
     )
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs per system; the fastest is kept")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per row; the fastest is kept")
     parser.add_argument(
         "--prefix-cache",
         choices=("on", "off"),
@@ -138,17 +176,29 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if unknown := sorted(set(variants) - set(VARIANTS)):
+    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if unknown := sorted(set(args.variant_list) - set(VARIANTS)):
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     try:
-        hf_batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
-    except ValueError:
-        parser.error(f"--hf-batches takes comma-separated batch sizes, got {args.hf_batches!r}")
-    if any(b < 1 for b in hf_batches):
+        args.hf_batch_list = parse_sizes(args.hf_batches, "--hf-batches")
+        args.levels = parse_sizes(args.concurrency, "--concurrency")
+        args.mode_list = parse_modes(args.modes, args.sampling)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.levels:
+        parser.error("--concurrency names no size; give one or more, e.g. 256,512,1024")
+    if args.repeats < 1 or args.groups < 0:
+        parser.error(f"--repeats must be at least 1 and --groups at least 0, got {args.repeats} and {args.groups}")
+    if args.groups and GROUP_MODE in args.mode_list and args.groups > args.levels[0]:
         parser.error(
-            f"--hf-batches sizes must be at least 1 (leave it empty to skip generate), got {args.hf_batches!r}"
+            f"--groups {args.groups} is larger than the first --concurrency ({args.levels[0]}): lower --groups "
+            "or put a larger size first"
         )
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from areal_tasks.quiet_logs import quiet_third_party_loggers
 
@@ -163,21 +213,22 @@ def main() -> None:
     from areal_tasks.inference.server.model_runner import RunnerConfig, resolve_device
 
     device = resolve_device(args.device)
-    rows: list[dict] = []
-
-    def add(row: dict) -> None:  # printed as soon as measured, so a later failure keeps the figure
-        rows.append(row)
-        print(f"measured: {row['system']}, batch {row['batch']}: {row['tokens_per_s']:,.0f} tokens/s", flush=True)
-
+    first, largest = args.levels[0], max(args.levels)
+    prefix_cache = args.prefix_cache == "on"
+    rows = Rows(args.new_tokens)
+    step_parts = kernels = profiled = None
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(args.preset, Path(tmp))
-        prompts = make_prompts(args.concurrency, args.prompt_len)
+        prompts = make_prompts(largest, args.prompt_len)
+        workloads = matrix(args.mode_list, args.levels, prompts)
+        if args.groups and GROUP_MODE in args.mode_list:
+            workloads += group_pair(first, args.groups, prompts)
         runner = build_runner(
             RunnerConfig(
                 str(model_dir),
                 dtype=args.dtype,
                 device=str(device),
-                max_running_requests=args.concurrency,
+                max_running_requests=largest,
                 context_length=args.prompt_len + args.new_tokens + 8,
                 torch_compile=not args.disable_torch_compile,
             )
@@ -185,140 +236,73 @@ def main() -> None:
         dtype = runner.dtype
         cuda_graphs = bool(getattr(runner, "capture", False))
         compiled = bool(runner.compiled)
-        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, prefix_cache=args.prefix_cache == "on")
+        greedy_outputs: list[list[int]] = []  # the greedy engine's, at the first concurrency
+        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, prefix_cache=prefix_cache)
         engine.start()
         try:
-            warm_up(engine, prompts)
-            seconds, outputs, anatomy = timed_engine_run(
-                engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats
-            )
-            add(
-                {
-                    "system": "embedded engine, greedy",
-                    "batch": args.concurrency,
-                    "seconds": seconds,
-                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
-                    **anatomy,
-                }
-            )
-            if args.sampling:
-                seconds, _, anatomy = timed_engine_run(
-                    engine, prompts, args.new_tokens, {"temperature": 1.0, "top_p": 0.9}, args.repeats
+            for work in workloads:
+                warm_up(engine, work.prompts, work.sampling, work.n)
+                seconds, outputs, anatomy = timed_engine_run(
+                    engine, work.prompts, args.new_tokens, work.sampling, args.repeats, work.n
                 )
-                add(
-                    {
-                        "system": "embedded engine, T=1 top_p=0.9",
-                        "batch": args.concurrency,
-                        "seconds": seconds,
-                        "tokens_per_s": args.concurrency * args.new_tokens / seconds,
-                        **anatomy,
-                    }
-                )
+                rows.workload(work, "engine", seconds, anatomy)
+                if work.mode == "greedy" and work.kind == "requests" and work.sequences == first:
+                    greedy_outputs = outputs
         finally:
             engine.shutdown()
         # the same engine reading each step back before launching the next (SGLang's
         # --disable-overlap-schedule), to show what the overlap buys
-        engine = Engine(
-            runner, max_prefill_tokens=args.max_prefill_tokens, overlap=False, prefix_cache=args.prefix_cache == "on"
-        )
+        engine = Engine(runner, max_prefill_tokens=args.max_prefill_tokens, overlap=False, prefix_cache=prefix_cache)
         engine.start()
         try:
-            warm_up(engine, prompts)
-            seconds, _, anatomy = timed_engine_run(engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats)
-            add(
-                {
-                    "system": "embedded engine, greedy, no overlap",
-                    "batch": args.concurrency,
-                    "seconds": seconds,
-                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
-                    **anatomy,
-                }
+            warm_up(engine, prompts[:first])
+            seconds, outputs, anatomy = timed_engine_run(
+                engine, prompts[:first], args.new_tokens, {"temperature": 0.0}, args.repeats
             )
+            rows.measured(
+                "embedded engine, greedy, no overlap", first, seconds, mode="greedy", path="engine", **anatomy
+            )
+            greedy_outputs = greedy_outputs or outputs
         finally:
             engine.shutdown()
-        profiled = (
-            profile_engine(runner, prompts, args.profile, args.max_prefill_tokens, args.prefix_cache == "on")
-            if args.profile
-            else None
-        )
-        step_parts = forward_and_sampling_times(runner, args.concurrency) if device.type == "cuda" else None
-        kernels = {"default": decode_kernels(runner, args.concurrency)} if device.type == "cuda" else None
+        if args.profile:
+            profiled = profile_engine(runner, prompts[:first], args.profile, args.max_prefill_tokens, prefix_cache)
+        if device.type == "cuda":
+            step_parts = forward_and_sampling_times(runner, first)
+            kernels = {"default": decode_kernels(runner, first)}
         del engine, runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        for variant in variants if device.type == "cuda" and compiled else ():
-            label, overrides, engine_overrides = VARIANTS[variant]
-            runner = build_runner(
-                RunnerConfig(
-                    str(model_dir),
-                    dtype=args.dtype,
-                    device=str(device),
-                    max_running_requests=args.concurrency,
-                    context_length=args.prompt_len + args.new_tokens + 8,
-                    **overrides,
-                )
+        if device.type == "cuda" and compiled and args.variant_list:
+            run_variants(
+                args.variant_list,
+                model_dir,
+                str(device),
+                args,
+                prompts[:first],
+                greedy_outputs,
+                rows,
+                step_parts,
+                kernels,
             )
-            engine = Engine(
-                runner,
-                **{
-                    "max_prefill_tokens": args.max_prefill_tokens,
-                    "prefix_cache": args.prefix_cache == "on",
-                    **engine_overrides,
-                },
-            )
-            engine.start()
-            try:
-                warm_up(engine, prompts)
-                seconds, other_outputs, anatomy = timed_engine_run(
-                    engine, prompts, args.new_tokens, {"temperature": 0.0}, args.repeats
-                )
-                add(
-                    {
-                        "system": f"embedded engine, greedy, {label}",
-                        "batch": args.concurrency,
-                        "seconds": seconds,
-                        "tokens_per_s": args.concurrency * args.new_tokens / seconds,
-                        **anatomy,
-                    }
-                )
-            finally:
-                engine.shutdown()
-            same = sum(a == b for a, b in zip(other_outputs, outputs))
-            print(f"{label} vs the default server: {same}/{len(outputs)} greedy outputs identical")
-            step_parts += [
-                {**row, "what": f"{row['what']} ({variant})"}
-                for row in forward_and_sampling_times(runner, args.concurrency)
-                if row["what"].startswith("decode forward")
-            ]
-            kernels[variant] = decode_kernels(runner, args.concurrency)
-            del engine, runner
-            torch.cuda.empty_cache()
         if args.http:
-            seconds = min(run_http(model_dir, args, prompts) for _ in range(args.repeats))
-            add(
-                {
-                    "system": "areal serve over HTTP, greedy",
-                    "batch": args.concurrency,
-                    "seconds": seconds,
-                    "tokens_per_s": args.concurrency * args.new_tokens / seconds,
-                }
-            )
+            with (
+                serving(model_dir, args, largest, args.max_prefill_tokens, prefix_cache) as (url, _),
+                HttpClient(url, largest) as client,
+            ):
+                for work in workloads:
+                    seconds = client.timed(work.prompts, args.new_tokens, work.sampling, args.repeats, work.n)
+                    rows.workload(work, "http", seconds)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        checked = min(args.check, len(prompts))
+        checked = min(args.check, len(greedy_outputs))
         references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]
-        identical, prefix = parity(outputs[:checked], references)
-        gaps = divergence_gaps(model, prompts[:checked], outputs[:checked], references)
-        for batch in hf_batches:
-            hf_generate(model, prompts[: min(batch, 2)], 4)  # warm-up
-            seconds = min(hf_generate(model, prompts[:batch], args.new_tokens)[0] for _ in range(args.repeats))
-            add(
-                {
-                    "system": "transformers generate",
-                    "batch": batch,
-                    "seconds": seconds,
-                    "tokens_per_s": batch * args.new_tokens / seconds,
-                }
-            )
+        identical, prefix = parity(greedy_outputs[:checked], references)
+        gaps = divergence_gaps(model, prompts[:checked], greedy_outputs[:checked], references)
+        for batch in args.hf_batch_list:
+            batch_prompts = make_prompts(batch, args.prompt_len) if batch > len(prompts) else prompts[:batch]
+            hf_generate(model, batch_prompts[:2], 4)  # warm-up
+            seconds = min(hf_generate(model, batch_prompts, args.new_tokens)[0] for _ in range(args.repeats))
+            rows.measured("transformers generate", batch, seconds, mode="greedy", path="transformers")
     report = {
         "preset": args.preset,
         "device": str(device),
@@ -326,7 +310,9 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),
-        "concurrency": args.concurrency,
+        "concurrency": args.levels,
+        "modes": args.mode_list,
+        "groups": args.groups,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
@@ -338,21 +324,22 @@ def main() -> None:
             "mean_matching_prefix": prefix,
             "divergence_logit_gaps": gaps,
         },
-        "rows": rows,
+        "rows": rows.rows,
         "profile": profiled,
         "step_parts": step_parts,
         "decode_kernels": kernels,
     }
-    print(
-        f"\n{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
-        f"{args.concurrency} x ({args.prompt_len} prompt + {args.new_tokens} new tokens)"
+    print_table(
+        rows.rows,
+        f"{args.preset} on {report['gpu'] or report['cpu']} ({report['dtype']}), "
+        f"{args.prompt_len} prompt + {args.new_tokens} new tokens a sequence",
     )
-    print(f"{'system':<38} {'batch':>6} {'seconds':>9} {'tokens/s':>12} {'ms/step':>8} {'wait ms':>8}")
-    for row in rows:
-        step = f"{row['ms_per_step']:>8.2f} {row['wait_ms_per_step']:>8.2f}" if "ms_per_step" in row else ""
-        print(f"{row['system']:<38} {row['batch']:>6} {row['seconds']:>9.2f} {row['tokens_per_s']:>12,.0f} {step}")
-    print("(ms/step: host time of a decode step in the engine; wait ms: the part spent waiting for the device)")
-    print(f"greedy parity vs generate (batch 1): {identical}/{checked} identical, mean matching prefix {prefix:.1%}")
+    if checked:
+        print(
+            f"greedy parity vs generate (batch 1): {identical}/{checked} identical, mean matching prefix {prefix:.1%}"
+        )
+    else:
+        print("greedy parity vs generate: not checked (--check 0)")
     if gaps:
         print(
             "  at each first divergence, generate's logit gap to the engine's token: "
