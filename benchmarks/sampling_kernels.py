@@ -12,7 +12,7 @@ server's decode steps run:
   server's eager runners use ``F = 2``);
 * ``sort-free, compiled, fan-out F``: the same through ``torch.compile`` (what the CUDA-graph
   runner used before the Triton kernel: ``GreedyPicker.draw``, ``F = 4``);
-* ``triton, block B, fan-out F, W warps``: the one-launch kernel of ``sampling_triton.py`` (what
+* ``triton, block B/S, fan-out F, W warps``: the one-launch kernel of ``sampling_triton.py`` (what
   every CUDA runner uses where Triton is present), one configuration per ``--triton-configs`` entry.
 
 ``--settings`` also takes ``none`` (temperature 1, no filter).
@@ -90,14 +90,16 @@ def _compiled(fan_out: int, compiled: bool = True) -> Draw:
 
 
 def _triton(config: str, seeds: torch.Tensor) -> Draw:
-    """:func:`triton_draw` with ``config`` ("BLOCK,FAN_OUT,WARPS") and fixed per-row ``seeds`` (the
+    """:func:`triton_draw` with ``config`` ("BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS") and fixed per-row ``seeds`` (the
     uniform numbers the other variants take are ignored). Always built with the search: a row that
     does not filter skips it at run time (``none``)."""
-    block, fan_out, warps = (int(v) for v in config.split(","))
+    block, search_block, fan_out, warps = (int(v) for v in config.split(","))
 
     def draw(logits: torch.Tensor, *table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         *settings_, _uniforms = table
-        return triton_draw(logits, *settings_, seeds, True, block=block, fan_out=fan_out, num_warps=warps)
+        return triton_draw(
+            logits, *settings_, seeds, True, block=block, fan_out=fan_out, search_block=search_block, num_warps=warps
+        )
 
     return draw
 
@@ -143,10 +145,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     if device.type == "cuda" and kernel_available():
         seeds = torch.randint(0, 2**62, (args.batch,), device=device, generator=gen)
         for config in args.triton_configs:
-            block, fan_out, warps = config.split(",")
-            variants.append((f"triton, block {block}, fan-out {fan_out}, {warps} warps", _triton(config, seeds)))
+            block, search_block, fan_out, warps = config.split(",")
+            label = f"triton, block {block}/{search_block}, fan-out {fan_out}, {warps} warps"
+            variants.append((label, _triton(config, seeds)))
     rows = []
-    print(f"{'setting':<10} {'variant':<38} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
+    print(f"{'setting':<10} {'variant':<42} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
     with torch.inference_mode():
         for name in args.settings:
             table = settings(name, args.batch, device)
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     row["ms"] = time_ms(lambda fn=fn, table=table: fn(logits, *table, uniforms), args.iters, device)
                 except RuntimeError as exc:  # reported in the table and the JSON, then the next variant
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                    print(f"{name:<10} {label:<38} failed: {row['error']}")
+                    print(f"{name:<10} {label:<42} failed: {row['error']}")
                     rows.append(row)
                     continue
                 row["kept_share"] = kept_share(logits, tokens, table)
@@ -167,7 +170,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 row["speedup_vs_sort"] = sort_ms / row["ms"]
                 rows.append(row)
                 print(
-                    f"{name:<10} {label:<38} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
+                    f"{name:<10} {label:<42} {row['ms']:>8.3f} {row['speedup_vs_sort']:>7.2f}x "
                     f"{row['first_call_s']:>12.1f} {row['kept_share']:>6.3f}"
                 )
     return rows
@@ -181,8 +184,8 @@ def main() -> None:
     parser.add_argument(
         "--triton-configs",
         nargs="+",
-        default=["1024,16,8", "2048,16,8", "512,16,4", "1024,8,8", "1024,16,16"],
-        help="Triton kernel variants: BLOCK,FAN_OUT,WARPS each",
+        default=["1024,256,16,8", "1024,128,16,4", "2048,256,16,8", "1024,256,8,8", "512,128,16,4", "1024,512,16,8"],
+        help="Triton kernel variants: BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS each",
     )
     parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8], help="compiled variants' fan-outs")
     parser.add_argument("--eager-fan-outs", type=int, nargs="+", default=[2, 4], help="eager variants' fan-outs")

@@ -247,6 +247,28 @@ class SlotKVCache:
             store[:, dst, :, :length] = store[:, src, :, :length]
         self.lengths[dst] = length
 
+    def copy_prefixes(self, copies: list[tuple[int, int, int]]) -> None:
+        """:meth:`copy_prefix` for several ``(src, dst, length)`` at once: one indexed copy per layer
+        for each distinct length (the siblings of one prompt share theirs), instead of one per layer
+        and copy. Every ``dst`` must be distinct and no source."""
+        if not copies:
+            return
+        targets = [dst for _, dst, _ in copies]
+        if len(set(targets)) != len(targets) or set(targets) & {src for src, _, _ in copies}:
+            raise InferenceError(f"invalid KV prefix copies {copies}: the targets must be distinct and not sources")
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for src, dst, length in copies:
+            if length > self.lengths[src]:
+                raise InferenceError(f"slot {src} holds {self.lengths[src]} positions, cannot copy {length}")
+            by_length.setdefault(length, []).append((src, dst))
+        for length, pairs in by_length.items():
+            src = host_to_device([s for s, _ in pairs], torch.long, self.device)
+            dst = host_to_device([d for _, d in pairs], torch.long, self.device)
+            for store in self.kv.values():
+                store[:, dst, :, :length] = store[:, src, :, :length]
+            for _, slot in pairs:
+                self.lengths[slot] = length
+
     def clear(self) -> None:
         """Drop the retained content and zero the storage in place (``/flush_cache`` on an idle
         server; addresses stay valid for captured CUDA graphs)."""

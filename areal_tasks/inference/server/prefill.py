@@ -131,8 +131,12 @@ class Prefiller:
             self._guard(chunk, self._prefill_fresh)
         if cached:
             self._prefill_cached(cached)
+        siblings = [s for s in others if not s.retracted and s.group.prompt_logits is not None]
+        if siblings:
+            self._guard(siblings, self._admit_siblings)
         for seq in others:
-            self._guard([seq], self._prefill_one)
+            if seq.slot is None and seq.finish_reason is None:
+                self._guard([seq], self._prefill_one)
 
     def _split_cached(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
         """``(to prefill together, to serve from the prefix cache)``: a prompt with cached KV, or
@@ -322,6 +326,27 @@ class Prefiller:
             if seq.finished:
                 return
             self._sibling_kv(seq)
+
+    def _admit_siblings(self, seqs: list[Sequence]) -> None:
+        """The ``n > 1`` siblings of prompts prefilled before (their group holds the prompt's
+        logits): every first token from one batched sampling call, and the prompt's KV copied from
+        a live sibling in one indexed copy per layer for all of them (``KVCache.copy_prefixes``);
+        a sibling whose group has no live source takes :meth:`_sibling_kv`'s other ways."""
+        self.sample_and_check(seqs, torch.stack([s.group.prompt_logits for s in seqs]))
+        copies: list[Sequence] = []
+        for seq in seqs:
+            if seq.finished:
+                continue
+            if seq.group.source_slot is None:
+                self._sibling_kv(seq)  # becomes its group's source for the siblings after it
+                continue
+            seq.slot = self.cache.allocate()
+            copies.append(seq)
+        self.cache.copy_prefixes([(s.group.source_slot, s.slot, len(s.prompt_ids)) for s in copies])
+        for seq in copies:
+            self._count(seq, 0, len(seq.prompt_ids))
+            if self.prefix is not None and self._shareable(seq):
+                self.prefix.register(seq.slot, seq.prompt_ids, seq.group.prompt_logits)
 
     def _sibling_kv(self, seq: Sequence) -> None:
         """The prompt's KV for a sibling that already has its first token: copied from a live

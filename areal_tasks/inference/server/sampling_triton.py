@@ -45,10 +45,12 @@ from areal_tasks.errors import InferenceError
 from areal_tasks.inference.server.sampling_kernels import search_rounds
 from areal_tasks.models.compile import triton_on_cuda
 
-__all__ = ["BLOCK", "FAN_OUT", "NUM_WARPS", "kernel_available", "kernel_fits", "triton_draw"]
+__all__ = ["BLOCK", "FAN_OUT", "NUM_WARPS", "SEARCH_BLOCK", "kernel_available", "kernel_fits", "triton_draw"]
 
-#: logits per loop iteration, search points per pass, and warps per program (see benchmarks/sampling_kernels.py).
+#: logits per loop iteration (the search's own, whose accumulators are FAN_OUT times wider), search
+#: points per pass, and warps per program (see benchmarks/sampling_kernels.py).
 BLOCK = 1024
+SEARCH_BLOCK = 256
 FAN_OUT = 16
 NUM_WARPS = 8
 
@@ -83,6 +85,7 @@ def triton_draw(
     filtered: bool = True,
     block: int = BLOCK,
     fan_out: int = FAN_OUT,
+    search_block: int = SEARCH_BLOCK,
     num_warps: int = NUM_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` [B, V] (CUDA; bf16, fp16 or fp32); returns (token ids
@@ -123,6 +126,7 @@ def triton_draw(
             ROUNDS=search_rounds(key_bits, fan_out),
             FAN=fan_out,
             BLOCK_V=block,
+            SEARCH_BLOCK=search_block,
             num_warps=num_warps,
         )
     return tokens, logprobs

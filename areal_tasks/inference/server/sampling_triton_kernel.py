@@ -45,65 +45,72 @@ def sample_rows_kernel(
     ROUNDS: tl.constexpr,
     FAN: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr,
 ):
+    """One program per row; every loop keeps per-lane accumulators and reduces them once after it
+    (a reduction across the program's warps inside the loop would cost a barrier per block)."""
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
     span = tl.arange(0, BLOCK_V)
     temperature = tl.load(temperature_ptr + row)
 
-    # pass 1: log-sum-exp, argmax, key range
-    best = -3.0e38
-    total = 0.0
-    argmax = 0
-    key_lo = 2147483647
-    key_hi = -2147483647 - 1
+    # pass 1: log-sum-exp, argmax (first index), key range; per lane, then across lanes
+    lane_best = tl.full([BLOCK_V], -3.0e38, tl.float32)
+    lane_total = tl.zeros([BLOCK_V], tl.float32)
+    lane_arg = tl.zeros([BLOCK_V], tl.int32)
+    lane_key_lo = tl.full([BLOCK_V], 2147483647, tl.int32)
+    lane_key_hi = tl.full([BLOCK_V], -2147483647 - 1, tl.int32)
     for start in range(0, vocab, BLOCK_V):
         index = start + span
         inside = index < vocab
         x = tl.load(base + index, mask=inside, other=float("-inf"))
         scaled = x.to(tl.float32) / temperature
-        block_best = tl.max(scaled, 0)
-        block_arg = tl.argmax(scaled, 0)
-        new_best = tl.maximum(best, block_best)
-        total = total * tl.exp(best - new_best) + tl.sum(tl.exp(scaled - new_best), 0)
-        argmax = tl.where(block_best > best, start + block_arg, argmax)
-        best = new_best
+        new_best = tl.maximum(lane_best, scaled)
+        lane_total = lane_total * tl.exp(lane_best - new_best) + tl.exp(scaled - new_best)
+        lane_arg = tl.where(scaled > lane_best, index, lane_arg)
+        lane_best = new_best
         key = order_key(x, KEY_BITS)
-        key_lo = tl.minimum(key_lo, tl.min(tl.where(inside, key, 2147483647), 0))
-        key_hi = tl.maximum(key_hi, tl.max(tl.where(inside, key, -2147483647 - 1), 0))
-    lse = best + tl.log(total)
-    pick = argmax
+        lane_key_lo = tl.minimum(lane_key_lo, tl.where(inside, key, 2147483647))
+        lane_key_hi = tl.maximum(lane_key_hi, tl.where(inside, key, -2147483647 - 1))
+    best = tl.max(lane_best, 0)
+    lse = best + tl.log(tl.sum(lane_total * tl.exp(lane_best - best), 0))
+    pick = tl.min(tl.where(lane_best == best, lane_arg, 2147483647), 0)
+    key_lo = tl.min(lane_key_lo, 0)
+    key_hi = tl.max(lane_key_hi, 0)
 
     if tl.load(greedy_ptr + row) == 0:
         top_k = tl.load(top_k_ptr + row)
         top_p = tl.load(top_p_ptr + row)
+        mass_cap = tl.where(top_p >= 1.0, float("inf"), top_p)  # no top-p: any mass passes
         # the bracket (lo, hi] of the threshold key; counts of tokens strictly above its ends
         lo = key_lo.to(tl.int64) - 1
         hi = lo
         above_lo = vocab.to(tl.int64)
         above_hi = vocab.to(tl.int64)
         mass_hi = 1.0
-        mass_cap = tl.where(top_p >= 1.0, float("inf"), top_p)  # no top-p: any mass passes
         if FILTERED:  # noqa: SIM102 (compile-time, then a runtime test: Triton cannot `and` them)
             if (top_k < vocab).to(tl.int32) + (top_p < 1.0).to(tl.int32) > 0:
                 hi = key_hi.to(tl.int64)
                 above_hi = above_hi * 0
                 mass_hi = 0.0
                 j = tl.arange(0, FAN) + 1  # the last point is hi itself, where the predicate holds
+                lanes = tl.arange(0, SEARCH_BLOCK)
                 for _ in range(ROUNDS):
                     points = lo + ((hi - lo) * j) // FAN
                     points32 = points.to(tl.int32)
-                    count = tl.zeros([FAN], dtype=tl.int32)
-                    mass = tl.zeros([FAN], dtype=tl.float32)
-                    for start in range(0, vocab, BLOCK_V):
-                        index = start + span
+                    lane_count = tl.zeros([FAN, SEARCH_BLOCK], dtype=tl.int32)
+                    lane_mass = tl.zeros([FAN, SEARCH_BLOCK], dtype=tl.float32)
+                    for start in range(0, vocab, SEARCH_BLOCK):
+                        index = start + lanes
                         inside = index < vocab
                         x = tl.load(base + index, mask=inside, other=float("-inf"))
                         prob = tl.exp(x.to(tl.float32) / temperature - lse)
-                        key = order_key(x, KEY_BITS)
-                        above = (key[None, :] > points32[:, None]) & inside[None, :]
-                        count += tl.sum(above.to(tl.int32), 1)
-                        mass += tl.sum(tl.where(above, prob[None, :], 0.0), 1)
+                        key = tl.where(inside, order_key(x, KEY_BITS), -2147483647 - 1)
+                        above = key[None, :] > points32[:, None]
+                        lane_count += above.to(tl.int32)
+                        lane_mass += tl.where(above, prob[None, :], 0.0)
+                    count = tl.sum(lane_count, 1)
+                    mass = tl.sum(lane_mass, 1)
                     ok = (count < top_k) & (mass <= mass_cap)
                     first = tl.min(tl.where(ok, j, FAN + 1), 0)
                     at_first = j == first
@@ -122,31 +129,43 @@ def sample_rows_kernel(
         by_mass = tl.where(top_p >= 1.0, ties, tl.minimum(room, ties.to(tl.float32)).to(tl.int64) + 1)
         keep_ties = tl.minimum(tl.minimum(ties, top_k - above_hi), by_mass)
         threshold = tl.maximum(hi, -2147483647 - 1).to(tl.int32)
+        # the index of the last tied token kept (every tie: past the row; none: -1)
+        cut = vocab - 1
+        if keep_ties < ties:
+            cut = -1
+            seen = 0
+            start = 0
+            while (seen < keep_ties) & (start < vocab):
+                index = start + span
+                inside = index < vocab
+                key = order_key(tl.load(base + index, mask=inside, other=float("-inf")), KEY_BITS)
+                tied = ((key == threshold) & inside).to(tl.int32)
+                rank = seen + tl.cumsum(tied, 0)
+                cut = tl.maximum(cut, tl.max(tl.where((tied > 0) & (rank == keep_ties), index, -1), 0))
+                seen += tl.sum(tied, 0)
+                start += BLOCK_V
         min_prob = tl.load(min_p_ptr + row) * tl.exp(best - lse)
         seed = tl.load(seed_ptr + row)
 
-        # pass 3: the exponential race among the kept tokens
-        winner = float("-inf")
-        seen_ties = 0
+        # pass 3: the exponential race among the kept tokens, per lane, then across lanes
+        lane_score = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        lane_pick = tl.zeros([BLOCK_V], tl.int32)
         for start in range(0, vocab, BLOCK_V):
             index = start + span
             inside = index < vocab
             x = tl.load(base + index, mask=inside, other=float("-inf"))
             scaled = x.to(tl.float32) / temperature
             key = order_key(x, KEY_BITS)
-            tied = (key == threshold) & inside
-            tie_rank = seen_ties + tl.cumsum(tied.to(tl.int32), 0)
-            seen_ties += tl.sum(tied.to(tl.int32), 0)
-            kept = ((key > threshold) & inside) | (tied & (tie_rank <= keep_ties))
-            kept = kept & (tl.exp(scaled - lse) >= min_prob)
+            kept = (key > threshold) | ((key == threshold) & (index <= cut))
+            kept = kept & inside & (tl.exp(scaled - lse) >= min_prob)
             u = tl.rand(seed, index)
             race = tl.where(u < 1.0e-4, u + 0.5 * u * u, -tl.log(1.0 - u))
             race = tl.maximum(race, 2.3283064e-10)  # u == 0: half the generator's smallest step
             score = tl.where(kept, scaled - tl.log(race), float("-inf"))
-            block_best = tl.max(score, 0)
-            block_arg = tl.argmax(score, 0)
-            pick = tl.where(block_best > winner, start + block_arg, pick)
-            winner = tl.maximum(winner, block_best)
+            lane_pick = tl.where(score > lane_score, index, lane_pick)
+            lane_score = tl.maximum(lane_score, score)
+        winner = tl.max(lane_score, 0)
+        pick = tl.where(winner > float("-inf"), tl.min(tl.where(lane_score == winner, lane_pick, 2147483647), 0), pick)
 
     chosen = tl.load(base + pick).to(tl.float32) / temperature
     tl.store(tokens_ptr + row, pick.to(tl.int64))

@@ -53,3 +53,24 @@ def test_invalid_moves_are_refused_and_change_nothing(moves, what):
     with pytest.raises(InferenceError, match=what):
         cache.move_many(moves)
     assert sorted(cache.free_slot_ids()) == free and cache.lengths == lengths
+
+
+def test_prefix_copies_share_one_copy_per_length():
+    """``copy_prefixes``: each target gets its source's first ``length`` positions and that length;
+    invalid sets (a repeated target, a target that is a source, a length past the source) are refused."""
+    cache = _filled_cache()
+    cache.release(2)
+    first, second, third = cache.allocate(), cache.allocate(), cache.allocate()  # the freed 0, 1 and 2
+    before = {layer: cache.keys[layer].clone() for layer in cache.keys}
+    cache.copy_prefixes([(5, first, 4), (5, second, 4), (3, third, 2)])
+    assert (cache.lengths[first], cache.lengths[second], cache.lengths[third]) == (4, 4, 2)
+    for layer, keys in before.items():
+        assert torch.equal(cache.keys[layer][first, :, :4], keys[5, :, :4])
+        assert torch.equal(cache.keys[layer][second, :, :4], keys[5, :, :4])
+        assert torch.equal(cache.keys[layer][third, :, :2], keys[3, :, :2])
+    with pytest.raises(InferenceError, match="distinct"):
+        cache.copy_prefixes([(5, first, 1), (4, first, 1)])
+    with pytest.raises(InferenceError, match="distinct"):
+        cache.copy_prefixes([(5, first, 1), (first, second, 1)])
+    with pytest.raises(InferenceError, match="cannot copy"):
+        cache.copy_prefixes([(third, first, 3)])
