@@ -77,7 +77,9 @@ class ReadbackBuffer:
         self._turn = 0
 
     def _buffer(self, rows: int) -> torch.Tensor:
-        return torch.empty(2, max(rows, 1), dtype=torch.float64, pin_memory=self._on_cuda)
+        """Flat, so that the ``[2, rows]`` view of a smaller step is contiguous: a copy into a strided
+        slice of pinned memory goes through a host temporary and waits for the device."""
+        return torch.empty(2 * max(rows, 1), dtype=torch.float64, pin_memory=self._on_cuda)
 
     def start(
         self,
@@ -91,9 +93,9 @@ class ReadbackBuffer:
         and of ``top_table`` (the alternatives of the rows of ``top``) when there is one."""
         turn, rows = self._turn, tokens.shape[0]
         self._turn ^= 1
-        if rows > self._hosts[turn].shape[1]:
+        if 2 * rows > self._hosts[turn].numel():
             self._hosts[turn] = self._buffer(rows)
-        host, event = self._hosts[turn][:, :rows], self._events[turn]
+        host, event = self._hosts[turn][: 2 * rows].view(2, rows), self._events[turn]
         host.copy_(torch.stack((tokens.double(), logprobs.double())), non_blocking=self._on_cuda)
         top_host = None
         if top is not None and top_table is not None:

@@ -236,8 +236,9 @@ def test_prefill_attention_never_uses_cudnn(tiny_qwen2: Path, monkeypatch) -> No
 
 
 def test_top_logprobs_never_wait_for_the_device() -> None:
-    """Alternatives for some rows of a mixed batch (``top_logprobs.py``) and their queued read-back:
-    no host-device synchronisation either, so the overlapped engine keeps its overlap."""
+    """Alternatives for some rows of a mixed batch (``top_logprobs.py``) and their queued read-back
+    into a buffer sized for more rows (an engine's slots, most steps running fewer): no host-device
+    synchronisation either, so the overlapped engine keeps its overlap."""
     from areal_tasks.inference.server.readback import ReadbackBuffer
     from areal_tasks.inference.server.sampling import SamplingBatch, sample
     from areal_tasks.inference.server.top_logprobs import top_logprobs
@@ -246,7 +247,7 @@ def test_top_logprobs_never_wait_for_the_device() -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7), SamplingParams(temperature=0.0)]
     counts = [0, 5, 20]
     logits = torch.randn(len(params), 151936, device=device).to(torch.bfloat16)
-    readback = ReadbackBuffer(len(params), device)
+    readback = ReadbackBuffer(64, device)
     SamplingBatch.build(params, [None] * 3, device, counts)  # the first pinned host blocks are allocated here
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
