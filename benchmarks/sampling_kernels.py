@@ -89,19 +89,35 @@ def _compiled(fan_out: int, compiled: bool = True) -> Draw:
     return draw
 
 
-def _triton(config: str, seeds: torch.Tensor) -> Draw:
-    """:func:`triton_draw` with ``config`` ("BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS") and fixed per-row ``seeds`` (the
-    uniform numbers the other variants take are ignored). Always built with the search: a row that
-    does not filter skips it at run time (``none``)."""
+def _triton(config: str, seeds: torch.Tensor, setting: str) -> Draw:
+    """:func:`triton_draw` with ``config`` ("BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS") and fixed per-row
+    ``seeds`` (the uniform numbers the other variants take are ignored), specialised for ``setting``
+    as the server specialises it for a batch (counts only for top-k, masses only for top-p, no
+    search without either)."""
     block, search_block, fan_out, warps = (int(v) for v in config.split(","))
+    top_k, top_p = setting.startswith("top_k"), setting.startswith("top_p")
 
     def draw(logits: torch.Tensor, *table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         *settings_, _uniforms = table
         return triton_draw(
-            logits, *settings_, seeds, True, block=block, fan_out=fan_out, search_block=search_block, num_warps=warps
+            logits,
+            *settings_,
+            seeds,
+            top_k or top_p,
+            top_k,
+            top_p,
+            block=block,
+            fan_out=fan_out,
+            search_block=search_block,
+            num_warps=warps,
         )
 
     return draw
+
+
+def _triton_label(config: str) -> str:
+    block, search_block, fan_out, warps = config.split(",")
+    return f"triton, block {block}/{search_block}, fan-out {fan_out}, {warps} warps"
 
 
 def settings(name: str, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -142,18 +158,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     variants += [(f"sort-free, eager, fan-out {f}", _compiled(f, compiled=False)) for f in args.eager_fan_outs]
     if not args.no_compile:
         variants += [(f"sort-free, compiled, fan-out {f}", _compiled(f)) for f in args.fan_outs]
-    if device.type == "cuda" and kernel_available():
-        seeds = torch.randint(0, 2**62, (args.batch,), device=device, generator=gen)
-        for config in args.triton_configs:
-            block, search_block, fan_out, warps = config.split(",")
-            label = f"triton, block {block}/{search_block}, fan-out {fan_out}, {warps} warps"
-            variants.append((label, _triton(config, seeds)))
+    seeds = torch.randint(0, 2**62, (args.batch,), device=device, generator=gen)
+    triton_configs = args.triton_configs if device.type == "cuda" and kernel_available() else []
     rows = []
     print(f"{'setting':<10} {'variant':<42} {'ms/step':>8} {'vs sort':>8} {'first call s':>12} {'kept':>6}")
     with torch.inference_mode():
         for name in args.settings:
             table = settings(name, args.batch, device)
-            for label, fn in variants:
+            tritons = [(_triton_label(c), _triton(c, seeds, name)) for c in triton_configs]
+            for label, fn in [*variants, *tritons]:
                 row = {"setting": name, "variant": label}
                 try:
                     start = time.perf_counter()

@@ -146,3 +146,19 @@ def test_the_servers_sampler_draws_with_the_kernel() -> None:
     again = [torch.Generator(device="cuda").manual_seed(7) for _ in range(4)] + [None] * 4
     tokens_again, _ = sample(logits, SamplingBatch.build(params, again, torch.device("cuda")), picker)
     assert torch.equal(tokens_again[:4], tokens[:4])
+
+
+@pytest.mark.parametrize("kind", ["top_k", "top_p"])
+def test_a_batch_specialised_kernel_draws_what_the_general_one_draws(kind: str) -> None:
+    """The server leaves out the counts (no top-k row) or the masses (no top-p row): same draws."""
+    logits = _logits(torch.bfloat16, 6)
+    ones = torch.ones(BATCH, device="cuda")
+    top_ks = torch.full((BATCH,), 50 if kind == "top_k" else TOP_K_NONE, dtype=torch.long, device="cuda")
+    top_ps = ones * (0.9 if kind == "top_p" else 1.0)
+    no = torch.zeros(BATCH, dtype=torch.bool, device="cuda")
+    seeds = _seeds(BATCH, 6)
+    general = triton_draw(logits, ones, top_ks, top_ps, ones * 0, no, seeds)
+    special = triton_draw(
+        logits, ones, top_ks, top_ps, ones * 0, no, seeds, top_k_rows=kind == "top_k", top_p_rows=kind == "top_p"
+    )
+    assert torch.equal(general[0], special[0]) and torch.equal(general[1], special[1])

@@ -71,9 +71,13 @@ class GreedyPicker:
         greedy: torch.Tensor,
         seeds: torch.Tensor,
         filtered: bool = True,
+        top_k_rows: bool = True,
+        top_p_rows: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row of a sampled batch through the Triton kernel (``sampling_triton.py``)."""
-        return sampling_triton.triton_draw(logits, temperatures, top_ks, top_ps, min_ps, greedy, seeds, filtered)
+        return sampling_triton.triton_draw(
+            logits, temperatures, top_ks, top_ps, min_ps, greedy, seeds, filtered, top_k_rows, top_p_rows
+        )
 
     def draw(
         self,

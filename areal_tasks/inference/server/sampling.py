@@ -237,6 +237,9 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
     all_greedy: bool
     any_filter: bool
+    #: whether a sampled row filters by top-k / by top-p (the Triton kernel leaves out what none needs).
+    any_top_k: bool = True
+    any_top_p: bool = True
     #: the rows that want their tokens' most likely alternatives (None: no row does).
     top: TopRows | None = None
 
@@ -276,6 +279,8 @@ class SamplingBatch:
             generators=generators,
             all_greedy=all_greedy,
             any_filter=any(p.needs_filter and not p.greedy for p in params),
+            any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
+            any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
             top=TopRows.build(top_logprobs, device) if top_logprobs else None,
         )
 
@@ -320,6 +325,8 @@ def sample(
     settings = (batch.temperatures, batch.top_ks, batch.top_ps, batch.min_ps, batch.greedy)
     if isinstance(greedy, GreedyPicker) and greedy.draws_with_seeds(logits):
         seeds = _seeds(batch, logits.shape[0], logits.device)
-        return greedy.kernel_draw(logits, *settings, seeds, filtered=batch.any_filter)
+        return greedy.kernel_draw(
+            logits, *settings, seeds, filtered=batch.any_filter, top_k_rows=batch.any_top_k, top_p_rows=batch.any_top_p
+        )
     draw = greedy.draw if isinstance(greedy, GreedyPicker) else draw_rows
     return draw(logits, *settings, _uniforms(batch, logits.shape[0], logits.device), filtered=batch.any_filter)

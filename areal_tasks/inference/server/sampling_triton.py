@@ -12,11 +12,14 @@ fp32 probabilities, keys and masks at every step of its search: 3.9 ms a step at
 2. **Threshold search** (rows that filter by top-k or top-p): the same predicate and the same
    bracket as :func:`~.sampling_kernels.threshold_keys`, "fewer than ``k`` tokens and at most
    ``top_p`` of the mass lie strictly above the key", evaluated at ``FAN_OUT`` points of the
-   bracket per pass (a count and a masked sum per point, all from one read of the row): 4 passes
-   for the 16-bit keys of bf16/fp16 logits, 8 for fp32. The counts at the bracket's ends give the
-   number of tokens above the final threshold and tied on it, so the tie rule of
-   :func:`~.sampling_kernels.kept_mask` (as many tied tokens as the rank and mass rules allow,
-   lowest indices first) needs no further pass.
+   bracket per pass (a count and a masked sum per point, all from one read of the row; counts only
+   when a row of the batch filters by top-k, masses only when one does by top-p), until the bracket
+   is one key wide: 3 or 4 passes for the 16-bit keys of bf16/fp16 logits (the row's key range
+   sets the number), up to 8 for fp32. The counts at the bracket's ends give the number of tokens
+   above the final threshold and tied on it; the tie rule of :func:`~.sampling_kernels.kept_mask`
+   (as many tied tokens as the rank and mass rules allow, lowest indices first) then needs the
+   index of the last tied token kept, found by a scan over the row only where part of the ties is
+   kept.
 3. **Draw** by an exponential race: each kept token ``i`` gets ``E_i ~ Exp(1)`` from Philox
    (``tl.rand`` keyed by the row's seed and the token's index) and the token with the largest
    ``log p_i - log E_i`` wins, which picks ``i`` with probability ``p_i / sum(kept p)`` (the
@@ -42,7 +45,6 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceError
-from areal_tasks.inference.server.sampling_kernels import search_rounds
 from areal_tasks.models.compile import triton_on_cuda
 
 __all__ = ["BLOCK", "FAN_OUT", "NUM_WARPS", "SEARCH_BLOCK", "kernel_available", "kernel_fits", "triton_draw"]
@@ -83,6 +85,8 @@ def triton_draw(
     greedy: torch.Tensor,
     seeds: torch.Tensor,
     filtered: bool = True,
+    top_k_rows: bool = True,
+    top_p_rows: bool = True,
     block: int = BLOCK,
     fan_out: int = FAN_OUT,
     search_block: int = SEARCH_BLOCK,
@@ -94,7 +98,9 @@ def triton_draw(
     greedy rows), ``top_ks`` (int64, ``>= V`` for none), ``top_ps``, ``min_ps``, ``greedy`` (bool))
     and ``seeds`` ([B] int64: each row's Philox key; the same seed and logits draw the same token).
     ``filtered=False`` leaves the threshold search out of the kernel (no row filters by top-k or
-    top-p). ``block``, ``fan_out`` and ``num_warps`` tune the kernel; the defaults were measured."""
+    top-p); ``top_k_rows=False`` / ``top_p_rows=False`` leave out its counts / its masses (no row
+    filters by top-k / by top-p: the host knows, from the requests). ``block``, ``fan_out``,
+    ``search_block`` and ``num_warps`` tune the kernel; the defaults were measured."""
     if not kernel_fits(logits):
         raise InferenceError(
             f"triton_draw takes [B, V] CUDA logits of bf16, fp16 or fp32 with unit stride rows, got "
@@ -123,7 +129,8 @@ def triton_draw(
             logprobs,
             FILTERED=filtered,
             KEY_BITS=key_bits,
-            ROUNDS=search_rounds(key_bits, fan_out),
+            TOP_K_ROWS=top_k_rows,
+            TOP_P_ROWS=top_p_rows,
             FAN=fan_out,
             BLOCK_V=block,
             SEARCH_BLOCK=search_block,

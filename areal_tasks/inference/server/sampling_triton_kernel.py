@@ -42,7 +42,8 @@ def sample_rows_kernel(
     logprobs_ptr,
     FILTERED: tl.constexpr,
     KEY_BITS: tl.constexpr,
-    ROUNDS: tl.constexpr,
+    TOP_K_ROWS: tl.constexpr,
+    TOP_P_ROWS: tl.constexpr,
     FAN: tl.constexpr,
     BLOCK_V: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr,
@@ -95,7 +96,7 @@ def sample_rows_kernel(
                 mass_hi = 0.0
                 j = tl.arange(0, FAN) + 1  # the last point is hi itself, where the predicate holds
                 lanes = tl.arange(0, SEARCH_BLOCK)
-                for _ in range(ROUNDS):
+                while hi - lo > 1:  # a round cuts the bracket FAN-fold: 3 or 4 rounds for bf16 keys
                     points = lo + ((hi - lo) * j) // FAN
                     points32 = points.to(tl.int32)
                     lane_count = tl.zeros([FAN, SEARCH_BLOCK], dtype=tl.int32)
@@ -104,11 +105,13 @@ def sample_rows_kernel(
                         index = start + lanes
                         inside = index < vocab
                         x = tl.load(base + index, mask=inside, other=float("-inf"))
-                        prob = tl.exp(x.to(tl.float32) / temperature - lse)
                         key = tl.where(inside, order_key(x, KEY_BITS), -2147483647 - 1)
                         above = key[None, :] > points32[:, None]
-                        lane_count += above.to(tl.int32)
-                        lane_mass += tl.where(above, prob[None, :], 0.0)
+                        if TOP_K_ROWS:  # counts only where a row of the batch filters by top-k
+                            lane_count += above.to(tl.int32)
+                        if TOP_P_ROWS:  # masses only where one filters by top-p
+                            prob = tl.exp(x.to(tl.float32) / temperature - lse)
+                            lane_mass += tl.where(above, prob[None, :], 0.0)
                     count = tl.sum(lane_count, 1)
                     mass = tl.sum(lane_mass, 1)
                     ok = (count < top_k) & (mass <= mass_cap)
