@@ -26,6 +26,7 @@ import itertools
 import math
 import ssl
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
@@ -91,19 +92,24 @@ def query_params(params: Mapping[str, Any] | None) -> dict[str, str] | None:
     return out
 
 
+@dataclass(frozen=True)
+class Request:
+    """One HTTP call as a backend sends it."""
+
+    method: str
+    url: str
+    json: Any
+    params: Mapping[str, Any] | None
+    headers: Mapping[str, str] | None
+    #: the whole call's deadline, and the connection's (at most the whole call's).
+    timeout_s: float
+    connect_timeout_s: float
+
+
 class HttpBackend(Protocol):
     """One event loop's connections to every server."""
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        json: Any,
-        params: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
-        timeout_s: float,
-        connect_timeout_s: float,
-    ) -> Reply: ...
+    async def request(self, call: Request) -> Reply: ...
 
     async def aclose(self) -> None: ...
 
@@ -128,25 +134,21 @@ class AiohttpBackend:
             connector=self._connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=None)
         )
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        json: Any,
-        params: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
-        timeout_s: float,
-        connect_timeout_s: float,
-    ) -> Reply:
-        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(connect_timeout_s, timeout_s))
+    async def request(self, call: Request) -> Reply:
+        timeout = aiohttp.ClientTimeout(total=call.timeout_s, connect=min(call.connect_timeout_s, call.timeout_s))
         try:
             async with self._session.request(
-                method, url, json=json, params=query_params(params), headers=headers, timeout=timeout
+                call.method,
+                call.url,
+                json=call.json,
+                params=query_params(call.params),
+                headers=call.headers,
+                timeout=timeout,
             ) as response:
                 body = await response.read()
                 return response.status, {k.lower(): v for k, v in response.headers.items()}, body
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise _failed(url, timeout_s, exc) from exc
+            raise _failed(call.url, call.timeout_s, exc) from exc
 
     async def aclose(self) -> None:
         await self._session.close()
@@ -190,24 +192,15 @@ class HttpxBackend:
             transport=self._factory(), limits=self.limits, timeout=None, trust_env=False, verify=tls_context()
         )
 
-    async def request(
-        self,
-        method: str,
-        url: str,
-        json: Any,
-        params: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
-        timeout_s: float,
-        connect_timeout_s: float,
-    ) -> Reply:
-        timeout = httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s))
+    async def request(self, call: Request) -> Reply:
+        timeout = httpx.Timeout(call.timeout_s, connect=min(call.connect_timeout_s, call.timeout_s))
         try:
-            async with asyncio.timeout(timeout_s):  # the total deadline, without a task per call
+            async with asyncio.timeout(call.timeout_s):  # the total deadline, without a task per call
                 response = await self._client().request(
-                    method, url, json=json, params=params, headers=headers, timeout=timeout
+                    call.method, call.url, json=call.json, params=call.params, headers=call.headers, timeout=timeout
                 )
         except (asyncio.TimeoutError, httpx.TimeoutException, httpx.TransportError) as exc:
-            raise _failed(url, timeout_s, exc) from exc
+            raise _failed(call.url, call.timeout_s, exc) from exc
         return response.status_code, response.headers, response.content
 
     async def aclose(self) -> None:

@@ -43,6 +43,7 @@ from areal_tasks.inference.client.http_backends import (
     AiohttpBackend,
     HttpBackend,
     HttpxBackend,
+    Request,
     never_sent,
     tls_context,
 )
@@ -212,7 +213,9 @@ class HttpTransport:
         headers = {"Authorization": f"Bearer {key}"} if key is not None else None
         url = address + call.path
         status, reply_headers, body = await self.backend().request(
-            call.method, url, call.json, call.params, headers, timeout_s, min(self._connect_timeout_s, timeout_s)
+            Request(
+                call.method, url, call.json, call.params, headers, timeout_s, min(self._connect_timeout_s, timeout_s)
+            )
         )
         if status in (401, 403):
             # the caller turns the status into its error; this says which key to fix
