@@ -3,7 +3,8 @@
 #
 #   bash benchmarks/gpu_suite.sh PART [PART ...]
 #
-# Parts: infer (inference throughput, Qwen2.5-0.5B shape; INFER_ARGS adds options, e.g. "--variants sdpa"),
+# Parts: infer (inference throughput, Qwen2.5-0.5B shape: every sampling mode at 256, 512 and 1,024 concurrent
+# sequences, engine and HTTP, GRPO groups; INFER_ARGS adds options, e.g. "--variants sdpa" or "--profile 64"),
 # attn (decode attention by SDPA backend and the Triton kernel), kernel (the Triton decode kernel's GPU tests),
 # graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
@@ -14,7 +15,7 @@
 # shared-memory weight updates: CUDA IPC from the trainer's buffer, and a longer SFT warm start),
 # sharedgpu (the CUDA IPC test), lmhead (the chunked LM head's time and memory per chunk size and
 # kind of chunk kernels), lmkernels (the LM head's Triton kernels' GPU tests), sampling (sort vs sort-free
-# sampled step, benchmarks/sampling_kernels.py, then its GPU test), rlstep (an RL step: log-prob forward + PPO
+# sampled step and the Triton kernel's configurations, benchmarks/sampling_kernels.py, then their GPU tests), rlstep (an RL step: log-prob forward + PPO
 # update with both MFUs, benchmarks/rl_step_throughput.py; RL_ARGS adds options),
 # train (train throughput, 1 GPU, the engine's defaults: compiled, no FSDP, 8 blocks a compiled graph and the
 # logits kept, all by auto; profiled; TRAIN_ARGS adds options), train_groups (the same with 4
@@ -110,8 +111,8 @@ dp2_wraps() {  # dp2_wraps SECONDS: dp=2 per block, then as one FSDP unit
 
 for p in "$@"; do
     case $p in
-        infer) part infer 420 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
-            --check 2 --repeats 1 --profile 64 --sampling ${INFER_ARGS:-} ;;
+        infer) part infer 600 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
+            --concurrency 256,512,1024 --check 2 --repeats 1 --sampling ${INFER_ARGS:-} ;;
         attn) part attn 150 python benchmarks/decode_attention.py ;;
         kernel) part kernel 150 python -m pytest -q tests/gpu/test_decode_kernel_gpu.py ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;
@@ -153,7 +154,7 @@ for p in "$@"; do
         lmhead) part lmhead 240 python benchmarks/lm_head_chunks.py ;;
         sampling) part sampling 130 python benchmarks/sampling_kernels.py
             save
-            part samplinggpu 170 python -m pytest -q -s tests/gpu/test_sampling_gpu.py ;;
+            part samplinggpu 200 python -m pytest -q -s tests/gpu/test_sampling_gpu.py tests/gpu/test_sampling_triton_gpu.py ;;
         rlstep) part rlstep 180 python benchmarks/rl_step_throughput.py --preset qwen2.5-0.5b ${RL_ARGS:-} ;;
         lmkernels) part lmkernels 150 python -m pytest -q tests/gpu/test_lm_head_kernels_gpu.py ;;
         sharedgpu) part sharedgpu 120 python -m pytest -q tests/gpu/test_shared_weights_gpu.py ;;
