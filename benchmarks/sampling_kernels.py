@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument(
         "--triton-configs",
         nargs="+",
-        default=["1024,256,16,8", "1024,128,16,4", "2048,256,16,8", "1024,256,8,8", "512,128,16,4", "1024,512,16,8"],
+        default=["2048,256,16,8", "1024,256,16,8", "2048,512,16,8", "1024,256,32,8", "1024,128,16,4"],
         help="Triton kernel variants: BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS each",
     )
     parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8], help="compiled variants' fan-outs")

@@ -51,7 +51,7 @@ __all__ = ["BLOCK", "FAN_OUT", "NUM_WARPS", "SEARCH_BLOCK", "kernel_available", 
 
 #: logits per loop iteration (the search's own, whose accumulators are FAN_OUT times wider), search
 #: points per pass, and warps per program (see benchmarks/sampling_kernels.py).
-BLOCK = 1024
+BLOCK = 2048
 SEARCH_BLOCK = 256
 FAN_OUT = 16
 NUM_WARPS = 8
