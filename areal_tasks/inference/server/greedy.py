@@ -49,6 +49,7 @@ class GreedyPicker:
     def __init__(self, compiled: bool = False, kernel: bool = False) -> None:
         self.kernel = kernel and sampling_triton.kernel_available()
         self._fused = torch.compile(greedy_pick, dynamic=True) if compiled else None
+        self._compiled = compiled
         self._draw = torch.compile(draw_rows, dynamic=True) if compiled and not self.kernel else None
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,16 +115,34 @@ class GreedyPicker:
         (four compilations: about a minute on a CPU, so only the GPU runner calls this). If the
         compilation fails, the error is logged with its traceback and sampled batches draw eagerly
         (the same results, more passes over the logits). A picker that draws with the Triton kernel
-        compiles it here instead (once for each of the kernel's two forms, a few seconds)."""
+        compiles it here instead (once for each of the kernel's four forms, a few seconds); if that fails,
+        the error is logged with its traceback and sampled batches take the torch draw."""
         if self.kernel:
             logits = torch.zeros(2, vocab, dtype=dtype, device=device)
             ones = torch.ones(2, device=device)
             no = torch.zeros(2, dtype=torch.bool, device=device)
             seeds = torch.zeros(2, dtype=torch.long, device=device)
-            for filtered in (False, True):
-                top_ks = torch.full((2,), 2 if filtered else vocab, dtype=torch.long, device=device)
-                self.kernel_draw(logits, ones, top_ks, ones, ones * 0, no, seeds, filtered=filtered)
-            return
+            try:  # each form a batch can take: no search; counts, masses or both
+                for filtered, top_k, top_p in ((False, False, False), (True, True, False), (True, False, True)):
+                    top_ks = torch.full((2,), 2 if top_k else vocab, dtype=torch.long, device=device)
+                    self.kernel_draw(
+                        logits,
+                        ones,
+                        top_ks,
+                        ones * (0.5 if top_p else 1.0),
+                        ones * 0,
+                        no,
+                        seeds,
+                        filtered=filtered,
+                        top_k_rows=top_k,
+                        top_p_rows=top_p,
+                    )
+                self.kernel_draw(logits, ones, top_ks, ones * 0.5, ones * 0, no, seeds)
+                return
+            except Exception:  # a Triton build or launch error: any type; logged, then the torch draw
+                logger.exception("the Triton sampling kernel failed to build; sampled batches use the torch draw")
+                self.kernel = False
+                self._draw = torch.compile(draw_rows, dynamic=True) if self._compiled else None
         if self._draw is None:
             return
         try:

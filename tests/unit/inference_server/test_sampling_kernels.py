@@ -229,3 +229,23 @@ def test_a_kernel_picker_without_triton_on_cuda_keeps_the_torch_draw() -> None:
     batch = SamplingBatch.build([SamplingParams(top_k=3)] * 3, [None] * 3, torch.device("cpu"))
     tokens, _ = sample(logits, batch, picker)
     assert (logits.gather(1, tokens.view(-1, 1)) >= logits.topk(3).values[:, -1:]).all()
+
+
+def test_a_kernel_that_fails_to_build_leaves_the_torch_draw(monkeypatch, caplog) -> None:
+    """A Triton build error at warm-up is logged with its cause and sampled batches take the torch
+    draw (the server keeps serving)."""
+    from areal_tasks.inference.server import sampling_triton
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PTX assembly failed")
+
+    monkeypatch.setattr(sampling_triton, "triton_draw", broken)
+    picker = GreedyPicker()
+    picker.kernel = True  # as on a GPU with Triton
+    with caplog.at_level("ERROR"):
+        picker.warm_up_draw(64, torch.float32, torch.device("cpu"))
+    assert not picker.kernel and "Triton sampling kernel failed to build" in caplog.text
+    assert "PTX assembly failed" in caplog.text
+    logits = torch.randn(2, 64)
+    tokens, _ = sample(logits, SamplingBatch.build([SamplingParams(top_k=3)] * 2, [None] * 2, logits.device), picker)
+    assert (logits.gather(1, tokens.view(-1, 1)) >= logits.topk(3).values[:, -1:]).all()
