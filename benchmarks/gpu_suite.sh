@@ -29,10 +29,12 @@
 # Each part runs under its own time limit and a failure does not stop the next one. Results go to
 # benchmarks/results/ and, when $OUT is set (the device tool), a copy of them and a tarball of the
 # logs to $OUT. The machine needs torch, transformers and the wheels in .whl/ (git-ignored; fetch them with
-# `pip download --no-deps --python-version 3.12 --only-binary=:all: -d .whl lark fastapi starlette uvicorn h11 click
+# `pip download --no-deps --python-version 3.12 --only-binary=:all: -c constraints.txt -d .whl lark fastapi starlette uvicorn h11 click
 # pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio aiohttp multidict
-# yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna`): the embedded server needs fastapi/uvicorn/pydantic,
-# the config parser lark, the RL client aiohttp.
+# yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna uvloop httptools`): the embedded server needs
+# fastapi/uvicorn/pydantic (and runs its HTTP side on uvloop and httptools, as the serve extra installs it),
+# the config parser lark, the RL client aiohttp; the constraints pin the versions the project is tested
+# with (an unpinned fastapi 0.137 imports opentelemetry, which the GPU image lacks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-}

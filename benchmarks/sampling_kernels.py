@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from areal_tasks.inference.server.sampling import TOP_K_ALL
-from areal_tasks.inference.server.sampling_kernels import draw_rows, sorted_draw, sorted_filter
+from areal_tasks.inference.server.sampling_kernels import draw_rows, order_keys, sorted_draw, sorted_filter
 from areal_tasks.inference.server.sampling_triton import kernel_available, triton_draw
 
 Draw = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -138,11 +138,17 @@ def settings(name: str, rows: int, device: torch.device) -> tuple[torch.Tensor, 
 
 
 def kept_share(logits: torch.Tensor, tokens: torch.Tensor, table: tuple[torch.Tensor, ...]) -> float:
-    """Share of rows whose token the sorted filter keeps (weight > 0 at the token)."""
+    """Share of rows whose token the sorted filter keeps (weight > 0 at the token), a token equal
+    in value to the filter's last kept one counting as kept: where the threshold falls inside a run
+    of equal logits (common in bf16: a top-p cut in the tail splits runs of hundreds), the sort keeps
+    the first of them in its own order and the kernel the lowest indices, as many and the same mass."""
     temperatures, top_ks, top_ps, min_ps, _ = table
     probs = torch.softmax(logits.float() / temperatures.view(-1, 1), dim=-1)
     weights, ids = sorted_filter(probs, top_ks, top_ps, min_ps)
     kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, weights > 0)
+    keys = order_keys(logits)
+    last_kept = torch.where(kept, keys, torch.iinfo(keys.dtype).max).min(dim=1, keepdim=True).values
+    kept |= keys == last_kept
     return kept.gather(1, tokens.view(-1, 1)).float().mean().item()
 
 
@@ -197,7 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--triton-configs",
         nargs="+",
-        default=["2048,256,16,8", "1024,256,16,8", "2048,512,16,8", "1024,256,32,8", "1024,128,16,4"],
+        default=["4096,512,16,16", "2048,256,16,8", "2048,512,16,16", "2048,1024,16,32", "4096,1024,16,32"],
         help="Triton kernel variants: BLOCK,SEARCH_BLOCK,FAN_OUT,WARPS each",
     )
     parser.add_argument("--fan-outs", type=int, nargs="+", default=[4, 8], help="compiled variants' fan-outs")

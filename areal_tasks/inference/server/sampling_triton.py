@@ -50,11 +50,12 @@ from areal_tasks.models.compile import triton_on_cuda
 __all__ = ["BLOCK", "FAN_OUT", "NUM_WARPS", "SEARCH_BLOCK", "kernel_available", "kernel_fits", "triton_draw"]
 
 #: logits per loop iteration (the search's own, whose accumulators are FAN_OUT times wider), search
-#: points per pass, and warps per program (see benchmarks/sampling_kernels.py).
-BLOCK = 2048
-SEARCH_BLOCK = 256
+#: points per pass, and warps per program: measured on an H200 at batch 256 x 151,936
+#: (benchmarks/sampling_kernels.py; docs/benchmarks.md, "The Triton kernel").
+BLOCK = 4096
+SEARCH_BLOCK = 512
 FAN_OUT = 16
-NUM_WARPS = 8
+NUM_WARPS = 16
 
 _KEY_BITS = {torch.bfloat16: 16, torch.float16: 16, torch.float32: 32}
 

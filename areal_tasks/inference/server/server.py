@@ -206,6 +206,16 @@ def _answer_weight_bounds(app: Any) -> None:
     app.add_exception_handler(WeightOperationError, refused)
 
 
+def _http_stack() -> str:
+    """Which event loop and HTTP parser uvicorn picks here ("auto": uvloop and httptools when
+    installed, as the serve extra installs them; asyncio and h11 otherwise, slower per request)."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"event loop {loop}, HTTP parser {parser}"
+
+
 def run_server(cfg: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; the process ends within ``cfg.shutdown_timeout_s`` of the signal,
     hung threads or not (``shutdown.py``: it may end the process itself)."""
@@ -214,7 +224,7 @@ def run_server(cfg: ServerConfig) -> None:
 
     configure_from_env(f"server :{cfg.port}")  # a job's fleet names it "server <index>"
     app = build_app(cfg)
-    logger.info("serving %s on http://%s:%d", cfg.model_path, cfg.host, cfg.port)
+    logger.info("serving %s on http://%s:%d (%s)", cfg.model_path, cfg.host, cfg.port, _http_stack())
     try:
         serve_until_stopped(
             app,
