@@ -93,7 +93,7 @@ def _job_config(weight_root: Path):
     cfg.rollout.backend = "vllm"
     cfg.model.dtype = "float32"
     cfg.rollout.server.python = str(VLLM_PYTHON)
-    cfg.rollout.server.context_length = 1024
+    cfg.rollout.server.context_length = 2048  # the tiny model's max_position_embeddings
     cfg.rollout.server.extra_args = [
         "--served-model-name",
         SERVED_NAME,
