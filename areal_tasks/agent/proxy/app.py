@@ -25,10 +25,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from areal_tasks.agent.proxy.auth import AdminAuth
-from areal_tasks.agent.proxy.body_limit import BodyLimitMiddleware
 from areal_tasks.agent.proxy.errors import ProxyRefusal, error_body
 from areal_tasks.agent.proxy.store import SessionStore
 from areal_tasks.errors import AgentRequestError, InferenceError
+from areal_tasks.inference.server.body_limit import BodyLimitMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,13 @@ def create_app(ctx: ProxyContext) -> FastAPI:
 
     app = FastAPI(title="areal agent proxy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = ctx
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=ctx.store.limits.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=ctx.store.limits.max_body_bytes,
+        holder="proxy",
+        error_body=error_body,
+        refusal=ProxyRefusal,
+    )
     app.include_router(openai_router(ctx))
     app.include_router(rl_router(ctx))
 

@@ -182,6 +182,24 @@ def test_limits_refuse_with_429_and_413(proxy: ProxyThread, engine: PromptEngine
     assert group_of(proxy, session_id)["interactions"] == 6
 
 
+def test_a_streamed_body_over_the_limit_is_refused_as_it_arrives_with_an_openai_error(proxy: ProxyThread) -> None:
+    session_id, key = start_session(proxy.url)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def chunks():  # no Content-Length: the body is counted as it streams in
+        yield b'{"model": "areal", "messages": [{"role": "user", "content": "'
+        for _ in range(20):
+            yield b"x" * 4096
+        yield b'"}]}'
+
+    streamed = httpx.post(f"{proxy.url}/v1/chat/completions", content=chunks(), headers=headers)
+    assert streamed.status_code == 413, streamed.text
+    error = streamed.json()["error"]
+    assert "this proxy's limit of 65536 bytes" in error["message"] and error["type"] == "invalid_request_error"
+    httpx.post(f"{proxy.url}/rl/end_session", json={"session_id": session_id}, headers=ADMIN)
+    assert group_of(proxy, session_id)["interactions"] == 0
+
+
 def test_failures_are_openai_errors_and_leave_the_session_usable(proxy: ProxyThread) -> None:
     _, key = start_session(proxy.url)
     client = sdk(proxy, key)
