@@ -10,6 +10,12 @@ that stops at step N (EOS, a stop string) has already been launched in step N+1:
 computed and dropped. A sequence whose length budget ends with its unread tokens is not launched
 again (its slot is freed at once) and finishes when they are read.
 
+**Steady steps.** Most steps decode the same rows as the step before (no admission, finish or
+abort in between): then every row's input is its unread token at its own row of the step in flight,
+its position is one past its last one, compaction has nothing to move, the sampling table is the
+same, and no row can have exhausted its length budget before the margin counted at the last full
+check runs out. Such a step skips those per-row passes (``engine_host_overhead.py`` measures them).
+
 :class:`DecodeSteps` is a mixin of :class:`~areal_tasks.inference.server.engine.Engine`: its
 methods run in the engine thread and work on the engine's state, declared below.
 """
@@ -48,6 +54,10 @@ class DecodeSteps:
     _draining: list[Sequence]
     _inflight: InflightStep | None
     _sampling_rows: tuple[list[Sequence], SamplingBatch | None]
+    #: the rows of the last decode step launched, their slots and positions (``_launch``).
+    _launched: tuple[list[Sequence], list[int], list[int]]
+    #: steps the launched rows can take before one may exhaust its length budget (``_set_aside_exhausted``).
+    _exhaust_margin: int
     _readback: ReadbackBuffer
     #: retires a finished sequence (Engine._release)
     _release: Callable[[Sequence], None]
@@ -94,7 +104,7 @@ class DecodeSteps:
         """The sampling settings of ``batch``'s rows, rebuilt only when its rows changed (each
         build is a host-to-device copy; a batch keeps its rows for many steps)."""
         rows, table = self._sampling_rows
-        if table is None or len(rows) != len(batch) or any(a is not b for a, b in zip(rows, batch)):
+        if table is None or rows != batch:  # row by row, by identity (Sequence's eq)
             table = SamplingBatch.build(
                 [s.params for s in batch], [s.generator for s in batch], device, [s.top_logprobs_num for s in batch]
             )
@@ -105,11 +115,19 @@ class DecodeSteps:
         """Stop decoding sequences whose length budget ends with their unread tokens (see the module
         doc): they move to the draining list and their slots are freed for the step to come. The
         budget is ``length_cap`` (``FinishChecker.prepare``: ``max_new_tokens``, or the context
-        left after the prompt, whichever is less); one pass over the rows a step, a list only when
-        some are exhausted."""
-        exhausted = [
-            s for s in self._running if s.pending_tokens and len(s.output_ids) + s.pending_tokens >= s.length_cap
-        ]
+        left after the prompt, whichever is less). Each launch brings every row one token nearer
+        its budget, so while the rows stay those launched last, a margin counted at the last pass
+        over them says when the next pass is due."""
+        if self._exhaust_margin > 0 and self._running == self._launched[0]:
+            return
+        margin, exhausted = 1 << 62, []
+        for seq in self._running:
+            left = seq.length_cap - len(seq.output_ids) - seq.pending_tokens
+            if left <= 0 and seq.pending_tokens:
+                exhausted.append(seq)
+            elif left < margin:
+                margin = left
+        self._exhaust_margin = margin
         if not exhausted:
             return
         for seq in exhausted:
@@ -122,8 +140,17 @@ class DecodeSteps:
         """Queue one decode forward of every running sequence; returns the rows and their logits. A
         row with an unread token (it was in the step in flight) takes it from that step's device
         tensor."""
+        previous = self._inflight
+        self._exhaust_margin -= 1
+        if previous is not None and previous.seqs == self._running:  # a steady step (module doc)
+            batch = list(self._running)
+            for seq in batch:
+                seq.pending_tokens += 1
+            _, slots, last_positions = self._launched
+            positions = [p + 1 for p in last_positions]
+            return batch, self._decode(batch, slots, [0] * len(batch), positions, list(range(len(batch))))
         self._compact()
-        batch, previous = list(self._running), self._inflight
+        batch = list(self._running)
         tokens, rows, positions = [], [], []
         for row, seq in enumerate(batch):
             output = seq.output_ids
@@ -136,17 +163,25 @@ class DecodeSteps:
             positions.append(len(seq.group.prompt_ids) + len(output) + seq.pending_tokens - 1)
             seq.pending_tokens += 1
             seq.step_row = row
+        return batch, self._decode(batch, [s.slot for s in batch], tokens, positions, rows)
+
+    def _decode(
+        self, batch: list[Sequence], slots: list[int], tokens: list[int], positions: list[int], rows: list[int]
+    ) -> torch.Tensor:
+        """Queue the decode forward of ``batch`` (in ``slots``); a row with ``rows[i] >= 0`` takes
+        its input from that row of the step in flight, the others ``tokens[i]``."""
+        previous = self._inflight
         carried = previous is not None and max(rows) >= 0
         self._spare_padding(len(batch))
-        logits = self.runner.decode(
-            [s.slot for s in batch],
+        self._launched = (batch, slots, positions)
+        return self.runner.decode(
+            slots,
             tokens,
             positions,
             previous.tokens if carried and previous is not None else None,
             rows if carried else None,
             **({"rope_deltas": [s.rope_delta for s in batch]} if self.runner.is_vision else {}),
         )
-        return batch, logits
 
     def _spare_padding(self, count: int) -> None:
         """Move away (or drop, without room) the retained prefix-cache entries in the free slots
@@ -167,32 +202,34 @@ class DecodeSteps:
         if step is None:
             return 0.0
         token_list, logprob_list = step.results()
-        fresh, check = 0, self.finisher.check
+        stale, finished, check = 0, False, self.finisher.check
         # the hot loop of a decode step (every running sequence, every step): Sequence.append and
-        # the finish rules inlined, and the full check only where a rule can apply (prepare())
+        # the finish rules inlined, and the full check only where a rule can apply (prepare());
+        # every sequence has its first token (and first_token_at) from its admission's prefill
         for seq, value, logprob in zip(step.seqs, token_list, logprob_list):
             seq.pending_tokens -= 1
             if seq.finish_reason is not None:
+                stale += 1
                 continue
-            fresh += 1
             token = int(value)
             output = seq.output_ids
             output.append(token)
             seq.output_logprobs.append(logprob)
-            if seq.first_token_at is None:
-                seq.first_token_at = time.perf_counter()
             if seq.watch_text or token in seq.stop_ids or len(output) >= seq.length_cap:
-                seq.finish_reason = check(seq)
+                reason = check(seq)
+                if reason is not None:
+                    seq.finish_reason, finished = reason, True
         if step.top is not None:
             attach(step.seqs, step.top, step.top_results())
-        self.counters.add_generated(fresh)
-        self._retire_finished()
+        self.counters.add_generated(len(step.seqs) - stale)
+        self._retire_finished(finished)
         return step.waited
 
-    def _retire_finished(self) -> None:
-        """Release the running or draining sequences that have finished; draining ones without
-        unread tokens have finished by now (their length budget ended)."""
-        if any(s.finished for s in self._running):
+    def _retire_finished(self, finished: bool) -> None:
+        """Release the running or draining sequences that have finished (``finished``: some running
+        one did, in the step just read back); draining ones without unread tokens have finished by
+        now (their length budget ended)."""
+        if finished:
             still = []
             for seq in self._running:
                 if seq.finished:

@@ -62,9 +62,11 @@ class SequenceGroup:
     input_top_logprobs: list[TopEntry | None] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class Sequence:
-    """One sequence being generated (see the module doc)."""
+    """One sequence being generated (see the module doc). Equal only to itself (hashable by
+    identity): the engine compares its batches row by row, and two requests may share every field
+    but their slot."""
 
     rid: str
     group: SequenceGroup

@@ -200,3 +200,38 @@ def test_the_sampling_table_is_rebuilt_only_when_the_rows_change(runner, monkeyp
     assert len(outputs["long"]) == 30 and steps >= 29
     # prefill samples build their own tables; the decode steps built one per distinct set of rows
     assert builds.count(2) + builds.count(1) <= 6 < steps
+
+
+def test_steady_steps_skip_the_per_row_passes(any_runner, monkeypatch) -> None:
+    """A step over the rows of the step before reuses its slots and positions (one further on)
+    without compacting the batch or checking every row's length budget; a row that leaves brings
+    one full step back. The outputs are the step-by-step loop's."""
+    compactions: list[int] = []
+    real_compact = Engine._compact
+
+    def counting_compact(self) -> None:
+        compactions.append(len(self._running))
+        real_compact(self)
+
+    monkeypatch.setattr(Engine, "_compact", counting_compact)
+    outputs = {}
+    for overlap in (False, True):
+        compactions.clear()
+        engine = _start(any_runner, overlap=overlap)
+        try:
+            reqs = [
+                make_request(PROMPTS[i], rid=f"r{i}", temperature=0.0, max_new_tokens=m, ignore_eos=True)
+                for i, m in enumerate((8, 8, 20))
+            ]
+            engine.submit([seq for req in reqs for seq in req.seqs])  # one admission
+            outputs[overlap] = {seq.rid: seq.output_ids for req in reqs for seq in req.wait()}
+            steps = engine.stats().decode_steps_total
+        finally:
+            engine.shutdown()
+        if overlap:
+            # a full step first and after the two 8-token rows leave: two compactions in ~20 steps
+            assert steps >= 19 and len(compactions) <= 3, compactions
+        else:  # every step of the step-by-step loop is a full one
+            assert len(compactions) == steps
+    assert outputs[True] == outputs[False]
+    assert [len(outputs[True][f"r{i}"]) for i in range(3)] == [8, 8, 20]
