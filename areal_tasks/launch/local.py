@@ -27,19 +27,18 @@ from areal_tasks.api.scheduler import (
     NODE_ADDR_ENV,
     OWN_DEVICES_ENV,
     NodeInfo,
-    Scheduler,
     WorkerGroupSpec,
     WorkerInfo,
     WorkerStatus,
     expand_placeholders,
     torch_distributed_env,
 )
-from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
+from areal_tasks.errors import SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
+from areal_tasks.launch.base import GroupScheduler
 from areal_tasks.launch.devices import DevicePool, detect_devices
 from areal_tasks.launch.ports import PortAllocator
 from areal_tasks.launch.process import WorkerProcess, stop_processes
-from areal_tasks.launch.readiness import probe
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -62,13 +61,13 @@ class _Worker:
 @dataclass
 class _Group:
     spec: WorkerGroupSpec
-    workers: list[_Worker]
+    workers: list[_Worker] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     released: bool = False
 
 
-class LocalScheduler(Scheduler):
+class LocalScheduler(GroupScheduler[_Group, _Worker]):
     """Runs worker groups as local subprocesses.
 
     Args:
@@ -145,47 +144,7 @@ class LocalScheduler(Scheduler):
         elsewhere = sorted({node for node in spec.placement or [] if node >= have})
         if elsewhere:
             raise SchedulerError(f"group {spec.name!r} places ranks on nodes {elsewhere}, but {self._nodes_phrase()}")
-        with self._lock:
-            previous = self._groups.get(spec.name)
-            if previous is not None:
-                running = [w.info.name for w in previous.workers if not self._refresh(w).is_terminal]
-                if running:
-                    raise SchedulerError(
-                        f"group {spec.name!r} is already running ({', '.join(running)}); "
-                        "call stop_group() first or start the new group under another name"
-                    )
-            group = self._launch(spec)
-            self._groups[spec.name] = group
-        return [copy.deepcopy(w.info) for w in group.workers]
-
-    def wait_ready(self, group: str, timeout_s: float | None = None) -> None:
-        state = self._group(group)
-        timeout = state.spec.ready_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        last_probe: dict[int, str] = {}
-        for worker in state.workers:
-            if worker.stop_requested:
-                raise SchedulerError(f"worker {worker.info.name} was stopped; start group {group!r} again")
-            if self._refresh(worker) is WorkerStatus.FAILED:
-                raise WorkerFailedError(_failure_message(worker, "after it was started"))
-        pending = [w for w in state.workers if w.info.status is WorkerStatus.STARTING]
-        while pending:
-            for worker in list(pending):
-                if self._refresh(worker).is_terminal:
-                    raise WorkerFailedError(_failure_message(worker, "before becoming ready"))
-                result = probe(state.spec.readiness.kind, worker.ready_target, state.spec.readiness.expect_status)
-                if result.ready:
-                    with self._lock:
-                        if worker.info.status is WorkerStatus.STARTING:
-                            worker.info.status = WorkerStatus.RUNNING
-                    logger.info("%s is ready (%s)", worker.info.name, result.detail)
-                    pending.remove(worker)
-                else:
-                    last_probe[worker.info.rank] = result.detail
-            if pending and time.monotonic() >= deadline:
-                raise ReadinessTimeoutError(_timeout_message(state.spec, pending, last_probe, timeout))
-            if pending:
-                time.sleep(state.spec.readiness.interval_s)
+        return self._start_named(_Group(spec), self._launch)
 
     def status(self, group: str) -> list[WorkerInfo]:
         state = self._group(group)
@@ -216,9 +175,6 @@ class LocalScheduler(Scheduler):
                 ) from exc
         return self.status(group)
 
-    def stop_group(self, group: str, grace_s: float = 10.0) -> None:
-        self._stop([self._group(group)], grace_s)
-
     def stop_all(self, grace_s: float = 10.0) -> None:
         with self._lock:
             groups = list(self._groups.values())
@@ -242,13 +198,16 @@ class LocalScheduler(Scheduler):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _group(self, name: str) -> _Group:
-        with self._lock:
-            state = self._groups.get(name)
-        if state is None:
-            known = ", ".join(sorted(self._groups)) or "none"
-            raise SchedulerError(f"unknown worker group {name!r} (known: {known}); start_group() it first")
-        return state
+    def _announce_ready(self, worker: _Worker, detail: str) -> None:
+        logger.info("%s is ready (%s)", worker.info.name, detail)
+
+    def _failure_message(self, worker: _Worker, when: str) -> str:
+        return _failure_message(worker, when)
+
+    def _timeout_message(
+        self, spec: WorkerGroupSpec, pending: list[_Worker], last_probe: dict[int, str], timeout: float
+    ) -> str:
+        return _timeout_message(spec, pending, last_probe, timeout)
 
     def _refresh(self, worker: _Worker) -> WorkerStatus:
         """Poll ``worker``'s process and record its exit; returns the (new) status."""
@@ -268,37 +227,33 @@ class LocalScheduler(Scheduler):
                 log("%s exited with code %s; log %s", info.name, code, info.log_path)
             return info.status
 
-    def _launch(self, spec: WorkerGroupSpec) -> _Group:
-        group = _Group(spec=spec, workers=[])
-        try:
-            master_port = None
-            if spec.torch_distributed:
-                master_port = self._ports.allocate(1)[0]
-                group.ports.append(master_port)
-            plans = []
-            for rank in range(spec.replicas):
-                ports = self._ports.allocate(spec.ports_per_worker)
-                group.ports += ports
-                if spec.shared_devices is not None:  # colocated: the holder group keeps (and returns) them
-                    devices = self._devices.check_held(spec.shared_devices[rank], f"worker {spec.name}/{rank}")
-                else:
-                    devices = self._devices.acquire(spec.devices_per_worker, f"worker {spec.name}/{rank}")
-                    group.devices += devices
-                plans.append(self._plan(spec, rank, ports, devices, master_port))
-            if spec.readiness.kind == "file":
-                for info, _, _, _, target in plans:
-                    _remove_stale_marker(target, info.name)
-            for info, argv, env, cwd, target in plans:
-                command = self._node_command(info.node, argv, cwd)
-                process = WorkerProcess.spawn(info.name, command, env, cwd, Path(info.log_path))
-                info.pid = process.pid
-                info.status = WorkerStatus.RUNNING if spec.readiness.kind == "none" else WorkerStatus.STARTING
-                group.workers.append(_Worker(info=info, process=process, ready_target=target))
-        except BaseException:
-            # Undo a half-started group (processes, ports, devices), then let the original error through.
-            self._stop([group], grace_s=1.0)
-            raise
-        return group
+    def _launch(self, group: _Group) -> None:
+        """Start the workers of the new ``group``; on a failure, what it started (processes, ports,
+        devices) is in ``group`` for the caller to stop."""
+        spec = group.spec
+        master_port = None
+        if spec.torch_distributed:
+            master_port = self._ports.allocate(1)[0]
+            group.ports.append(master_port)
+        plans = []
+        for rank in range(spec.replicas):
+            ports = self._ports.allocate(spec.ports_per_worker)
+            group.ports += ports
+            if spec.shared_devices is not None:  # colocated: the holder group keeps (and returns) them
+                devices = self._devices.check_held(spec.shared_devices[rank], f"worker {spec.name}/{rank}")
+            else:
+                devices = self._devices.acquire(spec.devices_per_worker, f"worker {spec.name}/{rank}")
+                group.devices += devices
+            plans.append(self._plan(spec, rank, ports, devices, master_port))
+        if spec.readiness.kind == "file":
+            for info, _, _, _, target in plans:
+                _remove_stale_marker(target, info.name)
+        for info, argv, env, cwd, target in plans:
+            command = self._node_command(info.node, argv, cwd)
+            process = WorkerProcess.spawn(info.name, command, env, cwd, Path(info.log_path))
+            info.pid = process.pid
+            info.status = WorkerStatus.RUNNING if spec.readiness.kind == "none" else WorkerStatus.STARTING
+            group.workers.append(_Worker(info=info, process=process, ready_target=target))
 
     def _plan(
         self, spec: WorkerGroupSpec, rank: int, ports: list[int], devices: list[str], master_port: int | None

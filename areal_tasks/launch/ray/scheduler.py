@@ -46,13 +46,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
     NodeInfo,
-    Scheduler,
     WorkerGroupSpec,
     WorkerInfo,
     WorkerStatus,
 )
-from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
+from areal_tasks.errors import SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
+from areal_tasks.launch.base import GroupScheduler
 from areal_tasks.launch.process import read_log_tail
 from areal_tasks.launch.ray import messages
 from areal_tasks.launch.ray import preflight as ray_preflight
@@ -60,7 +60,7 @@ from areal_tasks.launch.ray.cluster import job_placement_group, on_ray_node
 from areal_tasks.launch.ray.messages import LOG_TAIL_LINES
 from areal_tasks.launch.ray.plan import plan_worker
 from areal_tasks.launch.ray.supervisor import Supervisor
-from areal_tasks.launch.readiness import probe
+from areal_tasks.launch.readiness import ProbeResult
 
 if TYPE_CHECKING:
     from areal_tasks.config.job import JobConfig
@@ -92,7 +92,7 @@ class _Group:
     released: bool = False
 
 
-class RayScheduler(Scheduler):
+class RayScheduler(GroupScheduler[_Group, _Worker]):
     """Runs worker groups as processes started by supervisor actors on a Ray cluster.
 
     Args:
@@ -194,52 +194,7 @@ class RayScheduler(Scheduler):
                 f"group {spec.name!r} places ranks on nodes {beyond}, but the job's Ray placement group has nodes "
                 f"0..{len(nodes) - 1} (cluster.nodes={self.n_nodes}); raise cluster.nodes or fix the placement"
             )
-        with self._lock:
-            previous = self._groups.get(spec.name)
-            if previous is not None:
-                running = [w.info.name for w in previous.workers if not self._refresh(w).is_terminal]
-                if running:
-                    raise SchedulerError(
-                        f"group {spec.name!r} is already running ({', '.join(running)}); "
-                        "call stop_group() first or start the new group under another name"
-                    )
-            group = _Group(spec=spec)
-            try:
-                self._launch(group, nodes)
-            except BaseException:
-                self._stop([group], grace_s=1.0)
-                raise
-            self._groups[spec.name] = group
-        return [copy.deepcopy(w.info) for w in group.workers]
-
-    def wait_ready(self, group: str, timeout_s: float | None = None) -> None:
-        state = self._group(group)
-        timeout = state.spec.ready_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        last_probe: dict[int, str] = {}
-        for worker in state.workers:
-            if worker.stop_requested:
-                raise SchedulerError(f"worker {worker.info.name} was stopped; start group {group!r} again")
-            if self._refresh(worker) is WorkerStatus.FAILED:
-                raise WorkerFailedError(self._failure_message(worker, "after it was started"))
-        pending = [w for w in state.workers if w.info.status is WorkerStatus.STARTING]
-        while pending:
-            for worker in list(pending):
-                if self._refresh(worker).is_terminal:
-                    raise WorkerFailedError(self._failure_message(worker, "before becoming ready"))
-                ready, detail = self._probe(state.spec, worker)
-                if ready:
-                    with self._lock:
-                        if worker.info.status is WorkerStatus.STARTING:
-                            worker.info.status = WorkerStatus.RUNNING
-                    logger.info("%s is ready (%s)", worker.info.name, detail)
-                    pending.remove(worker)
-                else:
-                    last_probe[worker.info.rank] = detail
-            if pending and time.monotonic() >= deadline:
-                raise ReadinessTimeoutError(self._timeout_message(state.spec, pending, last_probe, timeout))
-            if pending:
-                time.sleep(state.spec.readiness.interval_s)
+        return self._start_named(_Group(spec), lambda group: self._launch(group, nodes))
 
     def status(self, group: str) -> list[WorkerInfo]:
         state = self._group(group)
@@ -269,9 +224,6 @@ class RayScheduler(Scheduler):
                     f"{RunPaths.of(self.run_dir).worker_log(group, 0).parent})"
                 )
             time.sleep(_POLL_S)
-
-    def stop_group(self, group: str, grace_s: float = 10.0) -> None:
-        self._stop([self._group(group)], grace_s)
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         with self._lock:
@@ -438,19 +390,22 @@ class RayScheduler(Scheduler):
         logger.error("%s failed: %s", info.name, worker.reason)
         return info.status
 
-    def _probe(self, spec: WorkerGroupSpec, worker: _Worker) -> tuple[bool, str]:
+    def _probe(self, spec: WorkerGroupSpec, worker: _Worker) -> ProbeResult:
+        """HTTP from the controller; a ``file`` target through the supervisor, on the worker's node."""
         if spec.readiness.kind != "file":
-            result = probe(spec.readiness.kind, worker.ready_target, spec.readiness.expect_status)
-            return result.ready, result.detail
+            return super()._probe(spec, worker)
         try:
             there = bool(self._call(worker.actor.exists.remote(worker.ready_target)))
         except SchedulerError as exc:
-            return False, f"could not check {worker.ready_target} on the node: {exc}"
+            return ProbeResult(False, f"could not check {worker.ready_target} on the node: {exc}")
         where = f"on node {worker.info.node} ({worker.info.host})"
-        return (
+        return ProbeResult(
             there,
             f"{worker.ready_target} exists {where}" if there else f"{worker.ready_target} does not exist yet {where}",
         )
+
+    def _announce_ready(self, worker: _Worker, detail: str) -> None:
+        logger.info("%s is ready (%s)", worker.info.name, detail)
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -506,14 +461,6 @@ class RayScheduler(Scheduler):
     def _where(self, info: WorkerInfo) -> str:
         node = self._nodes[info.node] if info.node < len(self._nodes) else None
         return node.label if node is not None else f"node {info.node} ({info.host})"
-
-    def _group(self, name: str) -> _Group:
-        with self._lock:
-            state = self._groups.get(name)
-        if state is None:
-            known = ", ".join(sorted(self._groups)) or "none"
-            raise SchedulerError(f"unknown worker group {name!r} (known: {known}); start_group() it first")
-        return state
 
 
 def _label(nodes: list[NodeInfo], worker: _Worker) -> str:

@@ -43,7 +43,6 @@ from areal_tasks.api.run_dir import RunPaths
 from areal_tasks.api.scheduler import (
     NODE_ADDR_ENV,
     NodeInfo,
-    Scheduler,
     WorkerGroupSpec,
     WorkerInfo,
     WorkerStatus,
@@ -51,10 +50,10 @@ from areal_tasks.api.scheduler import (
     torch_distributed_env,
 )
 from areal_tasks.config.cluster import SlurmConfig
-from areal_tasks.errors import ReadinessTimeoutError, SchedulerError, WorkerFailedError
+from areal_tasks.errors import SchedulerError, WorkerFailedError
 from areal_tasks.launch import cleanup
+from areal_tasks.launch.base import GroupScheduler
 from areal_tasks.launch.process import WorkerProcess, stop_processes
-from areal_tasks.launch.readiness import probe
 from areal_tasks.launch.slurm.allocation import Allocation
 from areal_tasks.launch.slurm.commands import resolve_slurm_conf, slurm_env
 from areal_tasks.launch.slurm.script import container_wrapping, srun_step_argv
@@ -91,7 +90,7 @@ class _Group:
     ports: dict[int, list[int]] = field(default_factory=dict)  # node index -> ports held
 
 
-class SlurmScheduler(Scheduler):
+class SlurmScheduler(GroupScheduler[_Group, _Worker]):
     """Runs worker groups as ``srun`` steps of one SLURM allocation (see the module docstring).
 
     Args:
@@ -180,52 +179,7 @@ class SlurmScheduler(Scheduler):
                 f"group {spec.name!r} places ranks on nodes {beyond}, but SLURM allocation {self.job_id} has "
                 f"{len(nodes)} node(s) (0..{len(nodes) - 1}); raise cluster.nodes or fix the placement"
             )
-        with self._lock:
-            previous = self._groups.get(spec.name)
-            if previous is not None:
-                running = [w.info.name for w in previous.workers if not self._refresh(w).is_terminal]
-                if running:
-                    raise SchedulerError(
-                        f"group {spec.name!r} is already running ({', '.join(running)}); "
-                        "call stop_group() first or start the new group under another name"
-                    )
-            group = _Group(spec=spec)
-            try:
-                self._launch(group, nodes)
-            except BaseException:
-                self._stop([group], grace_s=1.0)
-                raise
-            self._groups[spec.name] = group
-        return [copy.deepcopy(w.info) for w in group.workers]
-
-    def wait_ready(self, group: str, timeout_s: float | None = None) -> None:
-        state = self._group(group)
-        timeout = state.spec.ready_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        last_probe: dict[int, str] = {}
-        for worker in state.workers:
-            if worker.stop_requested:
-                raise SchedulerError(f"worker {worker.info.name} was stopped; start group {group!r} again")
-            if self._refresh(worker) is WorkerStatus.FAILED:
-                raise WorkerFailedError(self._failure_message(worker, "after it was started"))
-        pending = [w for w in state.workers if w.info.status is WorkerStatus.STARTING]
-        while pending:
-            for worker in list(pending):
-                if self._refresh(worker).is_terminal:
-                    raise WorkerFailedError(self._failure_message(worker, "before becoming ready"))
-                result = probe(state.spec.readiness.kind, worker.ready_target, state.spec.readiness.expect_status)
-                if result.ready:
-                    with self._lock:
-                        if worker.info.status is WorkerStatus.STARTING:
-                            worker.info.status = WorkerStatus.RUNNING
-                    logger.info("%s is ready on %s (%s)", worker.info.name, worker.node.label, result.detail)
-                    pending.remove(worker)
-                else:
-                    last_probe[worker.info.rank] = result.detail
-            if pending and time.monotonic() >= deadline:
-                raise ReadinessTimeoutError(self._timeout_message(state.spec, pending, last_probe, timeout))
-            if pending:
-                time.sleep(state.spec.readiness.interval_s)
+        return self._start_named(_Group(spec), lambda group: self._launch(group, nodes))
 
     def status(self, group: str) -> list[WorkerInfo]:
         state = self._group(group)
@@ -255,9 +209,6 @@ class SlurmScheduler(Scheduler):
                 ) from exc
         return self.status(group)
 
-    def stop_group(self, group: str, grace_s: float = 10.0) -> None:
-        self._stop([self._group(group)], grace_s)
-
     def stop_all(self, grace_s: float = 10.0) -> None:
         """Stop every group, then cancel the allocation if this scheduler took it."""
         with self._lock:
@@ -268,14 +219,6 @@ class SlurmScheduler(Scheduler):
             self.allocation.release()
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _group(self, name: str) -> _Group:
-        with self._lock:
-            state = self._groups.get(name)
-        if state is None:
-            known = ", ".join(sorted(self._groups)) or "none"
-            raise SchedulerError(f"unknown worker group {name!r} (known: {known}); start_group() it first")
-        return state
 
     def _refresh(self, worker: _Worker) -> WorkerStatus:
         with self._lock:
@@ -439,6 +382,9 @@ class SlurmScheduler(Scheduler):
             for group in groups:
                 for worker in group.workers:
                     self._refresh(worker)
+
+    def _announce_ready(self, worker: _Worker, detail: str) -> None:
+        logger.info("%s is ready on %s (%s)", worker.info.name, worker.node.label, detail)
 
     def _failure_message(self, worker: _Worker, when: str) -> str:
         info = worker.info
