@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -52,13 +51,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.jobs import JobStatus
 from areal_tasks.errors import SchedulerError
+from areal_tasks.launch import job_folders
 from areal_tasks.launch.process import kill_tree, read_log_tail, tree_pids, with_marker
 from storage.redact import redact_argv
 
@@ -69,14 +68,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["JOBS_ROOT_ENV", "LocalJobs", "jobs_root_for", "validate_job_name"]
 
-RECORD_FILE = "job.json"
 LOG_FILE = "job.log"
 EXIT_FILE = "exit_code"
-CANCEL_FILE = "cancelled"
-ATTEMPT_PREFIX = "attempt_"
-#: job folders and the files in them are their owner's only.
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 #: longest job name accepted (it is a directory name).
 MAX_NAME_LENGTH = 200
 #: seconds the job's processes outside its group get between SIGTERM and SIGKILL (after the group is gone).
@@ -92,7 +85,6 @@ JOBS_DIR_NAME = "areal_jobs"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PROC = Path("/proc")
-_ATTEMPT_RE = re.compile(rf"^{ATTEMPT_PREFIX}(\d+)$")
 # Wrapper processes this process started: polled so that they do not stay zombies here.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -149,7 +141,7 @@ class LocalJobs:
         validate_job_name(name)
         if not argv:
             raise SchedulerError(f"job {name}: argv is empty; give the command to run")
-        with self._locked(name):
+        with job_folders.locked_job_dir(self._job_dir(name)):
             current = self._latest_attempt(name)
             if current is not None:
                 status = self._status_of(name, current)
@@ -159,10 +151,10 @@ class LocalJobs:
                         "look it up and wait for it, or cancel it before submitting again"
                     )
                 self._stop_leftovers(name, current)
-            attempt = 1 if current is None else _attempt_number(current) + 1
-            folder = self._job_dir(name) / f"{ATTEMPT_PREFIX}{attempt}"
-            folder.mkdir(mode=DIR_MODE)
-            os.chmod(folder, DIR_MODE)  # mkdir's mode is filtered by the umask
+            attempt = 1 if current is None else job_folders.attempt_number(current) + 1
+            folder = self._job_dir(name) / f"{job_folders.ATTEMPT_PREFIX}{attempt}"
+            folder.mkdir(mode=job_folders.DIR_MODE)
+            os.chmod(folder, job_folders.DIR_MODE)  # mkdir's mode is filtered by the umask
             if run_dir is not None:
                 Path(run_dir).mkdir(parents=True, exist_ok=True)
             log_path = folder / LOG_FILE
@@ -193,7 +185,7 @@ class LocalJobs:
                 "start_ticks": None if stat is None else stat[2],
                 "submitted_at": time.time(),
             }
-            _write_json_atomic(folder / RECORD_FILE, record)
+            _write_json_atomic(folder / job_folders.RECORD_FILE, record)
         logger.info("submitted job %s (attempt %d, pid %d): %s", name, attempt, popen.pid, " ".join(shown))
         return self._status_of(name, folder)
 
@@ -212,7 +204,7 @@ class LocalJobs:
         when processes survive SIGKILL (uninterruptible I/O).
         """
         validate_job_name(name)
-        with self._locked(name):
+        with job_folders.locked_job_dir(self._job_dir(name)):
             folder = self._latest_attempt(name)
             if folder is None:
                 return JobStatus(name, "missing", f"no job named {name} under {self.root}")
@@ -220,7 +212,7 @@ class LocalJobs:
             if status.state != "running":
                 logger.info("job %s is %s; nothing to cancel", name, status.state)
                 return status
-            _write_private(folder / CANCEL_FILE, f"{time.time()}\n")
+            _write_private(folder / job_folders.CANCEL_FILE, f"{time.time()}\n")
             assert status.pid is not None
             _stop_group(name, status.pid, grace_s, _marker(folder))
             self._reap(status.pid)
@@ -241,11 +233,15 @@ class LocalJobs:
         folder = self._job_dir(name)
         if not folder.is_dir():
             return None
-        attempts = [p for p in folder.iterdir() if _ATTEMPT_RE.match(p.name) and (p / RECORD_FILE).is_file()]
-        return max(attempts, key=_attempt_number) if attempts else None
+        attempts = [
+            p
+            for p in folder.iterdir()
+            if job_folders.ATTEMPT_RE.match(p.name) and (p / job_folders.RECORD_FILE).is_file()
+        ]
+        return max(attempts, key=job_folders.attempt_number) if attempts else None
 
     def _status_of(self, name: str, folder: Path) -> JobStatus:
-        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        record = json.loads((folder / job_folders.RECORD_FILE).read_text(encoding="utf-8"))
         pid = int(record["pid"])
         self._reap(pid)
         base = {
@@ -255,7 +251,7 @@ class LocalJobs:
             "attempt": int(record["attempt"]),
             "log_path": str(folder / LOG_FILE),
         }
-        cancelled = (folder / CANCEL_FILE).is_file()
+        cancelled = (folder / job_folders.CANCEL_FILE).is_file()
         code = _read_exit_code(folder)
         if code is None:
             if _same_process(pid, record.get("start_ticks")):
@@ -284,7 +280,7 @@ class LocalJobs:
 
     def _stop_leftovers(self, name: str, folder: Path) -> None:
         """Kill what is left of an ended attempt's process group (servers orphaned by a killed wrapper)."""
-        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        record = json.loads((folder / job_folders.RECORD_FILE).read_text(encoding="utf-8"))
         pgid = int(record["pid"])
         stat = _stat(pgid)
         if stat is not None and stat[0] not in ("Z", "X") and stat[2] != record.get("start_ticks"):
@@ -300,19 +296,6 @@ class LocalJobs:
         popen = _CHILDREN.get(pid)
         if popen is not None and popen.poll() is not None:
             del _CHILDREN[pid]
-
-    @contextmanager
-    def _locked(self, name: str) -> Iterator[None]:
-        """Serialise submit/cancel of one name across processes (an flock on ``<root>/<name>/.lock``)."""
-        folder = self._job_dir(name)
-        folder.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        os.chmod(folder, DIR_MODE)
-        with open(folder / ".lock", "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------------- process helpers
@@ -406,15 +389,9 @@ def _describe_code(code: int) -> str:
     return ""
 
 
-def _attempt_number(folder: Path) -> int:
-    match = _ATTEMPT_RE.match(folder.name)
-    assert match is not None, folder
-    return int(match.group(1))
-
-
 def _open_private(path: Path) -> Any:
     """``path`` opened for appending (binary), created 0600."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE), "ab")
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, job_folders.FILE_MODE), "ab")
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -30,22 +30,21 @@ for an end state, bounded.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_tasks.api.jobs import JobState, JobStatus
 from areal_tasks.config.cluster import ClusterConfig
 from areal_tasks.errors import SchedulerError
-from areal_tasks.launch.jobs import validate_job_name
+from areal_tasks.launch import job_folders
+from areal_tasks.launch.jobs import JOBS_ROOT_ENV, validate_job_name
 from areal_tasks.launch.process import read_log_tail
 from areal_tasks.launch.slurm.commands import parse_key_values, parse_rows, resolve_slurm_conf, run_slurm
 from areal_tasks.launch.slurm.script import EXIT_FILE, LOG_FILE, BatchScript, render_batch_script
@@ -58,13 +57,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SlurmJobs", "map_state"]
 
-RECORD_FILE = "job.json"
 SCRIPT_FILE = "job.sbatch"
-CANCEL_FILE = "cancelled"
-ATTEMPT_PREFIX = "attempt_"
-DIR_MODE = 0o700
-FILE_MODE = 0o600
-JOBS_ROOT_ENV = "AREAL_JOBS_ROOT"
 #: log lines quoted in the reason of a failed job.
 REASON_TAIL_LINES = 5
 #: seconds cancel() waits for an end state after ``scancel`` (SLURM's KillWait plus a margin).
@@ -74,7 +67,6 @@ RUNNING_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "
 FAILED_STATES = frozenset(
     {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
 )
-_ATTEMPT_RE = re.compile(rf"^{ATTEMPT_PREFIX}(\d+)$")
 _WHY = {
     "NODE_FAIL": "a node of the job was lost (SLURM does not requeue it: the retry resumes from the last checkpoint)",
     "TIMEOUT": "it reached its time limit (cluster.slurm.time_limit or the partition's)",
@@ -152,7 +144,7 @@ class SlurmJobs:
         command = list(argv)
         if self.slurm.python and command[0] == sys.executable:
             command[0] = self.slurm.python  # the interpreter as the nodes see it
-        with self._locked(name):
+        with job_folders.locked_job_dir(self._job_dir(name)):
             current = self._latest_attempt(name)
             if current is not None:
                 status = self._status_of(name, current)
@@ -162,9 +154,9 @@ class SlurmJobs:
                         f"{status.reason}); look it up and wait for it, or cancel it before submitting again"
                     )
             attempt = self._next_attempt(name)
-            folder = self._job_dir(name) / f"{ATTEMPT_PREFIX}{attempt}"
-            folder.mkdir(mode=DIR_MODE)
-            os.chmod(folder, DIR_MODE)
+            folder = self._job_dir(name) / f"{job_folders.ATTEMPT_PREFIX}{attempt}"
+            folder.mkdir(mode=job_folders.DIR_MODE)
+            os.chmod(folder, job_folders.DIR_MODE)
             workdir = str(cwd or self.slurm.workdir or os.getcwd())
             script = render_batch_script(
                 BatchScript(
@@ -186,7 +178,7 @@ class SlurmJobs:
             _write_private(folder / LOG_FILE, "")  # sbatch appends to it: created 0600 here, not by SLURM's umask
             kept = None
             if run_dir is not None:
-                kept = Path(run_dir) / "slurm" / f"{ATTEMPT_PREFIX}{attempt}.sbatch"
+                kept = Path(run_dir) / "slurm" / f"{job_folders.ATTEMPT_PREFIX}{attempt}.sbatch"
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 _write_private(kept, script)
             done = run_slurm(
@@ -212,7 +204,7 @@ class SlurmJobs:
                 "slurm_conf": self.slurm_conf,
                 "submitted_at": time.time(),
             }
-            _write_private(folder / RECORD_FILE, json.dumps(record, indent=1))
+            _write_private(folder / job_folders.RECORD_FILE, json.dumps(record, indent=1))
         logger.info("submitted job %s (attempt %d) as SLURM job %s; script %s", name, attempt, job_id, script_path)
         return self._status_of(name, folder)
 
@@ -227,7 +219,7 @@ class SlurmJobs:
     def cancel(self, name: str, grace_s: float = 30.0) -> JobStatus:
         """SIGTERM every process of the job, ``scancel`` it after ``grace_s``; its status once it has ended."""
         validate_job_name(name)
-        with self._locked(name):
+        with job_folders.locked_job_dir(self._job_dir(name)):
             folder = self._latest_attempt(name)
             if folder is None:
                 return JobStatus(name, "missing", f"no job named {name} under {self.root}", backend="slurm")
@@ -236,7 +228,7 @@ class SlurmJobs:
                 logger.info("job %s is %s; nothing to cancel", name, status.state)
                 return status
             assert status.job_id is not None
-            _write_private(folder / CANCEL_FILE, f"{time.time()}\n")
+            _write_private(folder / job_folders.CANCEL_FILE, f"{time.time()}\n")
             signalled = run_slurm(
                 ["scancel", "--signal=TERM", "--full", status.job_id], slurm_conf=self.slurm_conf, check=False
             )
@@ -278,14 +270,14 @@ class SlurmJobs:
         folder = self._job_dir(name)
         if not folder.is_dir():
             return []
-        return [p for p in folder.iterdir() if _ATTEMPT_RE.match(p.name)]
+        return [p for p in folder.iterdir() if job_folders.ATTEMPT_RE.match(p.name)]
 
     def _latest_attempt(self, name: str) -> Path | None:
-        recorded = [p for p in self._attempts(name) if (p / RECORD_FILE).is_file()]
-        return max(recorded, key=_attempt_number) if recorded else None
+        recorded = [p for p in self._attempts(name) if (p / job_folders.RECORD_FILE).is_file()]
+        return max(recorded, key=job_folders.attempt_number) if recorded else None
 
     def _next_attempt(self, name: str) -> int:
-        return max((_attempt_number(p) for p in self._attempts(name)), default=0) + 1
+        return max((job_folders.attempt_number(p) for p in self._attempts(name)), default=0) + 1
 
     def _slurm_view(self, name: str, job_id: str) -> dict[str, str] | None:
         """``{"state", "reason", "exit"}`` of ``job_id`` from squeue, scontrol or sacct; None if SLURM forgot it."""
@@ -321,7 +313,7 @@ class SlurmJobs:
         return None
 
     def _status_of(self, name: str, folder: Path) -> JobStatus:
-        record = json.loads((folder / RECORD_FILE).read_text(encoding="utf-8"))
+        record = json.loads((folder / job_folders.RECORD_FILE).read_text(encoding="utf-8"))
         job_id = str(record["job_id"])
         base: dict[str, Any] = {
             "name": name,
@@ -331,7 +323,7 @@ class SlurmJobs:
             "job_id": job_id,
             "backend": "slurm",
         }
-        cancelled = (folder / CANCEL_FILE).is_file()
+        cancelled = (folder / job_folders.CANCEL_FILE).is_file()
         view = self._slurm_view(name, job_id)
         recorded = _read_exit_code(folder)
         if view is None:
@@ -363,25 +355,6 @@ class SlurmJobs:
             reason += "; last log lines:\n" + tail
         return JobStatus(state="failed", reason=reason, exit_code=code, **base)
 
-    @contextmanager
-    def _locked(self, name: str) -> Iterator[None]:
-        """Serialise submit/cancel of one name across processes (an flock on ``<root>/<name>/.lock``)."""
-        folder = self._job_dir(name)
-        folder.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        os.chmod(folder, DIR_MODE)
-        with open(folder / ".lock", "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _attempt_number(folder: Path) -> int:
-    match = _ATTEMPT_RE.match(folder.name)
-    assert match is not None, folder
-    return int(match.group(1))
-
 
 def _read_exit_code(folder: Path) -> int | None:
     try:
@@ -394,11 +367,11 @@ def _read_exit_code(folder: Path) -> int | None:
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, 0600 from the first byte."""
     temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, job_folders.FILE_MODE)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(temp, FILE_MODE)
+        os.chmod(temp, job_folders.FILE_MODE)
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
