@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from areal_tasks.launch.jobs import LocalJobs
 
 __all__ = ["CLUSTER_HOOKS", "ClusterHook", "LocalClusterHook", "get_cluster_hook"]
+
+T = TypeVar("T")
 
 
 class ClusterHook(BaseHook, abc.ABC):
@@ -77,6 +79,15 @@ class ClusterHook(BaseHook, abc.ABC):
         """The backend client (what the hook calls into)."""
         raise NotImplementedError
 
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, with a SchedulerError it raises turned into an ArealAirflowError ``"{what}: {error}"``."""
+        from areal_tasks.errors import SchedulerError
+
+        try:
+            return fn()
+        except SchedulerError as exc:
+            raise ArealAirflowError(f"{what}: {exc}") from exc
+
 
 class LocalClusterHook(ClusterHook):
     """Jobs on this machine, recorded under ``jobs_root`` (see :mod:`areal_tasks.launch.jobs`)."""
@@ -107,28 +118,15 @@ class LocalClusterHook(ClusterHook):
         *,
         cwd: str | None = None,
     ) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot submit job {name}: {exc}") from exc
+        return self._call(
+            f"cannot submit job {name}", lambda: self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
+        )
 
     def get_job(self, name: str) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().status(name)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot look up job {name}: {exc}") from exc
+        return self._call(f"cannot look up job {name}", lambda: self.get_conn().status(name))
 
     def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().cancel(name, grace_s)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot cancel job {name}: {exc}") from exc
+        return self._call(f"cannot cancel job {name}", lambda: self.get_conn().cancel(name, grace_s))
 
     def job_log_tail(self, name: str, lines: int = 40) -> str:
         return self.get_conn().log_tail(name, lines)

@@ -209,13 +209,5 @@ class RayClusterHook(ClusterHook):
             **report,
         }
 
-    def _call(self, what: str, fn: Any) -> Any:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return fn()
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"{what}: {exc}") from exc
-
 
 CLUSTER_HOOKS[RayClusterHook.scheduler] = RayClusterHook

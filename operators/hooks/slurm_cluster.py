@@ -162,28 +162,15 @@ class SlurmClusterHook(ClusterHook):
         *,
         cwd: str | None = None,
     ) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot submit job {name} to SLURM: {exc}") from exc
+        return self._call(
+            f"cannot submit job {name} to SLURM", lambda: self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
+        )
 
     def get_job(self, name: str) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().status(name)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot look up SLURM job {name}: {exc}") from exc
+        return self._call(f"cannot look up SLURM job {name}", lambda: self.get_conn().status(name))
 
     def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
-        from areal_tasks.errors import SchedulerError
-
-        try:
-            return self.get_conn().cancel(name, grace_s)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"cannot cancel SLURM job {name}: {exc}") from exc
+        return self._call(f"cannot cancel SLURM job {name}", lambda: self.get_conn().cancel(name, grace_s))
 
     def job_log_tail(self, name: str, lines: int = 40) -> str:
         return self.get_conn().log_tail(name, lines)
@@ -197,7 +184,7 @@ class SlurmClusterHook(ClusterHook):
         node, at least ``gpus_per_node``); ``min_memory_gb`` is left to SLURM (``--mem`` in the job).
         """
         from areal_tasks.config.allocation import parse_allocation
-        from areal_tasks.errors import AllocationError, SchedulerError
+        from areal_tasks.errors import AllocationError
         from areal_tasks.launch.slurm.preflight import preflight
 
         if n_gpus < 0:
@@ -211,10 +198,10 @@ class SlurmClusterHook(ClusterHook):
             raise ArealAirflowError(f"nodes={nodes} must be >= 1")
         gpus_needed = alloc.total_gpus if n_gpus > 0 else 0
         per_node = max(self.gpus_per_node, math.ceil(gpus_needed / nodes)) if gpus_needed else 0
-        try:
-            report = preflight(self.cluster_config().slurm, nodes=nodes, gpus_per_node=per_node)
-        except SchedulerError as exc:
-            raise ArealAirflowError(f"the SLURM cluster cannot run this job: {exc}") from exc
+        report = self._call(
+            "the SLURM cluster cannot run this job",
+            lambda: preflight(self.cluster_config().slurm, nodes=nodes, gpus_per_node=per_node),
+        )
         return {**report, "allocation": alloc.spec, "gpus_needed": gpus_needed, "min_memory_gb": min_memory_gb}
 
 
