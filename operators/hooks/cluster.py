@@ -24,7 +24,7 @@ from airflow.sdk import BaseHook
 from operators.exceptions import ArealAirflowError
 
 if TYPE_CHECKING:
-    from areal_tasks.api.jobs import JobStatus
+    from areal_tasks.api.jobs import JobBackend, JobStatus
     from areal_tasks.config.cluster import ClusterConfig
     from areal_tasks.launch.jobs import LocalJobs
 
@@ -34,12 +34,22 @@ T = TypeVar("T")
 
 
 class ClusterHook(BaseHook, abc.ABC):
-    """Jobs and resources of one scheduler backend."""
+    """Jobs and resources of one scheduler backend.
+
+    The job methods call the backend's :class:`~areal_tasks.api.jobs.JobBackend` (:meth:`get_conn`)
+    and turn the SchedulerError of a failed submit, look-up or cancel into an ArealAirflowError that
+    begins with the hook's :attr:`submit_error`, :attr:`lookup_error` or :attr:`cancel_error`; a
+    backend overrides one where it does more (the Ray hook adds the connection's environment).
+    :meth:`check_resources` is each backend's own.
+    """
 
     #: the scheduler kind this hook serves (``cluster.scheduler`` in a job config).
     scheduler: str = ""
+    #: how the ArealAirflowError of a failed submit, look-up or cancel begins (``{name}``: the job's name).
+    submit_error: str = "cannot submit job {name}"
+    lookup_error: str = "cannot look up job {name}"
+    cancel_error: str = "cannot cancel job {name}"
 
-    @abc.abstractmethod
     def submit_job(
         self,
         name: str,
@@ -50,18 +60,21 @@ class ClusterHook(BaseHook, abc.ABC):
         cwd: str | None = None,
     ) -> JobStatus:
         """Start ``argv`` as job ``name`` (refused while a job of that name runs)."""
+        return self._call(
+            self.submit_error.format(name=name), lambda: self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
+        )
 
-    @abc.abstractmethod
     def get_job(self, name: str) -> JobStatus:
         """The state of job ``name`` (``missing`` if it was never submitted)."""
+        return self._call(self.lookup_error.format(name=name), lambda: self.get_conn().status(name))
 
-    @abc.abstractmethod
     def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
         """Stop job ``name`` and everything it started: gracefully, then forcefully after ``grace_s``."""
+        return self._call(self.cancel_error.format(name=name), lambda: self.get_conn().cancel(name, grace_s))
 
-    @abc.abstractmethod
     def job_log_tail(self, name: str, lines: int = 40) -> str:
         """The last ``lines`` lines of the job's log."""
+        return self.get_conn().log_tail(name, lines)
 
     @abc.abstractmethod
     def check_resources(
@@ -75,7 +88,7 @@ class ClusterHook(BaseHook, abc.ABC):
         memory per node). Only hooks whose job asks the cluster for its size use it (a SLURM batch
         job is as large as its ``--nodes``); the default does nothing."""
 
-    def get_conn(self) -> Any:
+    def get_conn(self) -> JobBackend:
         """The backend client (what the hook calls into)."""
         raise NotImplementedError
 
@@ -108,28 +121,6 @@ class LocalClusterHook(ClusterHook):
 
             self._jobs = LocalJobs(self.jobs_root)
         return self._jobs
-
-    def submit_job(
-        self,
-        name: str,
-        argv: list[str],
-        env: Mapping[str, str] | None = None,
-        run_dir: str | None = None,
-        *,
-        cwd: str | None = None,
-    ) -> JobStatus:
-        return self._call(
-            f"cannot submit job {name}", lambda: self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
-        )
-
-    def get_job(self, name: str) -> JobStatus:
-        return self._call(f"cannot look up job {name}", lambda: self.get_conn().status(name))
-
-    def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
-        return self._call(f"cannot cancel job {name}", lambda: self.get_conn().cancel(name, grace_s))
-
-    def job_log_tail(self, name: str, lines: int = 40) -> str:
-        return self.get_conn().log_tail(name, lines)
 
     def check_resources(
         self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0, *, nodes: int = 1

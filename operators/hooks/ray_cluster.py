@@ -147,14 +147,8 @@ class RayClusterHook(ClusterHook):
             if value:
                 mask_secret(value)
         return self._call(
-            f"cannot submit job {name}", lambda: self.get_conn().submit(name, argv, full, run_dir, cwd=cwd)
+            self.submit_error.format(name=name), lambda: self.get_conn().submit(name, argv, full, run_dir, cwd=cwd)
         )
-
-    def get_job(self, name: str) -> JobStatus:
-        return self._call(f"cannot look up job {name}", lambda: self.get_conn().status(name))
-
-    def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
-        return self._call(f"cannot cancel job {name}", lambda: self.get_conn().cancel(name, grace_s))
 
     def job_log_tail(self, name: str, lines: int = 40) -> str:
         return self._call(f"cannot read the log of job {name}", lambda: self.get_conn().log_tail(name, lines))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,6 @@ from operators.exceptions import ArealAirflowError
 from operators.hooks.cluster import CLUSTER_HOOKS, ClusterHook
 
 if TYPE_CHECKING:
-    from areal_tasks.api.jobs import JobStatus
     from areal_tasks.config.cluster import ClusterConfig
     from areal_tasks.launch.slurm.jobs import SlurmJobs
 
@@ -54,6 +52,9 @@ class SlurmClusterHook(ClusterHook):
     default_conn_name = "areal_slurm"
     conn_type = "generic"
     hook_name = "AReaL SLURM cluster"
+    submit_error = "cannot submit job {name} to SLURM"
+    lookup_error = "cannot look up SLURM job {name}"
+    cancel_error = "cannot cancel SLURM job {name}"
 
     def __init__(
         self,
@@ -150,30 +151,6 @@ class SlurmClusterHook(ClusterHook):
             except SchedulerError as exc:
                 raise ArealAirflowError(f"cannot use the SLURM cluster of connection {self.conn_id!r}: {exc}") from exc
         return self._jobs
-
-    # ------------------------------------------------------------------ jobs
-
-    def submit_job(
-        self,
-        name: str,
-        argv: list[str],
-        env: Mapping[str, str] | None = None,
-        run_dir: str | None = None,
-        *,
-        cwd: str | None = None,
-    ) -> JobStatus:
-        return self._call(
-            f"cannot submit job {name} to SLURM", lambda: self.get_conn().submit(name, argv, env, run_dir, cwd=cwd)
-        )
-
-    def get_job(self, name: str) -> JobStatus:
-        return self._call(f"cannot look up SLURM job {name}", lambda: self.get_conn().status(name))
-
-    def cancel_job(self, name: str, grace_s: float = 30.0) -> JobStatus:
-        return self._call(f"cannot cancel SLURM job {name}", lambda: self.get_conn().cancel(name, grace_s))
-
-    def job_log_tail(self, name: str, lines: int = 40) -> str:
-        return self.get_conn().log_tail(name, lines)
 
     def check_resources(
         self, allocation_mode: str, n_gpus: int = 0, min_memory_gb: float = 1.0, *, nodes: int | None = None
