@@ -25,6 +25,7 @@ from operators.exceptions import ArealAirflowError
 
 if TYPE_CHECKING:
     from areal_tasks.api.jobs import JobBackend, JobStatus
+    from areal_tasks.config.allocation import AllocationMode
     from areal_tasks.config.cluster import ClusterConfig
     from areal_tasks.launch.jobs import LocalJobs
 
@@ -91,6 +92,17 @@ class ClusterHook(BaseHook, abc.ABC):
     def get_conn(self) -> JobBackend:
         """The backend client (what the hook calls into)."""
         raise NotImplementedError
+
+    @staticmethod
+    def _parse_allocation(allocation_mode: str) -> AllocationMode:
+        """``allocation_mode`` parsed; ArealAirflowError naming it when it is not valid."""
+        from areal_tasks.config.allocation import parse_allocation
+        from areal_tasks.errors import AllocationError
+
+        try:
+            return parse_allocation(allocation_mode)
+        except AllocationError as exc:
+            raise ArealAirflowError(f"allocation_mode {allocation_mode!r} is not valid: {exc}") from exc
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, with a SchedulerError it raises turned into an ArealAirflowError ``"{what}: {error}"``."""

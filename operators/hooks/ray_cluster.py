@@ -170,18 +170,13 @@ class RayClusterHook(ClusterHook):
         ``min_memory_gb`` is not checked here (Ray reports memory per node; the job's own checks
         run on the nodes).
         """
-        from areal_tasks.config.allocation import parse_allocation
-        from areal_tasks.errors import AllocationError
         from areal_tasks.launch.ray import preflight
 
         if n_gpus < 0:
             raise ArealAirflowError(f"n_gpus={n_gpus} must be >= 0 (0 = CPU only)")
         if nodes < 1:
             raise ArealAirflowError(f"nodes={nodes} must be >= 1")
-        try:
-            alloc = parse_allocation(allocation_mode)
-        except AllocationError as exc:
-            raise ArealAirflowError(f"allocation_mode {allocation_mode!r} is not valid: {exc}") from exc
+        alloc = self._parse_allocation(allocation_mode)
         gpus_needed = alloc.total_gpus if n_gpus > 0 else 0
         if gpus_needed > n_gpus > 0:
             raise ArealAirflowError(

@@ -160,16 +160,11 @@ class SlurmClusterHook(ClusterHook):
         With ``n_gpus > 0`` the allocation's GPUs are spread over the nodes (``ceil(gpus / nodes)`` per
         node, at least ``gpus_per_node``); ``min_memory_gb`` is left to SLURM (``--mem`` in the job).
         """
-        from areal_tasks.config.allocation import parse_allocation
-        from areal_tasks.errors import AllocationError
         from areal_tasks.launch.slurm.preflight import preflight
 
         if n_gpus < 0:
             raise ArealAirflowError(f"n_gpus={n_gpus} must be >= 0 (0 = CPU only)")
-        try:
-            alloc = parse_allocation(allocation_mode)
-        except AllocationError as exc:
-            raise ArealAirflowError(f"allocation_mode {allocation_mode!r} is not valid: {exc}") from exc
+        alloc = self._parse_allocation(allocation_mode)
         nodes = self.nodes if nodes is None else nodes
         if nodes < 1:
             raise ArealAirflowError(f"nodes={nodes} must be >= 1")
