@@ -32,10 +32,21 @@ class WorkerError(RuntimeError):
     """A worker process failed or timed out."""
 
 
+#: ports already handed out by this process: a test that picks a port of its own (a weight-update
+#: group's store) and then launches workers (``MASTER_PORT``) must not get the same one twice, which
+#: the kernel may return for two binds to port 0 once the first socket is closed.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port, never one this process was given before."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def run_workers(
