@@ -117,7 +117,8 @@ class DecodeSteps:
         budget is ``length_cap`` (``FinishChecker.prepare``: ``max_new_tokens``, or the context
         left after the prompt, whichever is less). Each launch brings every row one token nearer
         its budget, so while the rows stay those launched last, a margin counted at the last pass
-        over them says when the next pass is due."""
+        over them says when the next pass is due (an admission sets it to 0: its prefill gave rows
+        a token outside a step, even rows launched before, retracted and admitted again)."""
         if self._exhaust_margin > 0 and self._running == self._launched[0]:
             return
         margin, exhausted = 1 << 62, []

@@ -490,6 +490,9 @@ class Engine(DecodeSteps):
             return 0, 0
         tokens = self.max_prefill_tokens - budget
         self.prefiller.admit(seqs)
+        # admitted rows took a token outside a decode step (even rows the batch had before, retracted
+        # and admitted again): the next step checks every row's length budget (decode_step.py)
+        self._exhaust_margin = 0
         for seq in seqs:
             if seq.finished:
                 self._release(seq)

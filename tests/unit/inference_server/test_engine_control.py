@@ -100,6 +100,32 @@ def test_pause_without_abort_continues_to_the_same_output(engine, mode: str) -> 
     assert seq.num_retractions == (1 if mode == "retract" else 0)
 
 
+def test_a_retracted_sequence_ends_at_the_context_after_resuming(engine, monkeypatch) -> None:
+    """Retracted and admitted again, three times (the same rows as before each pause; each re-prefill
+    samples a token outside a decode step), a sequence bounded by the context stops exactly there and
+    is not decoded once more after its last token was launched (the step that reads it frees it)."""
+    context = engine.runner.max_len
+    positions: list[int] = []
+    decode = engine.runner.decode
+
+    def recording(slots, tokens, step_positions, *args, **kwargs):
+        positions.extend(step_positions)
+        return decode(slots, tokens, step_positions, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "decode", recording)
+    prompt = [9] * (context - 24)
+    req = make_request(prompt, rid="edge", temperature=0.0, max_new_tokens=100, ignore_eos=True)
+    engine.submit(req.seqs)
+    for retraction in range(3):
+        _wait_tokens(req.seqs[0], 3 + 4 * retraction)
+        engine.call(lambda: engine.pause("retract")).result(timeout=30)
+        engine.call(engine.resume).result(timeout=30)
+    (seq,) = req.wait()
+    assert seq.finish_reason == {"type": "length", "length": 24} and len(seq.output_ids) == 24
+    assert seq.num_retractions == 3
+    assert max(positions) == context - 2  # the decode that makes the 24th token; none after it
+
+
 def test_weight_change_mid_sequence_records_version_spans(engine) -> None:
     runner = engine.runner
     req = make_request(PROMPT, rid="spans", temperature=0.0, max_new_tokens=30, ignore_eos=True)
