@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-# the suite as two pytest sessions side by side (scripts/test_suite.sh says why); with PYTEST_ARGS
+# the suite as three pytest sessions side by side (scripts/test_suite.sh says why); with PYTEST_ARGS
 # (a path, -k, -m ...), one session over tests/ with those arguments
 test: deps lint
 	@if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
