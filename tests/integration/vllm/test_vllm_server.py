@@ -21,6 +21,9 @@ pytestmark = pytest.mark.integration
 PROMPT = [11, 42, 7, 99, 5]
 #: streams started before one is cut by the pause (each lost race costs a few seconds)
 PAUSE_ROUNDS = 4
+#: new tokens of the requests a pause must catch mid-generation: near the test server's context of
+#: 2,048 tokens, so that a pause delayed by seconds on a loaded CPU still lands before they end
+LONG = 1900
 
 
 def greedy(n: int) -> SamplingParams:
@@ -123,7 +126,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
         "temperature": 0.0,
         "ignore_eos": True,
         "return_token_ids": True,
-        "max_tokens": 1900,  # the test server's context is 2,048 tokens
+        "max_tokens": LONG,
     }
 
     async def scenario():
@@ -153,7 +156,7 @@ def test_pause_aborts_in_flight_requests_and_holds_new_ones_until_resume(vllm: V
 
 
 def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
-    n = 640  # long enough that a pause lands mid-generation even when the loaded CPU delays it by seconds
+    n = LONG
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
     uninterrupted = generate(vllm, reqs)
 
@@ -178,7 +181,7 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
 def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> None:
     base, other = vllm.server.model_path, vllm_tiny_model(seed=1)
     path, new = vllm.publish(other)
-    old, n = vllm.version, 640  # a pause lands mid-generation even when the loaded CPU delays it by seconds
+    old, n = vllm.version, LONG
     reqs = [ModelRequest([5 + i, 17, 29], greedy(n)) for i in range(4)]
     # the first generation after the fixture's weight load is slow on vLLM's CPU build (warm-up):
     # run it once so the pauses below land while the requests are generating
