@@ -139,6 +139,9 @@ class GraphModelRunner(ModelRunner):
         pinned = self.device.type == "cuda"
         self._stagings = [torch.zeros(3, largest, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._step = 0
+        #: (rows, batch bucket, largest position) of the last captured-shape step, while the device
+        #: buffers still hold its inputs (:meth:`decode_again`); None after an eager step.
+        self._static_step: tuple[int, int, int] | None = None
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
         if self.capture:
             self._capture_or_fall_back()
@@ -218,10 +221,11 @@ class GraphModelRunner(ModelRunner):
         """:meth:`ModelRunner.decode` through the captured steps where the batch allows; the logits
         [B, V] stay in the model's dtype (the sampler upcasts as it reads them: no fp32 copy)."""
         count = len(slots)
-        if count > self.buckets[-1] or slots != list(range(count)) or max(positions) >= self.max_len:
+        top = max(positions)
+        if count > self.buckets[-1] or top >= self.max_len or slots != list(range(count)):
+            self._static_step = None
             return super().decode(slots, tokens, positions, carried, carried_rows)
         batch = self.buckets[bisect.bisect_left(self.buckets, count)]
-        kv_len = self.lengths[bisect.bisect_left(self.lengths, max(positions) + 1)]
         staging = self._stagings[self._step % 2]
         self._step += 1
         staging.zero_()
@@ -233,13 +237,36 @@ class GraphModelRunner(ModelRunner):
         if carried is not None and carried_rows is not None:
             ids = self._inputs[0, :count]
             ids.copy_(take_carried(ids, carried, self._inputs[2, :count]))
+        lengths = self.cache.lengths
+        for slot, position in zip(slots, positions):
+            lengths[slot] = position + 1
+        self._last_decode = (slots, None)
+        return self._run_static(count, batch, top)
+
+    @torch.inference_mode()
+    def decode_again(self, carried: torch.Tensor) -> torch.Tensor:
+        """:meth:`ModelRunner.decode_again` without the host: after a captured-shape step, the
+        positions in the device buffer advance by one in place and the token ids are ``carried``'s
+        first rows (padding rows keep position 0); nothing is staged or copied from the host."""
+        if self._static_step is None or self._static_step[2] + 1 >= self.max_len:
+            return super().decode_again(carried)
+        count, batch, top = self._static_step
+        self._inputs[1, :count] += 1
+        self._inputs[0, :count].copy_(carried[:count])
+        lengths = self.cache.lengths
+        lengths[:count] = [n + 1 for n in lengths[:count]]
+        return self._run_static(count, batch, top + 1)
+
+    def _run_static(self, count: int, batch: int, top: int) -> torch.Tensor:
+        """Run the static step of ``batch`` rows (the first ``count`` real) over the device buffers,
+        reading the KV cache up to the length bucket that covers position ``top``."""
+        kv_len = self.lengths[bisect.bisect_left(self.lengths, top + 1)]
         if self.capture:
             graph, logits = self._graphs[(batch, kv_len)]
             graph.replay()
         else:
             logits = self._static_forward(batch, kv_len)
-        for slot, position in zip(slots, positions):
-            self.cache.lengths[slot] = position + 1
+        self._static_step = (count, batch, top)
         return logits[:count]
 
 

@@ -14,7 +14,9 @@ again (its slot is freed at once) and finishes when they are read.
 abort in between): then every row's input is its unread token at its own row of the step in flight,
 its position is one past its last one, compaction has nothing to move, the sampling table is the
 same, and no row can have exhausted its length budget before the margin counted at the last full
-check runs out. Such a step skips those per-row passes (``engine_host_overhead.py`` measures them).
+check runs out. Such a step skips those per-row passes (``engine_host_overhead.py`` measures them)
+and asks the runner to decode the same rows again (``ModelRunner.decode_again``): the CUDA-graph
+runner then advances its device inputs in place instead of staging them from the host.
 
 :class:`DecodeSteps` is a mixin of :class:`~areal_tasks.inference.server.engine.Engine`: its
 methods run in the engine thread and work on the engine's state, declared below.
@@ -54,8 +56,8 @@ class DecodeSteps:
     _draining: list[Sequence]
     _inflight: InflightStep | None
     _sampling_rows: tuple[list[Sequence], SamplingBatch | None]
-    #: the rows of the last decode step launched, their slots and positions (``_launch``).
-    _launched: tuple[list[Sequence], list[int], list[int]]
+    #: the rows of the last decode step launched (``_launch``).
+    _launched: list[Sequence]
     #: steps the launched rows can take before one may exhaust its length budget (``_set_aside_exhausted``).
     _exhaust_margin: int
     _readback: ReadbackBuffer
@@ -119,7 +121,7 @@ class DecodeSteps:
         its budget, so while the rows stay those launched last, a margin counted at the last pass
         over them says when the next pass is due (an admission sets it to 0: its prefill gave rows
         a token outside a step, even rows launched before, retracted and admitted again)."""
-        if self._exhaust_margin > 0 and self._running == self._launched[0]:
+        if self._exhaust_margin > 0 and self._running == self._launched:
             return
         margin, exhausted = 1 << 62, []
         for seq in self._running:
@@ -147,9 +149,9 @@ class DecodeSteps:
             batch = list(self._running)
             for seq in batch:
                 seq.pending_tokens += 1
-            _, slots, last_positions = self._launched
-            positions = [p + 1 for p in last_positions]
-            return batch, self._decode(batch, slots, [0] * len(batch), positions, list(range(len(batch))))
+            self._spare_padding(len(batch))
+            self._launched = batch
+            return batch, self.runner.decode_again(previous.tokens)
         self._compact()
         batch = list(self._running)
         tokens, rows, positions = [], [], []
@@ -174,7 +176,7 @@ class DecodeSteps:
         previous = self._inflight
         carried = previous is not None and max(rows) >= 0
         self._spare_padding(len(batch))
-        self._launched = (batch, slots, positions)
+        self._launched = batch
         return self.runner.decode(
             slots,
             tokens,

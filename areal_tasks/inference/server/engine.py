@@ -129,7 +129,7 @@ class Engine(DecodeSteps):
         #: the rows of the last decode step and their sampling table (see _sampling_table).
         self._sampling_rows: tuple[list[Sequence], SamplingBatch | None] = ([], None)
         #: the rows of the last decode step launched, their slots and positions (``decode_step.py``).
-        self._launched: tuple[list[Sequence], list[int], list[int]] = ([], [], [])
+        self._launched: list[Sequence] = []
         #: launches left before a row of the batch may exhaust its length budget (``decode_step.py``).
         self._exhaust_margin = 0
         self._readback = ReadbackBuffer(runner.cache.num_slots, runner.device)

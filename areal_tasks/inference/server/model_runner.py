@@ -173,6 +173,8 @@ class ModelRunner:
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = self._eos_ids()
         self.cache = SlotKVCache(cfg.max_running_requests, self.max_len, self.device)
+        #: the slots and rotary offsets of the last :meth:`decode` call (:meth:`decode_again`).
+        self._last_decode: tuple[list[int], list[int] | None] = ([], None)
         self._warm_up()
         logger.info(
             "loaded %s (%s) on %s as %s: %d slots, context %d",
@@ -429,7 +431,24 @@ class ModelRunner:
         logits = self._forward(ids.view(-1, 1), rotary, view, masks, 1)
         for slot, p in zip(slots, positions):
             self.cache.lengths[slot] = p + 1
+        self._last_decode = (slots, rope_deltas)
         return logits[:, -1]
+
+    def decode_again(self, carried: torch.Tensor) -> torch.Tensor:
+        """Decode the rows of the last :meth:`decode` call once more, each one position further on
+        and each taking its input token from its own row of ``carried`` (the tokens that call's
+        logits were sampled to, still on the device); returns logits [B, V].
+
+        The overlapped engine's steady steps (``decode_step.py``) call this: a runner may then skip
+        rebuilding the step's inputs on the host (:class:`~.cuda_graph.GraphModelRunner` advances
+        its device buffers in place). Here it is :meth:`decode` with those inputs: each row's
+        position is the length its slot's cache has reached."""
+        slots, rope_deltas = self._last_decode
+        if not slots:
+            raise InferenceError("decode_again needs a decode call before it")
+        lengths, rows = self.cache.lengths, list(range(len(slots)))
+        extra = {"rope_deltas": rope_deltas} if rope_deltas is not None else {}
+        return self.decode(slots, [0] * len(slots), [lengths[s] for s in slots], carried, rows, **extra)
 
     # ---- weights ----
     def _weight_targets(self) -> dict[str, torch.Tensor]:

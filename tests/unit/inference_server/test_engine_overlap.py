@@ -4,6 +4,7 @@ really feeds each step's device tokens to the next step."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 
@@ -102,13 +103,24 @@ def test_each_step_takes_the_previous_steps_tokens_on_the_device(any_runner, mon
     """With overlap, steady-state steps get the previous step's device tokens and are launched before
     those tokens reach the host; without it, every step's inputs come from the host."""
     calls: list[tuple[bool, list[int]]] = []
-    decode = any_runner.decode
+    decode, decode_again, last_slots = any_runner.decode, any_runner.decode_again, []
 
     def recording(slots, tokens, positions, carried=None, carried_rows=None):
         calls.append((carried is not None, list(positions)))
+        last_slots[:] = slots
         return decode(slots, tokens, positions, carried, carried_rows)
 
+    def recording_again(carried):
+        # the last call's rows once more; the eager runner goes through decode (recorded there),
+        # the graph runner advances its device buffers (the positions it used: its cache lengths - 1)
+        before = len(calls)
+        logits = decode_again(carried)
+        if len(calls) == before:
+            calls.append((True, [any_runner.cache.lengths[s] - 1 for s in last_slots]))
+        return logits
+
     monkeypatch.setattr(any_runner, "decode", recording)
+    monkeypatch.setattr(any_runner, "decode_again", recording_again)
     for overlap in (True, False):
         calls.clear()
         engine = _start(any_runner, overlap=overlap)
@@ -134,6 +146,8 @@ def test_a_failing_step_aborts_the_batch_and_the_engine_goes_on(any_runner, monk
         return decode(*args, **kwargs)
 
     monkeypatch.setattr(any_runner, "decode", failing_third_call)
+    # every step through decode (the graph runner's steady steps would not be)
+    monkeypatch.setattr(any_runner, "decode_again", functools.partial(ModelRunner.decode_again, any_runner))
     engine = _start(any_runner, overlap=True)
     try:
         req = make_request(PROMPTS[2], temperature=0.0, max_new_tokens=10, ignore_eos=True)

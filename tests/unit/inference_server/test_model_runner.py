@@ -117,3 +117,52 @@ def test_static_bucketed_decode_equals_eager_decode(tiny_qwen2, one_thread: None
     step = static.decode(slots, [1, 2, 3], [3, 5, 1])
     assert torch.allclose(step, eager.decode(eager_slots, [1, 2, 3], [3, 5, 1]), atol=1e-5)
     assert [static.cache.lengths[s] for s in slots] == [4, 6, 2]
+
+
+def _greedy_again(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    """``_greedy_batch`` with every step after the first a :meth:`ModelRunner.decode_again` of
+    the tokens sampled on the device (the overlapped engine's steady steps)."""
+    slots = [runner.cache.allocate() for _ in prompts]
+    outs = [[int(runner.prefill(slot, p)[-1].argmax())] for slot, p in zip(slots, prompts)]
+    logits = runner.decode(slots, [o[-1] for o in outs], [len(p) for p in prompts])
+    for step in range(steps - 1):
+        tokens = logits.argmax(dim=-1)
+        for out, token in zip(outs, tokens.tolist()):
+            out.append(token)
+        if step < steps - 2:
+            logits = runner.decode_again(tokens)
+    assert [runner.cache.lengths[s] for s in slots] == [len(p) + steps - 1 for p in prompts]
+    for slot in slots:
+        runner.cache.release(slot)
+    return outs
+
+
+def test_decode_again_continues_the_last_step(tiny_qwen2, one_thread: None) -> None:
+    """Decoding the last step's rows again from their device tokens gives the host-fed decode's
+    tokens on the eager runner and on the graph runner's static steps (across length buckets and
+    with a padding row); after an eager step the graph runner takes the eager path again."""
+    from areal_tasks.errors import InferenceError
+    from areal_tasks.inference.server.cuda_graph import GraphModelRunner, length_buckets
+
+    config = RunnerConfig(str(tiny_qwen2), device="cpu", max_running_requests=6, context_length=48)
+    static = GraphModelRunner(config, capture=False)
+    static.lengths = length_buckets(48, smallest=16)
+    eager = ModelRunner(config)
+    with pytest.raises(InferenceError, match="decode_again needs a decode call"):
+        eager.decode_again(torch.zeros(1, dtype=torch.long))
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]  # 3 rows: the batch bucket of 4 pads one
+    want = _greedy_batch(eager, prompts, 24)
+    assert _greedy_again(eager, prompts, 24) == want
+    assert _greedy_again(static, prompts, 24) == want
+    assert static._static_step == (3, 4, 27)  # 3 rows padded to 4; the last step a static one at position 27
+    # slots 1 and 2 (not 0..B-1): the eager decode; decode_again then follows it there
+    slots = [static.cache.allocate() for _ in range(3)][1:]
+    static.prefill_batch(slots, prompts[:2])
+    first = static.decode(slots, [1, 2], [3, 5])
+    assert static._static_step is None
+    again = static.decode_again(first.argmax(dim=-1))
+    eager_slots = [eager.cache.allocate() for _ in range(3)][1:]
+    eager.prefill_batch(eager_slots, prompts[:2])
+    eager.decode(eager_slots, [1, 2], [3, 5])
+    assert torch.allclose(again, eager.decode(eager_slots, first.argmax(dim=-1).tolist(), [4, 6]), atol=1e-5)
+    assert [static.cache.lengths[s] for s in slots] == [5, 7]
