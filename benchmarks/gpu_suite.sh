@@ -5,7 +5,8 @@
 #
 # Parts: infer (inference throughput, Qwen2.5-0.5B shape: every sampling mode at 256, 512 and 1,024 concurrent
 # sequences, engine and HTTP, GRPO groups; INFER_ARGS adds options, e.g. "--variants sdpa" or "--profile 64"),
-# attn (decode attention by SDPA backend and the Triton kernel), kernel (the Triton decode kernel's GPU tests),
+# hostparts (where a decode step's host time goes with the real runner: engine_host_overhead.py --runner real,
+# batches HOST_BATCHES, 256 and 1,024), attn (decode attention by SDPA backend and the Triton kernel), kernel (the Triton decode kernel's GPU tests),
 # graphs (CUDA-graph decode test),
 # async (async vs sync RL on 2 GPUs: server on one, trainer on the other, NCCL weight updates),
 # async_inplace (eta=2 with rollout.pause_mode=in_place: in-flight requests kept across updates),
@@ -115,6 +116,8 @@ for p in "$@"; do
     case $p in
         infer) part infer 600 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
             --concurrency 256,512,1024 --check 2 --repeats 1 --sampling ${INFER_ARGS:-} ;;
+        hostparts) part hostparts 420 python benchmarks/engine_host_overhead.py --runner real --device cuda \
+            --preset qwen2.5-0.5b --prompt-len 128 --new-tokens 256 --batches ${HOST_BATCHES:-256,1024} --repeats 2 ;;
         attn) part attn 150 python benchmarks/decode_attention.py ;;
         kernel) part kernel 150 python -m pytest -q tests/gpu/test_decode_kernel_gpu.py ;;
         graphs) part graphs 240 python -m pytest -q -m gpu tests/integration/inference_server/test_gpu_graphs.py ;;

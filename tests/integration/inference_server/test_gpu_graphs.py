@@ -53,6 +53,30 @@ def test_graph_replay_equals_eager_decode(tiny_qwen2: Path, scope: str) -> None:
     assert max(float((a - b).abs().max()) for a, b in zip(got_rows, want_rows)) < 1e-4
 
 
+def test_decode_again_replays_from_the_device_without_waiting(tiny_qwen2: Path) -> None:
+    """The engine's steady steps on the captured graphs (``decode_again``: positions advanced on the
+    device, the sampled tokens fed back without a read-back) never synchronise and give the tokens
+    of host-fed decoding, across the 256 KV-length bucket, with a padding row (5 rows in a bucket
+    of 8)."""
+    cfg = RunnerConfig(str(tiny_qwen2), device="cuda", dtype="float32", max_running_requests=8, context_length=600)
+    graphs = GraphModelRunner(cfg)
+    want, _ = _decode_all(ModelRunner(cfg), 300)
+    slots = [graphs.cache.allocate() for _ in PROMPTS]
+    first = graphs.prefill_batch(slots, PROMPTS).argmax(dim=-1)
+    tokens = graphs.decode(slots, first.tolist(), [len(p) for p in PROMPTS]).argmax(dim=-1)
+    picked = [first, tokens]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(300 - 2):
+            tokens = graphs.decode_again(tokens).argmax(dim=-1)
+            picked.append(tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.stack(picked, dim=1).tolist() == want
+    assert [graphs.cache.lengths[s] for s in slots] == [len(p) + 299 for p in PROMPTS]
+
+
 def test_bf16_graphs_with_the_triton_decode_attention_match_sdpa(tiny_qwen2: Path) -> None:
     """The captured bf16 steps with the Triton kernel (the CUDA default) against the same steps
     with SDPA, fed the same tokens: logits agree to bf16 precision in every batch and KV bucket."""
