@@ -209,12 +209,11 @@ class DecodeSteps:
         # the hot loop of a decode step (every running sequence, every step): Sequence.append and
         # the finish rules inlined, and the full check only where a rule can apply (prepare());
         # every sequence has its first token (and first_token_at) from its admission's prefill
-        for seq, value, logprob in zip(step.seqs, token_list, logprob_list):
+        for seq, token, logprob in zip(step.seqs, token_list, logprob_list):
             seq.pending_tokens -= 1
             if seq.finish_reason is not None:
                 stale += 1
                 continue
-            token = int(value)
             output = seq.output_ids
             output.append(token)
             seq.output_logprobs.append(logprob)

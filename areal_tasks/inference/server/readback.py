@@ -52,14 +52,14 @@ class InflightStep:
     top: TopRows | None = None
     top_host: torch.Tensor | None = None
 
-    def results(self) -> tuple[list[float], list[float]]:
-        """Wait for the copy, then return (token ids, logprobs) as Python lists."""
+    def results(self) -> tuple[list[int], list[float]]:
+        """Wait for the copy, then return (token ids, logprobs) as Python lists (the ids as ints:
+        converted in one pass here, not one ``int()`` a row in the engine's loop)."""
         if self.event is not None:
             started = time.perf_counter()
             self.event.synchronize()
             self.waited = time.perf_counter() - started
-        tokens, logprobs = self.host.tolist()
-        return tokens, logprobs
+        return self.host[0].long().tolist(), self.host[1].tolist()
 
     def top_results(self) -> list[list[list[float]]] | None:
         """The alternatives' table as Python lists (call after :meth:`results`), or None."""
