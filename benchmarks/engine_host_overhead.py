@@ -82,6 +82,7 @@ class FreeForwardRunner(ModelRunner):
     def decode(self, slots: list[int], tokens: list[int], positions: list[int], *args: Any, **kwargs: Any):
         for slot, position in zip(slots, positions):
             self.cache.lengths[slot] = position + 1
+        self._last_decode = (slots, None)  # what decode_again decodes again
         return self.fixed_logits[: len(slots)]
 
 
