@@ -242,6 +242,9 @@ class SamplingBatch:
     any_top_p: bool = True
     #: the rows that want their tokens' most likely alternatives (None: no row does).
     top: TopRows | None = None
+    #: (row, generator) of the seeded rows, found once a table (a sampled step draws for these alone
+    #: from their own generators, not looking at every row).
+    seeded: list[tuple[int, torch.Generator]] = field(default_factory=list)
 
     @classmethod
     def build(
@@ -282,15 +285,15 @@ class SamplingBatch:
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
             top=TopRows.build(top_logprobs, device) if top_logprobs else None,
+            seeded=[(row, gen) for row, gen in enumerate(generators) if gen is not None],
         )
 
 
 def _uniforms(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Tensor:
     """One U[0, 1) number per row: from the row's generator if seeded, else the shared stream."""
     u = torch.rand(rows, device=device)
-    for row, gen in enumerate(batch.generators):
-        if gen is not None:
-            u[row] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
+    for row, gen in batch.seeded:
+        u[row] = torch.rand(1, generator=gen, device=gen.device).to(device)[0]
     return u
 
 
@@ -298,9 +301,8 @@ def _seeds(batch: SamplingBatch, rows: int, device: torch.device) -> torch.Tenso
     """One Philox key per row (int64, for ``sampling_triton.py``): from the row's generator if
     seeded, else the shared stream."""
     seeds = torch.randint(0, 2**62, (rows,), device=device)
-    for row, gen in enumerate(batch.generators):
-        if gen is not None:
-            seeds[row] = torch.randint(0, 2**62, (1,), generator=gen, device=gen.device).to(device)[0]
+    for row, gen in batch.seeded:
+        seeds[row] = torch.randint(0, 2**62, (1,), generator=gen, device=gen.device).to(device)[0]
     return seeds
 
 
