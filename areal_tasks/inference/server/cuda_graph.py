@@ -233,7 +233,9 @@ class GraphModelRunner(ModelRunner):
         staging[1, :count] = torch.tensor(positions)
         if carried is not None and carried_rows is not None:
             staging[2, :count] = torch.tensor(carried_rows)
-        self._inputs[:, :batch].copy_(staging[:, :batch], non_blocking=True)
+        # the whole buffer: a [:, :batch] slice of either side is strided, and a strided copy goes
+        # through pageable and device temporaries (the rows past the batch are zeros, unread)
+        self._inputs.copy_(staging, non_blocking=True)
         if carried is not None and carried_rows is not None:
             ids = self._inputs[0, :count]
             ids.copy_(take_carried(ids, carried, self._inputs[2, :count]))
