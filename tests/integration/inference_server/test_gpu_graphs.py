@@ -340,3 +340,67 @@ def test_graph_engine_top_logprobs_match_a_forward_pass(tiny_qwen2: Path) -> Non
         for token, logprob, entry in zip(seq.output_ids, seq.output_logprobs, seq.output_top_logprobs):
             if token in dict(entry):
                 assert dict(entry)[token] == logprob
+
+
+def test_a_decode_step_is_queued_without_waiting_for_the_device(tiny_qwen2: Path, monkeypatch) -> None:
+    """In the server's engine (bf16 captured graphs, compiled greedy pick, the Triton sampler), a
+    decode step's launch, sampling table, sampling, alternatives and read-back copy never
+    synchronise with the device, on steps of changing and of steady rows, greedy, sampled, seeded
+    and with alternatives in one batch: only the collect of the step before waits (an event).
+    A hidden synchronisation there serialises the host's work with the device's."""
+    from areal_tasks.inference.server import decode_step
+
+    runner = build_runner(
+        RunnerConfig(str(tiny_qwen2), device="cuda", dtype="bfloat16", max_running_requests=8, context_length=256)
+    )
+    assert isinstance(runner, GraphModelRunner) and runner.capture
+    engine = Engine(runner)
+
+    def no_sync(fn):
+        def guarded(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+        return guarded
+
+    for name in ("_launch", "_sampling_table"):
+        monkeypatch.setattr(engine, name, no_sync(getattr(engine, name)))
+    monkeypatch.setattr(engine._readback, "start", no_sync(engine._readback.start))
+    monkeypatch.setattr(decode_step, "sample", no_sync(decode_step.sample))
+    monkeypatch.setattr(decode_step, "top_logprobs", no_sync(decode_step.top_logprobs))
+    specs = [  # (temperature, top_p, seed, alternatives, new tokens): rows finish at different steps
+        (0.0, 1.0, None, 0, 40),
+        (1.0, 0.9, None, 0, 33),
+        (0.8, 1.0, 7, 0, 26),
+        (0.0, 1.0, None, 3, 19),
+        (1.0, 1.0, None, 0, 12),
+    ]
+    engine.start()
+    try:
+        futures, seqs = [], []
+        for i, (temperature, top_p, seed, k, new) in enumerate(specs):
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            params = SamplingParams(
+                temperature=temperature, top_p=top_p, sampling_seed=seed, max_new_tokens=new, ignore_eos=True
+            )
+            seqs.append(
+                Sequence(
+                    rid=f"s{i}",
+                    group=SequenceGroup(PROMPTS[i]),
+                    params=params,
+                    on_finish=lambda s, f=fut: f.set_result(s),
+                    return_logprob=True,
+                    top_logprobs_num=k,
+                )
+            )
+            futures.append(fut)
+        engine.submit(seqs)
+        done = [f.result(timeout=300) for f in futures]
+    finally:
+        engine.shutdown()
+    for seq, spec in zip(done, specs):
+        assert seq.finish_reason == {"type": "length", "length": spec[4]}, seq.finish_reason
+        assert len(seq.output_ids) == spec[4]
