@@ -47,6 +47,7 @@ import argparse
 import collections
 import json
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,7 @@ from typing import Any
 
 import torch
 from inference_runs import run_engine  # benchmarks/, the script's directory
+from inference_throughput import build_model_dir
 
 from areal_tasks.inference.server import decode_step
 from areal_tasks.inference.server.cuda_graph import GraphModelRunner, build_runner
@@ -215,27 +217,24 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def model_dir(preset: str) -> str:
-    """The kit's tiny Qwen2, or a random model of ``preset``'s shape (``inference_throughput.py``)."""
-    import tempfile
-
-    from inference_throughput import build_model_dir  # benchmarks/, the script's directory
-
-    return str(build_model_dir(preset, Path(tempfile.mkdtemp(prefix="engine_host_"))))
-
-
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     if args.runner != "real" and (args.preset != "tiny" or args.device != "cpu"):
         raise SystemExit("--preset and --device choose the model and device of --runner real only")
-    path = model_dir(args.preset)
+    with tempfile.TemporaryDirectory(prefix="engine_host_") as scratch:
+        # the kit's tiny Qwen2, or a random model of the preset's shape (written under scratch)
+        path = str(build_model_dir(args.preset, Path(scratch)))
+        rows = [
+            {
+                "batch": batch,
+                **measure(batch, args.new_tokens, args.repeats, args.runner, path, args.device, args.prompt_len),
+            }
+            for batch in (int(b) for b in args.batches.split(","))
+        ]
     columns = ["engine total", "launch", "collect", "retire", "set aside", "sampling table", "sampling", "runner"]
     columns += ["wait", "step", "tokens/s"]
-    rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
-        us = measure(batch, args.new_tokens, args.repeats, args.runner, path, args.device, args.prompt_len)
-        rows.append({"batch": batch, **{c: round(us.get(c, 0.0), 1) for c in columns}})
+    rows = [{"batch": row["batch"], **{c: round(row.get(c, 0.0), 1) for c in columns}} for row in rows]
     forward = "real forward" if args.runner == "real" else "forward free"
     print(
         f"\nengine host work a decode step, microseconds (fastest of {args.repeats}; {args.runner} runner, "
