@@ -10,7 +10,11 @@ onto SGLang's ``sampling_params`` (``max_tokens`` -> ``max_new_tokens``, ``seed`
 field: ``n`` below 1 or above the server's ``max_n``; ``stream_options`` without ``stream``;
 ``top_logprobs`` outside 0..20, or set without ``logprobs: true`` (chat), or sent to
 ``/v1/completions`` (which takes ``logprobs: <int>``); ``logprobs`` outside 0..5 (completions);
-``echo``. Alternatives to the sampled token (chat ``top_logprobs`` 1..20, completions'
+``echo``; and any field that would change what is generated but is not implemented, unless it is at
+its no-op value (:data:`UNSERVED`: penalties, ``logit_bias``, ``response_format`` other than text,
+constrained decoding, ``best_of`` above ``n``, ``suffix``, the legacy functions API...): such a field
+is refused, never ignored, as ``sampling.py`` refuses SGLang's. Other unknown fields (``user``,
+``metadata``, ``store``...) are ignored. Alternatives to the sampled token (chat ``top_logprobs`` 1..20, completions'
 ``logprobs`` 1..5) are served: :meth:`ChatCompletionRequest.top_logprobs_num` and
 :meth:`CompletionRequest.top_logprobs_num` are how many each generated position carries
 (``top_logprobs.py`` computes them; ``openai_logprobs.py`` shapes them).
@@ -19,6 +23,7 @@ field: ``n`` below 1 or above the server's ``max_n``; ``stream_options`` without
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
@@ -39,6 +44,40 @@ def _refuse(param: str, message: str) -> InferenceRequestError:
     return InferenceRequestError(f"{param}: {message}", param=param)
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+def _falsy(value: Any) -> bool:
+    return value is None or value in ("", {}, [])
+
+
+#: vLLM's and SGLang's fields for constrained decoding.
+_CONSTRAINED = ("regex", "ebnf", "json_schema", "structural_tag", "structured_outputs")
+_CONSTRAINED += ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+#: fields (OpenAI's, and vLLM's and SGLang's extensions of its routes) that would change what is
+#: generated and that this server does not implement: name -> (whether a value is a no-op, why not).
+UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "frequency_penalty": (lambda v: v is None or v == 0, "penalties are not implemented; only 0 is served"),
+    "presence_penalty": (lambda v: v is None or v == 0, "penalties are not implemented; only 0 is served"),
+    "repetition_penalty": (lambda v: v is None or v == 1, "penalties are not implemented; only 1 is served"),
+    "logit_bias": (_falsy, "is not supported by the embedded server"),
+    "response_format": (
+        lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+        "only {'type': 'text'} is served (no constrained decoding)",
+    ),
+    "min_tokens": (lambda v: v is None or v == 0, "is not supported by the embedded server; only 0"),
+    "suffix": (_falsy, "is not supported by the embedded server"),
+    "functions": (_absent, "the legacy functions API is not served; use tools and tool_choice"),
+    "function_call": (_absent, "the legacy functions API is not served; use tools and tool_choice"),
+    "modalities": (lambda v: v is None or v == ["text"], "only ['text'] is served"),
+    "audio": (_absent, "is not supported by the embedded server"),
+    "prediction": (_absent, "is not supported by the embedded server"),
+    **dict.fromkeys(_CONSTRAINED, (_absent, "constrained decoding is not supported by the embedded server")),
+}
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
 
@@ -48,7 +87,8 @@ class StreamOptions(BaseModel):
 
 
 class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # unknown fields are kept (``model_extra``) so that check() can refuse the UNSERVED ones by name
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     max_tokens: int | None = None
@@ -79,6 +119,13 @@ class _OpenAIBody(BaseModel):
             raise _refuse("n", f"this server generates at most n={limits.max_n} samples per prompt, got {self.n}")
         if self.stream_options is not None and not self.stream:
             raise _refuse("stream_options", "is only allowed when stream is true")
+        extra = self.model_extra or {}
+        for name, (no_op, why) in UNSERVED.items():
+            if name in extra and not no_op(extra[name]):
+                raise _refuse(name, why)
+        best_of = extra.get("best_of")
+        if best_of is not None and best_of not in (1, self.n):
+            raise _refuse("best_of", f"only best_of equal to n ({self.n}) is served (no ranking of samples); use n")
 
     def sampling_params(self, max_tokens: int | None) -> dict[str, Any]:
         params: dict[str, Any] = {

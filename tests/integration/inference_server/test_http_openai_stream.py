@@ -172,6 +172,19 @@ def test_a_client_leaving_mid_stream_aborts_its_generation(client, http) -> None
         ("chat", {"stream_options": {"include_usage": True}}, "stream_options"),
         ("completions", {"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
         ("completions", {"echo": True}, "echo"),
+        # what would change the output but is not implemented is refused, never ignored
+        ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
+        ("completions", {"frequency_penalty": -1.0}, "frequency_penalty"),
+        ("chat", {"repetition_penalty": 1.2}, "repetition_penalty"),
+        ("chat", {"logit_bias": {"5": 100}}, "logit_bias"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"guided_json": {"type": "object"}}, "guided_json"),
+        ("completions", {"regex": "[a-z]+"}, "regex"),
+        ("completions", {"suffix": "tail"}, "suffix"),
+        ("completions", {"best_of": 3}, "best_of"),
+        ("chat", {"min_tokens": 4}, "min_tokens"),
+        ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ("chat", {"modalities": ["text", "audio"]}, "modalities"),
     ],
 )
 def test_bad_values_are_400_naming_the_field(client, route, body, param) -> None:
@@ -184,3 +197,22 @@ def test_bad_values_are_400_naming_the_field(client, route, body, param) -> None
     error = refused.value
     assert error.status_code == 400 and error.param == param and param in error.message
     assert error.type == "invalid_request_error"
+
+
+def test_unserved_fields_at_their_no_op_values_and_unknown_fields_are_accepted(client) -> None:
+    """What frameworks send by default (zero penalties, a text response format, best_of equal to n)
+    and fields that do not change the output (user, metadata) are served."""
+    chat = client.chat.completions.create(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=2,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        response_format={"type": "text"},
+        user="someone",
+        extra_body={"repetition_penalty": 1.0, "metadata_note": "x", "min_tokens": 0},
+    )
+    assert chat.usage.completion_tokens <= 2
+    text = client.completions.create(model="m", prompt=PROMPT, max_tokens=2, n=2, best_of=2, suffix="")
+    assert len(text.choices) == 2
