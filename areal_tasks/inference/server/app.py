@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException
 
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
@@ -60,6 +61,10 @@ _MAX_PROBLEMS = 5
 def _result(success: bool, message: str, **extra: Any) -> JSONResponse:
     status = HTTPStatus.OK if success else HTTPStatus.BAD_REQUEST
     return JSONResponse({"success": success, "message": message, **extra}, status_code=status)
+
+
+#: FastAPI's detail for a body that is not JSON text at all (invalid UTF-8, say).
+_FASTAPI_UNPARSABLE = "There was an error parsing the body"
 
 
 def _error(
@@ -126,6 +131,15 @@ def create_app(server: EmbeddedServer) -> FastAPI:
     @app.exception_handler(BodyTooLargeError)
     async def body_too_large(_: Request, exc: BodyTooLargeError) -> JSONResponse:
         return _error(exc.detail, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # the framework's own refusals (an unknown path, a wrong method, a body that is not text)
+        # in the same error shape as every other answer
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == HTTPStatus.BAD_REQUEST and message == _FASTAPI_UNPARSABLE:
+            message = "the request body could not be parsed: send a JSON object encoded as UTF-8"
+        return _error(message, exc.status_code, exc.headers)
 
     @app.get("/health")
     @app.get("/health_generate")

@@ -164,6 +164,26 @@ def test_a_body_over_the_limit_answers_413_declared_or_streamed(make_server) -> 
     asyncio.run(scenario())
 
 
+def test_the_frameworks_own_refusals_answer_in_the_error_shape(make_server) -> None:
+    """A body that is not text (invalid UTF-8), an unknown path and a wrong method answer in
+    OpenAI's error shape like every other refusal, the first naming what to send instead."""
+    server = make_server()
+
+    async def scenario() -> None:
+        async with client(server) as http:
+            headers = {"content-type": "application/json"}
+            for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+                garbled = await http.post(path, content=b'{"prompt": "\xff\xfe"}', headers=headers)
+                assert garbled.status_code == 400 and "UTF-8" in message(garbled)
+                assert garbled.json()["error"]["type"] == "invalid_request_error"
+            missing = await http.post("/v1/nothing", json={})
+            assert missing.status_code == 404 and message(missing) == "Not Found"
+            wrong = await http.get("/generate")
+            assert wrong.status_code == 405 and "allow" in wrong.headers
+
+    asyncio.run(scenario())
+
+
 def test_text_that_cannot_fit_is_refused_before_it_is_tokenised(make_server, engine) -> None:
     server = make_server()
     longest = max(len(t) for t in engine.runner.tokenizer.get_vocab())
