@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from areal_tasks.errors import InferenceError, InferenceLimitError
+from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.executors import DEFAULT_LANES, Lanes, LaneTimeoutError
 from areal_tasks.inference.server.limits import ServerLimits, check_request_size, check_stops
@@ -93,6 +93,9 @@ class EmbeddedServer:
         #: thread lanes for blocking work a request causes (tokenize here; see executors.py).
         self.lanes = Lanes({"tokenize": DEFAULT_LANES["tokenize"]})  # weight lanes are WeightGuard's
         self._tokenize_pending = 0
+        #: the rids callers gave to requests still in flight (this loop's thread only): a second
+        #: request under one of them is refused (an abort by rid would stop both).
+        self._live_rids: set[str] = set()
         self.closing = False
         logger.info("request limits: %s", self.limits)
 
@@ -216,9 +219,17 @@ class EmbeddedServer:
         check_request_size(self.limits, [p.n for p in all_params])
         for params in all_params:
             check_stops(self.limits, params.stop)
+        given = [item["rid"] for item in items if item["rid"]]
+        for rid in given:
+            if rid in self._live_rids or given.count(rid) > 1:
+                raise InferenceRequestError(
+                    f"rid {rid!r} is already used by a request in flight; give each request a rid of its own",
+                    param="rid",
+                )
         for item, params in zip(items, all_params):
             group = SequenceGroup(prompt_ids=[int(t) for t in item["input_ids"]], vision=item.get("vision"))
             base_rid = item["rid"] or uuid.uuid4().hex
+            first = len(futures)
             for j in range(params.n):
                 fut: asyncio.Future[Sequence] = loop.create_future()
                 seed = None if params.sampling_seed is None else params.sampling_seed + j
@@ -233,8 +244,27 @@ class EmbeddedServer:
                 )
                 seqs.append(seq)
                 futures.append(fut)
-        self.engine.submit(seqs)
+            if item["rid"]:
+                self._hold_rid(item["rid"], futures[first:])
+        try:
+            self.engine.submit(seqs)
+        except BaseException:
+            self._live_rids.difference_update(given)
+            raise
         return seqs, futures
+
+    def _hold_rid(self, rid: str, futures: list[asyncio.Future[Sequence]]) -> None:
+        """Keep ``rid`` taken until every sequence of its request has finished."""
+        self._live_rids.add(rid)
+        left = [len(futures)]
+
+        def done(_: asyncio.Future[Sequence]) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._live_rids.discard(rid)
+
+        for fut in futures:
+            fut.add_done_callback(done)
 
     def abort_abandoned(self, seqs: list[Sequence]) -> None:
         """Abort the unfinished ones of ``seqs`` in the engine (nobody waits for them any more)."""

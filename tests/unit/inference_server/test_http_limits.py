@@ -272,6 +272,34 @@ def test_tokenising_runs_off_the_loop_within_its_time_limit(make_server) -> None
     asyncio.run(scenario())
 
 
+def test_a_rid_in_flight_is_not_taken_twice(make_server, engine) -> None:
+    """A request under the rid of one still in flight, or a batch naming one rid twice, is a 400
+    naming ``rid`` that queues nothing (an abort by rid would stop both); the rid is free again
+    once its request has finished, and a refused batch holds none of its rids."""
+    server = make_server()
+
+    async def scenario() -> None:
+        async with client(server) as http:
+            await asyncio.wrap_future(engine.call(lambda: engine.pause("in_place")))
+            first = asyncio.create_task(
+                http.post("/generate", json={"rid": "dup", "input_ids": PROMPT, "sampling_params": {**LONG, "n": 2}})
+            )
+            await until(lambda: engine.stats().num_waiting == 2, "the first request queued")
+            again = await http.post("/generate", json={"rid": "dup", "input_ids": PROMPT, "sampling_params": SHORT})
+            assert again.status_code == 400 and again.json()["error"]["param"] == "rid"
+            assert "dup" in message(again)
+            twice = await http.post("/generate", json={"rid": ["x", "x"], "text": ["a", "b"], "sampling_params": SHORT})
+            assert twice.status_code == 400 and twice.json()["error"]["param"] == "rid"
+            assert engine.stats().num_waiting == 2
+            await asyncio.wrap_future(engine.call(engine.resume))
+            assert (await first).status_code == 200
+            for rid in ("dup", "x"):
+                reused = await http.post("/generate", json={"rid": rid, "input_ids": PROMPT, "sampling_params": SHORT})
+                assert reused.status_code == 200
+
+    asyncio.run(scenario())
+
+
 def test_abort_request_names_one_request_exactly(make_server, engine) -> None:
     """``/abort_request {}`` aborts nothing (it aborted every request); a rid aborts that request and
     its samples, not another request whose rid starts with it."""
