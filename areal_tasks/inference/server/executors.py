@@ -9,13 +9,19 @@ weight load, nor either one tokenisation), and every call has a deadline: the ca
 keeps its thread until it returns; the lane counts those (:meth:`Lanes.overdue`) so that ``/health``
 can say the server is stuck, and :meth:`Lanes.busy` refuses new work on a lane whose threads are
 all taken instead of queueing behind them.
+
+Work that may queue (tokenising) passes ``wait_s``: the call waits at most that long for a thread
+and is then dropped unrun (:class:`LaneBusyError`), and its deadline counts from the moment a thread
+starts it, so time spent queued behind other requests never makes its own work look too slow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,13 +45,18 @@ class LaneTimeoutError(InferenceError):
 
 
 class LaneBusyError(InferenceError):
-    """Every thread of a lane is taken: the call was refused rather than queued."""
+    """Every thread of a lane is taken: the call was refused rather than queued, or it waited
+    ``wait_s`` for a thread and was dropped without running."""
 
 
 @dataclass
 class _Call:
     what: str
     deadline: float
+    #: when a thread started it (monotonic), None while it waits for one.
+    started_at: float | None = None
+    #: its caller gave up before a thread started it: the thread skips it.
+    dropped: bool = False
 
 
 class Lanes:
@@ -86,15 +97,21 @@ class Lanes:
         timeout_s: float,
         what: str = "",
         refuse_when_busy: bool = False,
+        wait_s: float | None = None,
     ) -> T:
         """``fn(*args)`` on ``lane``'s threads, waited for at most ``timeout_s`` seconds.
 
         ``refuse_when_busy``: raise :class:`LaneBusyError` at once when the lane has as many calls in
         flight as threads (for work that must not queue, such as a second group rendezvous).
+
+        ``wait_s``: the call may wait that long for a thread (then :class:`LaneBusyError`, and it never
+        runs; so too when the caller is cancelled before a thread starts it), and ``timeout_s``
+        counts from its start. Without it, ``timeout_s`` counts from now, waiting included.
         """
         if self._closed:
             raise InferenceError("the server is shutting down")
         what = what or getattr(fn, "__name__", "call")
+        loop = asyncio.get_running_loop()
         with self._lock:
             self._check(lane)
             if refuse_when_busy and len(self._running[lane]) >= self._sizes[lane]:
@@ -103,20 +120,60 @@ class Lanes:
                 )
             call_id = self._next_id
             self._next_id += 1
-            self._running[lane][call_id] = _Call(what, time.monotonic() + timeout_s)
+            now = time.monotonic()
+            # a call that may queue has its deadline from its start: none while it waits (never overdue then)
+            call = _Call(what, now + timeout_s if wait_s is None else math.inf)
+            self._running[lane][call_id] = call
+        started = asyncio.Event()
 
-        def tracked() -> T:
+        def tracked() -> T | None:
             try:
+                with self._lock:
+                    if call.dropped:
+                        return None
+                    call.started_at = time.monotonic()
+                    call.deadline = call.started_at + timeout_s
+                with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+                    loop.call_soon_threadsafe(started.set)
                 return fn(*args)
             finally:
                 with self._lock:
                     self._running[lane].pop(call_id, None)
 
-        future = asyncio.get_running_loop().run_in_executor(self._pools[lane], tracked)
+        future = loop.run_in_executor(self._pools[lane], tracked)
+        remaining = timeout_s
+        if wait_s is not None:
+            remaining = await self._wait_for_start(future, started, call, wait_s, timeout_s, f"{lane} thread")
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0.0))  # type: ignore[return-value]
         except asyncio.TimeoutError:
             raise LaneTimeoutError(f"{what} did not finish within {timeout_s:g} s") from None
+
+    async def _wait_for_start(
+        self,
+        future: asyncio.Future[Any],
+        started: asyncio.Event,
+        call: _Call,
+        wait_s: float,
+        timeout_s: float,
+        thread: str,
+    ) -> float:
+        """Wait until a thread starts ``call`` (at most ``wait_s``); return the seconds left of its
+        ``timeout_s``. A call not started by then, or whose caller is cancelled first, is dropped."""
+        waiter = asyncio.ensure_future(started.wait())
+        try:
+            await asyncio.wait({future, waiter}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            with self._lock:
+                call.dropped = call.started_at is None
+            raise
+        finally:
+            waiter.cancel()
+        with self._lock:
+            if call.started_at is None:
+                call.dropped = True
+                raise LaneBusyError(f"{call.what} waited {wait_s:g} s for a {thread}: try again later")
+            return call.started_at + timeout_s - time.monotonic()
 
     def shutdown(self) -> None:
         """Refuse new calls and drop queued ones; running threads are left to finish (not joined)."""

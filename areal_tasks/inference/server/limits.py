@@ -19,8 +19,10 @@ hold up every other client. :class:`ServerLimits` bounds each of these:
   the slack covers it);
 * ``max_stop_strings`` / ``max_stop_chars``: every decode step of a sequence with stop strings
   decodes a tail as long as its longest one, so their number and length are bounded (400);
-* ``tokenize_timeout_s``: tokenising and chat-template rendering run on the server's
-  ``tokenize`` thread lane (``executors.py``) for at most this long;
+* ``tokenize_timeout_s``: tokenising, chat-template rendering and image decoding run on the
+  server's ``tokenize`` thread lane (``executors.py``) for at most this long (413 past it), after
+  waiting at most this long for a thread (429 with ``Retry-After`` past that: time queued behind
+  other requests never counts against a request's own work);
 * ``chat_template_kwargs``: the only keys a chat request may pass to the server's chat template
   (values: booleans, integers or short strings). A caller can never supply the template itself.
 

@@ -13,7 +13,8 @@ The request path is bounded (``limits.py``): a request's prompts, samples and st
 checked before anything is queued, the engine's queue bound is set from the limits, and prompt
 text is measured before it is tokenised. Tokenising and chat-template rendering run on the
 ``tokenize`` thread lane (``executors.py``) within ``tokenize_timeout_s``: past it the request is
-refused (413 when its own work took too long, 429 when it never got a thread), so the event loop
+refused (413 when its own work took too long, counted from its start; 429 when it waited that long
+for a thread), so the event loop
 keeps answering ``/health`` and every other request. So does the decoding of a request's images
 (:meth:`EmbeddedServer.prepare_images`: decode, check, image processor, placeholder expansion and
 rotary positions; ``vision.py``), once per request before its sequences are queued; a bad image is
@@ -38,7 +39,7 @@ from typing import Any, TypeVar
 
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
 from areal_tasks.inference.server.engine import Engine
-from areal_tasks.inference.server.executors import DEFAULT_LANES, Lanes, LaneTimeoutError
+from areal_tasks.inference.server.executors import DEFAULT_LANES, LaneBusyError, Lanes, LaneTimeoutError
 from areal_tasks.inference.server.limits import ServerLimits, check_request_size, check_stops
 from areal_tasks.inference.server.model_runner import ModelRunner
 from areal_tasks.inference.server.protocol import generate_response
@@ -136,27 +137,18 @@ class EmbeddedServer:
                 f"{MAX_TOKENIZE_PENDING} requests are waiting to be tokenized: try again later",
                 retry_after_s=TOKENIZE_RETRY_AFTER_S,
             )
-        state = {"started": False, "abandoned": False}
-
-        def call() -> Any:
-            if state["abandoned"]:  # its caller has given up: do not spend the thread on it
-                return None
-            state["started"] = True
-            return fn(*args)
-
         timeout = self.limits.tokenize_timeout_s
         self._tokenize_pending += 1
-        try:
-            return await self.lanes.run("tokenize", call, timeout_s=timeout, what=what)
-        except LaneTimeoutError:
-            state["abandoned"] = True
-            if state["started"]:
-                raise InferenceLimitError(
-                    f"{what} took longer than {timeout:g} s; the input is too large for this server"
-                ) from None
+        try:  # waiting for a thread and the work itself each get the whole limit
+            return await self.lanes.run("tokenize", fn, *args, timeout_s=timeout, wait_s=timeout, what=what)
+        except LaneBusyError:
             raise InferenceLimitError(
                 f"{what} waited {timeout:g} s for a tokenizer thread: try again later",
                 retry_after_s=TOKENIZE_RETRY_AFTER_S,
+            ) from None
+        except LaneTimeoutError:
+            raise InferenceLimitError(
+                f"{what} took longer than {timeout:g} s; the input is too large for this server"
             ) from None
         finally:
             self._tokenize_pending -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -27,16 +28,19 @@ LONG = {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}
 
 
 class CountingTokenizer:
-    """The server's tokenizer, counting ``encode`` calls; ``gate`` (when set) holds each one."""
+    """The server's tokenizer, counting ``encode`` calls; ``gate`` (when set) holds each one, and
+    each takes at least ``delay_s``."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.encodes = 0
         self.gate: threading.Event | None = None
         self.entered = threading.Semaphore(0)
+        self.delay_s = 0.0
 
     def encode(self, *args: Any, **kwargs: Any) -> list[int]:
         self.encodes += 1
+        time.sleep(self.delay_s)
         if self.gate is not None:
             self.entered.release()
             self.gate.wait(60)
@@ -268,6 +272,22 @@ def test_tokenising_runs_off_the_loop_within_its_time_limit(make_server) -> None
             assert (await http.get("/health")).status_code == 200
             tokenizer.gate = None
             assert (await http.post("/generate", json=body)).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_time_queued_for_a_tokenize_thread_does_not_count_against_a_request(make_server) -> None:
+    """Four prompts of 1.2 s of tokenising each on the 2 threads under a 2 s limit: the last two
+    wait 1.2 s for a thread and then run 1.2 s, each within the limit, so all four are answered
+    (counting the wait, 2.4 s would have refused them as too large, a 413 no retry can mend)."""
+    server = make_server(tokenize_timeout_s=2.0)
+    server.tokenizer.delay_s = 1.2
+    body = {"text": "hello", "sampling_params": SHORT}
+
+    async def scenario() -> None:
+        async with client(server) as http:
+            answers = await asyncio.gather(*(http.post("/generate", json=body) for _ in range(4)))
+            assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
 
     asyncio.run(scenario())
 

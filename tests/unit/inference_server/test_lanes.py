@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -72,3 +73,69 @@ def test_unknown_lanes_and_calls_after_shutdown_are_refused() -> None:
     lanes.shutdown()
     with pytest.raises(Exception, match="shutting down"):
         asyncio.run(call("tokenize"))
+
+
+def test_a_queued_call_gets_its_whole_time_limit_from_its_start() -> None:
+    """Time spent waiting behind another call does not count against a call's own work: with a
+    0.5 s limit, a call queued 0.35 s behind another and then running 0.3 s returns its value
+    (counted together, 0.65 s would have passed the limit)."""
+    lanes = Lanes({"tokenize": 1})
+
+    async def main() -> list[str]:
+        def work(seconds: float, value: str) -> str:
+            time.sleep(seconds)
+            return value
+
+        first = lanes.run("tokenize", work, 0.35, "first", timeout_s=0.5, wait_s=0.5)
+        second = lanes.run("tokenize", work, 0.3, "second", timeout_s=0.5, wait_s=0.5)
+        return list(await asyncio.gather(first, second))
+
+    assert asyncio.run(main()) == ["first", "second"]
+    lanes.shutdown()
+
+
+def test_a_call_that_waits_past_wait_s_is_dropped_unrun_and_one_running_too_long_times_out() -> None:
+    lanes = Lanes({"tokenize": 1})
+    release = threading.Event()
+    ran: list[str] = []
+
+    async def main() -> None:
+        stuck = asyncio.ensure_future(lanes.run("tokenize", release.wait, 30, timeout_s=0.3, wait_s=1, what="slow"))
+        await asyncio.sleep(0.05)  # the slow call holds the only thread
+        with pytest.raises(LaneBusyError, match="queued waited 0.2 s for a tokenize thread"):
+            await lanes.run("tokenize", ran.append, "queued", timeout_s=5, wait_s=0.2, what="queued")
+        with pytest.raises(LaneTimeoutError, match="slow did not finish within 0.3 s"):
+            await stuck
+        assert lanes.overdue() and lanes.overdue()[0].startswith("tokenize: slow (")  # the dropped one is not
+        release.set()
+        for _ in range(200):
+            if not lanes.busy("tokenize"):
+                break
+            await asyncio.sleep(0.01)
+        assert not lanes.busy("tokenize") and lanes.overdue() == []
+        assert await lanes.run("tokenize", lambda: "next", timeout_s=1, wait_s=1) == "next"
+
+    asyncio.run(main())
+    assert ran == []  # the dropped call never ran, even once the thread was free
+    lanes.shutdown()
+
+
+def test_a_call_whose_caller_is_cancelled_while_queued_never_runs() -> None:
+    lanes = Lanes({"tokenize": 1})
+    release = threading.Event()
+    ran: list[str] = []
+
+    async def main() -> None:
+        holder = asyncio.ensure_future(lanes.run("tokenize", release.wait, 30, timeout_s=5, wait_s=5))
+        queued = asyncio.ensure_future(lanes.run("tokenize", ran.append, "queued", timeout_s=5, wait_s=5))
+        await asyncio.sleep(0.1)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        release.set()
+        assert await holder is True
+        assert await lanes.run("tokenize", lambda: "after", timeout_s=1, wait_s=1) == "after"
+
+    asyncio.run(main())
+    assert ran == []
+    lanes.shutdown()
