@@ -103,20 +103,27 @@ class GreedyPicker:
             fn, fan_out = draw_rows, EAGER_FAN_OUT
         return fn(logits, temperatures, top_ks, top_ps, min_ps, greedy, uniforms, filtered=filtered, fan_out=fan_out)
 
+    @torch.inference_mode()
     def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Compile :func:`greedy_pick` now for one row and for several (the shapes a server meets first)."""
+        """Compile :func:`greedy_pick` now for one row and for several (the shapes a server meets first).
+
+        Under inference mode, as the engine thread calls it: compiled code is guarded on the grad
+        mode and on its inputs being inference tensors, so a warm-up outside it left the engine's
+        first greedy step to compile again (and compiling waits for the device)."""
         if self._fused is None:
             return
         for rows in (1, 2):
             self(torch.zeros(rows, vocab, dtype=dtype, device=device))
 
+    @torch.inference_mode()
     def warm_up_draw(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile :func:`draw_rows` now for one row and for several, with and without filters
         (four compilations: about a minute on a CPU, so only the GPU runner calls this). If the
         compilation fails, the error is logged with its traceback and sampled batches draw eagerly
         (the same results, more passes over the logits). A picker that draws with the Triton kernel
         compiles it here instead (once for each of the kernel's four forms, a few seconds); if that fails,
-        the error is logged with its traceback and sampled batches take the torch draw."""
+        the error is logged with its traceback and sampled batches take the torch draw. Under
+        inference mode, as the engine thread calls it (see :meth:`warm_up`)."""
         if self.kernel:
             logits = torch.zeros(2, vocab, dtype=dtype, device=device)
             ones = torch.ones(2, device=device)
@@ -147,12 +154,16 @@ class GreedyPicker:
             return
         try:
             for rows in (1, 2):
+                # a tensor of its own per argument, as a SamplingBatch has: compiled code is guarded on
+                # which inputs alias one another, so shared ones would compile a variant never used
+                def column(value: float, rows: int = rows) -> torch.Tensor:
+                    return torch.full((rows,), value, device=device)
+
                 logits = torch.zeros(rows, vocab, dtype=dtype, device=device)
-                ones = torch.ones(rows, device=device)
                 top_ks = torch.full((rows,), vocab, dtype=torch.long, device=device)
                 no = torch.zeros(rows, dtype=torch.bool, device=device)
                 for filtered in (False, True):
-                    self.draw(logits, ones, top_ks, ones, ones * 0, no, ones * 0.5, filtered=filtered)
+                    self.draw(logits, column(1.0), top_ks, column(0.5), column(0.0), no, column(0.5), filtered=filtered)
         except RuntimeError:  # torch._dynamo's and Inductor's errors are RuntimeErrors
             logger.exception("compiling the sort-free sampler failed; sampled batches draw eagerly")
             self._draw = None

@@ -52,3 +52,30 @@ def test_sample_hands_all_greedy_batches_to_the_given_picker() -> None:
     )
     sample(logits, mixed, picker)
     assert len(seen) == 1  # a mixed batch samples every row itself
+
+
+def test_warm_up_leaves_nothing_to_compile_for_the_engine_threads_inference_mode(monkeypatch) -> None:
+    """The engine thread picks and draws under inference mode; a warm-up compiled outside it would
+    leave its first steps to compile again (on a GPU that waits for the device mid-serve)."""
+    from functools import partial
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))  # guards only: fast
+    torch._dynamo.reset()
+    picker = GreedyPicker(compiled=True)
+    picker.warm_up(vocab=300, dtype=torch.bfloat16, device=torch.device("cpu"))
+    picker.warm_up_draw(vocab=300, dtype=torch.bfloat16, device=torch.device("cpu"))
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled > 0
+    with torch.inference_mode():
+        for rows in (1, 5):
+            logits = (torch.randn(rows, 300) * 4).to(torch.bfloat16)
+            picker(logits)
+            ones = torch.ones(rows)
+            no = torch.zeros(rows, dtype=torch.bool)
+            top_ks = torch.full((rows,), 300, dtype=torch.long)
+            for filtered in (False, True):
+                picker.draw(logits, ones, top_ks, ones * 0.9, ones * 0, no, torch.rand(rows), filtered=filtered)
+    assert counters["stats"]["unique_graphs"] == compiled
+    torch._dynamo.reset()
