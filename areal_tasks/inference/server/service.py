@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -212,8 +213,13 @@ class EmbeddedServer:
         for params in all_params:
             check_stops(self.limits, params.stop)
         given = [item["rid"] for item in items if item["rid"]]
-        for rid in given:
-            if rid in self._live_rids or given.count(rid) > 1:
+        for rid, uses in Counter(given).items():
+            if uses > 1:
+                raise InferenceRequestError(
+                    f"rid {rid!r} names {uses} prompts of this batch; give each prompt a rid of its own",
+                    param="rid",
+                )
+            if rid in self._live_rids:
                 raise InferenceRequestError(
                     f"rid {rid!r} is already used by a request in flight; give each request a rid of its own",
                     param="rid",

@@ -310,6 +310,7 @@ def test_a_rid_in_flight_is_not_taken_twice(make_server, engine) -> None:
             assert "dup" in message(again)
             twice = await http.post("/generate", json={"rid": ["x", "x"], "text": ["a", "b"], "sampling_params": SHORT})
             assert twice.status_code == 400 and twice.json()["error"]["param"] == "rid"
+            assert "'x' names 2 prompts of this batch" in message(twice)
             assert engine.stats().num_waiting == 2
             await asyncio.wrap_future(engine.call(engine.resume))
             assert (await first).status_code == 200
