@@ -23,6 +23,30 @@ pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [100, 200, 300, 400, 500], [42] * 20, [3, 1, 4]]
 
 
+def _finished(
+    engine: Engine, rows: list[tuple[list[int], SamplingParams]], prefix: str, alternatives: list[int] | None = None
+) -> list[Sequence]:
+    """Run one sequence per ``(prompt, params)`` row on ``engine`` and return them finished, in
+    order; with ``alternatives`` every row returns log-probs and that many top alternatives."""
+    futures: list[concurrent.futures.Future] = []
+    seqs = []
+    for i, (prompt, params) in enumerate(rows):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        seqs.append(
+            Sequence(
+                rid=f"{prefix}{i}",
+                group=SequenceGroup(prompt),
+                params=params,
+                on_finish=lambda s, f=fut: f.set_result(s),
+                return_logprob=alternatives is not None,
+                top_logprobs_num=0 if alternatives is None else alternatives[i],
+            )
+        )
+        futures.append(fut)
+    engine.submit(seqs)
+    return [f.result(timeout=300) for f in futures]
+
+
 def _decode_all(runner: ModelRunner, steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
     slots = [runner.cache.allocate() for _ in PROMPTS]
     logits = runner.prefill_batch(slots, PROMPTS)
@@ -116,18 +140,11 @@ def test_engine_on_graph_runner_matches_generate(tiny_qwen2: Path) -> None:
     engine = Engine(runner)
     engine.start()
     try:
-        futures, seqs = [], []
-        for i, prompt in enumerate(PROMPTS):
-            fut: concurrent.futures.Future = concurrent.futures.Future()
-            params = SamplingParams(temperature=0.0, max_new_tokens=10 + 7 * i, ignore_eos=True)
-            seqs.append(
-                Sequence(
-                    rid=f"g{i}", group=SequenceGroup(prompt), params=params, on_finish=lambda s, f=fut: f.set_result(s)
-                )
-            )
-            futures.append(fut)
-        engine.submit(seqs)
-        outputs = [f.result(timeout=300).output_ids for f in futures]
+        rows = [
+            (prompt, SamplingParams(temperature=0.0, max_new_tokens=10 + 7 * i, ignore_eos=True))
+            for i, prompt in enumerate(PROMPTS)
+        ]
+        outputs = [seq.output_ids for seq in _finished(engine, rows, "g")]
     finally:
         engine.shutdown()
     reference = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).cuda().eval()
@@ -202,26 +219,19 @@ def test_overlapped_engine_on_graphs_equals_step_by_step(tiny_qwen2: Path) -> No
         engine = Engine(runner, overlap=overlap)
         engine.start()
         try:
-            futures, seqs = [], []
-            for i, prompt in enumerate(PROMPTS):
-                fut: concurrent.futures.Future = concurrent.futures.Future()
-                params = SamplingParams(
-                    temperature=0.0,
-                    max_new_tokens=10 + 17 * i,
-                    ignore_eos=True,
-                    stop_token_ids=frozenset([stop] if stop is not None and i == 2 else []),
+            rows = [
+                (
+                    prompt,
+                    SamplingParams(
+                        temperature=0.0,
+                        max_new_tokens=10 + 17 * i,
+                        ignore_eos=True,
+                        stop_token_ids=frozenset([stop] if stop is not None and i == 2 else []),
+                    ),
                 )
-                seqs.append(
-                    Sequence(
-                        rid=f"o{i}",
-                        group=SequenceGroup(prompt),
-                        params=params,
-                        on_finish=lambda s, f=fut: f.set_result(s),
-                    )
-                )
-                futures.append(fut)
-            engine.submit(seqs)
-            return [f.result(timeout=300).output_ids for f in futures]
+                for i, prompt in enumerate(PROMPTS)
+            ]
+            return [seq.output_ids for seq in _finished(engine, rows, "o")]
         finally:
             engine.shutdown()
 
@@ -303,22 +313,11 @@ def test_graph_engine_top_logprobs_match_a_forward_pass(tiny_qwen2: Path) -> Non
     try:
 
         def run(specs: list[tuple[list[int], float, int]]) -> list[Sequence]:
-            futures, seqs = [], []
-            for i, (prompt, temperature, k) in enumerate(specs):
-                fut: concurrent.futures.Future = concurrent.futures.Future()
-                params = SamplingParams(temperature=temperature, max_new_tokens=20, ignore_eos=True, sampling_seed=i)
-                seq = Sequence(
-                    rid=f"t{i}-{k}",
-                    group=SequenceGroup(prompt),
-                    params=params,
-                    on_finish=lambda s, f=fut: f.set_result(s),
-                    return_logprob=True,
-                    top_logprobs_num=k,
-                )
-                seqs.append(seq)
-                futures.append(fut)
-            engine.submit(seqs)
-            return [f.result(timeout=300) for f in futures]
+            rows = [
+                (prompt, SamplingParams(temperature=temperature, max_new_tokens=20, ignore_eos=True, sampling_seed=i))
+                for i, (prompt, temperature, _) in enumerate(specs)
+            ]
+            return _finished(engine, rows, f"t{len(specs)}-", [k for _, _, k in specs])
 
         specs = [(PROMPTS[0], 0.0, 3), (PROMPTS[1], 0.8, 5), (PROMPTS[2], 0.0, 0)]
         done = run(specs)
@@ -375,30 +374,21 @@ def test_a_decode_step_is_queued_without_waiting_for_the_device(tiny_qwen2: Path
     ]
 
     def run() -> list[Sequence]:
-        futures, seqs = [], []
-        for i, (temperature, top_p, seed, k, new) in enumerate(specs):
-            fut: concurrent.futures.Future = concurrent.futures.Future()
-            params = SamplingParams(
-                temperature=temperature, top_p=top_p, sampling_seed=seed, max_new_tokens=new, ignore_eos=True
+        rows = [
+            (
+                PROMPTS[i],
+                SamplingParams(
+                    temperature=temperature, top_p=top_p, sampling_seed=seed, max_new_tokens=new, ignore_eos=True
+                ),
             )
-            seqs.append(
-                Sequence(
-                    rid=f"s{i}",
-                    group=SequenceGroup(PROMPTS[i]),
-                    params=params,
-                    on_finish=lambda s, f=fut: f.set_result(s),
-                    return_logprob=True,
-                    top_logprobs_num=k,
-                )
-            )
-            futures.append(fut)
-        engine.submit(seqs)
-        return [f.result(timeout=300) for f in futures]
+            for i, (temperature, top_p, seed, _, new) in enumerate(specs)
+        ]
+        return _finished(engine, rows, "s", [spec[3] for spec in specs])
 
     engine.start()
     try:
-        # the first run compiles what a server compiles on first use (on an H200 the checked run
-        # alone stopped at a compilation of the greedy pick in the engine thread: compiling syncs)
+        # a first run meets whatever a server meets on first use (a compilation syncs; the greedy
+        # pick's used to, warmed up outside the engine thread's inference mode)
         run()
         for name in ("_launch", "_sampling_table"):
             monkeypatch.setattr(engine, name, no_sync(getattr(engine, name)))
