@@ -26,25 +26,29 @@ async def _pause_once_caught(client: Any, tasks: Sequence[asyncio.Task], max_new
             return None
         await client.pause()
         for _ in range(500):
-            partial = [r for r in client.inflight() if r.held and 0 < r.n_output_tokens < max_new_tokens]
+            inflight = client.inflight()
+            partial = [r for r in inflight if r.held and 0 < r.n_output_tokens < max_new_tokens]
             if partial:
                 return partial
             if all(t.done() for t in tasks):
                 break
+            if len(inflight) == len(tasks) and all(r.held for r in inflight):
+                break  # the pause landed before any token: every request waits at the gate, none has output
             await asyncio.sleep(0.01)
         await client.resume()
     raise AssertionError("no pause caught a request with partial output")
 
 
 async def start_and_pause(
-    client: Any, launch: Callable[[], list[asyncio.Task]], max_new_tokens: int
+    client: Any, launch: Callable[[], list[asyncio.Task]], max_new_tokens: int, rounds: int = ROUNDS
 ) -> tuple[list[asyncio.Task], list]:
     """Start requests with ``launch()`` and pause the client while some hold partial output;
-    returns the tasks and the caught requests (the client is left paused)."""
-    for _ in range(ROUNDS):
+    returns the tasks and the caught requests (the client is left paused). Up to ``rounds`` rounds
+    of fresh requests, each lost when they all finish before a pause catches one."""
+    for _ in range(rounds):
         tasks = launch()
         partial = await _pause_once_caught(client, tasks, max_new_tokens)
         if partial is not None:
             return tasks, partial
         await asyncio.gather(*tasks)
-    raise AssertionError(f"in {ROUNDS} rounds every request finished before a pause caught one; raise max_new_tokens")
+    raise AssertionError(f"in {rounds} rounds every request finished before a pause caught one; raise max_new_tokens")

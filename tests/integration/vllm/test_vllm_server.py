@@ -19,8 +19,9 @@ from areal_tasks.api.inference import ModelRequest, SamplingParams
 pytestmark = pytest.mark.integration
 
 PROMPT = [11, 42, 7, 99, 5]
-#: streams started before one is cut by the pause (each lost race costs a few seconds; on a loaded
-#: 2-core CI machine four rounds of 1,900 tokens were once all lost)
+#: rounds of requests started before one is cut by a pause (each lost race costs a few seconds; on a
+#: loaded 2-core CI machine four rounds of 1,900 tokens were lost, by streams and by the client alike:
+#: vLLM's API process, starved by its engine process, took seconds to answer a pause)
 PAUSE_ROUNDS = 8
 #: new tokens of the requests a pause must catch mid-generation: near the test server's context of
 #: 2,048 tokens, so that a pause delayed by seconds on a loaded CPU still lands before they end
@@ -169,6 +170,7 @@ def test_client_pause_and_resume_lose_nothing(vllm: VLLMSession) -> None:
                 client,
                 lambda: [asyncio.create_task(client.agenerate(ModelRequest(r.input_ids, r.sampling))) for r in reqs],
                 n,
+                PAUSE_ROUNDS,
             )
             await client.resume()
             return partial, await asyncio.gather(*tasks)
@@ -195,7 +197,7 @@ def test_weight_update_mid_generation_loses_no_request(vllm: VLLMSession) -> Non
 
         async with vllm.client() as client:
             tasks, partial = await start_and_pause(
-                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n
+                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n, PAUSE_ROUNDS
             )
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
