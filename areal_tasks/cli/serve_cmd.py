@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
+from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("auto", "triton", "sdpa"),
         help="the grouped decode attention: a Triton kernel that reads the cache once (auto: on "
         "CUDA where Triton imports), or SDPA",
+    )
+    parser.add_argument(
+        "--image-cache-mb",
+        type=int,
+        metavar="MIB",
+        default=DEFAULT_IMAGE_CACHE_MB,
+        help="host memory (MiB) that a vision-language model's processed images are kept in, by "
+        "content, so an image sent again (a GRPO group's n requests, an agent's next turn) is "
+        f"processed once (default {DEFAULT_IMAGE_CACHE_MB}; 0 processes every image sent)",
     )
     parser.add_argument(
         "--disable-overlap-schedule",
@@ -364,6 +374,7 @@ def run_serve(args: argparse.Namespace) -> int:
         torch_compile=not args.disable_torch_compile,
         torch_compile_scope=args.torch_compile_scope,
         decode_attention=args.decode_attention,
+        image_cache_mb=args.image_cache_mb,
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
         log_level=args.log_level,

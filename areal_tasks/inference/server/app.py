@@ -172,6 +172,9 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             "decode_attention": server.runner.decode_attention,
             "overlap_schedule": server.engine.overlap,
             "prefix_cache": server.engine.prefix_cache is not None,
+            "image_cache": None
+            if server.runner.vision is None
+            else dataclasses.asdict(server.runner.vision.images.stats()),
             "paused": stats.paused,
             "weight_update_groups": server.weights.groups,
             "request_limits": dataclasses.asdict(server.limits),
@@ -307,6 +310,9 @@ def create_app(server: EmbeddedServer) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render_metrics(server.engine.stats(), server.served_model_name), media_type=CONTENT_TYPE)
+        images = None if server.runner.vision is None else server.runner.vision.images.stats()
+        return Response(
+            render_metrics(server.engine.stats(), server.served_model_name, images), media_type=CONTENT_TYPE
+        )
 
     return app

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 MAX_IMAGES_PER_PROMPT = 32
 #: width x height of one image at most (before the processor resizes it).
 MAX_IMAGE_PIXELS = 4096 * 4096
+#: host memory the processed images of a server may keep by content, in MiB (``image_cache.py``).
+DEFAULT_IMAGE_CACHE_MB = 256
 #: the image file formats accepted (Pillow's names).
 IMAGE_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP", "BMP"})
 
@@ -92,10 +94,15 @@ def open_image(data: bytes, index: int, field: str = "image_data") -> Any:
         raise _refuse(field, index, f"the image could not be decoded ({type(exc).__name__}: {exc})") from None
 
 
-def decode_images(values: list[Any], field: str = "image_data") -> list[Any]:
-    """Every image of one prompt, decoded and checked, in order."""
+def check_image_count(values: list[Any], field: str = "image_data") -> None:
+    """Refuse more than :data:`MAX_IMAGES_PER_PROMPT` images for one prompt."""
     if len(values) > MAX_IMAGES_PER_PROMPT:
         raise InferenceRequestError(
             f"{field}: {len(values)} images for one prompt; at most {MAX_IMAGES_PER_PROMPT} are accepted", param=field
         )
+
+
+def decode_images(values: list[Any], field: str = "image_data") -> list[Any]:
+    """Every image of one prompt, decoded and checked, in order."""
+    check_image_count(values, field)
     return [open_image(image_bytes(value, i, field), i, field) for i, value in enumerate(values)]

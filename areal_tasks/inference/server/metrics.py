@@ -11,15 +11,21 @@ host-bound). The prefix cache (``prefix_cache.py``): counter ``sglang:cached_tok
 positions whose KV was reused instead of prefilled), gauge ``sglang:cache_hit_rate`` (those over
 all prompt positions admitted: ``cached / (cached + prompt_tokens_total)``), and gauges
 ``areal:prefix_cache_entries`` and ``areal:prefix_cache_retained_tokens`` (the entries, live and
-retained, and the positions kept in free slots). Every sample carries the ``model_name`` label,
-like SGLang's.
+retained, and the positions kept in free slots). A vision-language model's processed images
+(``image_cache.py``): counters ``areal:image_cache_hits_total`` and ``areal:image_cache_misses_total``
+(images served from the cache, and processed), gauge ``areal:image_cache_bytes``. Every sample
+carries the ``model_name`` label, like SGLang's.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from areal_tasks.inference.server.stats import EngineStats
+
+if TYPE_CHECKING:
+    from areal_tasks.inference.server.image_cache import ImageCacheStats
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +36,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render_metrics(stats: EngineStats, model_name: str) -> str:
-    """The exposition text for one snapshot."""
+def render_metrics(stats: EngineStats, model_name: str, images: ImageCacheStats | None = None) -> str:
+    """The exposition text for one snapshot (``images``: a vision-language model's image cache)."""
     usage = stats.cache_used_tokens / stats.cache_capacity_tokens if stats.cache_capacity_tokens else 0.0
     rows = [
         ("sglang:num_running_reqs", "gauge", "The number of running requests.", stats.num_running),
@@ -71,6 +77,12 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
             stats.decode_wait_seconds_total,
         ),
     ]
+    if images is not None:
+        rows += [
+            ("areal:image_cache_hits_total", "counter", "Images served from the processed-image cache.", images.hits),
+            ("areal:image_cache_misses_total", "counter", "Images decoded and processed.", images.misses),
+            ("areal:image_cache_bytes", "gauge", "Pixel-value bytes the image cache holds.", images.bytes),
+        ]
     label = f'{{model_name="{_escape(model_name)}"}}'
     lines = []
     for name, kind, doc, value in rows:

@@ -39,6 +39,7 @@ from areal_tasks.errors import InferenceError, ModelError
 from areal_tasks.inference.server.attention import register_serve_attention, use_decode_kernel
 from areal_tasks.inference.server.decode_kernel import kernel_available
 from areal_tasks.inference.server.greedy import GreedyPicker
+from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.kv_cache import BatchCacheView, SlotKVCache
 from areal_tasks.inference.server.transfer import host_to_device
 from areal_tasks.inference.server.vision import VisionPreparer, VisionPrompt
@@ -78,6 +79,9 @@ class RunnerConfig:
     #: where Triton imports, SDPA otherwise), ``triton`` (the kernel, or an error where it cannot
     #: run) or ``sdpa``.
     decode_attention: str = "auto"
+    #: host memory (MiB) for the processed images of a vision-language model, by content
+    #: (``image_cache.py``); 0 = process every image sent.
+    image_cache_mb: int = DEFAULT_IMAGE_CACHE_MB
 
 
 def resolve_device(name: str) -> torch.device:
@@ -142,7 +146,7 @@ class ModelRunner:
         if self.is_vision:
             from transformers import AutoImageProcessor
 
-            self.vision = VisionPreparer(self.model, AutoImageProcessor.from_pretrained(path))
+            self.vision = VisionPreparer(self.model, AutoImageProcessor.from_pretrained(path), cfg.image_cache_mb << 20)
         #: ``triton`` or ``sdpa``: what runs the grouped decode attention (``RunnerConfig.decode_attention``).
         self.decode_attention = self._decode_attention(cfg.decode_attention)
         compile_now = cfg.torch_compile and self.device.type == "cuda"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_tasks.errors import InferenceError
+from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class ServerConfig:
     torch_compile_scope: str = "blocks"
     #: the grouped decode attention: ``auto``, ``triton`` or ``sdpa``; see ``RunnerConfig.decode_attention``.
     decode_attention: str = "auto"
+    #: host memory (MiB) for processed images by content; see ``RunnerConfig.image_cache_mb``.
+    image_cache_mb: int = DEFAULT_IMAGE_CACHE_MB
     #: launch each decode step before reading the previous one back (SGLang's overlap scheduler;
     #: its --disable-overlap-schedule turns it off).
     overlap_schedule: bool = True
@@ -100,6 +103,11 @@ class ServerConfig:
             raise InferenceError(f"port must be in 1..65535, got {self.port}")
         if self.max_running_requests < 1:
             raise InferenceError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if isinstance(self.image_cache_mb, bool) or not isinstance(self.image_cache_mb, int) or self.image_cache_mb < 0:
+            raise InferenceError(
+                f"image_cache_mb must be a whole number of MiB >= 0 (0 turns the image cache off), "
+                f"got {self.image_cache_mb!r}"
+            )
         if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
             raise InferenceError(f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if not 0 < self.shutdown_timeout_s < float("inf"):
@@ -153,6 +161,7 @@ def build_app(cfg: ServerConfig) -> Any:
             torch_compile=cfg.torch_compile and not eager,
             compile_scope=cfg.torch_compile_scope,
             decode_attention=cfg.decode_attention,
+            image_cache_mb=cfg.image_cache_mb,
         )
     )
     engine = Engine(

@@ -5,11 +5,13 @@ lane): it decodes and checks the images (``images.py``), runs the model's image 
 (``pixel_values``, ``image_grid_thw``), expands the ``<|image_pad|>`` placeholders of the prompt
 when they come one per image (SGLang's form; the processor's already expanded form is taken as
 it is) and computes the prompt's multimodal rotary positions with the model's own
-``get_rope_index``. The result, a :class:`VisionPrompt`, travels with the sequence group: the
-engine runs the vision tower in the prompt's prefill and every decode step of the sequence
-rotates at ``text position + rope_delta`` on all three axes, as ``transformers`` generation does.
-The positions are computed here per prompt and passed explicitly, never read from the model's
-cached ``rope_deltas`` (one value for a whole batch).
+``get_rope_index``. An image sent again (a GRPO group's ``n`` requests, a resubmitted partial
+rollout, an agent's next turn) is decoded and processed once (``image_cache.py``). The result, a
+:class:`VisionPrompt`, travels with the sequence group: the engine runs the vision tower in the
+prompt's prefill and every decode step of the sequence rotates at ``text position + rope_delta``
+on all three axes, as ``transformers`` generation does. The positions are computed here per
+prompt and passed explicitly, never read from the model's cached ``rope_deltas`` (one value for
+a whole batch).
 
 The placeholders of a prompt must match its images: runs of ``<|image_pad|>`` of exactly each
 image's token count, in order, or exactly one pad per image; anything else is a 400 naming the
@@ -30,7 +32,8 @@ from typing import Any
 import torch
 
 from areal_tasks.errors import InferenceRequestError
-from areal_tasks.inference.server.images import decode_images
+from areal_tasks.inference.server.image_cache import ProcessedImageCache
+from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.models.vision_processor import IMAGE_PAD, image_token_counts
 
 logger = logging.getLogger(__name__)
@@ -103,9 +106,13 @@ def expand_pads(ids: list[int], counts: list[int], pad: int, pad_name: str = IMA
 class VisionPreparer:
     """Turns ``(input_ids, wire images)`` into the expanded ids and a :class:`VisionPrompt`."""
 
-    def __init__(self, model: Any, image_processor: Any) -> None:
+    def __init__(self, model: Any, image_processor: Any, cache_bytes: int = DEFAULT_IMAGE_CACHE_MB << 20) -> None:
         config = model.config
         self.image_processor = image_processor
+        #: the processed images by content (``image_cache.py``): a resent image is processed once.
+        self.images = ProcessedImageCache(
+            lambda images: image_processor(images=images, return_tensors="pt"), cache_bytes
+        )
         self.image_token_id = int(config.image_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
         self._rope_index = model.model.get_rope_index
@@ -119,9 +126,7 @@ class VisionPreparer:
         if not image_data:
             expand_pads(input_ids, [], self.image_token_id, self.pad_name)
             return list(input_ids), None
-        images = decode_images(image_data, field)
-        processed = self.image_processor(images=images, return_tensors="pt")
-        grid = processed["image_grid_thw"].long()
+        pixel_values, grid = self.images.processed(image_data, field)
         ids, where = expand_pads(input_ids, image_token_counts(grid, self.merge), self.image_token_id, self.pad_name)
         image_tokens = torch.tensor(where, dtype=torch.long)
         token_types = torch.zeros(1, len(ids), dtype=torch.int)
@@ -129,7 +134,7 @@ class VisionPreparer:
         with torch.inference_mode():
             positions, deltas = self._rope_index(torch.tensor([ids]), token_types, image_grid_thw=grid)
         prompt = VisionPrompt(
-            pixel_values=processed["pixel_values"].float(),
+            pixel_values=pixel_values,
             image_grid_thw=grid,
             image_tokens=image_tokens,
             positions=positions[:, 0].clone(),
