@@ -18,6 +18,11 @@ not put there has no image behind it, and no engine can train the sequence) ends
 tokens before it are kept and scored, the placeholder and what follows are dropped
 (``metadata["cut_at_placeholder"]``), as a length limit would cut them.
 
+A GRPO group's episodes share one item, so a :class:`~areal_tasks.datasets.registry.Record` (frozen)
+is rendered once for its group: the last :data:`RENDER_MEMO` rendered records are kept by identity
+(the processor's work and the PNG encoding run on the rollout's event loop; for a 448x448 image they
+take milliseconds an episode). Other items are rendered for every episode.
+
 Items without images are rendered as ``rlvr`` renders them (through the tokenizer's chat template),
 and their trajectories have no ``multimodal``: one job may mix both. The processor is loaded on the
 first item with images: the processor of ``options.processor`` (a model directory) when set, else
@@ -28,6 +33,8 @@ the tokenizer with the image processor of the directory it was loaded from (``na
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -36,6 +43,7 @@ from areal_tasks.api.inference import InferenceEngine, ModelRequest, ModelRespon
 from areal_tasks.api.workflow import Trajectory
 from areal_tasks.datasets.images import image_list
 from areal_tasks.datasets.prompts import SYSTEM_PROMPT, chat_messages
+from areal_tasks.datasets.registry import Record
 from areal_tasks.datasets.vision_prompts import load_processor, render_vision_prompt, with_image_parts
 from areal_tasks.models.vision_processor import encode_image
 from areal_tasks.rollout.workflows.rlvr import RewardFn, RLVRWorkflow, item_fields, response_metadata, reward_extras
@@ -48,6 +56,8 @@ __all__ = ["RenderedPrompt", "VisionRLVROptions", "VisionRLVRWorkflow", "cut_at_
 
 #: the video placeholder token of Qwen2-VL-style tokenizers (never in a prompt here: no video).
 VIDEO_PAD = "<|video_pad|>"
+#: rendered records kept by identity (more than the groups a rollout runs at once).
+RENDER_MEMO = 256
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,8 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         self.processor_source = processor
         self._given = tokenizer
         self._processor: Any = None
+        self._rendered: OrderedDict[int, tuple[Record, RenderedPrompt]] = OrderedDict()
+        self._rendered_lock = threading.Lock()
 
     @property
     def processor(self) -> Any:
@@ -148,7 +160,23 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         return with_image_parts(chat_messages(messages, self.system_prompt), n_images)
 
     def render_multimodal(self, data: Any) -> RenderedPrompt:
-        """The item's prompt: through the processor when it has images, else as ``rlvr`` renders it."""
+        """The item's prompt: through the processor when it has images, else as ``rlvr`` renders it
+        (a record rendered lately is not rendered again; see the module doc)."""
+        if not isinstance(data, Record):
+            return self._render(data)
+        with self._rendered_lock:
+            kept = self._rendered.get(id(data))
+            if kept is not None and kept[0] is data:
+                self._rendered.move_to_end(id(data))
+                return kept[1]
+        rendered = self._render(data)
+        with self._rendered_lock:
+            self._rendered[id(data)] = (data, rendered)  # the record is held: its id stays its own
+            while len(self._rendered) > RENDER_MEMO:
+                self._rendered.popitem(last=False)
+        return rendered
+
+    def _render(self, data: Any) -> RenderedPrompt:
         images = item_images(data)
         if not images:
             return RenderedPrompt(RLVRWorkflow.render_item(self, data), [], None)
@@ -186,5 +214,6 @@ class VisionRLVRWorkflow(RLVRWorkflow):
             "cut_at_placeholder": cut is not response,
         }
         trajectory = builder.build(reward, metadata)
-        trajectory.multimodal = rendered.multimodal
+        # a dict of its own (the group's episodes share the rendered prompt; the tensors are only read)
+        trajectory.multimodal = None if rendered.multimodal is None else dict(rendered.multimodal)
         return trajectory

@@ -69,6 +69,40 @@ def test_an_image_prompt_is_sent_expanded_with_its_image_and_trained_with_its_pi
     assert workflow.render_item(record) == request.input_ids  # what max_prompt_len counts
 
 
+def test_a_groups_episodes_render_their_record_once(tokenizer, records, monkeypatch) -> None:
+    """A GRPO group's episodes share one record: it is rendered (processor, PNG) once, each
+    trajectory still gets a multimodal dict of its own; another record object, even an equal one,
+    and an item that is no record are rendered again."""
+    import dataclasses
+
+    from areal_tasks.rollout.workflows import vision
+
+    workflow = VisionRLVRWorkflow(tokenizer, SAMPLING, arith_reward)
+    calls: list[Any] = []
+    real = workflow._render
+    monkeypatch.setattr(workflow, "_render", lambda data: calls.append(data) or real(data))
+    engine = FakeEngine(tokenizer, [Reply("Answer: 2")])
+    group = [run(workflow, engine, records[0]) for _ in range(4)]
+    assert len(calls) == 1 and len(engine.requests) == 4
+    assert all(
+        r.input_ids == engine.requests[0].input_ids and r.image_data == engine.requests[0].image_data
+        for r in engine.requests
+    )
+    assert len({id(t.multimodal) for t in group}) == 4
+    assert all(torch.equal(t.multimodal["pixel_values"], group[0].multimodal["pixel_values"]) for t in group)
+    twin = dataclasses.replace(records[0])
+    run(workflow, engine, twin)
+    item = {"prompt": records[0].prompt, "answer": records[0].answer, "images": list(records[0].images)}
+    run(workflow, engine, item)
+    run(workflow, engine, item)
+    assert len(calls) == 4
+    monkeypatch.setattr(vision, "RENDER_MEMO", 2)  # the oldest record is dropped past the bound
+    for record in records[1:4]:
+        run(workflow, engine, record)
+    run(workflow, engine, records[0])
+    assert len(calls) == 8 and len(workflow._rendered) == 2
+
+
 def test_a_chat_item_and_a_mapping_item_get_their_images(tokenizer, records) -> None:
     workflow = VisionRLVRWorkflow(tokenizer, SAMPLING, arith_reward, system_prompt=None)
     chat = [{"role": "user", "content": [{"type": "text", "text": "Count."}, {"type": "image"}]}]
