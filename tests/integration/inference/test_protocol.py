@@ -140,13 +140,19 @@ def test_weight_update_mid_generation_loses_no_request(backend) -> None:
     client, control = backend
     old, new = control.version, control.version + 1
     path = control.write_weights(new, scale=1.0)
-    n_tokens = 384  # long enough that real vLLM on CPU is still decoding when the pause lands
+    # long enough that the server is still decoding when the pause lands: vLLM's API process, starved
+    # by its engine process on a loaded CI machine, answered pauses 2-3 s late, after 384 tokens
+    slow_pause = control.backend == "vllm"
+    n_tokens = 1500 if slow_pause else 384
     reqs = [ModelRequest([5 + i, 17, 29], SamplingParams(max_new_tokens=n_tokens, ignore_eos=True)) for i in range(6)]
 
     async def scenario():
         async with client:
             tasks, partial = await start_and_pause(
-                client, lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs], n_tokens
+                client,
+                lambda: [asyncio.create_task(client.agenerate(r)) for r in reqs],
+                n_tokens,
+                8 if slow_pause else 4,
             )
             await client.update_weights(WeightUpdateMeta.disk(str(path), new))
             await client.resume()
