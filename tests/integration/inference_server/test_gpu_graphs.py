@@ -190,19 +190,21 @@ def test_sampling_never_waits_for_the_device() -> None:
 
 def test_compiled_greedy_reads_bf16_logits_without_waiting() -> None:
     """The CUDA-graph runner's compiled greedy pick: equal to the eager one on bf16 logits of the
-    0.5B vocabulary, and no host-device synchronisation either."""
+    0.5B vocabulary, and no host-device synchronisation either: not even a compilation, since the
+    warm-up compiled for the engine thread's inference mode."""
     from areal_tasks.inference.server.greedy import GreedyPicker, greedy_pick
 
     device = torch.device("cuda")
     picker = GreedyPicker(compiled=True)
     picker.warm_up(151936, torch.bfloat16, device)
-    logits = (4 * torch.randn(256, 151936, device=device)).to(torch.bfloat16)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        tokens, logprobs = picker(logits)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    with torch.inference_mode():  # as the engine thread picks: the warm-up compiled for this mode only
+        logits = (4 * torch.randn(256, 151936, device=device)).to(torch.bfloat16)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # a compilation would synchronise too
+        try:
+            tokens, logprobs = picker(logits)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     want_tokens, want_logprobs = greedy_pick(logits)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logprobs, want_logprobs, rtol=0, atol=1e-4)
