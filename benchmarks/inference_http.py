@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from inference_runs import ANATOMY_COUNTERS, decode_anatomy  # benchmarks/, the script's directory
+
 
 @contextlib.contextmanager
 def serving(
@@ -134,12 +136,48 @@ class HttpClient:
             )
         return elapsed
 
-    def timed(self, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int, n: int = 1) -> float:
+    def timed(
+        self, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int, n: int = 1
+    ) -> tuple[float, dict]:
         """Every prompt as a concurrent ``/generate`` call asking for ``n`` samples: a warm-up of
         4 tokens (the server meets the row's admission and sampling shapes, as the engine runs
-        do), then the fastest of ``repeats`` timed runs, in seconds."""
+        do), then the fastest of ``repeats`` timed runs: (seconds, the server engine's
+        :func:`~inference_runs.decode_anatomy` over that run, from its ``/metrics``)."""
         self._loop.run(self._run(prompts, 4, sampling, n))
-        return min(self._loop.run(self._run(prompts, new_tokens, sampling, n)) for _ in range(repeats))
+        best: tuple[float, dict] | None = None
+        for _ in range(repeats):
+            before = self._counters()
+            seconds = self._loop.run(self._run(prompts, new_tokens, sampling, n))
+            anatomy = decode_anatomy(before, self._counters(), seconds)
+            if best is None or seconds < best[0]:
+                best = (seconds, anatomy)
+        assert best is not None
+        return best
+
+    def _counters(self) -> dict[str, float]:
+        """The server engine's :data:`~inference_runs.ANATOMY_COUNTERS` from its ``/metrics``."""
+        import httpx
+
+        text = httpx.get(f"{self.url}/metrics", timeout=30).raise_for_status().text
+        return metric_counters(text)
+
+
+def metric_counters(text: str) -> dict[str, float]:
+    """:data:`~inference_runs.ANATOMY_COUNTERS` from a ``/metrics`` page (``sglang:`` or ``areal:``
+    names, one sample each); a counter the server does not expose is an error naming it."""
+    from areal_tasks.errors import InferenceError
+
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        key = name.split("{", 1)[0].split(":", 1)[-1]
+        if key in ANATOMY_COUNTERS:
+            values[key] = float(value)
+    if missing := [key for key in ANATOMY_COUNTERS if key not in values]:
+        raise InferenceError(f"the server's /metrics lacks {missing}; is it an older areal serve?")
+    return values
 
 
 def _completion_tokens(payload: Any) -> int:

@@ -83,3 +83,23 @@ def print_table(rows: list[dict], title: str) -> None:
         "(batch: sequences generated at once; ms/step: host time of an engine decode step, wait ms: the part "
         "spent waiting for the device)"
     )
+    print_time_split(rows)
+
+
+def print_time_split(rows: list[dict]) -> None:
+    """Where each run's wall time went, from the engine's counters (``decode_anatomy``): decode
+    steps, admission prefills, and the rest (the engine idle: over HTTP, waiting for requests to
+    arrive or for answers to leave). Rows without counters (``transformers generate``) are left out."""
+    timed = [r for r in rows if "prefills" in r]
+    if not timed:
+        return
+    print("\nwhere the wall time went (the engine's counters; other: neither decoding nor prefilling)")
+    print(
+        f"{'system':<62} {'batch':>6} {'wall s':>7} {'steps':>6} {'decode s':>9} {'prefills':>9} "
+        f"{'prefill s':>10} {'other s':>8}"
+    )
+    for r in timed:
+        print(
+            f"{r['system'][:62]:<62} {r['batch']:>6} {r['seconds']:>7.3f} {r['decode_steps']:>6} {r['decode_s']:>9.3f} "
+            f"{r['prefills']:>9} {r['prefill_s']:>10.3f} {r['other_s']:>8.3f}"
+        )

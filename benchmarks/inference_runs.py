@@ -60,28 +60,56 @@ def warm_up(engine, prompts: list[list[int]], sampling: dict | None = None, n: i
     run_engine(engine, prompts, 4, sampling or {"temperature": 0.0}, n)
 
 
+#: the engine counters a run's anatomy is the difference of (``EngineStats`` fields; ``/metrics``
+#: exposes each as ``sglang:<name>`` or ``areal:<name>``).
+ANATOMY_COUNTERS = (
+    "decode_steps_total",
+    "decode_seconds_total",
+    "decode_wait_seconds_total",
+    "prefill_batches_total",
+    "prefill_seconds_total",
+    "prompt_tokens_total",
+    "cached_tokens_total",
+)
+
+
+def counters_of(stats) -> dict[str, float]:
+    """The engine's counters from an ``EngineStats`` snapshot, keyed as :func:`decode_anatomy` reads them."""
+    return {key: float(getattr(stats, key)) for key in ANATOMY_COUNTERS}
+
+
+def decode_anatomy(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """What the engine did over a run of ``seconds``, from its counters before and after: decode
+    steps, host milliseconds a step and the part of them the host waited for the device (near the
+    whole step: device-bound; near zero: host-bound), admission prefills and their host time, the
+    rest of the wall time (the engine idle or waiting for requests: over HTTP, the requests'
+    arrival and the answers' departure), and the prompt tokens prefilled and those whose KV was
+    reused (``n > 1`` siblings, prefix hits)."""
+    delta = {key: after[key] - before[key] for key in ANATOMY_COUNTERS}
+    steps = int(delta["decode_steps_total"])
+    decode_s, prefill_s = delta["decode_seconds_total"], delta["prefill_seconds_total"]
+    return {
+        "decode_steps": steps,
+        "ms_per_step": 1e3 * decode_s / max(steps, 1),
+        "wait_ms_per_step": 1e3 * delta["decode_wait_seconds_total"] / max(steps, 1),
+        "decode_s": decode_s,
+        "prefills": int(delta["prefill_batches_total"]),
+        "prefill_s": prefill_s,
+        "other_s": max(seconds - decode_s - prefill_s, 0.0),
+        "prefilled_tokens": int(delta["prompt_tokens_total"]),
+        "reused_prompt_tokens": int(delta["cached_tokens_total"]),
+    }
+
+
 def timed_engine_run(
     engine, prompts: list[list[int]], new_tokens: int, sampling: dict, repeats: int, n: int = 1
 ) -> tuple[float, list[list[int]], dict]:
-    """The fastest of ``repeats`` runs: (seconds, outputs, decode anatomy). The anatomy comes from
-    the engine's decode counters over that run: steps, host milliseconds a step and the part of
-    them the host waited for the device (near the whole step: device-bound; near zero: host-bound),
-    and the prompt tokens prefilled and those whose KV was reused (``n > 1`` siblings, prefix hits)."""
+    """The fastest of ``repeats`` runs: (seconds, outputs, :func:`decode_anatomy` of that run)."""
     best = None
     for _ in range(repeats):
-        before = engine.stats()
+        before = counters_of(engine.stats())
         seconds, outputs = run_engine(engine, prompts, new_tokens, sampling, n)
-        after = engine.stats()
-        steps = after.decode_steps_total - before.decode_steps_total
-        host = after.decode_seconds_total - before.decode_seconds_total
-        waited = after.decode_wait_seconds_total - before.decode_wait_seconds_total
-        anatomy = {
-            "decode_steps": steps,
-            "ms_per_step": 1e3 * host / max(steps, 1),
-            "wait_ms_per_step": 1e3 * waited / max(steps, 1),
-            "prefilled_tokens": after.prompt_tokens_total - before.prompt_tokens_total,
-            "reused_prompt_tokens": after.cached_tokens_total - before.cached_tokens_total,
-        }
+        anatomy = decode_anatomy(before, counters_of(engine.stats()), seconds)
         if best is None or seconds < best[0]:
             best = (seconds, outputs, anatomy)
     assert best is not None

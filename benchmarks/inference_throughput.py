@@ -34,7 +34,13 @@ matches), and, for each output that differs, the reference's logit gap between i
 engine's at the first difference: a gap near the dtype's rounding is a near-tie, a large one a real
 error.
 
-Prints each figure as it is measured, then the table, and writes JSON
+Every engine and HTTP row also says where its wall time went, from the engine's counters (over
+HTTP, the server's ``/metrics`` before and after): decode steps and their host time, admission
+prefills and theirs, and the rest (the engine idle: over HTTP, requests still arriving or answers
+leaving). A burst that reached the server's engine in several waves shows as more prefills and more
+decode steps than the engine row of the same workload.
+
+Prints each figure as it is measured, then the tables, and writes JSON
 (``benchmarks/results/inference_throughput_<device>.json`` by default).
 
 Usage::
@@ -291,8 +297,8 @@ def main() -> None:
                 HttpClient(url, largest) as client,
             ):
                 for work in workloads:
-                    seconds = client.timed(work.prompts, args.new_tokens, work.sampling, args.repeats, work.n)
-                    rows.workload(work, "http", seconds)
+                    seconds, anatomy = client.timed(work.prompts, args.new_tokens, work.sampling, args.repeats, work.n)
+                    rows.workload(work, "http", seconds, anatomy)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         checked = min(args.check, len(greedy_outputs))
         references = [hf_generate(model, [p], args.new_tokens)[1][0] for p in prompts[:checked]]

@@ -249,6 +249,8 @@ class Engine(DecodeSteps):
             decode_steps_total=counters.decode_steps,
             decode_seconds_total=counters.decode_seconds,
             decode_wait_seconds_total=counters.decode_wait_seconds,
+            prefill_batches_total=counters.prefill_batches,
+            prefill_seconds_total=counters.prefill_seconds,
             cached_tokens_total=counters.cached_tokens,
             prefix_cache=self.prefix_cache is not None,
             prefix_cache_entries=0 if self.prefix_cache is None else self.prefix_cache.entries,
@@ -401,6 +403,8 @@ class Engine(DecodeSteps):
                 started = time.perf_counter()
                 admitted = self._admit()
                 prefilled = time.perf_counter()
+                if admitted[0]:
+                    self.counters.add_prefill(prefilled - started)
                 self._guard_decode(self._decode_step)
                 self._note_slow_iteration(started, prefilled, admitted)
             else:

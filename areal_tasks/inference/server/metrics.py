@@ -7,9 +7,11 @@ holds new requests back until those in flight finish); counters ``sglang:prompt_
 ``sglang:generation_tokens_total`` and ``sglang:num_requests_total``; and ``areal:decode_steps_total``,
 ``areal:decode_seconds_total`` (host time in decode steps) and ``areal:decode_wait_seconds_total``
 (the part of it spent waiting for the device: near the whole, decoding is device-bound; near zero,
-host-bound). The prefix cache (``prefix_cache.py``): counter ``sglang:cached_tokens_total`` (prompt
-positions whose KV was reused instead of prefilled), gauge ``sglang:cache_hit_rate`` (those over
-all prompt positions admitted: ``cached / (cached + prompt_tokens_total)``), and gauges
+host-bound); ``areal:prefill_batches_total`` and ``areal:prefill_seconds_total`` (admission prefills
+and their host time: a burst that reached the engine in many waves shows as many prefills). The
+prefix cache (``prefix_cache.py``): counter ``sglang:cached_tokens_total`` (prompt positions whose
+KV was reused instead of prefilled), gauge ``sglang:cache_hit_rate`` (those over all prompt
+positions admitted: ``cached / (cached + prompt_tokens_total)``), and gauges
 ``areal:prefix_cache_entries`` and ``areal:prefix_cache_retained_tokens`` (the entries, live and
 retained, and the positions kept in free slots). A vision-language model's processed images
 (``image_cache.py``): counters ``areal:image_cache_hits_total`` and ``areal:image_cache_misses_total``
@@ -75,6 +77,13 @@ def render_metrics(stats: EngineStats, model_name: str, images: ImageCacheStats 
             "counter",
             "Of the decode steps' host seconds, those spent waiting for the device.",
             stats.decode_wait_seconds_total,
+        ),
+        ("areal:prefill_batches_total", "counter", "Admission prefills run.", stats.prefill_batches_total),
+        (
+            "areal:prefill_seconds_total",
+            "counter",
+            "Host seconds spent in admission prefills.",
+            stats.prefill_seconds_total,
         ),
     ]
     if images is not None:

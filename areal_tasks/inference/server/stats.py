@@ -10,6 +10,9 @@ time it waited for the device to finish a step's sampled tokens. A wait close to
 means the device bounds decoding; a wait near zero means the host's own work (launches,
 bookkeeping, finish checks) does, and a faster GPU would not help.
 
+Admission prefills are counted and timed the same way (host seconds, read-back included): over
+HTTP a burst that reaches the engine in several waves shows as more prefills than the burst needed.
+
 Prompt positions are counted twice over: those prefilled (``prompt_tokens``, SGLang's
 ``prompt_tokens_total``) and those whose KV was reused instead (``cached_tokens``: prefix-cache
 hits and the prompt copies of ``n > 1`` siblings; SGLang's ``cached_tokens_total``). Their ratio is
@@ -49,6 +52,10 @@ class EngineStats:
     #: host seconds in decode steps, and the part of them spent waiting for the device.
     decode_seconds_total: float = 0.0
     decode_wait_seconds_total: float = 0.0
+    #: admission prefills run (batches of prompts prefilled together) and the host seconds they took
+    #: (prefill forward and first-token sampling, read back).
+    prefill_batches_total: int = 0
+    prefill_seconds_total: float = 0.0
     #: prompt positions whose KV was reused (prefix cache, ``n > 1`` siblings) instead of prefilled;
     #: ``prompt_tokens_total`` counts the prefilled ones.
     cached_tokens_total: int = 0
@@ -76,6 +83,8 @@ class EngineCounters:
         self.decode_steps = 0
         self.decode_seconds = 0.0
         self.decode_wait_seconds = 0.0
+        self.prefill_batches = 0
+        self.prefill_seconds = 0.0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._finished_at: collections.deque[float] = collections.deque()
 
@@ -96,6 +105,12 @@ class EngineCounters:
             self.decode_steps += 1
             self.decode_seconds += seconds
             self.decode_wait_seconds += waited
+
+    def add_prefill(self, seconds: float) -> None:
+        """One admission prefill (a batch of prompts) that took ``seconds`` on the host."""
+        with self._lock:
+            self.prefill_batches += 1
+            self.prefill_seconds += seconds
 
     def add_finished(self) -> None:
         with self._lock:

@@ -249,3 +249,26 @@ def test_steady_steps_skip_the_per_row_passes(any_runner, monkeypatch) -> None:
             assert len(compactions) == steps
     assert outputs[True] == outputs[False]
     assert [len(outputs[True][f"r{i}"]) for i in range(3)] == [8, 8, 20]
+
+
+def test_admission_prefills_are_counted_and_timed(any_runner) -> None:
+    """A burst submitted to an idle engine at once is one prefill; a later request is another; both
+    are timed on the host (``areal:prefill_batches_total`` / ``areal:prefill_seconds_total``)."""
+    engine = _start(any_runner, overlap=True)
+    try:
+        before = engine.stats()
+        burst = [make_request(p, temperature=0.0, max_new_tokens=3, ignore_eos=True) for p in PROMPTS[:3]]
+        engine.submit([seq for req in burst for seq in req.seqs])
+        for req in burst:
+            req.wait()
+        after_burst = engine.stats()
+        late = make_request(PROMPTS[3], temperature=0.0, max_new_tokens=3, ignore_eos=True)
+        engine.submit(late.seqs)
+        late.wait()
+        after = engine.stats()
+    finally:
+        engine.shutdown()
+    assert after_burst.prefill_batches_total - before.prefill_batches_total == 1
+    assert after.prefill_batches_total - after_burst.prefill_batches_total == 1
+    assert after_burst.prefill_seconds_total > before.prefill_seconds_total
+    assert after.prefill_seconds_total > after_burst.prefill_seconds_total

@@ -147,8 +147,12 @@ def test_metrics_text_format() -> None:
         decode_steps_total=7,
         decode_seconds_total=0.5,
         decode_wait_seconds_total=0.25,
+        prefill_batches_total=3,
+        prefill_seconds_total=0.125,
     )
     lines = render_metrics(stats, 'm"x').splitlines()
+    assert 'areal:prefill_batches_total{model_name="m\\"x"} 3.0' in lines
+    assert 'areal:prefill_seconds_total{model_name="m\\"x"} 0.125' in lines
     assert 'areal:decode_steps_total{model_name="m\\"x"} 7.0' in lines
     assert 'areal:decode_wait_seconds_total{model_name="m\\"x"} 0.25' in lines
     assert 'sglang:num_running_reqs{model_name="m\\"x"} 3.0' in lines
