@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceRequestError
+from areal_tasks.inference.server.deliveries import LoopDeliveries
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.executors import DEFAULT_LANES, LaneBusyError, Lanes, LaneTimeoutError
 from areal_tasks.inference.server.limits import ServerLimits, check_request_size, check_stops
@@ -95,6 +97,9 @@ class EmbeddedServer:
         #: thread lanes for blocking work a request causes (tokenize here; see executors.py).
         self.lanes = Lanes({"tokenize": DEFAULT_LANES["tokenize"]})  # weight lanes are WeightGuard's
         self._tokenize_pending = 0
+        self._deliveries: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopDeliveries[Sequence]] = (
+            weakref.WeakKeyDictionary()
+        )
         #: the rids callers gave to requests still in flight (this loop's thread only): a second
         #: request under one of them is refused (an abort by rid would stop both).
         self._live_rids: set[str] = set()
@@ -201,11 +206,12 @@ class EmbeddedServer:
         resolves on this loop. A streaming caller reads the sequences as they grow and must call
         :meth:`abort_abandoned` when it stops early."""
         loop = asyncio.get_running_loop()
+        deliveries = self._deliveries_for(loop)
         seqs: list[Sequence] = []
         futures: list[asyncio.Future[Sequence]] = []
 
         def on_finish(seq: Sequence, fut: asyncio.Future) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(seq))
+            deliveries.deliver(fut, seq)
 
         check_request_size(self.limits, [1] * len(items))
         all_params = [SamplingParams.from_dict(item["sampling_params"]) for item in items]
@@ -250,6 +256,14 @@ class EmbeddedServer:
             self._live_rids.difference_update(given)
             raise
         return seqs, futures
+
+    def _deliveries_for(self, loop: asyncio.AbstractEventLoop) -> LoopDeliveries[Sequence]:
+        """The batched hand-over of finished sequences to ``loop`` (``deliveries.py``); one per loop
+        (a server has one; tests may drive it from several)."""
+        deliveries = self._deliveries.get(loop)
+        if deliveries is None:
+            deliveries = self._deliveries[loop] = LoopDeliveries(loop)
+        return deliveries
 
     def _hold_rid(self, rid: str, futures: list[asyncio.Future[Sequence]]) -> None:
         """Keep ``rid`` taken until every sequence of its request has finished."""
