@@ -19,9 +19,12 @@ tokens before it are kept and scored, the placeholder and what follows are dropp
 (``metadata["cut_at_placeholder"]``), as a length limit would cut them.
 
 A GRPO group's episodes share one item, so a :class:`~areal_tasks.datasets.registry.Record` (frozen)
-is rendered once for its group: the last :data:`RENDER_MEMO` rendered records are kept by identity
-(the processor's work and the PNG encoding run on the rollout's event loop; for a 448x448 image they
-take milliseconds an episode). Other items are rendered for every episode.
+is rendered once for its group: the last rendered records are kept by identity, at most
+:data:`RENDER_MEMO` of them and :data:`RENDER_MEMO_BYTES` of their tensors and encoded images (the
+processor's work and the PNG encoding run on the rollout's event loop; for a 448x448 image they
+take milliseconds an episode; a real processor's pixel values of such an image are about 4.8 MB,
+so the byte bound is what holds with large images). The record last rendered is always kept. Other
+items are rendered for every episode.
 
 Items without images are rendered as ``rlvr`` renders them (through the tokenizer's chat template),
 and their trajectories have no ``multimodal``: one job may mix both. The processor is loaded on the
@@ -56,8 +59,10 @@ __all__ = ["RenderedPrompt", "VisionRLVROptions", "VisionRLVRWorkflow", "cut_at_
 
 #: the video placeholder token of Qwen2-VL-style tokenizers (never in a prompt here: no video).
 VIDEO_PAD = "<|video_pad|>"
-#: rendered records kept by identity (more than the groups a rollout runs at once).
+#: rendered records kept by identity (more than the groups a rollout runs at once) ...
 RENDER_MEMO = 256
+#: ... and at most this many bytes of their tensors and encoded images (the latest always kept).
+RENDER_MEMO_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,17 @@ class RenderedPrompt:
     image_data: list[str]
     #: ``{"pixel_values", "image_grid_thw"}`` tensors, or None for a text prompt.
     multimodal: dict[str, Any] | None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its tensors (or arrays) and encoded images hold (the token ids left out)."""
+        held = sum(len(image) for image in self.image_data)
+        for value in (self.multimodal or {}).values():
+            if hasattr(value, "nbytes"):  # numpy arrays
+                held += int(value.nbytes)
+            elif hasattr(value, "element_size"):  # torch tensors
+                held += value.element_size() * value.nelement()
+        return held
 
 
 def cut_at_placeholders(response: ModelResponse, placeholders: frozenset[int]) -> ModelResponse:
@@ -133,6 +149,7 @@ class VisionRLVRWorkflow(RLVRWorkflow):
         self._processor: Any = None
         self._rendered: OrderedDict[int, tuple[Record, RenderedPrompt]] = OrderedDict()
         self._rendered_lock = threading.Lock()
+        self._rendered_bytes = 0
 
     @property
     def processor(self) -> Any:
@@ -171,9 +188,15 @@ class VisionRLVRWorkflow(RLVRWorkflow):
                 return kept[1]
         rendered = self._render(data)
         with self._rendered_lock:
+            replaced = self._rendered.pop(id(data), None)
+            if replaced is not None:
+                self._rendered_bytes -= replaced[1].nbytes
             self._rendered[id(data)] = (data, rendered)  # the record is held: its id stays its own
-            while len(self._rendered) > RENDER_MEMO:
-                self._rendered.popitem(last=False)
+            self._rendered_bytes += rendered.nbytes
+            while len(self._rendered) > 1 and (
+                len(self._rendered) > RENDER_MEMO or self._rendered_bytes > RENDER_MEMO_BYTES
+            ):
+                self._rendered_bytes -= self._rendered.popitem(last=False)[1][1].nbytes
         return rendered
 
     def _render(self, data: Any) -> RenderedPrompt:

@@ -103,6 +103,28 @@ def test_a_groups_episodes_render_their_record_once(tokenizer, records, monkeypa
     assert len(calls) == 8 and len(workflow._rendered) == 2
 
 
+def test_the_render_memo_is_bounded_by_bytes_and_keeps_the_latest(tokenizer, records, monkeypatch) -> None:
+    """Past ``RENDER_MEMO_BYTES`` of tensors and encoded images the oldest records go (the count
+    bound aside); the record just rendered stays even when it alone is over the bound."""
+    from areal_tasks.rollout.workflows import vision
+
+    workflow = VisionRLVRWorkflow(tokenizer, SAMPLING, arith_reward)
+    engine = FakeEngine(tokenizer, [Reply("Answer: 2")])
+    run(workflow, engine, records[0])
+    one = workflow._rendered_bytes
+    assert one > 0 and one == next(iter(workflow._rendered.values()))[1].nbytes
+    monkeypatch.setattr(vision, "RENDER_MEMO_BYTES", 2 * one + one // 2)  # room for two of these
+    for record in records[1:4]:
+        run(workflow, engine, record)
+    kept = [entry[0] for entry in workflow._rendered.values()]
+    assert kept == list(records[2:4])
+    assert workflow._rendered_bytes == sum(entry[1].nbytes for entry in workflow._rendered.values())
+    monkeypatch.setattr(vision, "RENDER_MEMO_BYTES", 1)
+    run(workflow, engine, records[0])
+    assert [entry[0] for entry in workflow._rendered.values()] == [records[0]]
+    assert workflow._rendered_bytes == one
+
+
 def test_a_chat_item_and_a_mapping_item_get_their_images(tokenizer, records) -> None:
     workflow = VisionRLVRWorkflow(tokenizer, SAMPLING, arith_reward, system_prompt=None)
     chat = [{"role": "user", "content": [{"type": "text", "text": "Count."}, {"type": "image"}]}]
