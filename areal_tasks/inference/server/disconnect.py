@@ -12,7 +12,6 @@ a streamed answer is cancelled by Starlette itself when its client leaves (``ope
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -34,29 +33,39 @@ async def run_while_connected(
     receive: Callable[[], Awaitable[dict[str, Any]]], work: Awaitable[T]
 ) -> tuple[bool, T | None]:
     """Run ``work`` until it finishes or the client disconnects, whichever comes first: returns
-    ``(True, result)``, or ``(False, None)`` once ``work`` was cancelled. ``work``'s errors propagate."""
+    ``(True, result)``, or ``(False, None)`` once ``work`` was cancelled. ``work``'s errors propagate,
+    and so does a cancellation of the caller's own task (a server stopping).
 
-    async def disconnected() -> None:
+    ``work`` runs in the caller's task; one watcher task reads ``receive`` and cancels the caller's
+    task when the client leaves (one task a request, not two and an ``asyncio.wait``: this runs for
+    every ``/generate`` call, on the event loop the engine thread shares the interpreter lock with)."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task (never so under an ASGI server): nothing to cancel, no watching
+        return True, await work
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
         try:
             while (await receive())["type"] != "http.disconnect":
                 pass
         except Exception:  # a receive that fails tells nothing: the work goes on to its end
             logger.warning("watching a request for its client's disconnect failed", exc_info=True)
-            await asyncio.Event().wait()
+            return
+        left = True
+        task.cancel()
 
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when this coroutine is cancelled itself
-        if not task.done():
-            task.cancel()
+        result = await work
+    except asyncio.CancelledError:
+        # ours alone: the client left and nobody else cancelled the caller (uncancel counts the requests)
+        if left and task.uncancel() == 0:
+            return False, None
+        raise
+    finally:
         watcher.cancel()
-    if task.done() and not task.cancelled():
-        return True, task.result()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return False, None
+    return True, result
 
 
 async def while_connected(request: Request, work: Awaitable[Any]) -> Any:
