@@ -99,6 +99,15 @@ def take_carried(ids: torch.Tensor, carried: torch.Tensor, rows: torch.Tensor) -
     return torch.where(rows >= 0, carried.index_select(0, rows.clamp(min=0)), ids)
 
 
+def right_padded(rows: list[list[int]], width: int) -> torch.Tensor:
+    """``rows`` of token ids as one ``[len(rows), width]`` int64 CPU tensor, right-padded with 0.
+
+    One tensor built from Python lists, not a tensor and a copy a row: each torch call releases the
+    interpreter lock, and during a burst of requests the HTTP thread takes it each time, so a
+    prefill of 64 prompts waited for the lock up to 128 times."""
+    return torch.tensor([[*row, *([0] * (width - len(row)))] for row in rows], dtype=torch.long)
+
+
 def on_device(device: torch.device) -> contextlib.AbstractContextManager:
     """Make ``device`` current in this thread (new threads start on cuda:0); a no-op on CPU."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -358,9 +367,7 @@ class ModelRunner:
         steps = max(lengths)
         if min(lengths) == 0 or steps > self.max_len:
             raise InferenceError(f"prefill lengths {min(lengths)}..{steps} do not fit the context of {self.max_len}")
-        ids = torch.zeros(len(prompts), steps, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt)
+        ids = right_padded(prompts, steps)
         positions = torch.arange(steps, device=self.device).expand(len(prompts), steps)
         view = BatchCacheView(self.cache, slots, [0] * len(prompts), steps)
         ragged = len(set(lengths)) > 1
@@ -384,9 +391,7 @@ class ModelRunner:
         ends = [start + n for start, n in zip(starts, lengths)]
         if min(lengths) == 0 or max(starts) + steps > self.max_len:
             raise InferenceError(f"prefill of up to {steps} tokens from {max(starts)} does not fit {self.max_len}")
-        ids = torch.zeros(len(suffixes), steps, dtype=torch.long)
-        for row, suffix in enumerate(suffixes):
-            ids[row, : len(suffix)] = torch.tensor(suffix)
+        ids = right_padded(suffixes, steps)
         first = host_to_device(starts, torch.long, self.device).view(-1, 1)
         positions = first + torch.arange(steps, device=self.device)
         kv_len = max(ends)

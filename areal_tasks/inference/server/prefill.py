@@ -155,17 +155,18 @@ class Prefiller:
         return fresh, cached
 
     def _chunks(self, seqs: list[Sequence]) -> list[list[Sequence]]:
+        """``seqs`` by prompt length into prefill batches: at most ``max_prefill_tokens`` padded
+        tokens (rows x the longest) and :data:`MAX_DISTINCT_LENGTHS` lengths each (one pass)."""
         chunks: list[list[Sequence]] = []
         current: list[Sequence] = []
-        for seq in sorted(seqs, key=lambda s: len(s.prompt_ids)):
-            grown = [*current, seq]
-            distinct = len({len(s.prompt_ids) for s in grown})
-            if current and (
-                len(grown) * len(seq.prompt_ids) > self.max_prefill_tokens or distinct > MAX_DISTINCT_LENGTHS
-            ):
+        distinct, last = 0, -1
+        for length, seq in sorted(((len(s.prompt_ids), s) for s in seqs), key=lambda pair: pair[0]):
+            grows = distinct + (length != last)  # sorted: a new length is never one seen before
+            if current and ((len(current) + 1) * length > self.max_prefill_tokens or grows > MAX_DISTINCT_LENGTHS):
                 chunks.append(current)
-                grown = [seq]
-            current = grown
+                current, grows = [], 1
+            current.append(seq)
+            distinct, last = grows, length
         return chunks + ([current] if current else [])
 
     def _guard(self, seqs: list[Sequence], prefill: Callable[[list[Sequence]], None]) -> None:
