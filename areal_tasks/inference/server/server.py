@@ -228,11 +228,13 @@ def _http_stack() -> str:
 def run_server(cfg: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; the process ends within ``cfg.shutdown_timeout_s`` of the signal,
     hung threads or not (``shutdown.py``: it may end the process itself)."""
+    from areal_tasks.inference.server.gc_heap import freeze_startup_heap
     from areal_tasks.inference.server.shutdown import serve_until_stopped
     from areal_tasks.trace import configure_from_env, uninstall
 
     configure_from_env(f"server :{cfg.port}")  # a job's fleet names it "server <index>"
     app = build_app(cfg)
+    freeze_startup_heap()  # the model, compiled graphs and routes: never traversed by a collection again
     logger.info("serving %s on http://%s:%d (%s)", cfg.model_path, cfg.host, cfg.port, _http_stack())
     try:
         serve_until_stopped(
