@@ -1,12 +1,12 @@
 """Finished sequences handed from the engine thread to an event loop in batches.
 
 The engine thread finishes sequences one by one, and each request's handler awaits a future on
-the server's event loop. Waking the loop from another thread (``call_soon_threadsafe``) writes to
-its self-pipe, a system call that releases the interpreter lock; the loop's thread, woken, takes
-the lock and the engine thread then waits for it back, up to the switch interval (5 ms) while the
-loop is busy. One wake-up a finished sequence made that handover once a sequence: when a burst of
-1,024 requests finished in one decode step, the engine thread spent most of the step waiting
-for the lock (py-spy showed it parked at the entry of the next function after each wake-up).
+the server's event loop. Waking the loop from another thread (``call_soon_threadsafe``) rouses
+the loop's thread, which then asks for the interpreter lock: the engine thread hands it over (at
+the latest after the switch interval, 5 ms) and waits for it back while the loop runs. One
+wake-up a finished sequence made that handover once a sequence: under bursts of 1,024 requests,
+py-spy found a fifth of the engine thread's samples parked at the entry of the function after
+each wake-up.
 
 :class:`LoopDeliveries` queues each finish and wakes the loop only when no wake-up is already
 pending, so a decode step that finishes many sequences costs one or a few wake-ups; the loop
