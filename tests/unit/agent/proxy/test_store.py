@@ -145,9 +145,12 @@ def test_end_waits_for_requests_then_cancels_them_and_forgets_old_sessions() -> 
 
 
 def test_an_idle_session_expires_on_the_proxy_and_its_group_is_exported() -> None:
-    with make_proxy(ProxyLimits(idle_timeout_s=0.3)) as proxy:
+    # 1.5 s: in a CI run on a loaded 2-core machine 0.3 s passed between the session's start and its
+    # first request (the client built in between), and the session expired before it was used
+    with make_proxy(ProxyLimits(idle_timeout_s=1.5)) as proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="pending", max_retries=0)
         session_id, key = start_session(proxy.url)
-        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0)
+        client = client.with_options(api_key=key)
         client.chat.completions.create(model="areal", messages=[{"role": "user", "content": "hi"}])
         answer = httpx.get(f"{proxy.url}/rl/groups/next", params={"timeout": 10}, headers=ADMIN, timeout=30)
         group = answer.json()
