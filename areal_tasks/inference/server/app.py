@@ -1,7 +1,9 @@
 """HTTP routes of the embedded server: SGLang's native API (status codes and bodies as SGLang 0.5.23).
 
 ``/generate`` answers one object for one prompt, a list for a batch or ``n > 1`` (prompt-major);
-a request that fails inside the engine answers with the abort's status code. Admin routes answer
+a request that fails inside the engine answers with the abort's status code. A JSON body that
+validates skips FastAPI's request handling (``generate_route.py``); everything else takes the
+FastAPI route below. Admin routes answer
 ``{"success", "message"}`` with 200 or 400 like SGLang; ``/pause_generation`` and
 ``/continue_generation`` answer ``{"message", "status": "ok"}``. OpenAI routes live in
 ``openai_routes.py``; ``/metrics`` and API-key checks in ``metrics.py`` and ``auth.py``.
@@ -31,6 +33,7 @@ from areal_tasks.errors import InferenceError, InferenceLimitError, InferenceReq
 from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_PATH
 from areal_tasks.inference.server.body_limit import BodyLimitMiddleware, BodyTooLargeError
 from areal_tasks.inference.server.disconnect import while_connected
+from areal_tasks.inference.server.generate_route import GENERATE_PATH, install_generate_route
 from areal_tasks.inference.server.limits import check_prompt_chars, check_request_size
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
@@ -199,7 +202,7 @@ def create_app(server: EmbeddedServer) -> FastAPI:
         await server.prepare_images(items)
         return items, is_batch
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route(GENERATE_PATH, methods=["POST", "PUT"])
     async def generate(req: GenerateReqInput, request: Request) -> Response:
         return await while_connected(request, _generate(req))
 
@@ -216,6 +219,9 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             return _error(reason["message"], reason["status_code"])
         outputs = [server.response(s, req.return_text_in_logprobs) for s in seqs]
         return JSONResponse(outputs if is_batch or len(outputs) > 1 else outputs[0])
+
+    # the same answer, without FastAPI's request handling, for JSON bodies that validate
+    install_generate_route(app, _generate)
 
     @app.post("/abort_request")
     async def abort_request(req: AbortReqInput) -> Response:
