@@ -7,7 +7,9 @@ and ``--new-tokens`` new tokens (1 by default: the calls, not the decoding, are 
 ``return_logprob`` on as RL asks; the first round of each backend is a warm-up (connections open).
 Per call: the client's CPU (``time.process_time`` of this process, which does nothing else) and the
 server's (user + system time of its process from ``/proc``: HTTP handling plus the engine's prefill
-and one decode step), and calls per second of wall time.
+and one decode step), and calls per second of wall time. The client freezes its start-up heap
+once the server is up, as the RL rollout process does (``gc_heap.py``; ``--unfrozen-client`` leaves
+it, as before).
 
 Prints a table and writes JSON (``benchmarks/results/http_client_cost_<device>.json`` by default).
 
@@ -33,6 +35,7 @@ import httpx
 from inference_http import serving  # benchmarks/ is first on sys.path
 from inference_throughput import PRESETS, RESULTS, build_model_dir, make_prompts
 
+from areal_tasks.gc_heap import freeze_startup_heap
 from areal_tasks.inference.client.protocol import HttpCall
 from areal_tasks.inference.client.transport import HttpTransport
 
@@ -96,6 +99,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per backend and concurrency")
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--disable-torch-compile", action="store_true")
+    parser.add_argument(
+        "--unfrozen-client",
+        action="store_true",
+        help="leave this client's start-up heap in the collector's sight (the RL rollout process freezes it)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -105,6 +113,8 @@ def main() -> None:
         model_dir = build_model_dir(args.preset, Path(tmp))
         args.concurrency = max(levels)  # the server's slots: the largest round fits at once
         with serving(model_dir, args) as (url, pid):
+            if not args.unfrozen_client:
+                freeze_startup_heap()  # as the RL rollout process does once its side is built (gc_heap.py)
             for level in levels:
                 prompts = make_prompts(level, args.prompt_len, seed=level)
                 for backend in BACKENDS:
@@ -131,7 +141,13 @@ def main() -> None:
     print("(medians of the timed rounds; CPU per call: the client process / the server process)")
     out = args.out or RESULTS / f"http_client_cost_{args.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"preset": args.preset, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "rounds": args.rounds}
+    meta = {
+        "preset": args.preset,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+        "client_heap_frozen": not args.unfrozen_client,
+    }
     out.write_text(json.dumps({"config": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 

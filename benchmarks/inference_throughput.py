@@ -9,7 +9,8 @@ included).
 
 One run measures a table whose rows are workloads and whose columns are the engine (in process, no
 HTTP) and, with ``--http``, ``areal serve`` over HTTP (concurrent ``/generate`` calls through the
-RL client's transport) with the HTTP / engine ratio:
+RL client's transport, from a process whose start-up heap is frozen as the RL rollout process's
+is) with the HTTP / engine ratio:
 
 * each sampling mode of ``--modes`` (greedy; T=1; T=1 top_p 0.9; T=1 top_k 50; all four with
   ``--sampling``, greedy alone without) at each of the ``--concurrency`` list's sizes;
@@ -70,6 +71,8 @@ from inference_report import Rows, print_table
 from inference_runs import timed_engine_run, warm_up
 from inference_variants import VARIANTS, run_variants
 from inference_workloads import GROUP_MODE, MODES, group_pair, matrix, parse_modes, parse_sizes
+
+from areal_tasks.gc_heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +295,7 @@ def main() -> None:
                 kernels,
             )
         if args.http:
+            freeze_startup_heap()  # the client's side as RL's rollout process runs it (gc_heap.py)
             with (
                 serving(model_dir, args, largest, args.max_prefill_tokens, prefix_cache) as (url, _),
                 HttpClient(url, largest) as client,

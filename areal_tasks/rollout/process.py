@@ -9,9 +9,11 @@ training steps take longer than a synchronous run's although the trainer has its
 when training runs on GPUs) runs the side in a child process instead:
 
 - :meth:`RolloutProcess.start` spawns it (``spawn``: rank 0 may hold CUDA state, which a fork must
-  not inherit), the child loads the tokenizer and builds the side, then answers commands over a
-  pipe: one at a time, in the order sent. A command is a name from :data:`COMMANDS`; its reply is
-  the result or the exception it raised, re-raised here with the child's traceback as a note.
+  not inherit), the child loads the tokenizer, builds the side and freezes its start-up heap out of
+  the garbage collector's sight (``gc_heap.py``: full collections took 40% of the RL client's CPU
+  under bursts of calls), then answers commands over a pipe: one at a time, in the order sent. A
+  command is a name from :data:`COMMANDS`; its reply is the result or the exception it raised,
+  re-raised here with the child's traceback as a note.
 - :class:`RemoteExecutor` implements :class:`~areal_tasks.api.rollout.RolloutExecutorProtocol`:
   each protocol method is a command (the command table and the proxy are both derived from
   :data:`~areal_tasks.api.rollout.EXECUTOR_METHODS`), so the loop does not know which side it
@@ -295,6 +297,9 @@ def _child_main(conn: Connection, build: Callable[..., Any], args: tuple[Any, ..
     except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
         conn.send(("error", _portable(exc)))
         return
+    from areal_tasks.gc_heap import freeze_startup_heap
+
+    freeze_startup_heap()  # tokenizer, client, workflows, dataset: never traversed by a collection again
     threading.Thread(target=_watch_parent, args=(parent_pid, side), name="parent-watch", daemon=True).start()
     try:
         conn.send(("ready", side.n_servers))

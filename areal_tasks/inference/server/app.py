@@ -182,7 +182,7 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             "paused": stats.paused,
             "weight_update_groups": server.weights.groups,
             "request_limits": dataclasses.asdict(server.limits),
-            # objects of the start-up heap kept out of the garbage collector's sight (gc_heap.py)
+            # objects of the start-up heap kept out of the garbage collector's sight (areal_tasks/gc_heap.py)
             "gc_frozen_objects": gc.get_freeze_count(),
             "version": "areal-embedded",
         }

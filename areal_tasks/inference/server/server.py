@@ -228,7 +228,7 @@ def _http_stack() -> str:
 def run_server(cfg: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; the process ends within ``cfg.shutdown_timeout_s`` of the signal,
     hung threads or not (``shutdown.py``: it may end the process itself)."""
-    from areal_tasks.inference.server.gc_heap import freeze_startup_heap
+    from areal_tasks.gc_heap import freeze_startup_heap
     from areal_tasks.inference.server.shutdown import serve_until_stopped
     from areal_tasks.trace import configure_from_env, uninstall
 

@@ -123,5 +123,5 @@ def test_health_and_model_info(http) -> None:
     assert isinstance(info["weight_version"], str) and info["architectures"] == ["Qwen2ForCausalLM"]
     server_info = http.get("/server_info").json()
     assert server_info["max_context_length"] == 2048
-    # areal serve froze its start-up heap (model, routes: gc_heap.py), out of every later collection
+    # areal serve froze its start-up heap (model, routes: areal_tasks/gc_heap.py), out of every later collection
     assert server_info["gc_frozen_objects"] > 10_000

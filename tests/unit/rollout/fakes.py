@@ -224,3 +224,17 @@ class FakeSide:
 def build_fake_side(settings: dict[str, Any]) -> FakeSide:
     """A :class:`FakeSide` with executor ``settings`` (module level: a spawned child can import it)."""
     return FakeSide(settings)
+
+
+class HeapReportingSide(FakeSide):
+    """A :class:`FakeSide` whose ``evaluate`` reports its process's frozen heap (``gc_heap.py``)."""
+
+    def evaluate(self, n_prompts: int | None = None, *, greedy: bool = False) -> dict[str, float]:
+        import gc
+
+        return {"gc/frozen_objects": float(gc.get_freeze_count()), "gc/tracked_objects": float(len(gc.get_objects()))}
+
+
+def build_heap_reporting_side(settings: dict[str, Any]) -> HeapReportingSide:
+    """A :class:`HeapReportingSide` (module level: a spawned child can import it)."""
+    return HeapReportingSide(settings)

@@ -20,7 +20,7 @@ from areal_tasks.api.weight_update import WeightUpdateMeta
 from areal_tasks.errors import ConfigError, RolloutError
 from areal_tasks.rollout.executor import RolloutExecutor
 from areal_tasks.rollout.process import COMMANDS, RemoteExecutor, RolloutProcess
-from tests.unit.rollout.fakes import build_fake_side
+from tests.unit.rollout.fakes import build_fake_side, build_heap_reporting_side
 
 T = 30.0
 SETTINGS: dict[str, Any] = {
@@ -141,3 +141,18 @@ def test_mark_trained_writes_the_session_trace_where_the_executor_runs(where: st
     trained = [s["trained_step"] for s in lines if s["status"] == "accepted"]
     assert sorted(trained) == [1] * 8 + [2] * 8
     assert {s["status"] for s in lines} <= {"accepted", "dropped"}
+
+
+def test_the_rollout_child_freezes_its_start_up_heap() -> None:
+    """The child's built side (its imports, executor, workflow) is out of the collector's sight, so
+    its full collections traverse only what serving made (``gc_heap.py``); this process is not frozen."""
+    import gc
+
+    process = RolloutProcess.spawn(build_heap_reporting_side, (SETTINGS,), timeout_s=120)
+    try:
+        heap = process.evaluate()
+    finally:
+        process.close()
+    assert heap["gc/frozen_objects"] > 10_000, heap
+    assert heap["gc/tracked_objects"] < heap["gc/frozen_objects"] / 4, heap
+    assert gc.get_freeze_count() == 0

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal_tasks.inference.server.gc_heap import freeze_startup_heap
+from areal_tasks.gc_heap import freeze_startup_heap
 
 
 @pytest.fixture
