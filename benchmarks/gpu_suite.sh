@@ -32,8 +32,8 @@
 # logs to $OUT. The machine needs torch, transformers and the wheels in .whl/ (git-ignored; fetch them with
 # `pip download --no-deps --python-version 3.12 --only-binary=:all: -c constraints.txt -d .whl lark fastapi starlette uvicorn h11 click
 # pydantic pydantic-core annotated-types annotated-doc typing-inspection typing-extensions anyio aiohttp multidict
-# yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna uvloop httptools`): the embedded server needs
-# fastapi/uvicorn/pydantic (and runs its HTTP side on uvloop and httptools, as the serve extra installs it),
+# yarl propcache frozenlist aiosignal aiohappyeyeballs attrs idna uvloop httptools msgspec`): the embedded server needs
+# fastapi/uvicorn/pydantic and msgspec (and runs its HTTP side on uvloop and httptools, as the serve extra installs it),
 # the config parser lark, the RL client aiohttp; the constraints pin the versions the project is tested
 # with (an unpinned fastapi 0.137 imports opentelemetry, which the GPU image lacks).
 set -uo pipefail
@@ -53,7 +53,7 @@ import importlib, sys
 import torch, transformers
 print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__,
       "gpus", torch.cuda.device_count())
-for name in ("fastapi", "uvicorn", "httpx", "pydantic", "safetensors", "tokenizers", "yaml", "tqdm", "lark", "peft"):
+for name in ("fastapi", "uvicorn", "httpx", "pydantic", "msgspec", "safetensors", "tokenizers", "yaml", "tqdm", "lark", "peft"):
     try:
         print(f"  {name} {getattr(importlib.import_module(name), '__version__', '?')}")
     except ImportError as exc:

@@ -34,6 +34,7 @@ from areal_tasks.inference.admin_paths import SHARED_WEIGHTS_PATH, SWAP_WEIGHTS_
 from areal_tasks.inference.server.body_limit import BodyLimitMiddleware, BodyTooLargeError
 from areal_tasks.inference.server.disconnect import while_connected
 from areal_tasks.inference.server.generate_route import GENERATE_PATH, install_generate_route
+from areal_tasks.inference.server.json_answer import JsonAnswer
 from areal_tasks.inference.server.limits import check_prompt_chars, check_request_size
 from areal_tasks.inference.server.metrics import CONTENT_TYPE, render_metrics
 from areal_tasks.inference.server.openai_routes import openai_router
@@ -218,7 +219,7 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             reason = failed[0].finish_reason
             return _error(reason["message"], reason["status_code"])
         outputs = [server.response(s, req.return_text_in_logprobs) for s in seqs]
-        return JSONResponse(outputs if is_batch or len(outputs) > 1 else outputs[0])
+        return JsonAnswer(outputs if is_batch or len(outputs) > 1 else outputs[0])
 
     # the same answer, without FastAPI's request handling, for JSON bodies that validate
     install_generate_route(app, _generate)
