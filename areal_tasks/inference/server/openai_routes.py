@@ -20,6 +20,9 @@ tool calls in the output are returned as ``message.tool_calls`` with finish reas
 Chat messages may carry images as ``image_url`` content parts with ``data:`` URLs
 (``openai_images.py``); the template renders one placeholder per image, which the server expands
 (``vision.py``), and ``usage.prompt_tokens`` counts the expanded prompt.
+
+Answers that are not streamed are written by msgspec (``json_answer.py``), not through FastAPI's
+``jsonable_encoder``, which walks every log-prob entry in Python.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from fastapi import APIRouter, Request
 from areal_tasks.agent.tool_calls import parse_tool_calls
 from areal_tasks.errors import InferenceRequestError
 from areal_tasks.inference.server.disconnect import while_connected
+from areal_tasks.inference.server.json_answer import JsonAnswer
 from areal_tasks.inference.server.limits import (
     check_chat_template_kwargs,
     check_prompt_chars,
@@ -154,7 +158,7 @@ def openai_router() -> APIRouter:
         await server.prepare_images(items)
         return [item["input_ids"] for item in items], items
 
-    async def _completions(req: CompletionRequest, server: Any) -> dict[str, Any]:
+    async def _completions(req: CompletionRequest, server: Any) -> JsonAnswer:
         prompts, items = await _completion_items(req, server)
         seqs = await server.generate_sequences(items)
         choices = []
@@ -174,12 +178,14 @@ def openai_router() -> APIRouter:
                     "matched_stop": matched,
                 }
             )
-        return {
-            **_envelope("cmpl", "text_completion", server),
-            "choices": choices,
-            "usage": _usage(seqs, prompts),
-            "metadata": {"weight_version": seqs[-1].finish_version},
-        }
+        return JsonAnswer(
+            {
+                **_envelope("cmpl", "text_completion", server),
+                "choices": choices,
+                "usage": _usage(seqs, prompts),
+                "metadata": {"weight_version": seqs[-1].finish_version},
+            }
+        )
 
     async def _completions_stream(req: CompletionRequest, server: Any) -> SSEResponse:
         prompts, items = await _completion_items(req, server)
@@ -226,7 +232,7 @@ def openai_router() -> APIRouter:
         await server.prepare_images([item])
         return item["input_ids"], [item]
 
-    async def _chat_completions(req: ChatCompletionRequest, server: Any) -> dict[str, Any]:
+    async def _chat_completions(req: ChatCompletionRequest, server: Any) -> JsonAnswer:
         prompt, items = await _chat_items(req, server)
         seqs = await server.generate_sequences(items)
         choices = []
@@ -248,12 +254,14 @@ def openai_router() -> APIRouter:
                     "matched_stop": matched,
                 }
             )
-        return {
-            **_envelope("chatcmpl", "chat.completion", server),
-            "choices": choices,
-            "usage": _usage(seqs, [prompt]),
-            "metadata": {"weight_version": seqs[-1].finish_version},
-        }
+        return JsonAnswer(
+            {
+                **_envelope("chatcmpl", "chat.completion", server),
+                "choices": choices,
+                "usage": _usage(seqs, [prompt]),
+                "metadata": {"weight_version": seqs[-1].finish_version},
+            }
+        )
 
     async def _chat_stream(req: ChatCompletionRequest, server: Any) -> SSEResponse:
         prompt, items = await _chat_items(req, server)
