@@ -77,7 +77,9 @@ class ApiKeyMiddleware:
         self.open_admin = open_admin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        # without api_key only the admin endpoints are guarded: every other request (each
+        # /generate call) passes without its headers being read
+        if scope["type"] == "http" and (self.api_key or scope["path"] in ADMIN_PATHS):
             header = Headers(scope=scope).get("Authorization")
             allowed = request_allowed(
                 scope["path"], scope["method"], header, self.api_key, self.admin_api_key, self.open_admin
