@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from areal_tasks.agent.proxy.app import ProxyContext, json_body
 from areal_tasks.agent.proxy.auth import bearer
@@ -31,6 +31,7 @@ from areal_tasks.agent.proxy.session import Session
 from areal_tasks.agent.proxy.sse import END, SSEResponse, sse_events, to_json
 from areal_tasks.agent.proxy.store import SessionStore
 from areal_tasks.inference.server.disconnect import CLIENT_GONE, run_while_connected
+from areal_tasks.inference.server.json_answer import JsonAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def openai_router(ctx: ProxyContext) -> APIRouter:
             raise ProxyRefusal(
                 404, f"no completion {completion_id!r} in this session", param="completion_id", code="not_found"
             )
-        return JSONResponse(to_json(session.cache[completion_id].completion))
+        return JsonAnswer(to_json(session.cache[completion_id].completion))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -93,7 +94,7 @@ def openai_router(ctx: ProxyContext) -> APIRouter:
             )
         if not connected:
             return Response(status_code=CLIENT_GONE)
-        return JSONResponse(to_json(result))
+        return JsonAnswer(to_json(result))
 
     async def _stream(request: Request, session: Session, kind: str, body: dict[str, Any]) -> Response:
         slot = contextlib.AsyncExitStack()

@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from areal_tasks.agent.proxy.app import ProxyContext, json_body
 from areal_tasks.agent.proxy.auth import bearer
@@ -30,6 +30,7 @@ from areal_tasks.agent.proxy.errors import ProxyRefusal
 from areal_tasks.agent.proxy.session import Session, SessionState
 from areal_tasks.errors import AgentError
 from areal_tasks.inference.server.disconnect import CLIENT_GONE, run_while_connected
+from areal_tasks.inference.server.json_answer import JsonAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,6 @@ def rl_router(ctx: ProxyContext) -> APIRouter:
             return Response(status_code=CLIENT_GONE)
         if result is None:
             return Response(status_code=204)
-        return JSONResponse(result.to_dict(style))  # type: ignore[arg-type]
+        return JsonAnswer(result.to_dict(style))  # type: ignore[arg-type]
 
     return router
