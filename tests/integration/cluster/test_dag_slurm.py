@@ -48,7 +48,14 @@ CHECKPOINT_WAIT_S = 600.0
 
 
 def _complete_checkpoints(run_dir: Path) -> list[int]:
-    return sorted(int(p.parent.name.split("_")[1]) for p in run_dir.rglob("checkpoints/step_*/_COMPLETE"))
+    """Steps with a complete checkpoint under ``run_dir`` so far, walked again when a directory
+    vanishes mid-walk (the storage check's scratch directory comes and goes while the job runs)."""
+    for _ in range(20):
+        try:
+            return sorted(int(p.parent.name.split("_")[1]) for p in run_dir.rglob("checkpoints/step_*/_COMPLETE"))
+        except FileNotFoundError:
+            time.sleep(0.05)
+    raise AssertionError(f"{run_dir} kept changing under 20 walks for its checkpoints")
 
 
 def _attempts(jobs_root: Path) -> list[dict]:
