@@ -15,6 +15,7 @@ import torch
 
 from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.model_runner import ModelRunner, RunnerConfig
+from areal_tasks.inference.server.service import EmbeddedServer
 
 HERE = str(Path(__file__).parent)
 if HERE not in sys.path:
@@ -40,3 +41,12 @@ def engine(runner: ModelRunner) -> Iterator[Engine]:
     eng.start()
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture
+def server(engine: Engine) -> Iterator[EmbeddedServer]:
+    """An embedded server over the module's engine, for tests that build its app in process."""
+    made = EmbeddedServer(engine, engine.runner.cfg.model_path, "tiny")
+    yield made
+    made.lanes.shutdown()
+    engine.limit_queue(None)

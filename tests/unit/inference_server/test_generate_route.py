@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,7 +14,6 @@ import pytest
 from starlette.routing import Route
 
 from areal_tasks.inference.server.app import create_app
-from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.generate_route import GENERATE_PATH, GenerateRoute, is_json_request
 from areal_tasks.inference.server.service import EmbeddedServer
 
@@ -50,14 +49,6 @@ BODIES: list[tuple[str, bytes, str | None]] = [
     ("stream", b'{"input_ids": [1], "stream": true}', JSON),
     ("refused-field", b'{"input_ids": [1], "lora_path": "x"}', JSON),
 ]
-
-
-@pytest.fixture
-def server(engine: Engine) -> Iterator[EmbeddedServer]:
-    made = EmbeddedServer(engine, engine.runner.cfg.model_path, "tiny")
-    yield made
-    made.lanes.shutdown()
-    engine.limit_queue(None)
 
 
 def _framework_only(server: EmbeddedServer) -> Any:

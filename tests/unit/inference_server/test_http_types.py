@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from areal_tasks.inference.server.app import create_app
-from areal_tasks.inference.server.engine import Engine
 from areal_tasks.inference.server.service import EmbeddedServer
 
 PROMPT = [1, 2, 3]
@@ -78,14 +76,6 @@ GOOD_BODIES = [
     ("/v1/completions", _openai(temperature=1, stop="x", n=2, seed=1, logprobs=0)),
     ("/v1/chat/completions", _chat(temperature=0, stop=["a"], logprobs=True, max_completion_tokens=1)),
 ]
-
-
-@pytest.fixture
-def server(engine: Engine) -> Iterator[EmbeddedServer]:
-    made = EmbeddedServer(engine, engine.runner.cfg.model_path, "tiny")
-    yield made
-    made.lanes.shutdown()
-    engine.limit_queue(None)
 
 
 def _post(server: EmbeddedServer, path: str, body: dict[str, Any]) -> httpx.Response:
