@@ -8,18 +8,18 @@ waiter has waited a whole switch interval (``sys.setswitchinterval``, 5 ms by de
 engine thread gets one torch call through per switch interval: an admission prefill of a few
 hundred kernel launches stretches from milliseconds to a second.
 
-For each switch interval in ``--intervals-us`` this times ``--ops`` calls of a small torch op
-(``torch.add`` on 64 floats: the op's own time is negligible, as a kernel launch is) alone and
-beside a thread that runs pure Python without pause, and counts that thread's loop iterations a
-second alone and beside the ops: microseconds a call, and the busy thread's rate as a share of
-its rate alone. Intervals are set process-wide for the row and restored after.
+For each switch interval in ``--intervals-us`` this calls a small torch op (``torch.add`` on 64
+floats: the op's own time is negligible, as a kernel launch's is) for ``--seconds`` alone and for
+``--seconds`` beside a thread that runs pure Python without pause, and counts that thread's loop
+iterations alone and beside the calls: microseconds a call, and the busy thread's rate as a share
+of its rate alone. Intervals are set process-wide for the row and restored after.
 
 Prints a table and writes JSON (``benchmarks/results/gil_convoy_cpu.json`` by default).
 
 Usage::
 
     python benchmarks/gil_convoy.py
-    python benchmarks/gil_convoy.py --intervals-us 5000,500,50 --ops 2000
+    python benchmarks/gil_convoy.py --intervals-us 5000,500,50 --seconds 2
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def op_us(ops: int, tensor: torch.Tensor) -> float:
-    """Microseconds a call of ``torch.add`` over ``ops`` calls on this thread."""
+def op_us(seconds: float, tensor: torch.Tensor) -> float:
+    """Microseconds a call of ``torch.add`` on this thread, calling it for ``seconds``."""
+    calls = 0
     start = time.perf_counter()
-    for _ in range(ops):
+    while (elapsed := time.perf_counter() - start) < seconds:
         torch.add(tensor, 1)
-    return (time.perf_counter() - start) / ops * 1e6
+        calls += 1
+    return elapsed / calls * 1e6
 
 
 class BusyPython:
@@ -77,18 +79,19 @@ def busy_rate(seconds: float) -> float:
         return busy.iterations / (time.perf_counter() - start)
 
 
-def measure(interval_us: float, ops: int, tensor: torch.Tensor) -> dict[str, Any]:
-    """One row: the op's cost alone and beside a busy thread, and that thread's share of its rate."""
+def measure(interval_us: float, seconds: float, tensor: torch.Tensor) -> dict[str, Any]:
+    """One row: the op's cost alone and beside a busy thread, and that thread's share of its rate,
+    each over ``seconds``."""
     saved = sys.getswitchinterval()
     sys.setswitchinterval(interval_us / 1e6)
     try:
-        alone = min(op_us(ops, tensor) for _ in range(3))
-        alone_rate = busy_rate(0.3)
+        alone = op_us(seconds, tensor)
+        alone_rate = busy_rate(seconds)
         with BusyPython() as busy:
             time.sleep(0.05)  # the busy thread holds the lock before the ops start
             first = busy.iterations
             start = time.perf_counter()
-            beside = op_us(ops, tensor)
+            beside = op_us(seconds, tensor)
             rate = (busy.iterations - first) / (time.perf_counter() - start)
     finally:
         sys.setswitchinterval(saved)
@@ -104,21 +107,21 @@ def measure(interval_us: float, ops: int, tensor: torch.Tensor) -> dict[str, Any
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--intervals-us", default="5000,1000,500,100,20", help="comma-separated switch intervals")
-    parser.add_argument("--ops", type=int, default=400, help="torch calls timed a row (beside the busy thread)")
+    parser.add_argument("--seconds", type=float, default=1.0, help="seconds each of a row's timings runs")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     intervals = [float(value) for value in args.intervals_us.split(",") if value]
     if not intervals or any(value <= 0 for value in intervals):
         parser.error(f"--intervals-us: give positive microseconds, got {args.intervals_us!r}")
-    if args.ops < 1:
-        parser.error(f"--ops: give at least 1, got {args.ops}")
+    if not 0 < args.seconds < 600:
+        parser.error(f"--seconds: give 0..600 seconds, got {args.seconds}")
 
     torch.set_num_threads(1)
     tensor = torch.ones(64)
     rows = []
     print(f"{'switch interval':>16} | {'us/op alone':>11} | {'us/op beside busy':>17} | {'slowdown':>8} | busy share")
     for interval in intervals:
-        row = measure(interval, args.ops, tensor)
+        row = measure(interval, args.seconds, tensor)
         rows.append(row)
         print(
             f"{interval:>13.0f} us | {row['op_us_alone']:>11.2f} | {row['op_us_beside_busy_thread']:>17.1f} | "
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "ops": args.ops,
+        "seconds": args.seconds,
         "rows": rows,
     }
     out = args.out or RESULTS / "gil_convoy_cpu.json"

@@ -14,7 +14,7 @@ from benchmarks.gil_convoy import main
 def test_each_interval_is_a_row_and_the_switch_interval_is_restored(tmp_path: Path) -> None:
     out = tmp_path / "gil_convoy.json"
     saved = sys.getswitchinterval()
-    report = main(["--intervals-us", "2000,100", "--ops", "20", "--out", str(out)])
+    report = main(["--intervals-us", "2000,100", "--seconds", "0.05", "--out", str(out)])
     assert sys.getswitchinterval() == saved
     assert [row["switch_interval_us"] for row in report["rows"]] == [2000.0, 100.0]
     for row in report["rows"]:
@@ -23,7 +23,7 @@ def test_each_interval_is_a_row_and_the_switch_interval_is_restored(tmp_path: Pa
     assert json.loads(out.read_text())["rows"] == report["rows"]
 
 
-@pytest.mark.parametrize("argv", [["--intervals-us", "0"], ["--intervals-us", ""], ["--ops", "0"]])
+@pytest.mark.parametrize("argv", [["--intervals-us", "0"], ["--intervals-us", ""], ["--seconds", "0"]])
 def test_bad_flags_are_refused(argv: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main([*argv, "--out", str(tmp_path / "x.json")])
