@@ -151,6 +151,13 @@ def parse_args() -> argparse.Namespace:
         "prompt, at the first concurrency; 0 skips them",
     )
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
+    parser.add_argument(
+        "--server-switch-interval-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="areal serve's --switch-interval-us (default: the server's own)",
+    )
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument(
         "--disable-torch-compile",
@@ -328,6 +335,8 @@ def main() -> None:
         "repeats": args.repeats,
         "cuda_graphs": cuda_graphs,
         "torch_compile": compiled,
+        # areal serve's --switch-interval-us for the HTTP rows (None: the server's default)
+        "server_switch_interval_us": args.server_switch_interval_us,
         "greedy_parity": {
             "checked": checked,
             "identical": identical,

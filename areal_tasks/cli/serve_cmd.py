@@ -38,6 +38,7 @@ from typing import Any
 from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
 from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
+from areal_tasks.inference.server.server import DEFAULT_SWITCH_INTERVAL_US
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="read each decode step's tokens back before launching the next one",
     )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--switch-interval-us",
+        type=float,
+        default=DEFAULT_SWITCH_INTERVAL_US,
+        metavar="US",
+        help="the interpreter's thread switch interval while serving, in microseconds: how long the engine "
+        "thread may wait for the interpreter lock while the HTTP loop runs Python "
+        f"(default {DEFAULT_SWITCH_INTERVAL_US:g}; Python's own is 5000)",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_limit_arguments(parser)
     add_safety_arguments(parser)
@@ -377,6 +387,7 @@ def run_serve(args: argparse.Namespace) -> int:
         image_cache_mb=args.image_cache_mb,
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
+        switch_interval_us=args.switch_interval_us,
         log_level=args.log_level,
         limits=limits_from_args(args),
         allow_unauthenticated_admin=open_admin,

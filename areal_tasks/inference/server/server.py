@@ -2,7 +2,8 @@
 
 :func:`build_app` loads the model and starts the engine thread (the app's lifespan stops it, and
 leaves the weight-update groups, both bounded); :func:`run_server` serves it until SIGINT/SIGTERM
-and ends within ``shutdown_timeout_s`` of the signal (``shutdown.py``). Admin routes are closed
+and ends within ``shutdown_timeout_s`` of the signal (``shutdown.py``), with the interpreter's
+switch interval at ``switch_interval_us`` (:data:`DEFAULT_SWITCH_INTERVAL_US`). Admin routes are closed
 without a key unless ``allow_unauthenticated_admin`` (``auth.py``). ``areal serve``
 (``cli/serve_cmd.py``) is the command-line front end.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,19 @@ from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
+
+#: The interpreter's switch interval while serving, in microseconds. The engine thread and the
+#: HTTP event loop share one interpreter lock, and every torch call (a kernel launch on CUDA)
+#: gives it up and takes it back. While the event loop runs Python (a burst of requests arriving,
+#: answers written), taking it back waits until the loop is made to drop it, which CPython does
+#: once the waiter has waited a whole switch interval: 5 ms by default, so one torch call went
+#: through per 5 ms and an admission prefill of hundreds of launches took a second.
+#: ``benchmarks/gil_convoy.py`` measures it on this machine's CPU: a call beside a thread
+#: running Python costs 4,360 us at 5 ms, 54 us at 100 us, 32 us at 20 us, and the
+#: Python thread keeps its rate (95-116% of its rate alone) at each.
+DEFAULT_SWITCH_INTERVAL_US = 100.0
+MIN_SWITCH_INTERVAL_US = 1.0
+MAX_SWITCH_INTERVAL_US = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,10 @@ class ServerConfig:
     allow_unauthenticated_admin: bool = False
     #: seconds from SIGTERM/SIGINT to the process's exit at most (hung threads included).
     shutdown_timeout_s: float = 15.0
+    #: the interpreter's thread switch interval while serving (``sys.setswitchinterval``, in
+    #: microseconds): how long the engine thread waits for the interpreter lock after each torch
+    #: call while the HTTP event loop runs Python (see :data:`DEFAULT_SWITCH_INTERVAL_US`).
+    switch_interval_us: float = DEFAULT_SWITCH_INTERVAL_US
 
     def __post_init__(self) -> None:
         from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
@@ -113,6 +132,11 @@ class ServerConfig:
         if not 0 < self.shutdown_timeout_s < float("inf"):
             raise InferenceError(
                 f"shutdown_timeout_s must be a positive number of seconds, got {self.shutdown_timeout_s}"
+            )
+        if not MIN_SWITCH_INTERVAL_US <= self.switch_interval_us <= MAX_SWITCH_INTERVAL_US:
+            raise InferenceError(
+                f"switch_interval_us must be {MIN_SWITCH_INTERVAL_US:g}..{MAX_SWITCH_INTERVAL_US:g} microseconds "
+                f"(Python's default is 5000), got {self.switch_interval_us}"
             )
 
 
@@ -235,7 +259,16 @@ def run_server(cfg: ServerConfig) -> None:
     configure_from_env(f"server :{cfg.port}")  # a job's fleet names it "server <index>"
     app = build_app(cfg)
     freeze_startup_heap()  # the model, compiled graphs and routes: never traversed by a collection again
-    logger.info("serving %s on http://%s:%d (%s)", cfg.model_path, cfg.host, cfg.port, _http_stack())
+    saved_interval = sys.getswitchinterval()
+    sys.setswitchinterval(cfg.switch_interval_us / 1e6)  # see DEFAULT_SWITCH_INTERVAL_US
+    logger.info(
+        "serving %s on http://%s:%d (%s, switch interval %g us)",
+        cfg.model_path,
+        cfg.host,
+        cfg.port,
+        _http_stack(),
+        cfg.switch_interval_us,
+    )
     try:
         serve_until_stopped(
             app,
@@ -248,4 +281,5 @@ def run_server(cfg: ServerConfig) -> None:
             timeout_keep_alive=75,
         )
     finally:
+        sys.setswitchinterval(saved_interval)
         uninstall()  # the spans still buffered go to the part file

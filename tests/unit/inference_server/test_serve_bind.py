@@ -112,3 +112,35 @@ def test_a_keyless_server_refuses_admin_routes_unless_opened(path: str) -> None:
     assert request_allowed(path, "POST", None, None, None, open_admin=True)
     assert request_allowed("/generate", "POST", None, None, None)
     assert request_allowed("/health", "GET", None, None, None)
+
+
+def test_the_switch_interval_flag_reaches_the_config_and_the_serving_process(monkeypatch) -> None:
+    """``--switch-interval-us`` becomes ``ServerConfig.switch_interval_us``, which ``run_server`` sets
+    while it serves and restores after; the default is the module's."""
+    import areal_tasks.inference.server as server_pkg
+    from areal_tasks.cli.serve_cmd import run_serve
+    from areal_tasks.inference.server import server as server_mod
+    from areal_tasks.inference.server import shutdown
+
+    configs = []
+    monkeypatch.setattr(server_pkg, "run_server", configs.append)
+    run_serve(serve_args("--allow-unauthenticated-admin"))
+    run_serve(serve_args("--allow-unauthenticated-admin", "--switch-interval-us", "250"))
+    assert [cfg.switch_interval_us for cfg in configs] == [server_mod.DEFAULT_SWITCH_INTERVAL_US, 250.0]
+
+    seen = []
+    monkeypatch.setattr(server_mod, "build_app", lambda cfg: object())
+    monkeypatch.setattr("areal_tasks.gc_heap.freeze_startup_heap", lambda: None)
+    monkeypatch.setattr(shutdown, "serve_until_stopped", lambda app, **kw: seen.append(sys.getswitchinterval()))
+    saved = sys.getswitchinterval()
+    server_mod.run_server(configs[1])
+    assert seen == [pytest.approx(250e-6)] and sys.getswitchinterval() == saved
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0, float("nan"), float("inf"), 2e6])
+def test_a_switch_interval_out_of_range_is_refused(value: float) -> None:
+    from areal_tasks.errors import InferenceError
+    from areal_tasks.inference.server.server import ServerConfig
+
+    with pytest.raises(InferenceError, match="switch_interval_us"):
+        ServerConfig(model_path="x", switch_interval_us=value)
