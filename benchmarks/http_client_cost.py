@@ -104,6 +104,13 @@ def main() -> None:
         action="store_true",
         help="leave this client's start-up heap in the collector's sight (the RL rollout process freezes it)",
     )
+    parser.add_argument(
+        "--server-switch-interval-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="areal serve's --switch-interval-us (default: the server's own)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -147,6 +154,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "client_heap_frozen": not args.unfrozen_client,
+        "server_switch_interval_us": args.server_switch_interval_us,
     }
     out.write_text(json.dumps({"config": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
