@@ -74,8 +74,14 @@ class GenerateReqInput(_Body):
     image_data: str | list[str | list[str] | None] | None = None
 
     def refused_fields(self) -> list[str]:
-        extra = self.model_extra or {}
-        return sorted(k for k, default in _REFUSED_GENERATE_FIELDS.items() if extra.get(k) not in (None, default))
+        extra = self.model_extra
+        if not extra:  # the usual body: no field beyond the model's (a scan of the refused ones a call, before)
+            return []
+        return sorted(
+            k
+            for k in extra.keys() & _REFUSED_GENERATE_FIELDS.keys()
+            if extra[k] not in (None, _REFUSED_GENERATE_FIELDS[k])
+        )
 
 
 class UpdateWeightFromDiskReqInput(_Body):

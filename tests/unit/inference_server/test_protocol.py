@@ -180,3 +180,15 @@ def test_check_tensors() -> None:
         check_tensors({"a": torch.zeros(4)}, specs, None)
     with pytest.raises(WeightTransportError, match="lacks 1 weights"):
         check_tensors({"a": torch.zeros(2, 2)}, specs, {"a", "b"})
+
+
+def test_only_set_fields_this_server_lacks_are_refused() -> None:
+    from areal_tasks.inference.server.protocol import GenerateReqInput
+
+    assert GenerateReqInput(input_ids=[1]).refused_fields() == []
+    assert (
+        GenerateReqInput(input_ids=[1], some_unknown_key=3, lora_path=None, return_hidden_states=False).refused_fields()
+        == []
+    )
+    refused = GenerateReqInput(input_ids=[1], return_hidden_states=True, lora_path="a", unknown=1).refused_fields()
+    assert refused == ["lora_path", "return_hidden_states"]
