@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -48,6 +49,24 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the child processes of ``pid`` (``--http-frontend process``:
+    the front end), 0 when it has none."""
+    total = 0.0
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # ended between the listing and the read
+                total += process_cpu_s(int(child))
+    return total
+
+
+def loop_thread_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the main thread of ``pid``: ``areal serve``'s event loop, the
+    Python that competes with the engine thread for the interpreter lock."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def transport_for(backend: str, connections: int) -> HttpTransport:
     if backend == "aiohttp":
         return HttpTransport(max_connections=connections)
@@ -65,11 +84,13 @@ async def rounds(url: str, pid: int, backend: str, prompts: list[list[int]], new
     try:
         for index in range(n + 1):
             client0, server0, wall0 = time.process_time(), process_cpu_s(pid), time.perf_counter()
+            front0, loop0 = children_cpu_s(pid), loop_thread_cpu_s(pid)
             answers = await asyncio.gather(
                 *(transport.send(url, HttpCall("POST", "/generate", {**body, "input_ids": p}), 600.0) for p in prompts)
             )
             wall = time.perf_counter() - wall0
             client, server = time.process_time() - client0, process_cpu_s(pid) - server0
+            front, loop = children_cpu_s(pid) - front0, loop_thread_cpu_s(pid) - loop0
             bad = [status for status, _ in answers if status != 200]
             if bad:
                 raise RuntimeError(f"{len(bad)} calls failed (status {bad[0]})")
@@ -81,6 +102,8 @@ async def rounds(url: str, pid: int, backend: str, prompts: list[list[int]], new
                         "calls_per_s": calls / wall,
                         "client_cpu_ms_per_call": 1000 * client / calls,
                         "server_cpu_ms_per_call": 1000 * server / calls,
+                        "frontend_cpu_ms_per_call": 1000 * front / calls,
+                        "server_loop_cpu_ms_per_call": 1000 * loop / calls,
                     }
                 )
     finally:
@@ -111,6 +134,12 @@ def main() -> None:
         metavar="US",
         help="areal serve's --switch-interval-us (default: the server's own)",
     )
+    parser.add_argument(
+        "--server-http-frontend",
+        choices=("inline", "process"),
+        default=None,
+        help="areal serve's --http-frontend (default: the server's own)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -127,25 +156,41 @@ def main() -> None:
                 for backend in BACKENDS:
                     runs = asyncio.run(rounds(url, pid, backend, prompts, args.new_tokens, args.rounds))
                     row = {"backend": backend, "concurrency": level, "runs": runs}
-                    for key in ("calls_per_s", "client_cpu_ms_per_call", "server_cpu_ms_per_call"):
+                    for key in (
+                        "calls_per_s",
+                        "client_cpu_ms_per_call",
+                        "server_cpu_ms_per_call",
+                        "frontend_cpu_ms_per_call",
+                        "server_loop_cpu_ms_per_call",
+                    ):
                         row[key] = statistics.median(run[key] for run in runs)
                     rows.append(row)
                     print(
                         f"measured: {backend} x {level}: {row['calls_per_s']:,.0f} calls/s, CPU a call: client "
-                        f"{row['client_cpu_ms_per_call']:.3f} ms, server {row['server_cpu_ms_per_call']:.3f} ms",
+                        f"{row['client_cpu_ms_per_call']:.3f} ms, server {row['server_cpu_ms_per_call']:.3f} ms, "
+                        f"its event loop {row['server_loop_cpu_ms_per_call']:.3f} ms, "
+                        f"its front end {row['frontend_cpu_ms_per_call']:.3f} ms",
                         flush=True,
                     )
 
     print(
         f"\n{args.preset} on {platform.machine()}, /generate of {args.prompt_len} prompt + {args.new_tokens} new tokens"
     )
-    print(f"{'client transport':18s} {'in flight':>9s} {'calls/s':>9s} {'client ms CPU':>14s} {'server ms CPU':>14s}")
+    print(
+        f"{'client transport':18s} {'in flight':>9s} {'calls/s':>9s} {'client ms CPU':>14s} {'server ms CPU':>14s} "
+        f"{'its loop ms CPU':>16s} {'front end ms CPU':>17s}"
+    )
     for row in rows:
         print(
             f"{row['backend']:18s} {row['concurrency']:9d} {row['calls_per_s']:9,.0f} "
-            f"{row['client_cpu_ms_per_call']:14.3f} {row['server_cpu_ms_per_call']:14.3f}"
+            f"{row['client_cpu_ms_per_call']:14.3f} {row['server_cpu_ms_per_call']:14.3f} "
+            f"{row['server_loop_cpu_ms_per_call']:16.3f} {row['frontend_cpu_ms_per_call']:17.3f}"
         )
-    print("(medians of the timed rounds; CPU per call: the client process / the server process)")
+    print(
+        "(medians of the timed rounds; CPU per call: the client process / the server (engine) process / "
+        "that process's event-loop thread, which shares the interpreter lock with the engine thread / "
+        "its HTTP front-end process, with --server-http-frontend process)"
+    )
     out = args.out or RESULTS / f"http_client_cost_{args.device}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -155,6 +200,7 @@ def main() -> None:
         "rounds": args.rounds,
         "client_heap_frozen": not args.unfrozen_client,
         "server_switch_interval_us": args.server_switch_interval_us,
+        "server_http_frontend": args.server_http_frontend,
     }
     out.write_text(json.dumps({"config": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")

@@ -66,6 +66,8 @@ def serving(
         argv.append("--enable-prefix-cache")
     if args.num_threads:
         argv += ["--num-threads", str(args.num_threads)]
+    if getattr(args, "server_http_frontend", None) is not None:
+        argv += ["--http-frontend", args.server_http_frontend]
     if getattr(args, "server_switch_interval_us", None) is not None:
         argv += ["--switch-interval-us", str(args.server_switch_interval_us)]
     if args.disable_torch_compile:

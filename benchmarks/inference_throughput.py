@@ -152,6 +152,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
     parser.add_argument(
+        "--server-http-frontend",
+        choices=("inline", "process"),
+        default=None,
+        help="areal serve's --http-frontend (default: the server's own)",
+    )
+    parser.add_argument(
         "--server-switch-interval-us",
         type=float,
         default=None,
@@ -337,6 +343,7 @@ def main() -> None:
         "torch_compile": compiled,
         # areal serve's --switch-interval-us for the HTTP rows (None: the server's default)
         "server_switch_interval_us": args.server_switch_interval_us,
+        "server_http_frontend": args.server_http_frontend,
         "greedy_parity": {
             "checked": checked,
             "identical": identical,

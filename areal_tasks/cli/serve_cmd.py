@@ -38,7 +38,7 @@ from typing import Any
 from areal_tasks.agent.tool_calls import TOOL_CALL_PARSERS
 from areal_tasks.inference.server.images import DEFAULT_IMAGE_CACHE_MB
 from areal_tasks.inference.server.limits import add_limit_arguments, limits_from_args
-from areal_tasks.inference.server.server import DEFAULT_SWITCH_INTERVAL_US
+from areal_tasks.inference.server.server import DEFAULT_SWITCH_INTERVAL_US, HTTP_FRONTENDS
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +162,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="read each decode step's tokens back before launching the next one",
     )
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--http-frontend",
+        choices=HTTP_FRONTENDS,
+        default="inline",
+        help="where HTTP is parsed and answered: inline (in the engine's process, the default) or process "
+        "(a front-end process of its own, off the interpreter lock the engine thread uses)",
+    )
     parser.add_argument(
         "--switch-interval-us",
         type=float,
@@ -388,6 +395,7 @@ def run_serve(args: argparse.Namespace) -> int:
         overlap_schedule=not args.disable_overlap_schedule,
         num_threads=args.num_threads,
         switch_interval_us=args.switch_interval_us,
+        http_frontend=args.http_frontend,
         log_level=args.log_level,
         limits=limits_from_args(args),
         allow_unauthenticated_admin=open_admin,

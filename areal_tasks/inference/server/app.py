@@ -186,6 +186,8 @@ def create_app(server: EmbeddedServer) -> FastAPI:
             "request_limits": dataclasses.asdict(server.limits),
             # objects of the start-up heap kept out of the garbage collector's sight (areal_tasks/gc_heap.py)
             "gc_frozen_objects": gc.get_freeze_count(),
+            # where HTTP runs (server.py's HTTP_FRONTENDS; run_server sets it)
+            "http_frontend": getattr(app.state, "http_frontend", "inline"),
             # the interpreter's switch interval (server.py, DEFAULT_SWITCH_INTERVAL_US)
             "switch_interval_us": round(sys.getswitchinterval() * 1e6, 3),
             "version": "areal-embedded",

@@ -31,12 +31,14 @@ logger = logging.getLogger(__name__)
 #: answers written), taking it back waits until the loop is made to drop it, which CPython does
 #: once the waiter has waited a whole switch interval: 5 ms by default, so one torch call went
 #: through per 5 ms and an admission prefill of hundreds of launches took a second.
-#: ``benchmarks/gil_convoy.py`` measures it on this machine's CPU: a call beside a thread
-#: running Python costs 4,360 us at 5 ms, 54 us at 100 us, 32 us at 20 us, and the
-#: Python thread keeps its rate (95-116% of its rate alone) at each.
+#: ``benchmarks/gil_convoy.py`` measures it (CPU, docs/benchmarks.md): a call beside a thread
+#: running Python costs 4,028 us at 5 ms, 70 us at 100 us, 48 us at 20 us (3-4 us alone), and
+#: the Python thread's rate stays within the run's noise of its rate alone.
 DEFAULT_SWITCH_INTERVAL_US = 100.0
 MIN_SWITCH_INTERVAL_US = 1.0
 MAX_SWITCH_INTERVAL_US = 1_000_000.0
+#: where HTTP runs (``ServerConfig.http_frontend``).
+HTTP_FRONTENDS = ("inline", "process")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class ServerConfig:
     allow_unauthenticated_admin: bool = False
     #: seconds from SIGTERM/SIGINT to the process's exit at most (hung threads included).
     shutdown_timeout_s: float = 15.0
+    #: where HTTP is parsed and answered: ``inline`` (uvicorn in this process, beside the engine
+    #: thread) or ``process`` (a front-end process of its own, bridged to this one: frontend.py).
+    http_frontend: str = "inline"
     #: the interpreter's thread switch interval while serving (``sys.setswitchinterval``, in
     #: microseconds): how long the engine thread waits for the interpreter lock after each torch
     #: call while the HTTP event loop runs Python (see :data:`DEFAULT_SWITCH_INTERVAL_US`).
@@ -133,6 +138,8 @@ class ServerConfig:
             raise InferenceError(
                 f"shutdown_timeout_s must be a positive number of seconds, got {self.shutdown_timeout_s}"
             )
+        if self.http_frontend not in HTTP_FRONTENDS:
+            raise InferenceError(f"http_frontend must be one of {HTTP_FRONTENDS}, got {self.http_frontend!r}")
         if not MIN_SWITCH_INTERVAL_US <= self.switch_interval_us <= MAX_SWITCH_INTERVAL_US:
             raise InferenceError(
                 f"switch_interval_us must be {MIN_SWITCH_INTERVAL_US:g}..{MAX_SWITCH_INTERVAL_US:g} microseconds "
@@ -261,25 +268,42 @@ def run_server(cfg: ServerConfig) -> None:
     freeze_startup_heap()  # the model, compiled graphs and routes: never traversed by a collection again
     saved_interval = sys.getswitchinterval()
     sys.setswitchinterval(cfg.switch_interval_us / 1e6)  # see DEFAULT_SWITCH_INTERVAL_US
+    app.state.http_frontend = cfg.http_frontend
+    uvicorn_bind: dict[str, Any] = {"host": cfg.host, "port": cfg.port}
+    front_end = None
+    if cfg.http_frontend == "process":
+        from areal_tasks.inference.server.frontend_process import HttpFrontEnd, install_front_end
+
+        front_end = HttpFrontEnd(
+            cfg.host,
+            cfg.port,
+            max_body_bytes=app.state.server.limits.max_body_bytes,
+            shutdown_timeout_s=cfg.shutdown_timeout_s,
+            log_level=cfg.log_level,
+        )
+        install_front_end(app, front_end, stop_timeout_s=cfg.shutdown_timeout_s / 3)
+        uvicorn_bind = {"uds": front_end.engine_socket}
     logger.info(
-        "serving %s on http://%s:%d (%s, switch interval %g us)",
+        "serving %s on http://%s:%d (%s, switch interval %g us, HTTP front end %s)",
         cfg.model_path,
         cfg.host,
         cfg.port,
         _http_stack(),
         cfg.switch_interval_us,
+        "in a process of its own" if front_end is not None else "in this process",
     )
     try:
         serve_until_stopped(
             app,
             shutdown_timeout_s=cfg.shutdown_timeout_s,
-            host=cfg.host,
-            port=cfg.port,
             log_level=cfg.log_level,
             access_log=False,
             # a long keep-alive: clients reuse connections between generation bursts (see the client transport)
             timeout_keep_alive=75,
+            **uvicorn_bind,
         )
+        if front_end is not None and front_end.failure is not None:
+            raise InferenceError(f"areal serve did not start: {front_end.failure}")
     finally:
         sys.setswitchinterval(saved_interval)
         uninstall()  # the spans still buffered go to the part file

@@ -8,6 +8,7 @@ weights put the original ones back before they end.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,8 @@ def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "qwen25",
         "--weight-root",
         str(tmp_path_factory.getbasetemp()),  # tests write weight updates under their tmp_path
+        "--http-frontend",
+        os.environ.get("AREAL_TEST_HTTP_FRONTEND", "process"),
     ) as url:
         yield url
 

@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -129,7 +130,7 @@ def test_the_switch_interval_flag_reaches_the_config_and_the_serving_process(mon
     assert [cfg.switch_interval_us for cfg in configs] == [server_mod.DEFAULT_SWITCH_INTERVAL_US, 250.0]
 
     seen = []
-    monkeypatch.setattr(server_mod, "build_app", lambda cfg: object())
+    monkeypatch.setattr(server_mod, "build_app", lambda cfg: types.SimpleNamespace(state=types.SimpleNamespace()))
     monkeypatch.setattr("areal_tasks.gc_heap.freeze_startup_heap", lambda: None)
     monkeypatch.setattr(shutdown, "serve_until_stopped", lambda app, **kw: seen.append(sys.getswitchinterval()))
     saved = sys.getswitchinterval()
