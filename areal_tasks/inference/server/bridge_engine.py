@@ -126,6 +126,8 @@ class BridgeServer:
                 self._dispatch(frame)
         except (InferenceError, ConnectionError) as exc:
             logger.error("the HTTP front end's bridge failed: %s", exc)
+        except Exception:  # a frame of the wrong shape: a bug on one side, and this stream is over
+            logger.exception("the HTTP front end's bridge failed on a frame")
         finally:
             self._writer.closed = True
             for exchange in self._exchanges.values():

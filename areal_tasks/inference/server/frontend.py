@@ -94,6 +94,8 @@ class EngineLink:
                     queue.put_nowait(frame)
         except (InferenceError, ConnectionError) as exc:
             logger.error("the engine's bridge stream failed: %s", exc)
+        except Exception:  # a frame of the wrong shape: a bug on one side, and this stream is over
+            logger.exception("the engine's bridge stream failed on a frame")
         finally:
             self.alive = False
             if self._writer is not None:
