@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from areal_tasks.errors import InferenceError
@@ -42,6 +43,7 @@ from areal_tasks.inference.server.bridge_frames import (
     FrameWriter,
     read_frames,
 )
+from areal_tasks.inference.server.shutdown import STOP_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """uvicorn's handlers while serving, without raising the signal again once stopped
+            (uvicorn does, so a Ctrl-C to the process group ended this process with a
+            KeyboardInterrupt traceback), and stop signals ignored after."""
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self.handle_exit)
+            try:
+                yield
+            finally:  # stopped: a later signal (the engine's stop, after a Ctrl-C) changes nothing
+                for sig in STOP_SIGNALS:
+                    signal.signal(sig, signal.SIG_IGN)
+
         async def startup(self, sockets: Any = None) -> None:
             await link.open()
             await super().startup(sockets)

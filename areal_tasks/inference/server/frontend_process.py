@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ class HttpFrontEnd:
         self._stopping = False
         self._serving = False
         self._lost_task: asyncio.Future[None] | None = None
+        #: starts this process's bounded stop, as SIGTERM does (``serve_until_stopped``'s ``on_serving``)
+        self.stop_server: Callable[[], None] | None = None
 
     def argv(self) -> list[str]:
         """The front end's command line (no keys: the app checks them in this process)."""
@@ -108,19 +110,33 @@ class HttpFrontEnd:
         self._serving = True
         logger.info("HTTP front end (pid %d) serving on http://%s:%d", self.process.pid, self.host, self.port)
 
+    def set_stopper(self, stop: Callable[[], None]) -> None:
+        """Use ``stop`` to stop this process when the front end dies (see :meth:`_stop_server`)."""
+        self.stop_server = stop
+
     def _lost(self) -> None:
         if self._stopping or not self._serving:  # before it served, start() reports the exit itself
             return
         self._lost_task = asyncio.ensure_future(self._stop_server())
 
     async def _stop_server(self) -> None:
-        """The front end's stream ended: say how it exited, then stop as a signal would."""
+        """The front end's stream ended while serving: say how it exited, then stop this process
+        as SIGTERM would (unless its stop began meanwhile: a signal to the process group reaches
+        the front end first)."""
         code = None
         if self.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = await asyncio.to_thread(self.process.wait, 2.0)
-        logger.error("the HTTP front end is gone (exit %s): stopping the server", code)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if self._stopping:
+            return
+        if code == 0:  # it was told to stop: so is this process
+            logger.info("the HTTP front end stopped (exit 0): stopping the server")
+        else:
+            logger.error("the HTTP front end is gone (exit %s): stopping the server", code)
+        if self.stop_server is not None:
+            self.stop_server()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     async def stop(self, timeout_s: float) -> None:
         """Stop the front end (it answers what it has in flight, within ``timeout_s``), then the bridge."""

@@ -282,7 +282,7 @@ def run_server(cfg: ServerConfig) -> None:
             log_level=cfg.log_level,
         )
         install_front_end(app, front_end, stop_timeout_s=cfg.shutdown_timeout_s / 3)
-        uvicorn_bind = {"uds": front_end.engine_socket}
+        uvicorn_bind = {"uds": front_end.engine_socket, "on_serving": front_end.set_stopper}
     logger.info(
         "serving %s on http://%s:%d (%s, switch interval %g us, HTTP front end %s)",
         cfg.model_path,

@@ -112,9 +112,17 @@ def exit_if_threads_linger(grace_s: float = 1.0) -> None:
         os._exit(0)
 
 
-def serve_until_stopped(app: Any, *, shutdown_timeout_s: float, **uvicorn_config: Any) -> None:
+def serve_until_stopped(
+    app: Any,
+    *,
+    shutdown_timeout_s: float,
+    on_serving: Callable[[Callable[[], None]], None] | None = None,
+    **uvicorn_config: Any,
+) -> None:
     """Run ``app`` on uvicorn until SIGTERM/SIGINT, the whole stop bounded by ``shutdown_timeout_s``
-    (see the module doc); ``uvicorn_config``: :class:`uvicorn.Config` arguments (host, port...)."""
+    (see the module doc); ``uvicorn_config``: :class:`uvicorn.Config` arguments (host, port...).
+    ``on_serving``, when given, gets a function that starts the same bounded stop as SIGTERM (for
+    a part of the server that fails while it serves)."""
     import uvicorn
 
     watchdog: ShutdownWatchdog | None = None
@@ -150,5 +158,13 @@ def serve_until_stopped(app: Any, *, shutdown_timeout_s: float, **uvicorn_config
         watchdog = ShutdownWatchdog(shutdown_timeout_s, stop)
     else:
         logger.warning("serving outside the main thread: no shutdown watchdog")
+
+    def stop_as_sigterm() -> None:
+        if watchdog is not None:
+            watchdog.arm(signal.SIGTERM)
+        stop()
+
+    if on_serving is not None:
+        on_serving(stop_as_sigterm)
     server.run()
     exit_if_threads_linger()
