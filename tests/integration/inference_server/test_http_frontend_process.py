@@ -60,9 +60,21 @@ def test_sigterm_stops_both_and_a_dead_front_end_stops_the_engine(tiny_qwen2: Pa
     with running_process(tiny_qwen2, tmp_path / "b.log", *args) as (url, proc):
         [front_end] = children(proc.pid)
         os.kill(front_end, signal.SIGKILL)
-        proc.wait(timeout=15)
+        assert proc.wait(timeout=15) == 0  # its own bounded stop, not a signal
         log = (tmp_path / "b.log").read_text()
         assert "the HTTP front end is gone (exit -9): stopping the server" in log
+
+
+def test_a_ctrl_c_to_the_process_group_stops_both_quietly(tiny_qwen2: Path, tmp_path: Path) -> None:
+    """Both processes get SIGINT; the front end usually ends first, which is no error."""
+    with running_process(tiny_qwen2, tmp_path / "c.log", "--http-frontend", "process") as (url, proc):
+        httpx.get(f"{url}/server_info", timeout=30).raise_for_status()  # past the start-up
+        [front_end] = children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+        wait_until(lambda: not alive(front_end), 10, "the front end's exit after a Ctrl-C")
+    log = (tmp_path / "c.log").read_text()
+    assert "ERROR" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_a_taken_port_fails_the_start_with_a_message(tiny_qwen2: Path, tmp_path: Path) -> None:
