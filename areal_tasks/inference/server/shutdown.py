@@ -35,7 +35,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShutdownWatchdog", "exit_if_threads_linger", "serve_until_stopped"]
+__all__ = ["STOP_SIGNALS", "ShutdownWatchdog", "exit_if_threads_linger", "forces_exit", "serve_until_stopped"]
 
 #: the signals that stop the server.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -112,6 +112,14 @@ def exit_if_threads_linger(grace_s: float = 1.0) -> None:
         os._exit(0)
 
 
+def forces_exit(signals_seen: int, sig: int) -> bool:
+    """Whether a stop signal makes uvicorn skip the graceful part of the stop: a second SIGINT
+    does (uvicorn's rule), a first never does. uvicorn decided by ``should_exit`` being set
+    already, which the watchdog's wake-up (``_wake_on_dumps``) or a dead front end may have done
+    before the main thread ran the handler: a single Ctrl-C then skipped the app's shutdown."""
+    return signals_seen > 0 and sig == signal.SIGINT
+
+
 def serve_until_stopped(
     app: Any,
     *,
@@ -143,10 +151,15 @@ def serve_until_stopped(
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
+        signals_seen = 0
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if watchdog is not None:
                 watchdog.arm(sig)
-            super().handle_exit(sig, frame)
+            if forces_exit(self.signals_seen, sig):
+                self.force_exit = True
+            self.should_exit = True
+            self.signals_seen += 1
 
     config = uvicorn.Config(app, timeout_graceful_shutdown=max(1, round(shutdown_timeout_s / 3)), **uvicorn_config)
     server = _Server(config)

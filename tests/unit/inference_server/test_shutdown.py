@@ -60,3 +60,12 @@ def test_a_stopped_server_does_not_wait_for_a_stuck_thread() -> None:
     )
     assert proc.wait(timeout=60) == 0
     assert proc.stdout is not None and "not waited for: areal-groups_0" in proc.stdout.read()
+
+
+def test_only_a_second_sigint_skips_the_graceful_stop() -> None:
+    from areal_tasks.inference.server.shutdown import forces_exit
+
+    assert not forces_exit(0, signal.SIGINT)  # the first, even when the stop was already asked for
+    assert not forces_exit(0, signal.SIGTERM)
+    assert forces_exit(1, signal.SIGINT)
+    assert not forces_exit(1, signal.SIGTERM)
