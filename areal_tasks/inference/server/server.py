@@ -33,8 +33,11 @@ logger = logging.getLogger(__name__)
 #: through per 5 ms and an admission prefill of hundreds of launches took a second.
 #: ``benchmarks/gil_convoy.py`` measures it (CPU, docs/benchmarks.md): a call beside a thread
 #: running Python costs 4,028 us at 5 ms, 70 us at 100 us, 48 us at 20 us (3-4 us alone), and
-#: the Python thread's rate stays within the run's noise of its rate alone.
-DEFAULT_SWITCH_INTERVAL_US = 100.0
+#: the Python thread's rate stays within the run's noise of its rate alone. The default stays
+#: Python's 5 ms until an H200 run measures a shorter one: a CI run with 100 us (and the HTTP
+#: front end in a process) once left the server paused after an in-place pause and continue,
+#: not reproduced since (docs/embedded_server.md).
+DEFAULT_SWITCH_INTERVAL_US = 5000.0
 MIN_SWITCH_INTERVAL_US = 1.0
 MAX_SWITCH_INTERVAL_US = 1_000_000.0
 #: where HTTP runs (``ServerConfig.http_frontend``).

@@ -40,7 +40,7 @@ def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "--weight-root",
         str(tmp_path_factory.getbasetemp()),  # tests write weight updates under their tmp_path
         "--http-frontend",
-        os.environ.get("AREAL_TEST_HTTP_FRONTEND", "process"),
+        os.environ.get("AREAL_TEST_HTTP_FRONTEND", "inline"),
     ) as url:
         yield url
 

@@ -46,7 +46,7 @@ def wait_until(predicate, limit_s: float, what: str) -> None:
 
 
 def test_sigterm_stops_both_and_a_dead_front_end_stops_the_engine(tiny_qwen2: Path, tmp_path: Path) -> None:
-    args = ("--http-frontend", "process", "--shutdown-timeout-s", "9")
+    args = ("--http-frontend", "process", "--shutdown-timeout-s", "9", "--switch-interval-us", "100")
     with running_process(tiny_qwen2, tmp_path / "a.log", *args) as (url, proc):
         info = httpx.get(f"{url}/server_info", timeout=30).json()
         assert info["http_frontend"] == "process" and info["switch_interval_us"] == 100.0
