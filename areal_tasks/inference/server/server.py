@@ -34,9 +34,8 @@ logger = logging.getLogger(__name__)
 #: ``benchmarks/gil_convoy.py`` measures it (CPU, docs/benchmarks.md): a call beside a thread
 #: running Python costs 4,028 us at 5 ms, 70 us at 100 us, 48 us at 20 us (3-4 us alone), and
 #: the Python thread's rate stays within the run's noise of its rate alone. The default stays
-#: Python's 5 ms until an H200 run measures a shorter one: a CI run with 100 us (and the HTTP
-#: front end in a process) once left the server paused after an in-place pause and continue,
-#: not reproduced since (docs/embedded_server.md).
+#: Python's 5 ms until an H200 run measures a shorter one and a CI failure with 100 us is
+#: understood (docs/embedded_server.md, "The HTTP front end and the interpreter lock").
 DEFAULT_SWITCH_INTERVAL_US = 5000.0
 MIN_SWITCH_INTERVAL_US = 1.0
 MAX_SWITCH_INTERVAL_US = 1_000_000.0
