@@ -65,18 +65,20 @@ def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_h
         )
         _wait_metric(http, "sglang:num_running_reqs", 1)
         paused = http.post("/pause_generation", json={"mode": "abort"}, headers=admin_headers)
-        assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
-        out = victim.result(timeout=60).json()
-        meta = out["meta_info"]
-        assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["status_code"] is None
-        assert 0 < len(out["output_ids"]) < 2000
-        assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
-        late = pool.submit(
-            http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}}
-        )
-        _wait_metric(http, "sglang:num_queue_reqs", 1)
-        assert _metric(http, "areal:paused") == 1 and not late.done()
-        resumed = http.post("/continue_generation", json={}, headers=admin_headers)
+        try:  # the server continues whatever fails here: a server left paused stalls every later test
+            assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
+            out = victim.result(timeout=60).json()
+            meta = out["meta_info"]
+            assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["status_code"] is None
+            assert 0 < len(out["output_ids"]) < 2000
+            assert len(meta["output_token_logprobs"]) == len(out["output_ids"])
+            late = pool.submit(
+                http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}}
+            )
+            _wait_metric(http, "sglang:num_queue_reqs", 1)
+            assert _metric(http, "areal:paused") == 1 and not late.done()
+        finally:
+            resumed = http.post("/continue_generation", json={}, headers=admin_headers)
         assert resumed.json()["status"] == "ok"
         assert late.result(timeout=60).json()["meta_info"]["finish_reason"]["type"] == "length"
 
@@ -136,17 +138,22 @@ def test_update_while_paused_in_place_reports_the_unflushed_cache(http, admin_he
             http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, **GREEDY}}
         )
         _wait_metric(http, "sglang:num_running_reqs", 1)
-        http.post("/pause_generation", json={"mode": "in_place"}, headers=admin_headers)
-        assert http.post("/flush_cache", headers=admin_headers).status_code == 400
-        version = http.get("/get_model_info").json()["weight_version"]
-        new_version = str(int(version) + 100)
-        update = http.post(
-            "/update_weights_from_disk",
-            headers=admin_headers,
-            json={"model_path": str(tiny_qwen2), "weight_version": new_version},
-        )
-        assert update.status_code == 400 and "cache was not flushed" in update.json()["message"]
-        http.post("/continue_generation", json={}, headers=admin_headers)
+        paused = http.post("/pause_generation", json={"mode": "in_place"}, headers=admin_headers)
+        try:  # the server continues whatever fails here: a server left paused stalls every later test
+            assert paused.status_code == 200, paused.text
+            flushed = http.post("/flush_cache", headers=admin_headers)
+            assert flushed.status_code == 400, (flushed.status_code, flushed.text, running.done())
+            version = http.get("/get_model_info").json()["weight_version"]
+            new_version = str(int(version) + 100)
+            update = http.post(
+                "/update_weights_from_disk",
+                headers=admin_headers,
+                json={"model_path": str(tiny_qwen2), "weight_version": new_version},
+            )
+            assert update.status_code == 400 and "cache was not flushed" in update.json()["message"], update.text
+        finally:
+            resumed = http.post("/continue_generation", json={}, headers=admin_headers)
+        assert resumed.status_code == 200, resumed.text
         out = running.result(timeout=60).json()
     spans = out["meta_info"]["weight_versions"]
     assert [s["version"] for s in spans] == [version, new_version]
