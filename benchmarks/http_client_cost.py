@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
-from inference_http import serving  # benchmarks/ is first on sys.path
+from inference_http import add_server_arguments, serving  # benchmarks/ is first on sys.path
 from inference_throughput import PRESETS, RESULTS, build_model_dir, make_prompts
 
 from areal_tasks.gc_heap import freeze_startup_heap
@@ -127,19 +127,7 @@ def main() -> None:
         action="store_true",
         help="leave this client's start-up heap in the collector's sight (the RL rollout process freezes it)",
     )
-    parser.add_argument(
-        "--server-switch-interval-us",
-        type=float,
-        default=None,
-        metavar="US",
-        help="areal serve's --switch-interval-us (default: the server's own)",
-    )
-    parser.add_argument(
-        "--server-http-frontend",
-        choices=("inline", "process"),
-        default=None,
-        help="areal serve's --http-frontend (default: the server's own)",
-    )
+    add_server_arguments(parser)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",") if c]

@@ -24,6 +24,23 @@ from typing import Any
 from inference_runs import ANATOMY_COUNTERS, decode_anatomy  # benchmarks/, the script's directory
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags :func:`serving` passes on to ``areal serve`` (None: the server's own default)."""
+    parser.add_argument(
+        "--server-http-frontend",
+        choices=("inline", "process"),
+        default=None,
+        help="areal serve's --http-frontend (default: the server's own)",
+    )
+    parser.add_argument(
+        "--server-switch-interval-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="areal serve's --switch-interval-us (default: the server's own)",
+    )
+
+
 @contextlib.contextmanager
 def serving(
     model_dir: Path,

@@ -64,7 +64,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from inference_http import HttpClient, serving  # benchmarks/ is the script's directory, first on sys.path
+from inference_http import (
+    HttpClient,
+    add_server_arguments,
+    serving,
+)  # benchmarks/ is the script's directory, first on sys.path
 from inference_profile import decode_kernels, forward_and_sampling_times, profile_engine
 from inference_reference import divergence_gaps, hf_generate, parity
 from inference_report import Rows, print_table
@@ -151,19 +155,7 @@ def parse_args() -> argparse.Namespace:
         "prompt, at the first concurrency; 0 skips them",
     )
     parser.add_argument("--http", action="store_true", help="also measure through areal serve over HTTP")
-    parser.add_argument(
-        "--server-http-frontend",
-        choices=("inline", "process"),
-        default=None,
-        help="areal serve's --http-frontend (default: the server's own)",
-    )
-    parser.add_argument(
-        "--server-switch-interval-us",
-        type=float,
-        default=None,
-        metavar="US",
-        help="areal serve's --switch-interval-us (default: the server's own)",
-    )
+    add_server_arguments(parser)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument(
         "--disable-torch-compile",
