@@ -2,7 +2,9 @@
 key set, pytest's temporary directories a weight root) for the whole session, an HTTP client for
 it, and a transformers reference model.
 
-``embedded_server.py`` beside this file starts and stops servers. Tests that change the served
+``embedded_server.py`` beside this file starts and stops servers. ``AREAL_TEST_HTTP_FRONTEND``
+(``inline`` or ``process``) and ``AREAL_TEST_SWITCH_INTERVAL_US`` run the session's server with
+``--http-frontend`` and ``--switch-interval-us`` other than the defaults. Tests that change the served
 weights put the original ones back before they end.
 """
 
@@ -41,6 +43,8 @@ def server_url(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         str(tmp_path_factory.getbasetemp()),  # tests write weight updates under their tmp_path
         "--http-frontend",
         os.environ.get("AREAL_TEST_HTTP_FRONTEND", "inline"),
+        "--switch-interval-us",
+        os.environ.get("AREAL_TEST_SWITCH_INTERVAL_US", "5000"),
     ) as url:
         yield url
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from embedded_server import running_server
+from server_metrics import RUNNING, busy, metric
 
 from areal_tasks.api.inference import ModelRequest, SamplingParams
 from areal_tasks.errors import InferenceRetriesExhaustedError
@@ -45,17 +45,6 @@ def server_url_with_env_key(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathF
             yield url
 
 
-def _gauge(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=10.0).text.splitlines():
-        if line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} missing")
-
-
-def _busy(url: str) -> float:
-    return _gauge(url, "sglang:num_running_reqs") + _gauge(url, "sglang:num_queue_reqs")
-
-
 async def _until(predicate, limit_s: float, what: str) -> None:
     deadline = time.monotonic() + limit_s
     while not await asyncio.to_thread(predicate):
@@ -72,12 +61,10 @@ def test_a_timed_out_request_stops_on_the_server(server_url_with_env_key: str) -
     async def scenario() -> None:
         async with _engine(server_url_with_env_key, request_timeout_s=0.5, max_retries=0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(
-                lambda: _gauge(server_url_with_env_key, "sglang:num_running_reqs") >= 1, 30.0, "the request running"
-            )
+            await _until(lambda: metric(server_url_with_env_key, RUNNING) >= 1, 30.0, "the request running")
             with pytest.raises(InferenceRetriesExhaustedError, match="no answer within"):
                 await task
-            await _until(lambda: _busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
+            await _until(lambda: busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
         async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
@@ -91,14 +78,12 @@ def test_a_cancelled_request_stops_on_the_server(server_url_with_env_key: str) -
     async def scenario() -> None:
         async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(
-                lambda: _gauge(server_url_with_env_key, "sglang:num_running_reqs") >= 1, 30.0, "the request running"
-            )
+            await _until(lambda: metric(server_url_with_env_key, RUNNING) >= 1, 30.0, "the request running")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             await _until(
-                lambda: _busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the cancellation"
+                lambda: busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the cancellation"
             )
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))

@@ -9,10 +9,9 @@ server must be idle soon after and serve the next request.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+from server_metrics import wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -41,30 +40,12 @@ BODIES = {
 }
 
 
-def _busy(http: httpx.Client) -> float:
-    gauges = {}
-    for line in http.get("/metrics").text.splitlines():
-        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-            if line.startswith(name + "{"):
-                gauges[name] = float(line.rsplit(" ", 1)[1])
-    assert len(gauges) == 2, "metrics missing"
-    return sum(gauges.values())
-
-
-def _until(predicate, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {limit_s} s")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("path", list(BODIES))
 def test_a_disconnected_client_stops_its_sequences(server_url: str, http: httpx.Client, path: str) -> None:
-    _until(lambda: _busy(http) == 0, 30.0, "an idle server before the test")
+    wait_idle(http, 30.0, "an idle server before the test")
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server_url}{path}", json=BODIES[path], timeout=1.0)
-    _until(lambda: _busy(http) == 0, IDLE_WITHIN_S, f"an idle server after the {path} client left")
+    wait_idle(http, IDLE_WITHIN_S, f"an idle server after the {path} client left")
     # ignore_eos: at the default temperature of 1 the model may sample its end token first (a CI run did)
     short = {"max_new_tokens": 3, "ignore_eos": True}
     answer = http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": short})

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from pathlib import Path
 
 import pytest
 from embedded_server import hf_greedy
+from server_metrics import QUEUED, RUNNING, metric, wait_idle, wait_metric
 
 from areal_tasks.models import build_tiny_model
 
@@ -15,18 +15,6 @@ pytestmark = pytest.mark.integration
 
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = {"temperature": 0, "ignore_eos": True}
-
-
-def _metric(http, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} missing")
-
-
-def _wait_metric(http, name: str, at_least: float) -> None:
-    while _metric(http, name) < at_least:
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(
@@ -57,15 +45,16 @@ def test_open_endpoints_need_no_key(http) -> None:
 
 
 def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_headers) -> None:
+    wait_idle(http)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         victim = pool.submit(
             http.post,
             "/generate",
             json={"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 2000, **GREEDY}},
         )
-        _wait_metric(http, "sglang:num_running_reqs", 1)
-        paused = http.post("/pause_generation", json={"mode": "abort"}, headers=admin_headers)
+        wait_metric(http, RUNNING, 1)
         try:  # the server continues whatever fails here: a server left paused stalls every later test
+            paused = http.post("/pause_generation", json={"mode": "abort"}, headers=admin_headers)
             assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
             out = victim.result(timeout=60).json()
             meta = out["meta_info"]
@@ -75,8 +64,8 @@ def test_pause_abort_returns_partial_output_and_holds_new_requests(http, admin_h
             late = pool.submit(
                 http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, **GREEDY}}
             )
-            _wait_metric(http, "sglang:num_queue_reqs", 1)
-            assert _metric(http, "areal:paused") == 1 and not late.done()
+            wait_metric(http, QUEUED, 1)
+            assert metric(http, "areal:paused") == 1 and not late.done()
         finally:
             resumed = http.post("/continue_generation", json={}, headers=admin_headers)
         assert resumed.json()["status"] == "ok"
@@ -133,13 +122,18 @@ def test_update_weights_from_disk_changes_outputs_and_bumps_the_version(
 
 
 def test_update_while_paused_in_place_reports_the_unflushed_cache(http, admin_headers, tiny_qwen2: Path) -> None:
+    # long enough that the request is still running when the pause lands, even on a loaded machine
+    new_tokens = 600
+    wait_idle(http)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(
-            http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, **GREEDY}}
+            http.post,
+            "/generate",
+            json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": new_tokens, **GREEDY}},
         )
-        _wait_metric(http, "sglang:num_running_reqs", 1)
-        paused = http.post("/pause_generation", json={"mode": "in_place"}, headers=admin_headers)
+        wait_metric(http, RUNNING, 1)
         try:  # the server continues whatever fails here: a server left paused stalls every later test
+            paused = http.post("/pause_generation", json={"mode": "in_place"}, headers=admin_headers)
             assert paused.status_code == 200, paused.text
             flushed = http.post("/flush_cache", headers=admin_headers)
             assert flushed.status_code == 400, (flushed.status_code, flushed.text, running.done())
@@ -157,17 +151,17 @@ def test_update_while_paused_in_place_reports_the_unflushed_cache(http, admin_he
         out = running.result(timeout=60).json()
     spans = out["meta_info"]["weight_versions"]
     assert [s["version"] for s in spans] == [version, new_version]
-    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 60
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == new_tokens
     assert http.post("/flush_cache", headers=admin_headers).status_code == 200
 
 
 def test_metrics_count_tokens_and_requests(http) -> None:
-    before = _metric(http, "sglang:generation_tokens_total")
-    finished = _metric(http, "sglang:num_requests_total")
+    before = metric(http, "sglang:generation_tokens_total")
+    finished = metric(http, "sglang:num_requests_total")
     http.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5, **GREEDY}})
-    assert _metric(http, "sglang:generation_tokens_total") == before + 5
-    assert _metric(http, "sglang:num_requests_total") == finished + 1
-    assert _metric(http, "sglang:gen_throughput") > 0
+    assert metric(http, "sglang:generation_tokens_total") == before + 5
+    assert metric(http, "sglang:num_requests_total") == finished + 1
+    assert metric(http, "sglang:gen_throughput") > 0
     text = http.get("/metrics").text
     assert "# TYPE sglang:num_running_reqs gauge" in text and "# TYPE sglang:token_usage gauge" in text
 
@@ -175,20 +169,21 @@ def test_metrics_count_tokens_and_requests(http) -> None:
 def test_update_on_a_running_server_waits_for_requests_in_flight(http, admin_headers, tiny_qwen2: Path) -> None:
     version = http.get("/get_model_info").json()["weight_version"]
     new_version = str(int(version) + 1)
+    wait_idle(http)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         running = pool.submit(
             http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1500, **GREEDY}}
         )
-        _wait_metric(http, "sglang:num_running_reqs", 1)
+        wait_metric(http, RUNNING, 1)
         update = pool.submit(
             http.post,
             "/update_weights_from_disk",
             headers=admin_headers,
             json={"model_path": str(tiny_qwen2), "weight_version": new_version},
         )
-        _wait_metric(http, "areal:weight_update_draining", 1)
+        wait_metric(http, "areal:weight_update_draining", 1)
         late = pool.submit(http.post, "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
-        _wait_metric(http, "sglang:num_queue_reqs", 1)
+        wait_metric(http, QUEUED, 1)
         first = running.result(timeout=120).json()["meta_info"]
         assert update.result(timeout=120).json()["success"] is True
         second = late.result(timeout=120).json()["meta_info"]

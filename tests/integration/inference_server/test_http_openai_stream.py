@@ -9,11 +9,9 @@ field the server cannot serve is a 400 naming it.
 
 from __future__ import annotations
 
-import time
-
-import httpx
 import openai
 import pytest
+from server_metrics import busy, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -28,24 +26,6 @@ IDLE_WITHIN_S = 5.0
 def client(server_url: str):
     with openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
         yield sdk
-
-
-def _busy(http: httpx.Client) -> float:
-    gauges = {}
-    for line in http.get("/metrics").text.splitlines():
-        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-            if line.startswith(name + "{"):
-                gauges[name] = float(line.rsplit(" ", 1)[1])
-    assert len(gauges) == 2, "metrics missing"
-    return sum(gauges.values())
-
-
-def _until(predicate, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {limit_s} s")
-        time.sleep(0.05)
 
 
 def _chat_stream(chunks) -> dict[int, dict]:
@@ -140,7 +120,7 @@ def test_n_samples_streamed_interleave_by_index(client) -> None:
 
 
 def test_a_client_leaving_mid_stream_aborts_its_generation(client, http) -> None:
-    _until(lambda: _busy(http) == 0, 30.0, "an idle server before the test")
+    wait_idle(http, 30.0, "an idle server before the test")
     stream = client.chat.completions.create(
         model="m", messages=MESSAGES, n=32, max_tokens=2000, temperature=0, stream=True, extra_body={"ignore_eos": True}
     )
@@ -149,9 +129,9 @@ def test_a_client_leaving_mid_stream_aborts_its_generation(client, http) -> None
         seen += sum(1 for c in chunk.choices if c.delta.content)
         if seen >= 8:
             break
-    assert _busy(http) > 0, "the generation ended before the client left"
+    assert busy(http) > 0, "the generation ended before the client left"
     stream.close()
-    _until(lambda: _busy(http) == 0, IDLE_WITHIN_S, "an idle server after the streaming client left")
+    wait_idle(http, IDLE_WITHIN_S, "an idle server after the streaming client left")
     again = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=3, extra_body={"ignore_eos": True})
     assert again.usage.completion_tokens == 3
 
