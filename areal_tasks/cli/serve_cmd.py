@@ -14,8 +14,8 @@ Closed by default (:func:`admin_access`):
 
 * Admin routes (pause, weight updates, groups, aborts) need a key. With neither an API key nor an
   admin key, the server makes an admin key and writes it to a file only this user can read
-  (:func:`write_admin_key`), whose path it logs, never the key; ``--allow-unauthenticated-admin``
-  opens them instead, with a warning.
+  (:func:`write_admin_key`), whose path it logs, never the key, and which it removes when it stops
+  (:func:`remove_admin_key`); ``--allow-unauthenticated-admin`` opens them instead, with a warning.
 * A ``--host`` that is not a loopback address needs an API key (every endpoint), else the server
   refuses to start (exit 2) unless ``--allow-unauthenticated``, with a warning.
 * Weight updates read only the served model's directory and ``--weight-root`` directories; weight
@@ -313,6 +313,19 @@ def write_admin_key(port: int, environ: Mapping[str, str]) -> tuple[str, Path]:
     return key, path
 
 
+def remove_admin_key(port: int, key: str, environ: Mapping[str, str]) -> None:
+    """Delete ``serve-<port>.admin-key`` when the server that wrote ``key`` stops, unless a later
+    server on the same port has since replaced it with its own key (then that file is its)."""
+    path = admin_key_dir(environ) / f"serve-{port}.admin-key"
+    try:
+        if path.read_text() == key:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not remove the admin key file %s: %s", path, exc)
+
+
 def admin_access(
     args: argparse.Namespace, api_key: str | None, admin_api_key: str | None, environ: Mapping[str, str]
 ) -> tuple[str | None, bool]:
@@ -364,12 +377,24 @@ def safety_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Build the server from ``args`` and serve until interrupted."""
-    from areal_tasks.inference.server import ServerConfig, run_server
-
+    """Build the server from ``args`` and serve until interrupted; a generated admin key's file is
+    removed when the server stops."""
     api_key = resolve_key(args.api_key, args.api_key_env, "api-key", os.environ)
     admin_api_key = resolve_key(args.admin_api_key, args.admin_api_key_env, "admin-api-key", os.environ)
+    given_admin_key = admin_api_key
     admin_api_key, open_admin = admin_access(args, api_key, admin_api_key, os.environ)
+    generated_key = admin_api_key if admin_api_key is not None and given_admin_key is None else None
+    try:
+        _serve(args, api_key, admin_api_key, open_admin)
+    finally:
+        if generated_key is not None:
+            remove_admin_key(args.port, generated_key, os.environ)
+    return 0
+
+
+def _serve(args: argparse.Namespace, api_key: str | None, admin_api_key: str | None, open_admin: bool) -> None:
+    from areal_tasks.inference.server import ServerConfig, run_server
+
     cfg = ServerConfig(
         model_path=args.model,
         tokenizer_path=args.tokenizer,
@@ -402,4 +427,3 @@ def run_serve(args: argparse.Namespace) -> int:
         **safety_config(args),
     )
     run_server(cfg)
-    return 0

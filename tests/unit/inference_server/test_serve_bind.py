@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from areal_tasks.cli import build_parser
-from areal_tasks.cli.serve_cmd import admin_access, is_loopback, safety_config
+from areal_tasks.cli import serve_cmd
+from areal_tasks.cli.serve_cmd import admin_access, is_loopback, remove_admin_key, safety_config
 from areal_tasks.errors import ConfigError
 from areal_tasks.inference.server.auth import request_allowed
 
@@ -76,6 +77,52 @@ def test_without_keys_an_admin_key_is_written_to_a_private_file(tmp_path: Path, 
     runtime.mkdir()
     admin_access(serve_args("--port", "31235"), None, None, {"XDG_RUNTIME_DIR": str(runtime), "HOME": "/nowhere"})
     assert (runtime / "areal" / "serve-31235.admin-key").is_file()
+
+
+def test_the_generated_key_file_goes_when_the_server_stops_but_not_a_later_servers(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    key, _ = admin_access(serve_args("--port", "31236"), None, None, env)
+    path = tmp_path / ".cache" / "areal" / "serve-31236.admin-key"
+    path.write_text("a later server's key")
+    remove_admin_key(31236, key, env)
+    assert path.read_text() == "a later server's key"  # not this server's file any more
+    path.write_text(key)
+    remove_admin_key(31236, key, env)
+    assert not path.exists()
+    remove_admin_key(31236, key, env)  # already gone: nothing to do
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_serve_removes_its_generated_key_file_however_serving_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    path = tmp_path / ".cache" / "areal" / "serve-31237.admin-key"
+    served = []
+
+    def serve(args, api_key, admin_api_key, open_admin) -> None:
+        served.append(path.read_text() == admin_api_key)
+        if fails:
+            raise RuntimeError("the model did not load")
+
+    monkeypatch.setattr(serve_cmd, "_serve", serve)
+    if fails:
+        with pytest.raises(RuntimeError, match="did not load"):
+            serve_cmd.run_serve(serve_args("--port", "31237"))
+    else:
+        assert serve_cmd.run_serve(serve_args("--port", "31237")) == 0
+    assert served == [True] and not path.exists()
+
+
+def test_a_given_admin_key_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("AREAL_TEST_GIVEN_ADMIN", "given-admin-key")
+    keys = []
+    monkeypatch.setattr(serve_cmd, "_serve", lambda args, api, admin, open_admin: keys.append(admin))
+    assert serve_cmd.run_serve(serve_args("--admin-api-key-env", "AREAL_TEST_GIVEN_ADMIN")) == 0
+    assert keys == ["given-admin-key"] and not (tmp_path / ".cache").exists()
 
 
 def test_a_key_directory_others_may_write_is_refused(tmp_path: Path) -> None:
