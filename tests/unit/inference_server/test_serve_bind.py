@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_tasks.cli import build_parser
-from areal_tasks.cli import serve_cmd
+from areal_tasks.cli import build_parser, serve_cmd
 from areal_tasks.cli.serve_cmd import admin_access, is_loopback, remove_admin_key, safety_config
 from areal_tasks.errors import ConfigError
 from areal_tasks.inference.server.auth import request_allowed
