@@ -27,6 +27,8 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,11 +107,13 @@ def _job_config(weight_root: Path):
     return cfg
 
 
-def _server_command(cfg, model_dir: Path):
+def _server_command(cfg, model_dir: Path, rpc_dir: Path):
     from areal_tasks.inference.launch.commands import build_server_command
 
     command = build_server_command(cfg, str(model_dir))
-    env = {**command.env, "TOKENIZERS_PARALLELISM": "false"}
+    # vLLM names its ZeroMQ IPC sockets after uuids in VLLM_RPC_BASE_PATH (the temp dir by default)
+    # and leaves them there when it stops: a directory of the test's own keeps /tmp clean
+    env = {**command.env, "TOKENIZERS_PARALLELISM": "false", "VLLM_RPC_BASE_PATH": str(rpc_dir)}
     return dataclasses.replace(command, env=env)
 
 
@@ -127,10 +131,16 @@ def _start(workdir: Path) -> Iterator[VLLMServer]:
 
     model = vllm_tiny_model(0)
     cfg = _job_config(workdir.parent)  # every user's scratch directory is made beside workdir
-    with LocalScheduler(workdir / "run", devices=[], handle_signals=False) as scheduler:
+    # short, so that a socket path stays under the 107 bytes a Unix socket address may hold
+    rpc_dir = Path(tempfile.mkdtemp(prefix="vllm-rpc-"))
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalScheduler(workdir / "run", devices=[], handle_signals=False) as scheduler,
+    ):
+        cleanup.callback(shutil.rmtree, rpc_dir, ignore_errors=True)
         fleet = ServerFleet(
             scheduler,
-            _server_command(cfg, model),
+            _server_command(cfg, model, rpc_dir),
             1,
             name="vllm",
             hide_devices=True,
