@@ -242,6 +242,7 @@ class SeaweedS3Server:
         p = self.ports
         argv = [
             self.binary,
+            "-logtostderr",  # into this server's log file, not glog files of their own in /tmp
             "server",
             f"-ip={self.host}",
             f"-ip.bind={self.host}",
