@@ -5,6 +5,8 @@
 #
 # Parts: infer (inference throughput, Qwen2.5-0.5B shape: every sampling mode at 256, 512 and 1,024 concurrent
 # sequences, engine and HTTP, GRPO groups; INFER_ARGS adds options, e.g. "--variants sdpa" or "--profile 64"),
+# httpab (greedy and top-p at 256 and 1,024 through the engine and HTTP with the server's defaults, with
+# --switch-interval-us 100, with --http-frontend process and, given BASE_TREE, an older tree's code),
 # hostparts (where a decode step's host time goes with the real runner: engine_host_overhead.py --runner real,
 # batches HOST_BATCHES, 256 and 1,024), attn (decode attention by SDPA backend and the Triton kernel), kernel (the Triton decode kernel's GPU tests),
 # graphs (CUDA-graph decode test),
@@ -116,6 +118,22 @@ for p in "$@"; do
     case $p in
         infer) part infer 600 python benchmarks/inference_throughput.py --preset qwen2.5-0.5b --http --hf-batches 256 \
             --concurrency 256,512,1024 --check 2 --repeats 1 --sampling ${INFER_ARGS:-} ;;
+        httpab) # the engine and areal serve over HTTP, this tree with each server mode, back to back on one machine;
+            # BASE_TREE (an older tree: `git archive <commit> areal_tasks benchmarks storage | tar -x -C DIR`) adds
+            # its run; HTTPAB_VARIANTS picks from: default si100 process base
+            for v in ${HTTPAB_VARIANTS:-default si100 process base}; do
+                flags=() dir=.
+                case $v in
+                    si100) flags=(--server-switch-interval-us 100) ;;
+                    process) flags=(--server-http-frontend process) ;;
+                    base) [[ -n ${BASE_TREE:-} ]] || continue; dir=$BASE_TREE ;;
+                esac
+                part "httpab_$v" 200 env -C "$dir" PYTHONPATH="$SITE:$(cd "$dir" && pwd)" python \
+                    benchmarks/inference_throughput.py --preset qwen2.5-0.5b --concurrency 256,1024 --modes greedy,top_p \
+                    --groups 0 --http --variants= --hf-batches= --check 0 --repeats 1 \
+                    --out "$PWD/benchmarks/results/inference_throughput_cuda_httpab_$v.json" "${flags[@]}"
+                save
+            done ;;
         hostparts) part hostparts 420 python benchmarks/engine_host_overhead.py --runner real --device cuda \
             --preset qwen2.5-0.5b --prompt-len 128 --new-tokens 256 --batches ${HOST_BATCHES:-256,1024} --repeats 2 ;;
         attn) part attn 150 python benchmarks/decode_attention.py ;;
