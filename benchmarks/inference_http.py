@@ -26,9 +26,11 @@ from inference_runs import ANATOMY_COUNTERS, decode_anatomy  # benchmarks/, the 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags :func:`serving` passes on to ``areal serve`` (None: the server's own default)."""
+    from areal_tasks.inference.server.server import HTTP_FRONTENDS
+
     parser.add_argument(
         "--server-http-frontend",
-        choices=("inline", "process"),
+        choices=HTTP_FRONTENDS,
         default=None,
         help="areal serve's --http-frontend (default: the server's own)",
     )

@@ -11,13 +11,12 @@ This module runs its own server, its admin key handed over through the environme
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from embedded_server import running_server
-from server_metrics import RUNNING, busy, metric
+from server_metrics import RUNNING, wait_idle, wait_metric
 
 from areal_tasks.api.inference import ModelRequest, SamplingParams
 from areal_tasks.errors import InferenceRetriesExhaustedError
@@ -45,14 +44,6 @@ def server_url_with_env_key(tiny_qwen2: Path, tmp_path_factory: pytest.TempPathF
             yield url
 
 
-async def _until(predicate, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not await asyncio.to_thread(predicate):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {limit_s} s")
-        await asyncio.sleep(0.05)
-
-
 def _engine(url: str, **config: float) -> RemoteInferenceEngine:
     return RemoteInferenceEngine([url], make_adapter("embedded"), ClientConfig(admin_api_key=ADMIN_KEY, **config))
 
@@ -61,10 +52,12 @@ def test_a_timed_out_request_stops_on_the_server(server_url_with_env_key: str) -
     async def scenario() -> None:
         async with _engine(server_url_with_env_key, request_timeout_s=0.5, max_retries=0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(lambda: metric(server_url_with_env_key, RUNNING) >= 1, 30.0, "the request running")
+            await asyncio.to_thread(wait_metric, server_url_with_env_key, RUNNING, 1, 30.0)
             with pytest.raises(InferenceRetriesExhaustedError, match="no answer within"):
                 await task
-            await _until(lambda: busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the timeout")
+            await asyncio.to_thread(
+                wait_idle, server_url_with_env_key, IDLE_WITHIN_S, "an idle server after the timeout"
+            )
         async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
@@ -78,12 +71,12 @@ def test_a_cancelled_request_stops_on_the_server(server_url_with_env_key: str) -
     async def scenario() -> None:
         async with _engine(server_url_with_env_key, request_timeout_s=60.0) as engine:
             task = asyncio.create_task(engine.agenerate(ModelRequest(PROMPT, LONG)))
-            await _until(lambda: metric(server_url_with_env_key, RUNNING) >= 1, 30.0, "the request running")
+            await asyncio.to_thread(wait_metric, server_url_with_env_key, RUNNING, 1, 30.0)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await _until(
-                lambda: busy(server_url_with_env_key) == 0, IDLE_WITHIN_S, "an idle server after the cancellation"
+            await asyncio.to_thread(
+                wait_idle, server_url_with_env_key, IDLE_WITHIN_S, "an idle server after the cancellation"
             )
             resp = await engine.agenerate(
                 ModelRequest(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
